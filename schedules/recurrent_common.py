@@ -1,0 +1,115 @@
+"""The recurrent kernel's arguments and per-unit arithmetic, shared by every target's schedule.
+
+One kernel runs a whole layer (all directions, the whole sequence). Its arguments:
+
+    XW        [seq, batch, D*G*H]   input projection of all steps, foldable biases added
+              ([batch, seq, ...] for layout 1)
+    RT        [D, H, G*H]           recurrent weights, transposed so gate rows are contiguous
+    seq_lens  [batch] int32         when the node has sequence_lens
+    h0, c0    [D, batch, H]         when the node has initial_h / initial_c ([batch, D, H] for layout 1)
+    params    [D, NP, H]            the cell's per-unit vectors (peepholes, GRU's Rb_h)
+  outputs:
+    Y         [seq, D, batch, H]    ([batch, seq, D, H] for layout 1)
+    Yh, Yc    [D, batch, H]         ([batch, D, H] for layout 1)
+
+Layout 1 is handled by indexing, so no transposes run; padded steps (s >= seq_lens[n]) write
+zeros to Y and carry the state; the reverse direction runs each sequence from its last valid
+step backwards (ONNX Runtime's semantics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tvm import tirx
+from tvm.ir.expr import Expr as PrimExpr
+from tvm.script.ir_builder import tirx as T
+
+from tvmrnn.cells import Cell, Terms, apply_activation
+from tvmrnn.layer import RNNLayerSpec
+
+I64 = "int64"
+
+
+def i64(v) -> PrimExpr:
+    if isinstance(v, int):
+        return tirx.IntImm(I64, v)
+    return v if getattr(v, "dtype", None) == I64 else v.astype(I64)
+
+
+@dataclass
+class KernelArgs:
+    """The kernel's buffers, declared as arguments of the PrimFunc being built, with layout-aware accessors."""
+
+    spec: RNNLayerSpec
+    cell: Cell
+    seq: tirx.Var = field(default_factory=lambda: tirx.Var("seq", I64))
+    batch: tirx.Var = field(default_factory=lambda: tirx.Var("batch", I64))
+
+    def declare(self, dtype: str = "float32"):
+        s, H, G, D = self.spec, self.spec.hidden_size, self.cell.gates, self.spec.num_directions
+        seq, n = self.seq, self.batch
+        state_shape = (D, n, H) if s.layout == 0 else (n, D, H)
+        self.XW = T.arg("XW", T.Buffer((seq, n, D * G * H) if s.layout == 0 else (n, seq, D * G * H), dtype))
+        self.RT = T.arg("RT", T.Buffer((D, H, G * H), dtype))
+        self.seq_lens = T.arg("seq_lens", T.Buffer((n,), "int32")) if s.has("sequence_lens") else None
+        self.h0 = T.arg("h0", T.Buffer(state_shape, dtype)) if s.has("initial_h") else None
+        self.c0 = T.arg("c0", T.Buffer(state_shape, dtype)) if s.has("initial_c") and "c" in self.cell.states else None
+        self.params = T.arg("params", T.Buffer((D, len(self.cell.params), H), dtype)) if self.cell.params else None
+        self.Y = T.arg("Y", T.Buffer((seq, D, n, H) if s.layout == 0 else (n, seq, D, H), dtype))
+        self.Yh = T.arg("Yh", T.Buffer(state_shape, dtype))
+        self.Yc = T.arg("Yc", T.Buffer(state_shape, dtype)) if "c" in self.cell.states else None
+
+    # -- index helpers (d, n, j, t are int64 PrimExprs) --
+    def state_index(self, d, n, j):
+        return [d, n, j] if self.spec.layout == 0 else [n, d, j]
+
+    def xw_index(self, d, n, t, g, j):
+        col = (d * self.cell.gates + g) * self.spec.hidden_size + j
+        return [t, n, col] if self.spec.layout == 0 else [n, t, col]
+
+    def y_index(self, d, n, t, j):
+        return [t, d, n, j] if self.spec.layout == 0 else [n, t, d, j]
+
+    def length(self, n):
+        return i64(self.seq_lens[n]) if self.seq_lens is not None else self.seq
+
+    def time_index(self, d, n, s):
+        """Position step s reads and writes for direction slot d (valid steps only)."""
+        rev = self.spec.reverse_flags
+        if len(rev) == 1:
+            return self.length(n) - 1 - s if rev[0] else s
+        return tirx.Select(d == i64(1), self.length(n) - 1 - s, s)  # bidirectional: slot 1 runs backwards
+
+    def initial(self, name, d, n, j):
+        buf = {"h": self.h0, "c": self.c0}[name]
+        return buf[tuple(self.state_index(d, n, j))] if buf is not None else tirx.const(0.0, "float32")
+
+    def param_index(self, name):
+        return self.cell.params.index(name)
+
+
+def unit_results(args: KernelArgs, phase, d, n, t, j, rec, state, value) -> dict:
+    """Evaluate one phase program for hidden unit j: returns name -> PrimExpr (nothing stored yet).
+
+    rec(gi): the recurrent term of the phase's gi-th gate; state/value: name -> PrimExpr.
+    """
+    per_dir = args.spec.activations
+
+    def activate(k, pre):
+        if len(per_dir) == 1 or per_dir[0][k] == per_dir[1][k]:
+            return apply_activation(per_dir[0][k], pre)
+        # a bidirectional node may give each direction its own functions: pick by slot
+        return tirx.Select(d == i64(0), apply_activation(per_dir[0][k], pre), apply_activation(per_dir[1][k], pre))
+
+    gate_pos = {g: gi for gi, g in enumerate(phase.gates)}
+    terms = Terms(
+        x=lambda g: args.XW[tuple(args.xw_index(d, n, t, g, j))],
+        rec=lambda g: rec(gate_pos[g]),
+        state=state,
+        param=lambda name: args.params[d, i64(args.param_index(name)), j],
+        value=value,
+        activate=activate,
+        clip=args.spec.clip,
+    )
+    return phase.program(terms)

@@ -1,0 +1,116 @@
+"""The recurrent kernel for CPUs (LLVM): the whole sequence in one function, steps as parallel loops.
+
+Per step and phase, work items are (direction, batch row, chunk of JC hidden units) and run on
+TVM's thread pool. An item accumulates all gates of its chunk with the inner loop running over
+contiguous rows of R^T (axpy form, so it vectorizes without fast-math), then applies the cell's
+gate program to each unit. Hidden state is double-buffered across steps; the cell state stays
+in the Yc output, which only its own unit reads.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as T
+
+from tvmrnn.cells import Cell
+from tvmrnn.layer import RNNLayerSpec
+
+from .recurrent_common import KernelArgs, i64, unit_results
+
+F32 = "float32"
+
+
+def chunk_size(hidden: int, widest: int = 32) -> int:
+    """Units per work item: the widest power of two up to `widest` dividing H (no tail loop)."""
+    c = widest
+    while hidden % c:
+        c //= 2
+    return c
+
+
+def recurrent_kernel_cpu(spec: RNNLayerSpec, cell: Cell, chunk: int | None = None) -> tirx.PrimFunc:
+    H, D = spec.hidden_size, spec.num_directions
+    JC = chunk or chunk_size(H)
+    chunks = H // JC
+    a = KernelArgs(spec, cell)
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name("rnn_recurrent")
+            T.func_attr({"tirx.noalias": True})
+            a.declare()
+            n_ = a.batch
+            hbuf = T.alloc_buffer((2, D, n_, H), F32)
+            scratch = {v: T.alloc_buffer((D, n_, H), F32) for v in cell.stored_values}
+
+            # initial states
+            with T.parallel(0, i64(D) * n_) as dn:
+                d, n = dn // n_, dn % n_
+                with T.serial(0, i64(H)) as j:
+                    T.buffer_store(hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
+                    if a.Yc is not None:
+                        T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j))
+
+            with T.serial(0, a.seq) as s:
+                cur, nxt = s % 2, (s + 1) % 2
+                for pi, phase in enumerate(cell.phases):
+                    last = pi == len(cell.phases) - 1
+                    operand = hbuf if phase.operand == "h" else scratch[phase.operand]
+                    with T.parallel(0, i64(D * chunks) * n_) as item:
+                        d = item // (n_ * chunks)
+                        n = item // chunks % n_
+                        j0 = item % chunks * JC
+                        valid = s < a.length(n)
+                        with T.If(valid):
+                            with T.Then():
+                                t = a.time_index(d, n, s)
+                                _phase_chunk(a, phase, last, operand, hbuf, scratch, cur, nxt, d, n, t, j0, JC)
+                            if last:
+                                with T.Else():  # padding: Y is zero there, the state carries over
+                                    with T.serial(0, i64(JC)) as jj:
+                                        j = j0 + jj
+                                        T.buffer_store(hbuf, hbuf[cur, d, n, j], [nxt, d, n, j])
+                                        T.buffer_store(a.Y, tirx.const(0.0, F32), a.y_index(d, n, s, j))
+
+            with T.parallel(0, i64(D) * n_) as dn:
+                d, n = dn // n_, dn % n_
+                final = a.seq % 2
+                with T.serial(0, i64(H)) as j:
+                    T.buffer_store(a.Yh, hbuf[final, d, n, j], a.state_index(d, n, j))
+    return ib.get()
+
+
+def _phase_chunk(a: KernelArgs, phase, last, operand, hbuf, scratch, cur, nxt, d, n, t, j0, JC):
+    H = a.spec.hidden_size
+    ops = operand if phase.operand != "h" else None
+    gp = len(phase.gates)
+    acc = T.alloc_buffer((gp, JC), F32, scope="local")
+    with T.serial(0, i64(gp)) as gi:
+        with T.vectorized(0, i64(JC)) as jj:
+            T.buffer_store(acc, tirx.const(0.0, F32), [gi, jj])
+    with T.serial(0, i64(H)) as k:
+        hk = operand[cur, d, n, k] if ops is None else ops[d, n, k]
+        for gi, g in enumerate(phase.gates):
+            with T.vectorized(0, i64(JC)) as jj:
+                T.buffer_store(acc, acc[i64(gi), jj] + a.RT[d, k, i64(g * H) + j0 + jj] * hk, [i64(gi), jj])
+    with T.serial(0, i64(JC)) as jj:
+        j = j0 + jj
+        state = {"h": hbuf[cur, d, n, j]}
+        if a.Yc is not None:
+            state["c"] = a.Yc[tuple(a.state_index(d, n, j))]
+        value = {v: buf[d, n, j] for v, buf in scratch.items()}
+        res = unit_results(a, phase, d, n, t, j, lambda gi: acc[i64(gi), jj], state, value)
+        # evaluate everything into registers before storing: results read the old c
+        names = [k for k in res if k in phase.stores or k in ("h", "c")]
+        tmp = T.alloc_buffer((len(names),), F32, scope="local")
+        for i, k in enumerate(names):
+            T.buffer_store(tmp, res[k], [i64(i)])
+        for i, k in enumerate(names):
+            v = tmp[i64(i)]
+            if k == "h":
+                T.buffer_store(hbuf, v, [nxt, d, n, j])
+                T.buffer_store(a.Y, v, a.y_index(d, n, t, j))
+            elif k == "c":
+                T.buffer_store(a.Yc, v, a.state_index(d, n, j))
+            else:
+                T.buffer_store(scratch[k], v, [d, n, j])

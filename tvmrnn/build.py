@@ -1,0 +1,103 @@
+"""Build: ONNX model -> Relax module with our kernels -> TVM executable; export as model.so + model.json.
+
+The target decides which kernels the lowering picks; `tvm.compile` runs TVM's default
+Relax pipeline for it (dlight schedules the generic GEMMs on CUDA) and our TIR pipeline,
+which adds the cooperative-launch tag persistent kernels need.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from dataclasses import asdict
+
+import onnx
+import tvm
+
+from . import __version__
+from .errors import UnsupportedModelError
+from .frontend import import_onnx
+from .runtime import FORMAT, Module, metadata_path
+
+TARGET_ALIASES = {"cuda": "nvidia/nvidia-h100", "gpu": "nvidia/nvidia-h100"}
+
+
+def gpu_present() -> bool:
+    try:
+        return tvm.cuda(0).exist
+    except Exception:  # no CUDA driver at all
+        return False
+
+
+def resolve_target(target=None) -> tvm.target.Target:
+    """None: the local GPU if there is one, else llvm. "cuda": the local GPU's arch, or the H100 tag without a GPU."""
+    if isinstance(target, tvm.target.Target):
+        return target
+    if target is None:
+        target = "cuda" if gpu_present() else "llvm"
+    if target in TARGET_ALIASES:
+        if gpu_present():
+            return tvm.target.Target.from_device(tvm.cuda(0))
+        target = TARGET_ALIASES[target]
+    try:
+        return tvm.target.Target(target)
+    except Exception as err:
+        raise UnsupportedModelError(f"target {target!r} is not a TVM target: {err}; use llvm, cuda or a tag such as nvidia/nvidia-h100") from err
+
+
+def _layer_dict(spec) -> dict:
+    d = asdict(spec)
+    d["present"] = sorted(spec.present)
+    d["activations"] = [[asdict(a) for a in acts] for acts in spec.activations]
+    d["kernel"] = "stepwise"
+    return d
+
+
+class CompiledModule(Module):
+    """A module built in this process: runs like a loaded one and can be exported."""
+
+    def __init__(self, executable, metadata):
+        self.executable = executable
+        super().__init__(executable, metadata, device=None if metadata["target_kind"] != "cuda" or gpu_present() else "cpu")
+
+    def export(self, path) -> str:
+        path = os.fspath(path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.executable.export_library(path)
+        with open(metadata_path(path), "w") as f:
+            json.dump(self.metadata, f, indent=2)
+        return path
+
+
+class _ExportOnly:
+    """A CUDA module built on a machine without a GPU: it can be exported but not run here."""
+
+    def __init__(self, executable, metadata):
+        self.executable, self.metadata = executable, metadata
+
+    export = CompiledModule.export
+
+    def run(self, feeds):
+        raise UnsupportedModelError(f"this module targets {self.metadata['target']} and there is no GPU here; export it and run it on one")
+
+
+def compile_model(model, target=None):
+    target = resolve_target(target)
+    source = os.fspath(model) if not isinstance(model, onnx.ModelProto) else "<ModelProto>"
+    imported = import_onnx(model, target)
+    executable = tvm.compile(imported.mod, target=target)
+    metadata = {
+        "format": FORMAT,
+        "source": os.path.basename(source),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "target": str(target),
+        "target_kind": target.kind.name,
+        "versions": {"tvmrnn": __version__, "tvm": tvm.__version__, "onnx_opset": imported.opset},
+        "inputs": [i.as_dict() for i in imported.inputs],
+        "outputs": [o.as_dict() for o in imported.outputs],
+        "layers": [_layer_dict(s) for s in imported.layers],
+    }
+    if target.kind.name == "cuda" and not gpu_present():
+        return _ExportOnly(executable, metadata)
+    return CompiledModule(executable, metadata)

@@ -1,0 +1,156 @@
+"""A recurrent cell as data: which stacked matrix products a step needs, and its element-wise gate program.
+
+Every kernel generator (CPU and CUDA, stepwise and persistent) is written once against
+this description; LSTM (peepholes, coupled input-forget, clip, any activations), GRU (both
+reset modes) and RNN are instances of it, not copies of kernel code.
+
+A step runs the cell's phases in order. A phase multiplies some gate blocks of the stacked
+recurrent matrix R[G*H, H] by one [H] vector per batch row (the previous hidden state "h",
+or a value an earlier phase produced, such as GRU's r*h), then runs its program once per
+hidden unit. A program sees, for each gate g of the phase, the input-projection term x(g)
+(biases folded in) and the recurrent term rec(g), the previous state, the unit's
+per-direction parameters and the values earlier phases stored; it returns named values:
+the new states ("h", "c") and whatever a later phase reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import tvm
+from tvm import tirx
+
+from .layer import Activation, RNNLayerSpec
+
+Expr = tvm.ir.expr.Expr
+
+
+def _f32(v: float) -> Expr:
+    return tirx.const(float(v), "float32")
+
+
+def _select(cond, a, b):
+    return tirx.Select(cond, a, b)
+
+
+# ONNX's activation functions (the alpha/beta were resolved by the frontend).
+ACTIVATIONS: dict[str, Callable[[Expr, float | None, float | None], Expr]] = {
+    "Relu": lambda x, a, b: tirx.max(x, _f32(0)),
+    "Tanh": lambda x, a, b: tirx.tanh(x),
+    "Sigmoid": lambda x, a, b: tirx.sigmoid(x),
+    "Affine": lambda x, a, b: _f32(a) * x + _f32(b),
+    "LeakyRelu": lambda x, a, b: _select(x >= _f32(0), x, _f32(a) * x),
+    "ThresholdedRelu": lambda x, a, b: _select(x > _f32(a), x, _f32(0)),
+    "ScaledTanh": lambda x, a, b: _f32(a) * tirx.tanh(_f32(b) * x),
+    "HardSigmoid": lambda x, a, b: tirx.max(_f32(0), tirx.min(_f32(1), _f32(a) * x + _f32(b))),
+    "Elu": lambda x, a, b: _select(x >= _f32(0), x, _f32(a) * (tirx.exp(x) - _f32(1))),
+    "Softsign": lambda x, a, b: x / (_f32(1) + tirx.abs(x)),
+    # log(1 + exp(x)) overflows for large x; x + log1p(exp(-x)) is the same function, stable
+    "Softplus": lambda x, a, b: tirx.max(x, _f32(0)) + tirx.log1p(tirx.exp(-tirx.abs(x))),
+}
+
+
+def apply_activation(act: Activation, x: Expr) -> Expr:
+    return ACTIVATIONS[act.name](x, act.alpha, act.beta)
+
+
+class Terms:
+    """What a phase program of one hidden unit (one direction, batch row and unit) can read.
+
+    activate(k, pre) applies the cell's activation k (LSTM f, g, h; GRU f, g; RNN f).
+    """
+
+    def __init__(self, x, rec, state, param, value, activate, clip):
+        self.x, self.rec, self.state, self.param, self.value = x, rec, state, param, value
+        self._activate, self._clip = activate, clip
+
+    def act(self, k: int, pre: Expr) -> Expr:
+        """Activation k with the cell clip applied to its input (ONNX clips every gate's pre-activation)."""
+        if self._clip is not None:
+            pre = tirx.max(tirx.min(pre, _f32(self._clip)), _f32(-self._clip))
+        return self._activate(k, pre)
+
+    def act_noclip(self, k: int, pre: Expr) -> Expr:
+        return self._activate(k, pre)
+
+
+@dataclass(frozen=True)
+class Phase:
+    gates: tuple[int, ...]  # gate blocks of R multiplied in this phase
+    operand: str  # "h" or a value stored by an earlier phase
+    program: Callable[[Terms], dict[str, Expr]]
+    stores: tuple[str, ...] = ()  # values of its result that later phases read (kept in [D, N, H] scratch)
+
+
+@dataclass(frozen=True)
+class Cell:
+    op: str
+    gates: int
+    states: tuple[str, ...]  # carried between steps; "h" first
+    phases: tuple[Phase, ...]
+    params: tuple[str, ...]  # per-direction [H] vectors the programs read (peepholes, GRU's Rb_h)
+    # gates whose recurrent bias Rb can be added to the input projection's bias
+    folded_rbias: tuple[int, ...]
+
+    @property
+    def stored_values(self) -> tuple[str, ...]:
+        return tuple(v for p in self.phases for v in p.stores)
+
+
+def lstm_cell(spec: RNNLayerSpec) -> Cell:
+    I, O, F, C = range(4)  # ONNX gate order i, o, f, c
+    peep = spec.has("P")
+
+    def program(t: Terms):
+        c_prev = t.state["c"]
+        def gate(g, peephole, cell):
+            pre = t.x(g) + t.rec(g)
+            return t.act(0, pre + t.param(peephole) * cell if peep else pre)
+
+        i = gate(I, "P_i", c_prev)
+        f = 1.0 - i if spec.input_forget else gate(F, "P_f", c_prev)  # coupled: forget what is let in
+        c = f * c_prev + i * t.act(1, t.x(C) + t.rec(C))
+        o = gate(O, "P_o", c)  # the output gate's peephole sees the new cell state
+        return {"c": c, "h": o * t.act_noclip(2, c)}
+
+    return Cell("LSTM", 4, ("h", "c"), (Phase((I, O, F, C), "h", program),),
+                ("P_i", "P_o", "P_f") if peep else (), (I, O, F, C))
+
+
+def gru_cell(spec: RNNLayerSpec) -> Cell:
+    Z, R, H = range(3)  # ONNX gate order z, r, h
+
+    if spec.linear_before_reset:
+        # h~ = g(x_h + r * (R_h h + Rb_h)): Rb_h sits inside the product with r, so it is not folded
+        def program(t: Terms):
+            z = t.act(0, t.x(Z) + t.rec(Z))
+            r = t.act(0, t.x(R) + t.rec(R))
+            hh = t.act(1, t.x(H) + r * (t.rec(H) + t.param("Rb_h")))
+            return {"h": (1.0 - z) * hh + z * t.state["h"]}
+
+        return Cell("GRU", 3, ("h",), (Phase((Z, R, H), "h", program),), ("Rb_h",), (Z, R))
+
+    # h~ = g(x_h + R_h (r*h) + Rb_h): needs all of r*h before the h gate's product, so two phases
+    def gates_zr(t: Terms):
+        z = t.act(0, t.x(Z) + t.rec(Z))
+        r = t.act(0, t.x(R) + t.rec(R))
+        return {"z": z, "rh": r * t.state["h"]}
+
+    def candidate(t: Terms):
+        hh = t.act(1, t.x(H) + t.rec(H))
+        z = t.value["z"]
+        return {"h": (1.0 - z) * hh + z * t.state["h"]}
+
+    return Cell("GRU", 3, ("h",), (Phase((Z, R), "h", gates_zr, ("z", "rh")), Phase((H,), "rh", candidate)), (), (Z, R, H))
+
+
+def rnn_cell(spec: RNNLayerSpec) -> Cell:
+    def program(t: Terms):
+        return {"h": t.act(0, t.x(0) + t.rec(0))}
+
+    return Cell("RNN", 1, ("h",), (Phase((0,), "h", program),), (), (0,))
+
+
+def cell_for(spec: RNNLayerSpec) -> Cell:
+    return {"LSTM": lstm_cell, "GRU": gru_cell, "RNN": rnn_cell}[spec.op](spec)

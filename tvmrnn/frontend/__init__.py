@@ -1,0 +1,102 @@
+"""ONNX import: the whole graph through TVM's Relax ONNX frontend, with our LSTM/GRU/RNN converters plugged in.
+
+`import_onnx` returns the Relax module, the model's graph inputs/outputs (names, dtypes,
+shapes with symbolic dims) and the recurrent layers found, as `RNNLayerSpec`s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import onnx
+import tvm
+from tvm.relax.frontend.onnx import onnx_frontend
+
+from ..errors import UnsupportedModelError
+from .converters import RNN_CONVERTERS, ImportContext
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: list  # ints and strings (symbolic dims)
+
+    def as_dict(self):
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass
+class ImportedModel:
+    mod: tvm.IRModule
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    layers: list = field(default_factory=list)
+    opset: int = 0
+
+
+def load_onnx(model) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if not os.path.exists(model):
+        raise UnsupportedModelError(f"model file '{model}' does not exist")
+    try:
+        return onnx.load(str(model))
+    except Exception as err:  # protobuf raises its own DecodeError and friends
+        raise UnsupportedModelError(f"model file '{model}' is not a readable ONNX model: {err}") from err
+
+
+def model_opset(model: onnx.ModelProto) -> int:
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            return o.version
+    return 1
+
+
+@contextlib.contextmanager
+def _our_converters(ctx: ImportContext):
+    """Plug our converters into the Relax frontend's op map, restoring it afterwards."""
+    original = onnx_frontend._get_convert_map
+
+    def convert_map():
+        return {**original(), **RNN_CONVERTERS}
+
+    onnx_frontend._get_convert_map = convert_map
+    token = ImportContext.current.set(ctx)
+    try:
+        yield
+    finally:
+        ImportContext.current.reset(token)
+        onnx_frontend._get_convert_map = original
+
+
+_ONNX_DTYPES = {v: str(onnx.helper.tensor_dtype_to_np_dtype(v)) for v in (1, 6, 7, 9, 10, 11)}
+
+
+def _value_info(v: onnx.ValueInfoProto) -> TensorInfo:
+    t = v.type.tensor_type
+    dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
+    return TensorInfo(v.name, _ONNX_DTYPES.get(t.elem_type, onnx.TensorProto.DataType.Name(t.elem_type).lower()), dims)
+
+
+def import_onnx(model, target: tvm.target.Target) -> ImportedModel:
+    model = load_onnx(model)
+    opset = model_opset(model)
+    ctx = ImportContext(opset=opset, target=target)
+    initializers = {i.name for i in model.graph.initializer}
+    inputs = [_value_info(v) for v in model.graph.input if v.name not in initializers]
+    outputs = [_value_info(v) for v in model.graph.output]
+    with _our_converters(ctx), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the frontend warns about renamed inputs and unknown dims
+        try:
+            mod = onnx_frontend.from_onnx(model, opset=opset)
+        except tvm.error.OpNotImplemented as err:
+            raise UnsupportedModelError(f"{err}; tvmrnn converts LSTM, GRU, RNN and what TVM's Relax ONNX frontend supports") from err
+        except UnsupportedModelError:
+            raise
+        except NotImplementedError as err:
+            raise UnsupportedModelError(f"the model uses something TVM's ONNX frontend does not support: {err}") from err
+    return ImportedModel(mod, inputs, outputs, ctx.layers, opset)

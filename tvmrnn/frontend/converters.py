@@ -1,0 +1,73 @@
+"""One converter per recurrent ONNX op, in the Relax frontend's style (opset versions as `_impl_vN`).
+
+Each parses its node into an `RNNLayerSpec` (all validation lives in rnn_spec) and lowers it
+with `emit_rnn_layer`. The frontend's converter signature carries no opset or target, so the
+importer passes them through a context variable.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, field
+
+from tvm import relax
+from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
+
+from ..lowering import emit_rnn_layer
+from .rnn_spec import normalize_attrs, spec_from_node
+
+
+@dataclass
+class ImportContext:
+    opset: int
+    target: object
+    layers: list = field(default_factory=list)
+    current = contextvars.ContextVar("tvmrnn_import")
+
+
+def _shape(expr):
+    if expr is None:
+        return None
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    return tuple(int(d) if hasattr(d, "value") else str(d) for d in ty.shape)
+
+
+def _convert(op_type, bb, inputs, attr):
+    ctx = ImportContext.current.get()
+    custom = attr.get("tvm_custom", {})
+    name = custom.get("name") or f"{op_type}_{len(ctx.layers)}"
+    inputs = list(inputs)
+    dtype = inputs[0].ty.dtype if inputs and inputs[0] is not None else "float32"
+    spec = spec_from_node(op_type, name, normalize_attrs(attr), [_shape(x) for x in inputs],
+                          custom.get("num_outputs", 1), ctx.opset, dtype)
+    ctx.layers.append(spec)
+    outs = emit_rnn_layer(bb, spec, inputs, ctx.target)
+    return relax.Tuple(outs[: max(spec.num_outputs, 1)]) if spec.num_outputs > 1 else outs[0]
+
+
+class _RNNConverter(OnnxOpConverter):
+    op_type = ""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        return _convert(cls.op_type, bb, inputs, attr)
+
+    # every opset that (re)defines these ops; rnn_spec checks what each version allows
+    _impl_v7 = _impl_v14 = _impl_v22 = _impl_v1
+
+
+class LSTM(_RNNConverter):
+    op_type = "LSTM"
+
+
+class GRU(_RNNConverter):
+    op_type = "GRU"
+
+
+class RNN(_RNNConverter):
+    op_type = "RNN"
+
+
+RNN_CONVERTERS = {"LSTM": LSTM, "GRU": GRU, "RNN": RNN}

@@ -1,0 +1,83 @@
+"""Lower one recurrent layer to Relax: the input projection as one GEMM, then our recurrent kernel.
+
+    XW  = X @ W^T + (Wb + foldable Rb)     one matmul over all steps and directions
+    Y, Y_h[, Y_c] = call_tir(recurrent kernel for this layer and target)
+
+Weight re-layout (stacking directions, transposing R, folding biases) is written as Relax
+ops: for weights that are graph initializers FoldConstant evaluates it at compile time, and
+weights that arrive as graph inputs take the same path at run time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax, tirx
+
+from .cells import cell_for
+from .layer import RNNLayerSpec
+
+op = relax.op
+
+
+def _recurrent_kernel(spec, cell, target):
+    from schedules import recurrent_kernel  # the schedules package is ours; imported late to keep layers apart
+
+    return recurrent_kernel(spec, cell, target)
+
+
+def _split_bias(B, spec, cell):
+    """B [D, 2*G*H] -> (bias added to XW [D*G*H], Rb of the gates whose Rb stays in the cell [D, k, H])."""
+    G, H, D = cell.gates, spec.hidden_size, spec.num_directions
+    wb = op.strided_slice(B, axes=[1], begin=[0], end=[G * H])
+    rb = op.strided_slice(B, axes=[1], begin=[G * H], end=[2 * G * H])
+    mask = np.zeros((G, H), "float32")
+    mask[list(cell.folded_rbias)] = 1
+    folded = op.add(wb, op.multiply(rb, relax.const(mask.reshape(-1))))
+    return op.reshape(folded, [D * G * H]), op.reshape(rb, [D, G, H])
+
+
+def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, target) -> list[relax.Expr]:
+    """Emit the layer; `inputs` are the node's Relax inputs in ONNX order (None where absent).
+
+    Returns [Y, Y_h(, Y_c)] as Relax expressions.
+    """
+    cell = cell_for(spec)
+    X, W, R, B = inputs[:4]
+    named = dict(zip(("sequence_lens", "initial_h", "initial_c", "P"), (inputs + [None] * 8)[4:8]))
+    G, H, D, In = cell.gates, spec.hidden_size, spec.num_directions, spec.input_size
+
+    w = op.reshape(W, [D * G * H, In])
+    xw = bb.emit(op.matmul(X, op.permute_dims(w)))
+    rb_cell = None
+    if B is not None:
+        bias, rb = _split_bias(B, spec, cell)
+        xw = bb.emit(op.add(xw, bias))
+        rb_cell = rb
+    args = [xw, bb.emit(op.permute_dims(R, [0, 2, 1]))]
+    for name in ("sequence_lens", "initial_h", "initial_c"):
+        if spec.has(name) and (name != "initial_c" or "c" in cell.states):
+            args.append(named[name])
+    if cell.params:
+        args.append(bb.emit(_params(spec, cell, named["P"], rb_cell)))
+
+    shape = X.ty.shape
+    seq, batch = (shape[0], shape[1]) if spec.layout == 0 else (shape[1], shape[0])
+    y_shape = [seq, D, batch, H] if spec.layout == 0 else [batch, seq, D, H]
+    s_shape = [D, batch, H] if spec.layout == 0 else [batch, D, H]
+    outs = [relax.TensorType(y_shape, spec.dtype)] + [relax.TensorType(s_shape, spec.dtype)] * len(cell.states)
+
+    kernel = _recurrent_kernel(spec, cell, target)
+    name = "rnn_" + "".join(c if c.isalnum() else "_" for c in spec.name)
+    gv = bb.add_func(kernel.with_attr("global_symbol", name), name)
+    res = bb.emit(relax.call_tir(gv, args, outs))
+    return [bb.emit(relax.TupleGetItem(res, i)) for i in range(len(outs))]
+
+
+def _params(spec, cell, P, rb_cell):
+    """The cell's per-unit vectors as one [D, len(cell.params), H] tensor, in cell.params order."""
+    D, H = spec.num_directions, spec.hidden_size
+    if cell.params == ("Rb_h",):  # GRU with linear_before_reset: the h gate's recurrent bias
+        if rb_cell is None:
+            return relax.const(np.zeros((D, 1, H), "float32"))
+        return op.strided_slice(rb_cell, axes=[1], begin=[2], end=[3])
+    return op.reshape(P, [D, 3, H])  # LSTM peepholes, ONNX order i, o, f == cell.params order

@@ -1,0 +1,98 @@
+"""Run a compiled module: load model.so + model.json with TVM's runtime only, check inputs, return numpy outputs.
+
+Nothing here imports the compiler, ONNX or tvmrnn's frontend: a deployment needs only
+`tvm.runtime` (the Relax VM) and numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Mapping
+
+import numpy as np
+import tvm.runtime
+from tvm.runtime.vm import VirtualMachine
+
+from .errors import InputError
+
+FORMAT = "tvmrnn-module/1"
+
+
+def metadata_path(so_path) -> str:
+    return os.path.splitext(os.fspath(so_path))[0] + ".json"
+
+
+def _device(kind: str):
+    dev = tvm.runtime.device(kind, 0)
+    if not dev.exist:
+        raise InputError(f"device '{kind}' is not present on this machine")
+    return dev
+
+
+class Module:
+    """A compiled model ready to run: `.run({input name: array}) -> {output name: array}`."""
+
+    def __init__(self, executable, metadata: dict, device=None):
+        self.metadata = metadata
+        kind = device or ("cuda" if metadata["target_kind"] == "cuda" else "cpu")
+        self.device = _device(kind)
+        self._vm = VirtualMachine(executable, self.device)
+        self._main = self._vm["main"]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i["name"] for i in self.metadata["inputs"]]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o["name"] for o in self.metadata["outputs"]]
+
+    def check_inputs(self, feeds: Mapping[str, object]) -> list[np.ndarray]:
+        """Match feeds to the module's inputs (name, dtype, rank, static dims, consistent symbolic dims)."""
+        expected = self.metadata["inputs"]
+        unknown = sorted(set(feeds) - set(self.input_names))
+        if unknown:
+            raise InputError(f"unknown input {unknown[0]!r}; the model's inputs are {self.input_names}")
+        missing = [n for n in self.input_names if n not in feeds]
+        if missing:
+            raise InputError(f"missing input {missing[0]!r}; the model's inputs are {self.input_names}")
+        dims: dict[str, tuple[int, str]] = {}
+        arrays = []
+        for info in expected:
+            name, arr = info["name"], feeds[info["name"]]
+            arr = np.ascontiguousarray(arr) if isinstance(arr, np.ndarray) else np.asarray(arr)
+            if str(arr.dtype) != info["dtype"]:
+                raise InputError(f"input {name!r} has dtype {arr.dtype}; expected {info['dtype']}")
+            shape = info["shape"]
+            if arr.ndim != len(shape):
+                raise InputError(f"input {name!r} has shape {list(arr.shape)}; expected rank {len(shape)}: {shape}")
+            for axis, (got, want) in enumerate(zip(arr.shape, shape)):
+                if isinstance(want, int):
+                    if got != want:
+                        raise InputError(f"input {name!r} has shape {list(arr.shape)}; expected {shape} (axis {axis} must be {want})")
+                elif want in dims and dims[want][0] != got:
+                    raise InputError(f"input {name!r} axis {axis} ({want}) is {got}, but {dims[want][1]} set {want}={dims[want][0]}")
+                else:
+                    dims.setdefault(want, (got, f"input {name!r}"))
+            arrays.append(arr)
+        return arrays
+
+    def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
+        arrays = self.check_inputs(feeds)
+        out = self._main(*[tvm.runtime.tensor(a, self.device) for a in arrays])
+        outs = [out] if isinstance(out, tvm.runtime.Tensor) else list(out)
+        return {name: o.numpy() for name, o in zip(self.output_names, outs)}
+
+
+def load_module(path, device=None) -> Module:
+    path = os.fspath(path)
+    meta_file = metadata_path(path)
+    for p in (path, meta_file):
+        if not os.path.exists(p):
+            raise InputError(f"'{p}' does not exist (a compiled module is a .so with its .json beside it)")
+    with open(meta_file) as f:
+        metadata = json.load(f)
+    if metadata.get("format") != FORMAT:
+        raise InputError(f"'{meta_file}' is not tvmrnn module metadata (format {metadata.get('format')!r}, expected {FORMAT!r})")
+    return Module(tvm.runtime.load_module(path), metadata, device)
