@@ -72,7 +72,10 @@ class KernelArgs:
         return [t, d, n, j] if self.spec.layout == 0 else [n, t, d, j]
 
     def length(self, n):
-        return i64(self.seq_lens[n]) if self.seq_lens is not None else self.seq
+        """Row n's valid steps, clamped to [0, seq]: a bad sequence_lens value can never index out of bounds."""
+        if self.seq_lens is None:
+            return self.seq
+        return tirx.max(tirx.min(i64(self.seq_lens[n]), self.seq), i64(0))
 
     def time_index(self, d, n, s):
         """Position step s reads and writes for direction slot d (valid steps only)."""
@@ -113,3 +116,35 @@ def unit_results(args: KernelArgs, phase, d, n, t, j, rec, state, value) -> dict
         clip=args.spec.clip,
     )
     return phase.program(terms)
+
+
+def unit_step(a: KernelArgs, phase, hbuf, scratch, cur, nxt, d, n, t, j, rec):
+    """Run one phase program for unit j of batch row n at position t and store its results.
+
+    Everything is evaluated into registers before the first store, since the results read
+    the old cell state that the stores overwrite.
+    """
+    state = {"h": hbuf[cur, d, n, j]}
+    if a.Yc is not None:
+        state["c"] = a.Yc[tuple(a.state_index(d, n, j))]
+    value = {v: buf[d, n, j] for v, buf in scratch.items()}
+    res = unit_results(a, phase, d, n, t, j, rec, state, value)
+    names = [k for k in res if k in phase.stores or k in ("h", "c")]
+    tmp = T.alloc_buffer((len(names),), "float32", scope="local")
+    for i, k in enumerate(names):
+        T.buffer_store(tmp, res[k], [i64(i)])
+    for i, k in enumerate(names):
+        v = tmp[i64(i)]
+        if k == "h":
+            T.buffer_store(hbuf, v, [nxt, d, n, j])
+            T.buffer_store(a.Y, v, a.y_index(d, n, t, j))
+        elif k == "c":
+            T.buffer_store(a.Yc, v, a.state_index(d, n, j))
+        else:
+            T.buffer_store(scratch[k], v, [d, n, j])
+
+
+def unit_padding(a: KernelArgs, hbuf, cur, nxt, d, n, s, j):
+    """Step s is past row n's sequence: Y there is zero and the hidden state carries over."""
+    T.buffer_store(hbuf, hbuf[cur, d, n, j], [nxt, d, n, j])
+    T.buffer_store(a.Y, tirx.const(0.0, "float32"), a.y_index(d, n, s, j))

@@ -16,7 +16,7 @@ from tvm.script.ir_builder import tirx as T
 from tvmrnn.cells import Cell
 from tvmrnn.layer import RNNLayerSpec
 
-from .recurrent_common import KernelArgs, i64, unit_results
+from .recurrent_common import KernelArgs, i64, unit_padding, unit_step
 
 F32 = "float32"
 
@@ -68,9 +68,7 @@ def recurrent_kernel_cpu(spec: RNNLayerSpec, cell: Cell, chunk: int | None = Non
                             if last:
                                 with T.Else():  # padding: Y is zero there, the state carries over
                                     with T.serial(0, i64(JC)) as jj:
-                                        j = j0 + jj
-                                        T.buffer_store(hbuf, hbuf[cur, d, n, j], [nxt, d, n, j])
-                                        T.buffer_store(a.Y, tirx.const(0.0, F32), a.y_index(d, n, s, j))
+                                        unit_padding(a, hbuf, cur, nxt, d, n, s, j0 + jj)
 
             with T.parallel(0, i64(D) * n_) as dn:
                 d, n = dn // n_, dn % n_
@@ -94,23 +92,4 @@ def _phase_chunk(a: KernelArgs, phase, last, operand, hbuf, scratch, cur, nxt, d
             with T.vectorized(0, i64(JC)) as jj:
                 T.buffer_store(acc, acc[i64(gi), jj] + a.RT[d, k, i64(g * H) + j0 + jj] * hk, [i64(gi), jj])
     with T.serial(0, i64(JC)) as jj:
-        j = j0 + jj
-        state = {"h": hbuf[cur, d, n, j]}
-        if a.Yc is not None:
-            state["c"] = a.Yc[tuple(a.state_index(d, n, j))]
-        value = {v: buf[d, n, j] for v, buf in scratch.items()}
-        res = unit_results(a, phase, d, n, t, j, lambda gi: acc[i64(gi), jj], state, value)
-        # evaluate everything into registers before storing: results read the old c
-        names = [k for k in res if k in phase.stores or k in ("h", "c")]
-        tmp = T.alloc_buffer((len(names),), F32, scope="local")
-        for i, k in enumerate(names):
-            T.buffer_store(tmp, res[k], [i64(i)])
-        for i, k in enumerate(names):
-            v = tmp[i64(i)]
-            if k == "h":
-                T.buffer_store(hbuf, v, [nxt, d, n, j])
-                T.buffer_store(a.Y, v, a.y_index(d, n, t, j))
-            elif k == "c":
-                T.buffer_store(a.Yc, v, a.state_index(d, n, j))
-            else:
-                T.buffer_store(scratch[k], v, [d, n, j])
+        unit_step(a, phase, hbuf, scratch, cur, nxt, d, n, t, j0 + jj, lambda gi: acc[i64(gi), jj])
