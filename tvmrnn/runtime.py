@@ -78,10 +78,17 @@ class Module:
             arrays.append(arr)
         return arrays
 
+    def to_device(self, feeds: Mapping[str, object]) -> list:
+        """Checked inputs as device tensors, in the module's input order (for `invoke`)."""
+        return [tvm.runtime.tensor(a, self.device) for a in self.check_inputs(feeds)]
+
+    def invoke(self, device_inputs: list) -> list:
+        """Run on inputs already on the device; returns device tensors (asynchronous on GPUs: no copy back)."""
+        out = self._main(*device_inputs)
+        return [out] if isinstance(out, tvm.runtime.Tensor) else list(out)
+
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
-        arrays = self.check_inputs(feeds)
-        out = self._main(*[tvm.runtime.tensor(a, self.device) for a in arrays])
-        outs = [out] if isinstance(out, tvm.runtime.Tensor) else list(out)
+        outs = self.invoke(self.to_device(feeds))
         return {name: o.numpy() for name, o in zip(self.output_names, outs)}
 
 
