@@ -6,14 +6,26 @@ recurrent_cuda  the recurrent layer for CUDA (stepwise: one fused kernel per ste
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tvm import tirx
 
 
-def recurrent_kernel(spec, cell, target) -> tirx.PrimFunc:
+@dataclass(frozen=True)
+class RecurrentKernel:
+    func: tirx.PrimFunc
+    transposed_r: bool  # whether the kernel reads R^T [D, H, G*H] instead of ONNX's R [D, G*H, H]
+
+
+def recurrent_kernel(spec, cell, target) -> RecurrentKernel:
     """The recurrent kernel of one layer for `target`, marked scheduled so generic schedulers leave it alone."""
     if target.kind.name == "cuda":
-        from .recurrent_cuda import recurrent_kernel_cuda as make
+        from . import recurrent_cuda as impl
+
+        func = impl.recurrent_kernel_cuda(spec, cell)
     else:
-        from .recurrent_cpu import recurrent_kernel_cpu as make
+        from . import recurrent_cpu as impl
+
+        func = impl.recurrent_kernel_cpu(spec, cell)
     # op_pattern 8 (opaque): FuseOps must not merge it with neighbours
-    return make(spec, cell).with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
+    return RecurrentKernel(func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8}), impl.TRANSPOSED_R)

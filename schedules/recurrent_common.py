@@ -4,7 +4,8 @@ One kernel runs a whole layer (all directions, the whole sequence). Its argument
 
     XW        [seq, batch, D*G*H]   input projection of all steps, foldable biases added
               ([batch, seq, ...] for layout 1)
-    RT        [D, H, G*H]           recurrent weights, transposed so gate rows are contiguous
+    R         [D, G*H, H]           recurrent weights, ONNX's layout (GPU kernels: lanes read along k)
+      or RT   [D, H, G*H]           transposed, gate rows contiguous (CPU kernel: vectorizes along units)
     seq_lens  [batch] int32         when the node has sequence_lens
     h0, c0    [D, batch, H]         when the node has initial_h / initial_c ([batch, D, H] for layout 1)
     params    [D, NP, H]            the cell's per-unit vectors (peepholes, GRU's Rb_h)
@@ -46,12 +47,15 @@ class KernelArgs:
     seq: tirx.Var = field(default_factory=lambda: tirx.Var("seq", I64))
     batch: tirx.Var = field(default_factory=lambda: tirx.Var("batch", I64))
 
-    def declare(self, dtype: str = "float32"):
+    def declare(self, transposed_r: bool, dtype: str = "float32"):
         s, H, G, D = self.spec, self.spec.hidden_size, self.cell.gates, self.spec.num_directions
         seq, n = self.seq, self.batch
         state_shape = (D, n, H) if s.layout == 0 else (n, D, H)
         self.XW = T.arg("XW", T.Buffer((seq, n, D * G * H) if s.layout == 0 else (n, seq, D * G * H), dtype))
-        self.RT = T.arg("RT", T.Buffer((D, H, G * H), dtype))
+        if transposed_r:
+            self.RT = T.arg("RT", T.Buffer((D, H, G * H), dtype))
+        else:
+            self.R = T.arg("R", T.Buffer((D, G * H, H), dtype))
         self.seq_lens = T.arg("seq_lens", T.Buffer((n,), "int32")) if s.has("sequence_lens") else None
         self.h0 = T.arg("h0", T.Buffer(state_shape, dtype)) if s.has("initial_h") else None
         self.c0 = T.arg("c0", T.Buffer(state_shape, dtype)) if s.has("initial_c") and "c" in self.cell.states else None

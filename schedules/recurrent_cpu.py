@@ -19,6 +19,7 @@ from tvmrnn.layer import RNNLayerSpec
 from .recurrent_common import KernelArgs, i64, unit_padding, unit_step
 
 F32 = "float32"
+TRANSPOSED_R = True  # the inner loop runs along units: R^T rows are contiguous there
 
 
 def chunk_size(hidden: int, widest: int = 32) -> int:
@@ -38,7 +39,7 @@ def recurrent_kernel_cpu(spec: RNNLayerSpec, cell: Cell, chunk: int | None = Non
         with T.prim_func():
             T.func_name("rnn_recurrent")
             T.func_attr({"tirx.noalias": True})
-            a.declare()
+            a.declare(transposed_r=TRANSPOSED_R)
             n_ = a.batch
             hbuf = T.alloc_buffer((2, D, n_, H), F32)
             scratch = {v: T.alloc_buffer((D, n_, H), F32) for v in cell.stored_values}

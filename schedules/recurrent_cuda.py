@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tvm import tirx
+from tvm.backend.cuda import op as cuda_op
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
@@ -28,17 +29,15 @@ from tvmrnn.layer import RNNLayerSpec
 from .recurrent_common import KernelArgs, i64, unit_padding, unit_step
 
 F32 = "float32"
+TRANSPOSED_R = False  # lanes of a warp read along k: ONNX's row-major R is coalesced
 
 
 @dataclass(frozen=True)
 class StepwiseConfig:
-    units_per_block: int = 32  # JB: threads along hidden units (a warp: coalesced weight rows)
-    k_split: int = 8  # KS: threads splitting the reduction over H
-    batch_tile: int = 4  # NB: batch rows per block, reusing each weight read NB times
-
-    def __post_init__(self):
-        if self.batch_tile > self.k_split:
-            raise ValueError("batch_tile must not exceed k_split (the epilogue uses one thread row per batch row)")
+    warps: int = 4  # warps per block; each owns `units_per_warp` hidden units (all their gates)
+    units_per_warp: int = 1
+    batch_tile: int = 8  # NB: batch rows per block, reusing each weight read NB times
+    vector: int = 4  # elements of k each lane loads at once (16-byte loads for fp32)
 
 
 def _sync():
@@ -57,13 +56,12 @@ def _elementwise(a: KernelArgs, total, body):
 
 def recurrent_kernel_cuda(spec: RNNLayerSpec, cell: Cell, config: StepwiseConfig = StepwiseConfig()) -> tirx.PrimFunc:
     H, D = spec.hidden_size, spec.num_directions
-    JB, KS, NB = config.units_per_block, config.k_split, config.batch_tile
     a = KernelArgs(spec, cell)
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("rnn_recurrent")
             T.func_attr({"tirx.noalias": True})
-            a.declare()
+            a.declare(transposed_r=TRANSPOSED_R)
             N = a.batch
             hbuf = T.alloc_buffer((2, D, N, H), F32)
             scratch = {v: T.alloc_buffer((D, N, H), F32) for v in cell.stored_values}
@@ -96,55 +94,67 @@ def recurrent_kernel_cuda(spec: RNNLayerSpec, cell: Cell, config: StepwiseConfig
 
 
 def _phase_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg: StepwiseConfig):
+    """One step of one phase: warp-per-unit GEMV over k (lanes split k), butterfly sums, fused epilogue."""
     H, N = a.spec.hidden_size, a.batch
-    JB, KS, NB = cfg.units_per_block, cfg.k_split, cfg.batch_tile
+    W, UW, NB = cfg.warps, cfg.units_per_warp, cfg.batch_tile
+    V = cfg.vector if H % cfg.vector == 0 else 1
     gp = len(phase.gates)
-    kper = (H + KS - 1) // KS
+    iters = (H + 32 * V - 1) // (32 * V)
 
     def h_at(d, n, k):
         return operand[cur, d, n, k] if phase.operand == "h" else operand[d, n, k]
 
-    with T.thread_binding(0, i64((H + JB - 1) // JB), "blockIdx.x") as bx:
+    with T.thread_binding(0, i64((H + W * UW - 1) // (W * UW)), "blockIdx.x") as bx:
         with T.thread_binding(0, i64(a.spec.num_directions), "blockIdx.y") as d:
             with T.thread_binding(0, tirx.ceildiv(N, i64(NB)), "blockIdx.z") as bz:
-                with T.thread_binding(0, i64(KS), "threadIdx.y") as ty:
-                    with T.thread_binding(0, i64(JB), "threadIdx.x") as tx:
-                        part = T.alloc_buffer((KS, gp, NB, JB), F32, scope="shared")
-                        acc = T.alloc_buffer((gp, NB), F32, scope="local")
-                        j = bx * i64(JB) + tx
-                        jr = tirx.min(j, i64(H - 1))  # clamped: threads past H compute garbage they never store
+                with T.thread_binding(0, i64(W), "threadIdx.y") as ty:
+                    with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
+                        acc = T.alloc_buffer((UW, gp, NB), F32, scope="local")
+                        hv = T.alloc_buffer((NB, V), F32, scope="local")
+                        wv = T.alloc_buffer((V,), F32, scope="local")
+                        u0 = (bx * i64(W) + ty) * i64(UW)
                         n0 = bz * i64(NB)
-                        for gi in range(gp):
-                            for b in range(NB):
-                                T.buffer_store(acc, tirx.const(0.0, F32), [i64(gi), i64(b)])
-                        with T.serial(0, i64(kper)) as kk:
-                            k = kk * i64(KS) + ty
-                            with T.If(k < i64(H)):
+                        for idx in _grid(UW, gp, NB):
+                            T.buffer_store(acc, tirx.const(0.0, F32), idx)
+                        with T.serial(0, i64(iters)) as it:
+                            k0 = (it * i64(32) + lane) * i64(V)
+                            with T.If(k0 < i64(H)):
                                 with T.Then():
-                                    for gi, g in enumerate(phase.gates):
-                                        w = a.RT[d, k, i64(g * H) + jr]
-                                        for b in range(NB):
-                                            n = tirx.min(n0 + i64(b), N - 1)
-                                            T.buffer_store(acc, acc[i64(gi), i64(b)] + w * h_at(d, n, k), [i64(gi), i64(b)])
-                        for gi in range(gp):
+                                    for b in range(NB):
+                                        n = tirx.min(n0 + i64(b), N - 1)  # rows past N compute garbage, never stored
+                                        with T.vectorized(0, i64(V)) as v:
+                                            T.buffer_store(hv, h_at(d, n, k0 + v), [i64(b), v])
+                                    for u in range(UW):
+                                        j = tirx.min(u0 + i64(u), i64(H - 1))
+                                        for gi, g in enumerate(phase.gates):
+                                            with T.vectorized(0, i64(V)) as v:
+                                                T.buffer_store(wv, a.R[d, i64(g * H) + j, k0 + v], [v])
+                                            for b in range(NB):
+                                                for v in range(V):
+                                                    idx = [i64(u), i64(gi), i64(b)]
+                                                    T.buffer_store(acc, acc[tuple(idx)] + wv[i64(v)] * hv[i64(b), i64(v)], idx)
+                        for idx in _grid(UW, gp, NB):
+                            T.buffer_store(acc, cuda_op.cuda_warp_sum(acc[tuple(idx)]), idx)
+                        # every lane now holds every sum: lane (u, b) finishes unit u of batch row b
+                        for u in range(UW):
                             for b in range(NB):
-                                T.buffer_store(part, acc[i64(gi), i64(b)], [ty, i64(gi), i64(b), tx])
-                        _sync()
-                        n = n0 + ty
-                        with T.If(tirx.all(ty < i64(NB), n < N, j < i64(H))):
-                            with T.Then():
-                                _epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, ty, tx, part, KS, gp)
+                                j, n = u0 + i64(u), n0 + i64(b)
+                                with T.If(tirx.all(lane == i64(u * NB + b), n < N, j < i64(H))):
+                                    with T.Then():
+                                        _epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j,
+                                                  lambda gi, u=u, b=b: acc[i64(u), i64(gi), i64(b)])
 
 
-def _epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, b, tx, part, KS, gp):
-    tot = T.alloc_buffer((gp,), F32, scope="local")
-    for gi in range(gp):
-        T.buffer_store(tot, part[i64(0), i64(gi), b, tx], [i64(gi)])
-        for r in range(1, KS):
-            T.buffer_store(tot, tot[i64(gi)] + part[i64(r), i64(gi), b, tx], [i64(gi)])
+def _grid(*extents):
+    import itertools
+
+    return [[i64(i) for i in idx] for idx in itertools.product(*(range(e) for e in extents))]
+
+
+def _epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec):
     with T.If(s < a.length(n)):
         with T.Then():
-            unit_step(a, phase, hbuf, scratch, cur, nxt, d, n, a.time_index(d, n, s), j, lambda gi: tot[i64(gi)])
+            unit_step(a, phase, hbuf, scratch, cur, nxt, d, n, a.time_index(d, n, s), j, rec)
         if last:
             with T.Else():
                 unit_padding(a, hbuf, cur, nxt, d, n, s, j)

@@ -53,7 +53,8 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
         bias, rb = _split_bias(B, spec, cell)
         xw = bb.emit(op.add(xw, bias))
         rb_cell = rb
-    args = [xw, bb.emit(op.permute_dims(R, [0, 2, 1]))]
+    kernel = _recurrent_kernel(spec, cell, target)
+    args = [xw, bb.emit(op.permute_dims(R, [0, 2, 1])) if kernel.transposed_r else R]
     for name in ("sequence_lens", "initial_h", "initial_c"):
         if spec.has(name) and (name != "initial_c" or "c" in cell.states):
             args.append(named[name])
@@ -66,9 +67,8 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
     s_shape = [D, batch, H] if spec.layout == 0 else [batch, D, H]
     outs = [relax.TensorType(y_shape, spec.dtype)] + [relax.TensorType(s_shape, spec.dtype)] * len(cell.states)
 
-    kernel = _recurrent_kernel(spec, cell, target)
     name = "rnn_" + "".join(c if c.isalnum() else "_" for c in spec.name)
-    gv = bb.add_func(kernel.with_attr("global_symbol", name), name)
+    gv = bb.add_func(kernel.func.with_attr("global_symbol", name), name)
     res = bb.emit(relax.call_tir(gv, args, outs))
     return [bb.emit(relax.TupleGetItem(res, i)) for i in range(len(outs))]
 
