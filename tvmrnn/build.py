@@ -46,11 +46,12 @@ def resolve_target(target=None) -> tvm.target.Target:
         raise UnsupportedModelError(f"target {target!r} is not a TVM target: {err}; use llvm, cuda or a tag such as nvidia/nvidia-h100") from err
 
 
-def _layer_dict(spec) -> dict:
+def _layer_dict(spec, graph_inputs) -> dict:
     d = asdict(spec)
     d["present"] = sorted(spec.present)
     d["activations"] = [[asdict(a) for a in acts] for acts in spec.activations]
     d["kernel"] = "stepwise"
+    d["graph_inputs"] = graph_inputs.get(spec.name, {})
     return d
 
 
@@ -96,7 +97,7 @@ def compile_model(model, target=None):
         "versions": {"tvmrnn": __version__, "tvm": tvm.__version__, "onnx_opset": imported.opset},
         "inputs": [i.as_dict() for i in imported.inputs],
         "outputs": [o.as_dict() for o in imported.outputs],
-        "layers": [_layer_dict(s) for s in imported.layers],
+        "layers": [_layer_dict(s, imported.graph_inputs) for s in imported.layers],
     }
     if target.kind.name == "cuda" and not gpu_present():
         return _ExportOnly(executable, metadata)

@@ -42,8 +42,9 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
     Returns [Y, Y_h(, Y_c)] as Relax expressions.
     """
     cell = cell_for(spec)
+    inputs = list(inputs) + [None] * (8 - len(inputs))
     X, W, R, B = inputs[:4]
-    named = dict(zip(("sequence_lens", "initial_h", "initial_c", "P"), (inputs + [None] * 8)[4:8]))
+    named = dict(zip(("sequence_lens", "initial_h", "initial_c", "P"), inputs[4:8]))
     G, H, D, In = cell.gates, spec.hidden_size, spec.num_directions, spec.input_size
 
     w = op.reshape(W, [D * G * H, In])

@@ -76,7 +76,21 @@ class Module:
                 else:
                     dims.setdefault(want, (got, f"input {name!r}"))
             arrays.append(arr)
+        self._check_sequence_lens(dict(zip(self.input_names, arrays)))
         return arrays
+
+    def _check_sequence_lens(self, feeds):
+        """ONNX Runtime refuses lengths outside [1, seq]; so do we, instead of computing something else."""
+        for layer in self.metadata.get("layers", []):
+            names = layer.get("graph_inputs", {})
+            if "sequence_lens" not in names or "X" not in names:
+                continue
+            lens, x = feeds[names["sequence_lens"]], feeds[names["X"]]
+            seq = x.shape[0 if layer["layout"] == 0 else 1]
+            bad = np.flatnonzero((lens < 1) | (lens > seq))
+            if bad.size:
+                raise InputError(f"input {names['sequence_lens']!r} (sequence_lens of {layer['op']} node '{layer['name']}') "
+                                 f"has {int(lens[bad[0]])} at row {int(bad[0])}; each length must be in [1, {seq}], the sequence length of {names['X']!r}")
 
     def to_device(self, feeds: Mapping[str, object]) -> list:
         """Checked inputs as device tensors, in the module's input order (for `invoke`)."""

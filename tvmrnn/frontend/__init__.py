@@ -7,6 +7,7 @@ shapes with symbolic dims) and the recurrent layers found, as `RNNLayerSpec`s.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ class ImportedModel:
     outputs: list[TensorInfo]
     layers: list = field(default_factory=list)
     opset: int = 0
+    graph_inputs: dict = field(default_factory=dict)
 
 
 def load_onnx(model) -> onnx.ModelProto:
@@ -89,7 +91,8 @@ def import_onnx(model, target: tvm.target.Target) -> ImportedModel:
     initializers = {i.name for i in model.graph.initializer}
     inputs = [_value_info(v) for v in model.graph.input if v.name not in initializers]
     outputs = [_value_info(v) for v in model.graph.output]
-    with _our_converters(ctx), warnings.catch_warnings():
+    # the frontend prints each failing node's inputs to stdout; our errors already name the node
+    with _our_converters(ctx), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")  # the frontend warns about renamed inputs and unknown dims
         try:
             mod = onnx_frontend.from_onnx(model, opset=opset)
@@ -99,4 +102,7 @@ def import_onnx(model, target: tvm.target.Target) -> ImportedModel:
             raise
         except NotImplementedError as err:
             raise UnsupportedModelError(f"the model uses something TVM's ONNX frontend does not support: {err}") from err
-    return ImportedModel(mod, inputs, outputs, ctx.layers, opset)
+    # the frontend may rename inputs (sanitized names); map its parameter names back to the graph's
+    original = {p.name: i.name for p, i in zip(mod["main"].params, inputs)}
+    graph_inputs = {layer: {k: original[v] for k, v in names.items() if v in original} for layer, names in ctx.graph_inputs.items()}
+    return ImportedModel(mod, inputs, outputs, ctx.layers, opset, graph_inputs)

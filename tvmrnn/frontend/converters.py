@@ -14,7 +14,8 @@ from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 from ..lowering import emit_rnn_layer
-from .rnn_spec import normalize_attrs, spec_from_node
+from ..layer import INPUT_NAMES
+from .rnn_spec import UNKNOWN, normalize_attrs, spec_from_node
 
 
 @dataclass
@@ -22,15 +23,14 @@ class ImportContext:
     opset: int
     target: object
     layers: list = field(default_factory=list)
+    graph_inputs: dict = field(default_factory=dict)  # layer name -> {ONNX input name: graph input name}
     current = contextvars.ContextVar("tvmrnn_import")
 
 
 def _shape(expr):
-    if expr is None:
-        return None
     ty = expr.ty
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
+        return UNKNOWN
     return tuple(int(d) if hasattr(d, "value") else str(d) for d in ty.shape)
 
 
@@ -39,10 +39,15 @@ def _convert(op_type, bb, inputs, attr):
     custom = attr.get("tvm_custom", {})
     name = custom.get("name") or f"{op_type}_{len(ctx.layers)}"
     inputs = list(inputs)
-    dtype = inputs[0].ty.dtype if inputs and inputs[0] is not None else "float32"
-    spec = spec_from_node(op_type, name, normalize_attrs(attr), [_shape(x) for x in inputs],
-                          custom.get("num_outputs", 1), ctx.opset, dtype)
+    dtype = str(inputs[0].ty.dtype) if inputs and inputs[0] is not None else "float32"
+    shapes = {n: _shape(x) for n, x in zip(INPUT_NAMES[op_type], inputs) if x is not None}
+    if len(inputs) > len(INPUT_NAMES[op_type]):
+        shapes[f"input #{len(inputs) - 1}"] = UNKNOWN  # rnn_spec names the extra input in its error
+    spec = spec_from_node(op_type, name, normalize_attrs(attr), shapes, custom.get("num_outputs", 1), ctx.opset, dtype)
     ctx.layers.append(spec)
+    # graph inputs that feed the layer directly: the runtime checks sequence_lens values against X's length
+    ctx.graph_inputs[name] = {n: x.name for n, x in zip(INPUT_NAMES[op_type], inputs)
+                              if isinstance(x, relax.Var) and n in ("X", "sequence_lens")}
     outs = emit_rnn_layer(bb, spec, inputs, ctx.target)
     return relax.Tuple(outs[: max(spec.num_outputs, 1)]) if spec.num_outputs > 1 else outs[0]
 

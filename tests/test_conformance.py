@@ -1,0 +1,100 @@
+"""Every supported LSTM/GRU/RNN configuration matches ONNX Runtime and the float64 reference (CPU target).
+
+A hypothesis sweep draws op, attributes, optional inputs, outputs and shapes; each drawn
+model is compiled once and run at two (seq, batch) shapes, since one module must serve any.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tvmrnn
+from onnx_cases import Case, from_layout0, to_layout0
+
+RTOL, ATOL = 1e-4, 1e-5
+OPTIONAL = {"LSTM": ("B", "sequence_lens", "initial_h", "initial_c", "P"), "GRU": ("B", "sequence_lens", "initial_h"),
+            "RNN": ("B", "sequence_lens", "initial_h")}
+# (name, takes alpha, takes beta); values drawn small so no activation saturates everything
+ACTS = [("Relu", 0, 0), ("Tanh", 0, 0), ("Sigmoid", 0, 0), ("Affine", 1, 1), ("LeakyRelu", 1, 0), ("ThresholdedRelu", 1, 0),
+        ("ScaledTanh", 1, 1), ("HardSigmoid", 1, 1), ("Elu", 1, 0), ("Softsign", 0, 0), ("Softplus", 0, 0)]
+
+
+def ort_outputs(case: Case, feeds: dict) -> dict:
+    twin = case.twin() if case.layout else case
+    sess = ort.InferenceSession(twin.model().SerializeToString(), providers=["CPUExecutionProvider"])
+    ins = to_layout0(feeds) if case.layout else feeds
+    names = [o for o in case.output_names if o]
+    res = dict(zip(names, sess.run(names, ins)))
+    return {k: from_layout0(k, v) for k, v in res.items()} if case.layout else res
+
+
+def check_case(case: Case, shapes=((5, 3), (2, 1)), seed=0):
+    module = tvmrnn.compile(case.model(), target="llvm")
+    rng = np.random.default_rng(seed)
+    for T, N in shapes:
+        feeds = case.feeds(rng, T, N)
+        ours = module.run(feeds)
+        expected_ort, expected_ref = ort_outputs(case, feeds), case.reference(feeds)
+        assert sorted(ours) == sorted(expected_ort), "output names differ"
+        for name, value in ours.items():
+            np.testing.assert_allclose(value, expected_ort[name], rtol=RTOL, atol=ATOL, err_msg=f"{name} vs ONNX Runtime at T={T} N={N}")
+            np.testing.assert_allclose(value, expected_ref[name], rtol=RTOL, atol=ATOL, err_msg=f"{name} vs reference at T={T} N={N}")
+
+
+@st.composite
+def cases(draw):
+    op = draw(st.sampled_from(["LSTM", "GRU", "RNN"]))
+    direction = draw(st.sampled_from(["forward", "reverse", "bidirectional"]))
+    D = 2 if direction == "bidirectional" else 1
+    layout = draw(st.sampled_from([0, 1]))
+    opset = draw(st.sampled_from([14, 22] if layout else [7, 14, 22]))
+    optional = tuple(o for o in OPTIONAL[op] if draw(st.booleans()))
+    n_out = 3 if op == "LSTM" else 2
+    outputs = tuple(draw(st.sampled_from(["", name])) for name in ("Y", "Y_h", "Y_c")[:n_out])
+    if not any(outputs):
+        outputs = ("Y",) + outputs[1:]
+    while outputs and outputs[-1] == "":
+        outputs = outputs[:-1]  # ONNX drops trailing unnamed outputs
+    activations = alpha = beta = None
+    if draw(st.booleans()):
+        per_dir = {"LSTM": 3, "GRU": 2, "RNN": 1}[op]
+        chosen = [draw(st.sampled_from(ACTS)) for _ in range(per_dir * D)]
+        activations = tuple(a[0] for a in chosen)
+        small = st.floats(0.1, 1.0).map(lambda v: round(v, 3))
+        alpha = tuple(draw(small) for a in chosen if a[1]) or None
+        beta = tuple(draw(small) for a in chosen if a[2]) or None
+        # ONNX Runtime fills missing values with its own defaults; give all or none
+    clip = draw(st.sampled_from([None, None, 0.5, 3.0]))
+    return Case(op=op, hidden=draw(st.integers(1, 20)), input_size=draw(st.integers(1, 12)), direction=direction,
+                layout=layout, optional=optional, outputs=outputs, activations=activations, activation_alpha=alpha,
+                activation_beta=beta, clip=clip, input_forget=int(op == "LSTM" and draw(st.booleans())),
+                linear_before_reset=int(op == "GRU" and draw(st.booleans())), weights_as_inputs=draw(st.booleans()),
+                opset=opset, seed=draw(st.integers(0, 2**16)))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(), shapes=st.tuples(st.integers(1, 7), st.integers(1, 4)))
+def test_sweep_matches_onnxruntime(case, shapes):
+    check_case(case, shapes=(shapes, (3, 2)))
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("layout", [0, 1])
+def test_every_optional_input(op, direction, layout):
+    """The fixed corners the sweep may miss: every optional input at once, both layouts, all directions."""
+    check_case(Case(op=op, direction=direction, layout=layout, optional=OPTIONAL[op], hidden=16, input_size=7,
+                    linear_before_reset=1 if op == "GRU" else 0))
+
+
+def test_lstm_input_forget_peepholes_clip():
+    check_case(Case(op="LSTM", direction="bidirectional", optional=OPTIONAL["LSTM"], input_forget=1, clip=0.7))
+
+
+def test_gru_reset_before_and_after():
+    for lbr in (0, 1):
+        check_case(Case(op="GRU", direction="bidirectional", optional=OPTIONAL["GRU"], linear_before_reset=lbr, clip=2.0))
