@@ -15,6 +15,7 @@ from tvm import tirx
 class RecurrentKernel:
     func: tirx.PrimFunc
     transposed_r: bool  # whether the kernel reads R^T [D, H, G*H] instead of ONNX's R [D, G*H, H]
+    name: str  # which schedule: "cpu", "cuda-stepwise", "cuda-persistent"
 
 
 def recurrent_kernel(spec, cell, target) -> RecurrentKernel:
@@ -22,10 +23,10 @@ def recurrent_kernel(spec, cell, target) -> RecurrentKernel:
     if target.kind.name == "cuda":
         from . import recurrent_cuda as impl
 
-        func = impl.recurrent_kernel_cuda(spec, cell)
+        func, name = impl.recurrent_kernel_cuda(spec, cell), "cuda-stepwise"
     else:
         from . import recurrent_cpu as impl
 
-        func = impl.recurrent_kernel_cpu(spec, cell)
+        func, name = impl.recurrent_kernel_cpu(spec, cell), "cpu"
     # op_pattern 8 (opaque): FuseOps must not merge it with neighbours
-    return RecurrentKernel(func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8}), impl.TRANSPOSED_R)
+    return RecurrentKernel(func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8}), impl.TRANSPOSED_R, name)

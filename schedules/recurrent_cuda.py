@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tvm import tirx
-from tvm.backend.cuda import op as cuda_op
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
@@ -27,6 +26,7 @@ from tvmrnn.cells import Cell
 from tvmrnn.layer import RNNLayerSpec
 
 from .recurrent_common import KernelArgs, i64, unit_padding, unit_step
+from .warp_gemv import warp_gates
 
 F32 = "float32"
 TRANSPOSED_R = False  # lanes of a warp read along k: ONNX's row-major R is coalesced
@@ -94,64 +94,42 @@ def recurrent_kernel_cuda(spec: RNNLayerSpec, cell: Cell, config: StepwiseConfig
 
 
 def _phase_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg: StepwiseConfig):
-    """One step of one phase: warp-per-unit GEMV over k (lanes split k), butterfly sums, fused epilogue."""
+    """One step of one phase: blocks of warps over (units, direction, batch tile); weights from global memory."""
     H, N = a.spec.hidden_size, a.batch
     W, UW, NB = cfg.warps, cfg.units_per_warp, cfg.batch_tile
     V = cfg.vector if H % cfg.vector == 0 else 1
-    gp = len(phase.gates)
-    iters = (H + 32 * V - 1) // (32 * V)
-
-    def h_at(d, n, k):
-        return operand[cur, d, n, k] if phase.operand == "h" else operand[d, n, k]
 
     with T.thread_binding(0, i64((H + W * UW - 1) // (W * UW)), "blockIdx.x") as bx:
         with T.thread_binding(0, i64(a.spec.num_directions), "blockIdx.y") as d:
             with T.thread_binding(0, tirx.ceildiv(N, i64(NB)), "blockIdx.z") as bz:
                 with T.thread_binding(0, i64(W), "threadIdx.y") as ty:
                     with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
-                        acc = T.alloc_buffer((UW, gp, NB), F32, scope="local")
-                        hv = T.alloc_buffer((NB, V), F32, scope="local")
-                        wv = T.alloc_buffer((V,), F32, scope="local")
                         u0 = (bx * i64(W) + ty) * i64(UW)
                         n0 = bz * i64(NB)
-                        for idx in _grid(UW, gp, NB):
-                            T.buffer_store(acc, tirx.const(0.0, F32), idx)
-                        with T.serial(0, i64(iters)) as it:
-                            k0 = (it * i64(32) + lane) * i64(V)
-                            with T.If(k0 < i64(H)):
+
+                        def h_at(u, b, k):
+                            n = tirx.min(n0 + i64(b), N - 1)  # rows past N compute garbage, never stored
+                            return operand_at(operand, phase, cur, d, n, k)
+
+                        def w_at(u, g, k):
+                            return a.R[d, i64(g * H) + tirx.min(u0 + i64(u), i64(H - 1)), k]
+
+                        def finish(u, b, rec):
+                            j, n = u0 + i64(u), n0 + i64(b)
+                            with T.If(tirx.all(n < N, j < i64(H))):
                                 with T.Then():
-                                    for b in range(NB):
-                                        n = tirx.min(n0 + i64(b), N - 1)  # rows past N compute garbage, never stored
-                                        with T.vectorized(0, i64(V)) as v:
-                                            T.buffer_store(hv, h_at(d, n, k0 + v), [i64(b), v])
-                                    for u in range(UW):
-                                        j = tirx.min(u0 + i64(u), i64(H - 1))
-                                        for gi, g in enumerate(phase.gates):
-                                            with T.vectorized(0, i64(V)) as v:
-                                                T.buffer_store(wv, a.R[d, i64(g * H) + j, k0 + v], [v])
-                                            for b in range(NB):
-                                                for v in range(V):
-                                                    idx = [i64(u), i64(gi), i64(b)]
-                                                    T.buffer_store(acc, acc[tuple(idx)] + wv[i64(v)] * hv[i64(b), i64(v)], idx)
-                        for idx in _grid(UW, gp, NB):
-                            T.buffer_store(acc, cuda_op.cuda_warp_sum(acc[tuple(idx)]), idx)
-                        # every lane now holds every sum: lane (u, b) finishes unit u of batch row b
-                        for u in range(UW):
-                            for b in range(NB):
-                                j, n = u0 + i64(u), n0 + i64(b)
-                                with T.If(tirx.all(lane == i64(u * NB + b), n < N, j < i64(H))):
-                                    with T.Then():
-                                        _epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j,
-                                                  lambda gi, u=u, b=b: acc[i64(u), i64(gi), i64(b)])
+                                    epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec)
+
+                        warp_gates(lane, H, phase.gates, UW, NB, V, h_at, w_at, finish)
 
 
-def _grid(*extents):
-    import itertools
+def operand_at(operand, phase, cur, d, n, k):
+    """Element k of the vector a phase multiplies: the double-buffered h, or a value an earlier phase stored."""
+    return operand[cur, d, n, k] if phase.operand == "h" else operand[d, n, k]
 
-    return [[i64(i) for i in idx] for idx in itertools.product(*(range(e) for e in extents))]
 
-
-def _epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec):
+def epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec):
+    """The gate program for a valid step, or (after the last phase) the padding rule past the sequence's end."""
     with T.If(s < a.length(n)):
         with T.Then():
             unit_step(a, phase, hbuf, scratch, cur, nxt, d, n, a.time_index(d, n, s), j, rec)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import time
 from dataclasses import asdict
 
 import onnx
@@ -46,12 +47,12 @@ def resolve_target(target=None) -> tvm.target.Target:
         raise UnsupportedModelError(f"target {target!r} is not a TVM target: {err}; use llvm, cuda or a tag such as nvidia/nvidia-h100") from err
 
 
-def _layer_dict(spec, graph_inputs) -> dict:
+def _layer_dict(spec, imported) -> dict:
     d = asdict(spec)
     d["present"] = sorted(spec.present)
     d["activations"] = [[asdict(a) for a in acts] for acts in spec.activations]
-    d["kernel"] = "stepwise"
-    d["graph_inputs"] = graph_inputs.get(spec.name, {})
+    d["kernel"] = imported.kernels.get(spec.name)
+    d["graph_inputs"] = imported.graph_inputs.get(spec.name, {})
     return d
 
 
@@ -83,11 +84,24 @@ class _ExportOnly:
         raise UnsupportedModelError(f"this module targets {self.metadata['target']} and there is no GPU here; export it and run it on one")
 
 
-def compile_model(model, target=None):
+def _quiet(_msg):
+    pass
+
+
+def compile_model(model, target=None, log=_quiet):
+    """ONNX model -> runnable (or, for CUDA without a GPU, exportable) module. `log` gets one line per stage."""
     target = resolve_target(target)
     source = os.fspath(model) if not isinstance(model, onnx.ModelProto) else "<ModelProto>"
+    started = time.perf_counter()
     imported = import_onnx(model, target)
+    log(f"[1/2] imported {source}: opset {imported.opset}, {len(imported.layers)} recurrent layer(s) "
+        f"({time.perf_counter() - started:.1f} s)")
+    for spec in imported.layers:
+        log(f"      {spec.op} '{spec.name}': hidden {spec.hidden_size}, input {spec.input_size}, {spec.direction}, "
+            f"layout {spec.layout}, {spec.dtype} -> {imported.kernels.get(spec.name)} kernel")
+    started = time.perf_counter()
     executable = tvm.compile(imported.mod, target=target)
+    log(f"[2/2] built for {target.kind.name} ({time.perf_counter() - started:.1f} s)")
     metadata = {
         "format": FORMAT,
         "source": os.path.basename(source),
@@ -97,7 +111,7 @@ def compile_model(model, target=None):
         "versions": {"tvmrnn": __version__, "tvm": tvm.__version__, "onnx_opset": imported.opset},
         "inputs": [i.as_dict() for i in imported.inputs],
         "outputs": [o.as_dict() for o in imported.outputs],
-        "layers": [_layer_dict(s, imported.graph_inputs) for s in imported.layers],
+        "layers": [_layer_dict(s, imported) for s in imported.layers],
     }
     if target.kind.name == "cuda" and not gpu_present():
         return _ExportOnly(executable, metadata)

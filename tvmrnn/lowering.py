@@ -36,10 +36,10 @@ def _split_bias(B, spec, cell):
     return op.reshape(folded, [D * G * H]), op.reshape(rb, [D, G, H])
 
 
-def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, target) -> list[relax.Expr]:
+def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, target) -> tuple[list[relax.Expr], str]:
     """Emit the layer; `inputs` are the node's Relax inputs in ONNX order (None where absent).
 
-    Returns [Y, Y_h(, Y_c)] as Relax expressions.
+    Returns [Y, Y_h(, Y_c)] as Relax expressions and the name of the recurrent schedule chosen.
     """
     cell = cell_for(spec)
     inputs = list(inputs) + [None] * (8 - len(inputs))
@@ -71,7 +71,7 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
     name = "rnn_" + "".join(c if c.isalnum() else "_" for c in spec.name)
     gv = bb.add_func(kernel.func.with_attr("global_symbol", name), name)
     res = bb.emit(relax.call_tir(gv, args, outs))
-    return [bb.emit(relax.TupleGetItem(res, i)) for i in range(len(outs))]
+    return [bb.emit(relax.TupleGetItem(res, i)) for i in range(len(outs))], kernel.name
 
 
 def _params(spec, cell, P, rb_cell):

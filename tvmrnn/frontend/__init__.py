@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import onnx
 import tvm
+from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
 from ..errors import UnsupportedModelError
@@ -38,6 +39,7 @@ class ImportedModel:
     layers: list = field(default_factory=list)
     opset: int = 0
     graph_inputs: dict = field(default_factory=dict)
+    kernels: dict = field(default_factory=dict)
 
 
 def load_onnx(model) -> onnx.ModelProto:
@@ -84,6 +86,15 @@ def _value_info(v: onnx.ValueInfoProto) -> TensorInfo:
     return TensorInfo(v.name, _ONNX_DTYPES.get(t.elem_type, onnx.TensorProto.DataType.Name(t.elem_type).lower()), dims)
 
 
+def _fill_output_shapes(outputs: list[TensorInfo], ret_ty):
+    """Outputs the ONNX graph leaves unshaped get the shapes Relax inferred (symbolic dims by name)."""
+    types = list(ret_ty.fields) if isinstance(ret_ty, relax.TupleType) else [ret_ty]
+    for info, ty in zip(outputs, types):
+        if isinstance(ty, relax.TensorType) and ty.shape is not None and (not info.shape or "?" in info.shape):
+            info.shape = [int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in ty.shape]
+            info.dtype = str(ty.dtype)
+
+
 def import_onnx(model, target: tvm.target.Target) -> ImportedModel:
     model = load_onnx(model)
     opset = model_opset(model)
@@ -102,7 +113,8 @@ def import_onnx(model, target: tvm.target.Target) -> ImportedModel:
             raise
         except NotImplementedError as err:
             raise UnsupportedModelError(f"the model uses something TVM's ONNX frontend does not support: {err}") from err
+    _fill_output_shapes(outputs, mod["main"].ret_ty)
     # the frontend may rename inputs (sanitized names); map its parameter names back to the graph's
     original = {p.name: i.name for p, i in zip(mod["main"].params, inputs)}
     graph_inputs = {layer: {k: original[v] for k, v in names.items() if v in original} for layer, names in ctx.graph_inputs.items()}
-    return ImportedModel(mod, inputs, outputs, ctx.layers, opset, graph_inputs)
+    return ImportedModel(mod, inputs, outputs, ctx.layers, opset, graph_inputs, ctx.kernels)

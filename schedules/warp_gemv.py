@@ -1,0 +1,57 @@
+"""The inner building block of our CUDA recurrent kernels: one warp computes all gates of a few hidden units.
+
+Lanes split the reduction over k (V consecutive elements each, 16-byte loads for fp32), every
+weight element read is reused for NB batch rows, and a butterfly shuffle leaves every sum in
+every lane, so lane u*NB + b then finishes unit u of batch row b (the gate program) in parallel.
+The stepwise kernel feeds it weights from global memory, the persistent one from shared memory.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from tvm import tirx
+from tvm.backend.cuda import op as cuda_op
+from tvm.script.ir_builder import tirx as T
+
+from .recurrent_common import i64
+
+F32 = "float32"
+
+
+def _grid(*extents):
+    return [[i64(i) for i in idx] for idx in itertools.product(*(range(e) for e in extents))]
+
+
+def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, dtype=F32):
+    """Accumulate sum_k w_at(u, g, k) * h_at(u, b, k) for UW units, the given gates and NB batch rows.
+
+    h_at(u, b, k) / w_at(u, g, k): loads (callers clamp indices so every load is in bounds);
+    finish(u, b, rec): called in lane u*NB + b with rec(gi) the sum of the gi-th gate.
+    """
+    gp = len(gates)
+    acc = T.alloc_buffer((UW, gp, NB), F32, scope="local")
+    hv = T.alloc_buffer((UW, NB, V), dtype, scope="local")
+    wv = T.alloc_buffer((V,), dtype, scope="local")
+    for idx in _grid(UW, gp, NB):
+        T.buffer_store(acc, tirx.const(0.0, F32), idx)
+    with T.serial(0, i64((H + 32 * V - 1) // (32 * V))) as it:
+        k0 = (it * i64(32) + lane) * i64(V)
+        with T.If(k0 < i64(H)):
+            with T.Then():
+                for u, b in itertools.product(range(UW), range(NB)):
+                    with T.vectorized(0, i64(V)) as v:
+                        T.buffer_store(hv, h_at(u, b, k0 + v), [i64(u), i64(b), v])
+                for u, (gi, g) in itertools.product(range(UW), enumerate(gates)):
+                    with T.vectorized(0, i64(V)) as v:
+                        T.buffer_store(wv, w_at(u, g, k0 + v), [v])
+                    for b, v in itertools.product(range(NB), range(V)):
+                        idx = [i64(u), i64(gi), i64(b)]
+                        prod = wv[i64(v)].astype(F32) * hv[i64(u), i64(b), i64(v)].astype(F32)
+                        T.buffer_store(acc, acc[tuple(idx)] + prod, idx)
+    for idx in _grid(UW, gp, NB):
+        T.buffer_store(acc, cuda_op.cuda_warp_sum(acc[tuple(idx)]), idx)
+    for u, b in itertools.product(range(UW), range(NB)):
+        with T.If(lane == i64(u * NB + b)):
+            with T.Then():
+                finish(u, b, lambda gi, u=u, b=b: acc[i64(u), i64(gi), i64(b)])

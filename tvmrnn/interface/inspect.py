@@ -1,0 +1,43 @@
+"""`tvmrnn inspect`: the recurrent layers of an ONNX model (and whether each is supported), or a compiled module's metadata."""
+
+from __future__ import annotations
+
+import json
+
+from ..runtime import metadata_path
+
+
+def _layer_line(op, name, spec_like: dict) -> str:
+    s = spec_like
+    extras = [k for k in ("clip", "input_forget", "linear_before_reset") if s.get(k)]
+    acts = "/".join(a["name"] for a in s["activations"][0]) if s.get("activations") else ""
+    return (f"  {op:<4} {name:<24} hidden {s['hidden_size']:<5} input {s['input_size']:<5} {s['direction']:<13} "
+            f"layout {s['layout']}  {s['dtype']:<8} acts {acts}  optional {sorted(set(s['present']) - {'X', 'W', 'R'})}"
+            + (f"  {' '.join(extras)}" if extras else ""))
+
+
+def inspect_command(path: str, echo=print) -> int:
+    """Prints the report; returns how many layers are unsupported (the CLI's exit status)."""
+    if path.endswith(".so"):
+        with open(metadata_path(path)) as f:
+            meta = json.load(f)
+        echo(f"{path}: tvmrnn module for {meta['target']} (tvmrnn {meta['versions']['tvmrnn']}, TVM {meta['versions']['tvm']})")
+        for io in ("inputs", "outputs"):
+            for t in meta[io]:
+                echo(f"  {io[:-1]:<6} {t['name']:<20} {t['dtype']:<8} {t['shape']}")
+        for layer in meta["layers"]:
+            echo(_layer_line(layer["op"], layer["name"], layer) + f"  kernel {layer['kernel']}")
+        return 0
+    from dataclasses import asdict
+
+    from ..frontend.inspect import find_rnn_layers
+
+    found = find_rnn_layers(path)
+    echo(f"{path}: {len(found)} recurrent layer(s)")
+    for layer in found:
+        if layer.supported:
+            spec = asdict(layer.spec)
+            echo(_layer_line(layer.op, layer.node, spec) + "  supported")
+        else:
+            echo(f"  {layer.op:<4} {layer.node:<24} NOT SUPPORTED: {layer.problem}")
+    return sum(not layer.supported for layer in found)
