@@ -1,7 +1,15 @@
 """Our hand-written kernel schedules, one module per kernel and target, and the choice between them.
 
-recurrent_cpu   the recurrent layer for LLVM targets
-recurrent_cuda  the recurrent layer for CUDA (stepwise: one fused kernel per step and phase)
+recurrent_cpu         the recurrent layer for LLVM targets
+recurrent_cuda        CUDA, stepwise: one fused launch per step and phase (weights from L2/HBM)
+recurrent_persistent  CUDA, persistent: one cooperative launch for the whole sequence, R in shared memory
+warp_gemv             the warp-level gate GEMV both CUDA kernels are built from
+cooperative           the TIR pipeline that tags grid-barrier kernels for cooperative launch
+
+On CUDA the choice is made per layer at compile time (does R fit on chip?) and per call at
+run time (is the batch small enough for the persistent kernel to win?): when R fits, the
+kernel holds both bodies behind `if batch <= max_batch`, so a dynamic-batch module runs each
+batch on the better one.
 """
 
 from __future__ import annotations
@@ -9,21 +17,57 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+KERNEL_CHOICES = ("auto", "stepwise", "persistent")
+# Batch up to which the persistent kernel beats the stepwise one (measured on the H100; tunable).
+PERSISTENT_MAX_BATCH = 32
 
 
 @dataclass(frozen=True)
 class RecurrentKernel:
     func: tirx.PrimFunc
     transposed_r: bool  # whether the kernel reads R^T [D, H, G*H] instead of ONNX's R [D, G*H, H]
-    name: str  # which schedule: "cpu", "cuda-stepwise", "cuda-persistent"
+    name: str  # which schedule: "cpu", "cuda-stepwise", "cuda-persistent", "cuda-persistent<=N|stepwise"
 
 
-def recurrent_kernel(spec, cell, target) -> RecurrentKernel:
+def _arch(target) -> str:
+    return str(target.attrs.get("arch", "sm_90a")) if target.attrs is not None else "sm_90a"
+
+
+def _cuda_kernel(spec, cell, target, choice: str):
+    from . import recurrent_cuda as stepwise
+    from . import recurrent_persistent as persistent
+
+    arch = _arch(target)
+    fits = persistent.fits(spec, cell, arch)
+    if choice == "persistent" and not fits:
+        from tvmrnn.errors import UnsupportedModelError
+
+        raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel 'persistent' needs R on chip, and hidden size "
+                                    f"{spec.hidden_size} x {spec.num_directions} direction(s) does not fit on {arch}; use auto or stepwise")
+    if choice == "stepwise" or not fits:
+        return stepwise.recurrent_kernel_cuda(spec, cell), "cuda-stepwise"
+    pcfg = persistent.default_config(spec, arch)
+    if choice == "persistent":
+        return persistent.recurrent_kernel_persistent(spec, cell, pcfg), "cuda-persistent"
+
+    def body(a):
+        with T.If(a.batch <= tirx.IntImm("int64", PERSISTENT_MAX_BATCH)):
+            with T.Then():
+                persistent.persistent_body(a, pcfg)
+            with T.Else():
+                stepwise.stepwise_body(a, stepwise.StepwiseConfig())
+
+    return stepwise.cuda_prim_func(spec, cell, body), f"cuda-persistent(batch<={PERSISTENT_MAX_BATCH})|stepwise"
+
+
+def recurrent_kernel(spec, cell, target, choice: str = "auto") -> RecurrentKernel:
     """The recurrent kernel of one layer for `target`, marked scheduled so generic schedulers leave it alone."""
     if target.kind.name == "cuda":
         from . import recurrent_cuda as impl
 
-        func, name = impl.recurrent_kernel_cuda(spec, cell), "cuda-stepwise"
+        func, name = _cuda_kernel(spec, cell, target, choice)
     else:
         from . import recurrent_cpu as impl
 

@@ -54,43 +54,54 @@ def _elementwise(a: KernelArgs, total, body):
                     body(idx)
 
 
-def recurrent_kernel_cuda(spec: RNNLayerSpec, cell: Cell, config: StepwiseConfig = StepwiseConfig()) -> tirx.PrimFunc:
-    H, D = spec.hidden_size, spec.num_directions
+def cuda_prim_func(spec: RNNLayerSpec, cell: Cell, emit_body) -> tirx.PrimFunc:
+    """The recurrent PrimFunc: arguments as KernelArgs declares them, body from `emit_body(a)`."""
     a = KernelArgs(spec, cell)
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("rnn_recurrent")
             T.func_attr({"tirx.noalias": True})
             a.declare(transposed_r=TRANSPOSED_R)
-            N = a.batch
-            hbuf = T.alloc_buffer((2, D, N, H), F32)
-            scratch = {v: T.alloc_buffer((D, N, H), F32) for v in cell.stored_values}
-            DNH = i64(D * H) * N
-
-            def split(idx):
-                return idx // (N * H), idx // H % N, idx % H
-
-            def init(idx):
-                d, n, j = split(idx)
-                T.buffer_store(hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
-                if a.Yc is not None:
-                    T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j))
-
-            _elementwise(a, DNH, init)
-
-            with T.serial(0, a.seq) as s:
-                cur, nxt = s % 2, (s + 1) % 2
-                for pi, phase in enumerate(cell.phases):
-                    last = pi == len(cell.phases) - 1
-                    operand = hbuf if phase.operand == "h" else scratch[phase.operand]
-                    _phase_launch(a, phase, last, operand, hbuf, scratch, s, cur, nxt, config)
-
-            def finish(idx):
-                d, n, j = split(idx)
-                T.buffer_store(a.Yh, hbuf[a.seq % 2, d, n, j], a.state_index(d, n, j))
-
-            _elementwise(a, DNH, finish)
+            emit_body(a)
     return ib.get()
+
+
+def recurrent_kernel_cuda(spec: RNNLayerSpec, cell: Cell, config: StepwiseConfig = StepwiseConfig()) -> tirx.PrimFunc:
+    return cuda_prim_func(spec, cell, lambda a: stepwise_body(a, config))
+
+
+def stepwise_body(a: KernelArgs, config: StepwiseConfig):
+    """Initial states, then per step and phase one launch, then the final hidden state."""
+    spec, cell = a.spec, a.cell
+    H, D = spec.hidden_size, spec.num_directions
+    N = a.batch
+    hbuf = T.alloc_buffer((2, D, N, H), F32)
+    scratch = {v: T.alloc_buffer((D, N, H), F32) for v in cell.stored_values}
+    DNH = i64(D * H) * N
+
+    def split(idx):
+        return idx // (N * H), idx // H % N, idx % H
+
+    def init(idx):
+        d, n, j = split(idx)
+        T.buffer_store(hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
+        if a.Yc is not None:
+            T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j))
+
+    _elementwise(a, DNH, init)
+
+    with T.serial(0, a.seq) as s:
+        cur, nxt = s % 2, (s + 1) % 2
+        for pi, phase in enumerate(cell.phases):
+            last = pi == len(cell.phases) - 1
+            operand = hbuf if phase.operand == "h" else scratch[phase.operand]
+            _phase_launch(a, phase, last, operand, hbuf, scratch, s, cur, nxt, config)
+
+    def finish(idx):
+        d, n, j = split(idx)
+        T.buffer_store(a.Yh, hbuf[a.seq % 2, d, n, j], a.state_index(d, n, j))
+
+    _elementwise(a, DNH, finish)
 
 
 def _phase_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg: StepwiseConfig):

@@ -88,19 +88,28 @@ def _quiet(_msg):
     pass
 
 
-def compile_model(model, target=None, log=_quiet):
-    """ONNX model -> runnable (or, for CUDA without a GPU, exportable) module. `log` gets one line per stage."""
+def compile_model(model, target=None, log=_quiet, kernel="auto"):
+    """ONNX model -> runnable (or, for CUDA without a GPU, exportable) module. `log` gets one line per stage.
+
+    kernel: the recurrent schedule on CUDA: "auto" (persistent where R fits on chip and the batch is
+    small, else stepwise), "stepwise" or "persistent".
+    """
+    from schedules import KERNEL_CHOICES, cooperative
+
+    if kernel not in KERNEL_CHOICES:
+        raise UnsupportedModelError(f"kernel={kernel!r} is not supported; one of {KERNEL_CHOICES}")
     target = resolve_target(target)
     source = os.fspath(model) if not isinstance(model, onnx.ModelProto) else "<ModelProto>"
     started = time.perf_counter()
-    imported = import_onnx(model, target)
+    imported = import_onnx(model, target, kernel)
     log(f"[1/2] imported {source}: opset {imported.opset}, {len(imported.layers)} recurrent layer(s) "
         f"({time.perf_counter() - started:.1f} s)")
     for spec in imported.layers:
         log(f"      {spec.op} '{spec.name}': hidden {spec.hidden_size}, input {spec.input_size}, {spec.direction}, "
             f"layout {spec.layout}, {spec.dtype} -> {imported.kernels.get(spec.name)} kernel")
     started = time.perf_counter()
-    executable = tvm.compile(imported.mod, target=target)
+    # our pipeline = TVM's + the cooperative-launch tag that persistent kernels' grid barriers need
+    executable = tvm.compile(imported.mod, target=target, tir_pipeline=cooperative.register())
     log(f"[2/2] built for {target.kind.name} ({time.perf_counter() - started:.1f} s)")
     metadata = {
         "format": FORMAT,

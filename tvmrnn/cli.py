@@ -44,12 +44,14 @@ def main():
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="the module to write (.so; its .json goes beside it)")
 @click.option("--target", default=None, help="llvm, cuda, or a TVM target tag such as nvidia/nvidia-h100 (default: cuda if a GPU is here, else llvm)")
+@click.option("--kernel", default="auto", show_default=True, type=click.Choice(["auto", "stepwise", "persistent"]),
+              help="the recurrent schedule on CUDA (auto: persistent where R fits on chip and the batch is small)")
 @_fail_cleanly
-def compile_cmd(model, output, target):
+def compile_cmd(model, output, target, kernel):
     """Compile MODEL.onnx into a deployable module."""
     from .interface.compile import compile_command
 
-    compile_command(model, output, target)
+    compile_command(model, output, target, kernel)
 
 
 @main.command("run")
@@ -76,3 +78,18 @@ def inspect_cmd(path):
     from .interface.inspect import inspect_command
 
     sys.exit(1 if inspect_command(path) else 0)
+
+
+@main.command("bench")
+@click.option("--cpu", is_flag=True, help="the CPU table (ours on llvm vs ONNX Runtime and PyTorch) instead of the GPU one")
+@click.option("--row", "rows", multiple=True, help="only these rows (repeatable; default: all, or the CPU rows with --cpu)")
+@click.option("--repeats", default=20, show_default=True, help="timed runs per measurement (the median is reported)")
+@click.option("--kernel", "kernels", multiple=True, default=("stepwise", "auto"), show_default=True,
+              help="our recurrent schedules to time on the GPU (auto, stepwise, persistent)")
+@click.option("--out", "out_dir", default="benchmarks/results", show_default=True, type=click.Path(file_okay=False))
+@_fail_cleanly
+def bench_cmd(cpu, rows, repeats, kernels, out_dir):
+    """Time our modules against cuDNN (GPU) or ONNX Runtime and PyTorch (--cpu), side by side in one run."""
+    from .interface.bench import BenchArgs, bench_command
+
+    bench_command(BenchArgs("cpu" if cpu else "gpu", tuple(rows), repeats, out_dir, tuple(kernels)))

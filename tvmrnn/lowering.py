@@ -19,10 +19,10 @@ from .layer import RNNLayerSpec
 op = relax.op
 
 
-def _recurrent_kernel(spec, cell, target):
+def _recurrent_kernel(spec, cell, target, choice):
     from schedules import recurrent_kernel  # the schedules package is ours; imported late to keep layers apart
 
-    return recurrent_kernel(spec, cell, target)
+    return recurrent_kernel(spec, cell, target, choice)
 
 
 def _split_bias(B, spec, cell):
@@ -36,7 +36,7 @@ def _split_bias(B, spec, cell):
     return op.reshape(folded, [D * G * H]), op.reshape(rb, [D, G, H])
 
 
-def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, target) -> tuple[list[relax.Expr], str]:
+def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, target, kernel_choice="auto") -> tuple[list[relax.Expr], str]:
     """Emit the layer; `inputs` are the node's Relax inputs in ONNX order (None where absent).
 
     Returns [Y, Y_h(, Y_c)] as Relax expressions and the name of the recurrent schedule chosen.
@@ -54,7 +54,7 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
         bias, rb = _split_bias(B, spec, cell)
         xw = bb.emit(op.add(xw, bias))
         rb_cell = rb
-    kernel = _recurrent_kernel(spec, cell, target)
+    kernel = _recurrent_kernel(spec, cell, target, kernel_choice)
     args = [xw, bb.emit(op.permute_dims(R, [0, 2, 1])) if kernel.transposed_r else R]
     for name in ("sequence_lens", "initial_h", "initial_c"):
         if spec.has(name) and (name != "initial_c" or "c" in cell.states):

@@ -22,6 +22,7 @@ from .rnn_spec import UNKNOWN, normalize_attrs, spec_from_node
 class ImportContext:
     opset: int
     target: object
+    kernel: str = "auto"  # recurrent schedule: auto | stepwise | persistent
     layers: list = field(default_factory=list)
     kernels: dict = field(default_factory=dict)  # layer name -> recurrent schedule chosen
     graph_inputs: dict = field(default_factory=dict)  # layer name -> {ONNX input name: graph input name}
@@ -49,7 +50,7 @@ def _convert(op_type, bb, inputs, attr):
     # graph inputs that feed the layer directly: the runtime checks sequence_lens values against X's length
     ctx.graph_inputs[name] = {n: x.name for n, x in zip(INPUT_NAMES[op_type], inputs)
                               if isinstance(x, relax.Var) and n in ("X", "sequence_lens")}
-    outs, ctx.kernels[name] = emit_rnn_layer(bb, spec, inputs, ctx.target)
+    outs, ctx.kernels[name] = emit_rnn_layer(bb, spec, inputs, ctx.target, ctx.kernel)
     return relax.Tuple(outs[: max(spec.num_outputs, 1)]) if spec.num_outputs > 1 else outs[0]
 
 

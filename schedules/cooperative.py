@@ -1,0 +1,48 @@
+"""The TIR pipeline our modules build with: TVM's default, plus the cooperative-launch tag for grid barriers.
+
+A kernel that calls grid_sync must be launched with cudaLaunchCooperativeKernel, which the
+CUDA runtime module does only when the kernel's launch parameters carry
+"tirx.use_cooperative_launch". TVM 0.27 does not add it (a PrimFunc attribute is not carried
+to the split-out device kernel), so this pass adds it after the default pipeline has split
+host and device code, keeping "tirx.use_dyn_shared_memory" last as the runtime expects.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm.tirx import compilation_pipeline as cp
+
+PIPELINE = "tvmrnn"
+_COOP = "tirx.use_cooperative_launch"
+_DYN_SMEM = "tirx.use_dyn_shared_memory"
+
+
+def _calls_grid_sync(func) -> bool:
+    # 0.27 exposes no Python statement visitor for tirx; the printed kernel names the intrinsic
+    return "grid_sync" in func.script()
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvmrnn.MarkCooperativeLaunch")
+def mark_cooperative_launch(mod, _ctx):
+    for gv, func in list(mod.functions.items()):
+        if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs is None:
+            continue
+        params = func.attrs.get("tirx.kernel_launch_params")
+        if params is None or not _calls_grid_sync(func):
+            continue
+        tags = [str(p) for p in params]
+        if _COOP not in tags:
+            rest = [t for t in tags if t != _DYN_SMEM]
+            mod[gv] = func.with_attr("tirx.kernel_launch_params", rest + [_COOP] + [t for t in tags if t == _DYN_SMEM])
+    return mod
+
+
+def _pipeline(**kwargs):
+    base, host, device = cp.PIPELINE_MAP["s_tir"](**kwargs)
+    return tvm.transform.Sequential([base, mark_cooperative_launch]), host, device
+
+
+def register() -> str:
+    if PIPELINE not in cp.PIPELINE_MAP:
+        cp.register_tir_pipeline(PIPELINE, _pipeline)
+    return PIPELINE

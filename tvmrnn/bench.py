@@ -1,0 +1,241 @@
+"""Benchmark suite: our compiled layers against cuDNN (torch.nn.LSTM/GRU) and, on the CPU, ONNX Runtime and PyTorch.
+
+Each row is built as an ONNX model (stacked layers glued as exporters do: Transpose + Reshape)
+with the weights of a torch module, compiled with tvmrnn, checked against torch's output, then
+timed in the same process on the same inputs: CUDA events after warm-up, the median of
+`repeats` runs, inputs rotated among several sets so no cache flatters anyone.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    cell: str
+    T: int
+    N: int
+    I: int
+    H: int
+    layers: int = 1
+    bidirectional: bool = False
+
+    @property
+    def D(self):
+        return 2 if self.bidirectional else 1
+
+    def flops(self) -> float:
+        """2 * multiply-adds of all input projections and recurrent products."""
+        G = {"LSTM": 4, "GRU": 3}[self.cell]
+        total = 0
+        for layer in range(self.layers):
+            In = self.I if layer == 0 else self.D * self.H
+            total += 2 * self.T * self.N * self.D * G * self.H * (In + self.H)
+        return total
+
+
+ROWS = [
+    Row("ds2-lstm", "LSTM", 300, 20, 800, 800),
+    Row("ds2-gru", "GRU", 300, 20, 800, 800),
+    Row("ds2-5l-bi", "LSTM", 300, 20, 800, 800, 5, True),
+    Row("blog-a", "LSTM", 200, 64, 2560, 2560),
+    Row("blog-b", "LSTM", 200, 64, 64, 256, 3),
+    Row("lat-b1-h512-l2", "LSTM", 100, 1, 512, 512, 2),
+    Row("lat-b1-h1024", "LSTM", 100, 1, 1024, 1024),
+    Row("b8-h1024-l2", "LSTM", 100, 8, 1024, 1024, 2),
+    Row("b64-h1024-l2", "LSTM", 100, 64, 1024, 1024, 2),
+]
+CPU_ROWS = ("ds2-lstm", "ds2-gru", "lat-b1-h512-l2")
+# torch's gate order -> ONNX's: LSTM (i, f, g, o) -> (i, o, f, c); GRU (r, z, n) -> (z, r, h)
+_ORDER = {"LSTM": [0, 3, 1, 2], "GRU": [1, 0, 2]}
+
+
+def torch_module(row: Row, seed=0):
+    import torch
+
+    torch.manual_seed(seed)
+    cls = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU}[row.cell]
+    return cls(row.I, row.H, num_layers=row.layers, bidirectional=row.bidirectional).eval()
+
+
+def _onnx_weights(module, row: Row, layer: int):
+    """W [D, G*H, In], R [D, G*H, H], B [D, 2*G*H] of one layer in ONNX's gate order."""
+    G, H = len(_ORDER[row.cell]), row.H
+
+    def reorder(t):
+        t = t.detach().float().cpu().numpy()
+        return np.concatenate([t[g * H:(g + 1) * H] for g in _ORDER[row.cell]])
+
+    Ws, Rs, Bs = [], [], []
+    for suffix in [""] + (["_reverse"] if row.bidirectional else []):
+        p = lambda n: getattr(module, f"{n}_l{layer}{suffix}")  # noqa: E731
+        Ws.append(reorder(p("weight_ih")))
+        Rs.append(reorder(p("weight_hh")))
+        Bs.append(np.concatenate([reorder(p("bias_ih")), reorder(p("bias_hh"))]))
+    return np.stack(Ws), np.stack(Rs), np.stack(Bs)
+
+
+def onnx_model(module, row: Row, dtype="float32") -> onnx.ModelProto:
+    """The row as an ONNX graph: X [seq, batch, I] -> stacked layers -> Y [seq, batch, D*H]."""
+    nodes, inits, x = [], [], "X"
+    elem = TensorProto.FLOAT if dtype == "float32" else TensorProto.FLOAT16
+    inits.append(onnx.numpy_helper.from_array(np.array([0, 0, -1], np.int64), "flatten_dirs"))
+    for layer in range(row.layers):
+        W, R, B = (w.astype(dtype) for w in _onnx_weights(module, row, layer))
+        names = [f"W{layer}", f"R{layer}", f"B{layer}"]
+        inits += [onnx.numpy_helper.from_array(v, n) for v, n in zip((W, R, B), names)]
+        attrs = {"hidden_size": row.H, "direction": "bidirectional" if row.bidirectional else "forward"}
+        if row.cell == "GRU":
+            attrs["linear_before_reset"] = 1  # torch's GRU
+        nodes.append(helper.make_node(row.cell, [x] + names, [f"Y{layer}"], name=f"{row.cell.lower()}{layer}", **attrs))
+        nodes.append(helper.make_node("Transpose", [f"Y{layer}"], [f"Yt{layer}"], perm=[0, 2, 1, 3]))
+        x = f"H{layer}" if layer < row.layers - 1 else "Y"
+        nodes.append(helper.make_node("Reshape", [f"Yt{layer}", "flatten_dirs"], [x]))
+    graph = helper.make_graph(nodes, row.name, [helper.make_tensor_value_info("X", elem, ["seq", "batch", row.I])],
+                              [helper.make_tensor_value_info("Y", elem, ["seq", "batch", row.D * row.H])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+
+
+def _median_ms(run, inputs, repeats, warmup, sync, events):
+    for i in range(warmup):
+        run(inputs[i % len(inputs)])
+    sync()
+    times = []
+    for i in range(repeats):
+        if events:
+            start, stop = events()
+            start.record()
+            run(inputs[i % len(inputs)])
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop))
+        else:
+            t0 = time.perf_counter()
+            run(inputs[i % len(inputs)])
+            sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _rel_err(ours, ref) -> float:
+    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    return float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def bench_gpu_row(row: Row, kernels=("stepwise", "auto"), repeats=20, warmup=5, sets=3, dtype="float32") -> dict:
+    import torch
+
+    import tvmrnn
+
+    module = torch_module(row)
+    model = onnx_model(module, row, dtype)
+    tdtype = {"float32": torch.float32, "float16": torch.float16}[dtype]
+    xs = [torch.randn(row.T, row.N, row.I, device="cuda", dtype=tdtype) for _ in range(sets)]
+    events = lambda: (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))  # noqa: E731
+    result = {"row": row.name, "dtype": dtype, "gflop": row.flops() / 1e9}
+    cudnn = module.cuda().to(tdtype)
+    with torch.no_grad():
+        for setting, tf32 in (("cudnn_tf32", True), ("cudnn_fp32", False)):
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+            result[setting + "_ms"] = _median_ms(lambda x: cudnn(x), xs, repeats, warmup, torch.cuda.synchronize, events)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        ref = cudnn(xs[0])[0].float().cpu().numpy()
+    for kernel in kernels:
+        compiled = tvmrnn.compile(model, target="cuda", kernel=kernel)
+        choice = compiled.metadata["layers"][0]["kernel"]
+        dev_inputs = [compiled.to_device({"X": x.cpu().numpy()}) for x in xs]
+        ours = compiled.run({"X": xs[0].cpu().numpy()})["Y"]
+        result[f"{kernel}_kernel"] = choice
+        result[f"{kernel}_rel_err"] = _rel_err(ours, ref)
+        result[f"{kernel}_ms"] = _median_ms(compiled.invoke, dev_inputs, repeats, warmup, torch.cuda.synchronize, events)
+    best_cudnn = min(result["cudnn_tf32_ms"], result["cudnn_fp32_ms"])
+    ours_ms = min(result[f"{k}_ms"] for k in kernels)
+    result.update(ours_ms=ours_ms, best_cudnn_ms=best_cudnn, speedup=best_cudnn / ours_ms,
+                  us_per_step_layer=ours_ms * 1e3 / (row.T * row.layers), tflops=row.flops() / (ours_ms * 1e-3) / 1e12)
+    return result
+
+
+def bench_cpu_row(row: Row, repeats=5, warmup=1) -> dict:
+    import onnxruntime as ort
+    import torch
+
+    import tvmrnn
+
+    module = torch_module(row)
+    model = onnx_model(module, row)
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((row.T, row.N, row.I)).astype("f4") for _ in range(2)]
+    compiled = tvmrnn.compile(model, target="llvm")
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        ref = module(torch.from_numpy(xs[0]))[0].numpy()
+        result = {"row": row.name, "dtype": "float32", "threads": torch.get_num_threads(),
+                  "rel_err_vs_torch": _rel_err(compiled.run({"X": xs[0]})["Y"], ref)}
+        noop = lambda: None  # noqa: E731
+        result["ours_ms"] = _median_ms(lambda x: compiled.run({"X": x}), xs, repeats, warmup, noop, None)
+        result["onnxruntime_ms"] = _median_ms(lambda x: sess.run(None, {"X": x}), xs, repeats, warmup, noop, None)
+        result["torch_ms"] = _median_ms(lambda x: module(torch.from_numpy(x)), xs, repeats, warmup, noop, None)
+    result["speedup_vs_ort"] = result["onnxruntime_ms"] / result["ours_ms"]
+    result["speedup_vs_torch"] = result["torch_ms"] / result["ours_ms"]
+    return result
+
+
+def environment(gpu: bool) -> dict:
+    import torch
+    import tvm
+
+    from . import __version__
+
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "tvmrnn": __version__,
+           "tvm": tvm.__version__, "torch": torch.__version__, "host": platform.node(), "cpu": platform.processor()}
+    if gpu:
+        env.update(gpu=torch.cuda.get_device_name(0), cudnn=torch.backends.cudnn.version(), cuda=torch.version.cuda)
+        try:
+            import subprocess
+
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True).stdout.strip()
+        except OSError:
+            pass
+    else:
+        import onnxruntime
+
+        env.update(onnxruntime=onnxruntime.__version__, cores=os.cpu_count())
+    return env
+
+
+GPU_COLUMNS = [("row", "row"), ("dtype", "dtype"), ("stepwise_ms", "stepwise ms"), ("auto_ms", "auto ms"), ("auto_kernel", "auto kernel"),
+               ("cudnn_tf32_ms", "cuDNN TF32 ms"), ("cudnn_fp32_ms", "cuDNN fp32 ms"), ("speedup", "speed-up"),
+               ("us_per_step_layer", "µs/step/layer"), ("tflops", "TFLOP/s"), ("auto_rel_err", "rel. err")]
+CPU_COLUMNS = [("row", "row"), ("ours_ms", "ours ms"), ("onnxruntime_ms", "ONNX Runtime ms"), ("torch_ms", "PyTorch ms"),
+               ("speedup_vs_ort", "× ORT"), ("speedup_vs_torch", "× PyTorch"), ("rel_err_vs_torch", "rel. err")]
+
+
+def markdown(results: list[dict], columns, env: dict, command: str) -> str:
+    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = [f"Run {env['date']} with `{command}`", "", "```", json.dumps(env, indent=1), "```", "",
+             "| " + " | ".join(h for _, h in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(k, "")) for k, _ in columns) + " |" for r in results]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(out_dir: str, stem: str, results, columns, env, command) -> tuple[str, str]:
+    os.makedirs(out_dir, exist_ok=True)
+    js, md = os.path.join(out_dir, stem + ".json"), os.path.join(out_dir, stem + ".md")
+    with open(js, "w") as f:
+        json.dump({"environment": env, "command": command, "results": results}, f, indent=1)
+    with open(md, "w") as f:
+        f.write(markdown(results, columns, env, command))
+    return js, md

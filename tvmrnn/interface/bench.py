@@ -1,0 +1,44 @@
+"""`tvmrnn bench`: the benchmark suite, side by side with cuDNN (GPU) or ONNX Runtime and PyTorch (CPU)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from .. import bench
+from ..errors import InputError
+
+
+@dataclass
+class BenchArgs:
+    device: str  # "gpu" | "cpu"
+    rows: tuple
+    repeats: int
+    out_dir: str
+    kernels: tuple = ("stepwise", "auto")
+
+
+def bench_command(args: BenchArgs, echo=print) -> list[dict]:
+    known = {r.name: r for r in bench.ROWS}
+    unknown = [r for r in args.rows if r not in known]
+    if unknown:
+        raise InputError(f"unknown benchmark row(s) {unknown}; rows are {list(known)}")
+    echo(f"tvmrnn bench\n  {args}")
+    gpu = args.device == "gpu"
+    rows = [known[r] for r in (args.rows or (known if gpu else bench.CPU_ROWS))]
+    results = []
+    for i, row in enumerate(rows, 1):
+        echo(f"[{i}/{len(rows)}] {row}")
+        try:
+            res = bench.bench_gpu_row(row, args.kernels, args.repeats) if gpu else bench.bench_cpu_row(row, args.repeats)
+        except Exception as err:  # one broken row must not lose the others' numbers
+            res = {"row": row.name, "error": f"{type(err).__name__}: {err}"}
+        echo("    " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()))
+        results.append(res)
+    env = bench.environment(gpu)
+    columns = bench.GPU_COLUMNS if gpu else bench.CPU_COLUMNS
+    stem = f"{env['date'][:10]}-{'gpu' if gpu else 'cpu'}"
+    paths = bench.write_results(args.out_dir, stem, results, columns, env, " ".join(["tvmrnn"] + sys.argv[1:]))
+    echo(bench.markdown(results, columns, env, "tvmrnn " + " ".join(sys.argv[1:])))
+    echo(f"wrote {paths[0]} and {paths[1]}")
+    return results
