@@ -36,6 +36,24 @@ def _split_bias(B, spec, cell):
     return op.reshape(folded, [D * G * H]), op.reshape(rb, [D, G, H])
 
 
+def _projection(bb, X, w, bias, cols, In, target):
+    """XW = X @ w^T + bias for all steps at once: TVM's matmul on CUDA (dlight schedules it), our GEMM on CPUs."""
+    if target.kind.name == "cuda":
+        xw = bb.emit(op.matmul(X, op.permute_dims(w)))
+        return bb.emit(op.add(xw, bias)) if bias is not None else xw
+    from schedules.projection_cpu import projection_cpu
+
+    shape = X.ty.shape
+    if bias is None:
+        bias = relax.const(np.zeros(cols, "float32"))
+    name = f"projection_{In}x{cols}"  # same shape, same function: add_func shares it between layers
+    gv = bb.add_func(projection_cpu(In, cols).with_attr("global_symbol", name), name)
+    m = shape[0] * shape[1]
+    flat = bb.emit(relax.call_tir(gv, [bb.emit(op.reshape(X, [m, In])), bb.emit(op.permute_dims(w)), bias],
+                                  relax.TensorType([m, cols], "float32")))
+    return bb.emit(op.reshape(flat, [shape[0], shape[1], cols]))
+
+
 def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, target, kernel_choice="auto") -> tuple[list[relax.Expr], str]:
     """Emit the layer; `inputs` are the node's Relax inputs in ONNX order (None where absent).
 
@@ -47,13 +65,8 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
     named = dict(zip(("sequence_lens", "initial_h", "initial_c", "P"), inputs[4:8]))
     G, H, D, In = cell.gates, spec.hidden_size, spec.num_directions, spec.input_size
 
-    w = op.reshape(W, [D * G * H, In])
-    xw = bb.emit(op.matmul(X, op.permute_dims(w)))
-    rb_cell = None
-    if B is not None:
-        bias, rb = _split_bias(B, spec, cell)
-        xw = bb.emit(op.add(xw, bias))
-        rb_cell = rb
+    bias, rb_cell = _split_bias(B, spec, cell) if B is not None else (None, None)
+    xw = _projection(bb, X, op.reshape(W, [D * G * H, In]), bias, D * G * H, In, target)
     kernel = _recurrent_kernel(spec, cell, target, kernel_choice)
     args = [xw, bb.emit(op.permute_dims(R, [0, 2, 1])) if kernel.transposed_r else R]
     for name in ("sequence_lens", "initial_h", "initial_c"):
