@@ -93,3 +93,7 @@ def bench_cmd(cpu, rows, repeats, kernels, out_dir):
     from .interface.bench import BenchArgs, bench_command
 
     bench_command(BenchArgs("cpu" if cpu else "gpu", tuple(rows), repeats, out_dir, tuple(kernels)))
+
+
+if __name__ == "__main__":
+    main()

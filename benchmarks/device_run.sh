@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# What we run on the lent GPU, in stages that fit one call each (10 minutes):
+#   bash benchmarks/device_run.sh tests    pytest -m gpu (+ a persistent-kernel smoke run first)
+#   bash benchmarks/device_run.sh bench    the benchmark table against cuDNN
+#   bash benchmarks/device_run.sh sanitize compute-sanitizer racecheck/synccheck on one small layer
+# Results go to $OUT (the device tool brings them back); commit the ones that matter under benchmarks/results/.
+set -uo pipefail
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+case "${1:-tests}" in
+  tests)
+    timeout 120 python3 benchmarks/sanitize_case.py persistent LSTM 2>&1 | grep -v Warning | tee "$OUT/smoke.txt"
+    timeout 420 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/ 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -60 ;;
+  bench)
+    timeout 560 python3 -m tvmrnn.cli bench --repeats 20 --out "$OUT" "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/bench_log.txt" | tail -40 ;;
+  sanitize)
+    for tool in racecheck synccheck memcheck; do
+      timeout 180 compute-sanitizer --tool $tool python3 benchmarks/sanitize_case.py persistent LSTM 2>&1 | grep -v Warning | tail -8 | tee "$OUT/sanitizer_$tool.txt"
+    done ;;
+esac

@@ -1,0 +1,5 @@
+"""`python -m tvmrnn` is the `tvmrnn` command."""
+
+from .cli import main
+
+main()
