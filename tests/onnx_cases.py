@@ -92,7 +92,8 @@ class Case:
         outs = [helper.make_tensor_value_info(o, elem, None) for o in self.output_names if o]
         node = helper.make_node(self.op, self.input_names, list(self.output_names), name=f"{self.op.lower()}_node", **self.attrs())
         graph = helper.make_graph([node], "case", vi, outs, inits)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
+        # IR 10: what ONNX Runtime 1.30 (on the GPU machine) still reads
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)], ir_version=10)
 
     def feeds(self, rng, T, N) -> dict:
         H, D, I = self.hidden, self.D, self.input_size

@@ -105,7 +105,7 @@ def onnx_model(module, row: Row, dtype="float32") -> onnx.ModelProto:
         nodes.append(helper.make_node("Reshape", [f"Yt{layer}", "flatten_dirs"], [x]))
     graph = helper.make_graph(nodes, row.name, [helper.make_tensor_value_info("X", elem, ["seq", "batch", row.I])],
                               [helper.make_tensor_value_info("Y", elem, ["seq", "batch", row.D * row.H])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=10)
 
 
 def _median_ms(run, inputs, repeats, warmup, sync, events):
