@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from tvm import tirx
 from tvm.ir.expr import Expr as PrimExpr
+from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from tvmrnn.cells import Cell, Terms, apply_activation
@@ -152,3 +153,15 @@ def unit_padding(a: KernelArgs, hbuf, cur, nxt, d, n, s, j):
     """Step s is past row n's sequence: Y there is zero and the hidden state carries over."""
     T.buffer_store(hbuf, hbuf[cur, d, n, j], [nxt, d, n, j])
     T.buffer_store(a.Y, tirx.const(0.0, "float32"), a.y_index(d, n, s, j))
+
+
+def recurrent_prim_func(spec: RNNLayerSpec, cell: Cell, transposed_r: bool, emit_body) -> tirx.PrimFunc:
+    """The recurrent PrimFunc every schedule builds: arguments as KernelArgs declares them, body from emit_body(a)."""
+    a = KernelArgs(spec, cell)
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name("rnn_recurrent")
+            T.func_attr({"tirx.noalias": True})
+            a.declare(transposed_r=transposed_r)
+            emit_body(a)
+    return ib.get()

@@ -10,13 +10,12 @@ in the Yc output, which only its own unit reads.
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from tvmrnn.cells import Cell
 from tvmrnn.layer import RNNLayerSpec
 
-from .recurrent_common import KernelArgs, i64, unit_padding, unit_step
+from .recurrent_common import KernelArgs, i64, recurrent_prim_func, unit_padding, unit_step
 
 F32 = "float32"
 TRANSPOSED_R = True  # the inner loop runs along units: R^T rows are contiguous there
@@ -34,49 +33,46 @@ def recurrent_kernel_cpu(spec: RNNLayerSpec, cell: Cell, chunk: int | None = Non
     H, D = spec.hidden_size, spec.num_directions
     JC = chunk or chunk_size(H)
     chunks = H // JC
-    a = KernelArgs(spec, cell)
-    with IRBuilder() as ib:
-        with T.prim_func():
-            T.func_name("rnn_recurrent")
-            T.func_attr({"tirx.noalias": True})
-            a.declare(transposed_r=TRANSPOSED_R)
-            n_ = a.batch
-            hbuf = T.alloc_buffer((2, D, n_, H), F32)
-            scratch = {v: T.alloc_buffer((D, n_, H), F32) for v in cell.stored_values}
 
-            # initial states
-            with T.parallel(0, i64(D) * n_) as dn:
-                d, n = dn // n_, dn % n_
-                with T.serial(0, i64(H)) as j:
-                    T.buffer_store(hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
-                    if a.Yc is not None:
-                        T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j))
+    def body(a):
+        n_ = a.batch
+        hbuf = T.alloc_buffer((2, D, n_, H), F32)
+        scratch = {v: T.alloc_buffer((D, n_, H), F32) for v in cell.stored_values}
 
-            with T.serial(0, a.seq) as s:
-                cur, nxt = s % 2, (s + 1) % 2
-                for pi, phase in enumerate(cell.phases):
-                    last = pi == len(cell.phases) - 1
-                    operand = hbuf if phase.operand == "h" else scratch[phase.operand]
-                    with T.parallel(0, i64(D * chunks) * n_) as item:
-                        d = item // (n_ * chunks)
-                        n = item // chunks % n_
-                        j0 = item % chunks * JC
-                        valid = s < a.length(n)
-                        with T.If(valid):
-                            with T.Then():
-                                t = a.time_index(d, n, s)
-                                _phase_chunk(a, phase, last, operand, hbuf, scratch, cur, nxt, d, n, t, j0, JC)
-                            if last:
-                                with T.Else():  # padding: Y is zero there, the state carries over
-                                    with T.serial(0, i64(JC)) as jj:
-                                        unit_padding(a, hbuf, cur, nxt, d, n, s, j0 + jj)
+        # initial states
+        with T.parallel(0, i64(D) * n_) as dn:
+            d, n = dn // n_, dn % n_
+            with T.serial(0, i64(H)) as j:
+                T.buffer_store(hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
+                if a.Yc is not None:
+                    T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j))
 
-            with T.parallel(0, i64(D) * n_) as dn:
-                d, n = dn // n_, dn % n_
-                final = a.seq % 2
-                with T.serial(0, i64(H)) as j:
-                    T.buffer_store(a.Yh, hbuf[final, d, n, j], a.state_index(d, n, j))
-    return ib.get()
+        with T.serial(0, a.seq) as s:
+            cur, nxt = s % 2, (s + 1) % 2
+            for pi, phase in enumerate(cell.phases):
+                last = pi == len(cell.phases) - 1
+                operand = hbuf if phase.operand == "h" else scratch[phase.operand]
+                with T.parallel(0, i64(D * chunks) * n_) as item:
+                    d = item // (n_ * chunks)
+                    n = item // chunks % n_
+                    j0 = item % chunks * JC
+                    valid = s < a.length(n)
+                    with T.If(valid):
+                        with T.Then():
+                            t = a.time_index(d, n, s)
+                            _phase_chunk(a, phase, last, operand, hbuf, scratch, cur, nxt, d, n, t, j0, JC)
+                        if last:
+                            with T.Else():  # padding: Y is zero there, the state carries over
+                                with T.serial(0, i64(JC)) as jj:
+                                    unit_padding(a, hbuf, cur, nxt, d, n, s, j0 + jj)
+
+        with T.parallel(0, i64(D) * n_) as dn:
+            d, n = dn // n_, dn % n_
+            final = a.seq % 2
+            with T.serial(0, i64(H)) as j:
+                T.buffer_store(a.Yh, hbuf[final, d, n, j], a.state_index(d, n, j))
+
+    return recurrent_prim_func(spec, cell, TRANSPOSED_R, body)
 
 
 def _phase_chunk(a: KernelArgs, phase, last, operand, hbuf, scratch, cur, nxt, d, n, t, j0, JC):

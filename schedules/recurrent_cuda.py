@@ -19,13 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tvm import tirx
-from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from tvmrnn.cells import Cell
 from tvmrnn.layer import RNNLayerSpec
 
-from .recurrent_common import KernelArgs, i64, unit_padding, unit_step
+from .recurrent_common import KernelArgs, i64, recurrent_prim_func, unit_padding, unit_step
 from .warp_gemv import warp_gates
 
 F32 = "float32"
@@ -55,15 +54,7 @@ def _elementwise(a: KernelArgs, total, body):
 
 
 def cuda_prim_func(spec: RNNLayerSpec, cell: Cell, emit_body) -> tirx.PrimFunc:
-    """The recurrent PrimFunc: arguments as KernelArgs declares them, body from `emit_body(a)`."""
-    a = KernelArgs(spec, cell)
-    with IRBuilder() as ib:
-        with T.prim_func():
-            T.func_name("rnn_recurrent")
-            T.func_attr({"tirx.noalias": True})
-            a.declare(transposed_r=TRANSPOSED_R)
-            emit_body(a)
-    return ib.get()
+    return recurrent_prim_func(spec, cell, TRANSPOSED_R, emit_body)
 
 
 def recurrent_kernel_cuda(spec: RNNLayerSpec, cell: Cell, config: StepwiseConfig = StepwiseConfig()) -> tirx.PrimFunc:

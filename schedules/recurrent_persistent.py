@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from tvm import tirx
 from tvm.backend.cuda import op as cuda_op
-from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from tvmrnn.cells import Cell

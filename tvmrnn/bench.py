@@ -14,7 +14,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -72,7 +72,7 @@ def torch_module(row: Row, seed=0):
 
 def _onnx_weights(module, row: Row, layer: int):
     """W [D, G*H, In], R [D, G*H, H], B [D, 2*G*H] of one layer in ONNX's gate order."""
-    G, H = len(_ORDER[row.cell]), row.H
+    H = row.H
 
     def reorder(t):
         t = t.detach().float().cpu().numpy()

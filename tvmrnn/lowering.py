@@ -11,7 +11,7 @@ weights that arrive as graph inputs take the same path at run time.
 from __future__ import annotations
 
 import numpy as np
-from tvm import relax, tirx
+from tvm import relax
 
 from .cells import cell_for
 from .layer import RNNLayerSpec
