@@ -1,17 +1,12 @@
-"""The recurrent kernel for CUDA, stepwise: per step and phase one fused kernel (recurrent GEMM + gate program).
+"""The recurrent kernel for CUDA, stepwise: per step and phase one fused launch (recurrent GEMV/GEMM + gate program).
 
-The host loops over steps and launches; each launch computes, for JB hidden units of one
-direction and NB batch rows, all of the phase's gates:
-
-    thread (tx, ty): unit j = bx*JB + tx, reduction slice k = ty, ty+KS, ...;
-                     NB x gates accumulators in registers; R^T rows read coalesced along j,
-                     h[k] broadcast within a warp
-    shared memory:   the KS partial sums, then thread (tx, ty < NB) finishes batch row ty
-                     and runs the cell's gate program (the epilogue) for it.
-
-Grid: (ceil(H/JB), D, ceil(N/NB)), so both directions run in the same launch. Hidden state is
-double-buffered across steps; the cell state lives in the Yc output. JB, KS, NB are the
-knobs the tuner searches.
+The host loops over steps and launches; each launch covers (unit blocks, directions, batch
+tiles). A warp owns `units_per_warp` hidden units with all their gates (warp_gemv): lanes split
+the reduction over k with 16-byte loads of R straight from L2/HBM, each weight read serves
+`batch_tile` batch rows, and a butterfly shuffle leaves the sums in every lane, so the gate
+program (the epilogue) runs in the lanes that own (unit, row). Hidden state is double-buffered
+across steps; the cell state lives in the Yc output. Both directions run in the same launch.
+The config fields are the knobs the tuner searches.
 """
 
 from __future__ import annotations
