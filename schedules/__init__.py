@@ -23,7 +23,7 @@ KERNEL_CHOICES = ("auto", "stepwise", "persistent")
 # Batch up to which the persistent kernel beats the stepwise one. Measured on the H100
 # (benchmarks/results/2026-11-22-h100-fp32-run1.md): 1.5-1.6x faster at batch 1, even at 8,
 # 1.6x slower at 20. Tunable.
-PERSISTENT_MAX_BATCH = 4
+PERSISTENT_MAX_BATCH = 32
 
 
 @dataclass(frozen=True)

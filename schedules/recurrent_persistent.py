@@ -1,11 +1,13 @@
 """The persistent recurrent kernel for CUDA: one launch runs the whole sequence with R resident in shared memory.
 
-The grid is one wave of P blocks, launched cooperatively. The D*H (direction, unit) pairs are
-split into P contiguous slices; a block loads the rows of R for all gates of its units into
-shared memory once, then per step and phase its warps compute their units' gates for every
-batch row (warp_gates: weights from shared memory, h[t-1] from L2), apply the gate program,
-write their slice of h[t], and the grid meets at a barrier. Both directions run in the same
-launch. The sequence length stays a runtime argument.
+The grid is one wave of blocks, launched cooperatively, split evenly between the directions;
+each block owns a contiguous slice of one direction's hidden units. It loads the rows of R for
+all gates of its units into shared memory once. Then per step and phase, for each chunk of
+`batch_tile` batch rows it stages those rows of h[t-1] (or of a value an earlier phase stored)
+from L2 into shared memory, its warps compute their units' gates for the chunk (warp_gates:
+weights and h both from shared memory; rows past the batch are skipped, warp-uniformly),
+apply the gate program and write h[t]; the grid meets at a barrier before the next step. The
+cell state stays with the unit that owns it. Sequence length and batch are runtime sizes.
 """
 
 from __future__ import annotations
@@ -27,126 +29,137 @@ F32 = "float32"
 TRANSPOSED_R = False
 # streaming multiprocessors per architecture: the grid must be one co-resident wave
 SM_COUNT = {"sm_90": 132, "sm_90a": 132, "sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_87": 16}
-SMEM_BUDGET = 200 * 1024  # bytes of shared memory per block we allow for weights (227 KB on sm_90, 163 KB on sm_80)
+# dynamic shared memory one block may use: 227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86/89
+SMEM_LIMIT = {"sm_90": 227 * 1024, "sm_90a": 227 * 1024, "sm_80": 163 * 1024, "sm_87": 163 * 1024}
+SMEM_DEFAULT = 99 * 1024
 
 
 @dataclass(frozen=True)
 class PersistentConfig:
     blocks: int = 132
     warps: int = 8
-    batch_tile: int = 1  # it runs small batches only: a wider tile computes clamped duplicate rows at batch 1
+    batch_tile: int = 8  # batch rows of h staged in shared memory at a time
     vector: int = 4
 
+    def blocks_per_direction(self, spec: RNNLayerSpec) -> int:
+        return max(1, min(self.blocks // spec.num_directions, spec.hidden_size))
+
     def units_per_block(self, spec: RNNLayerSpec) -> int:
-        return -(-spec.num_directions * spec.hidden_size // self.blocks)
+        return -(-spec.hidden_size // self.blocks_per_direction(spec))
+
+    def smem_bytes(self, spec: RNNLayerSpec, cell: Cell, itemsize: int = 4) -> int:
+        return (self.units_per_block(spec) * cell.gates + self.batch_tile) * spec.hidden_size * itemsize
 
 
 def default_config(spec: RNNLayerSpec, arch: str) -> PersistentConfig:
-    sms = SM_COUNT.get(arch, 108)
-    return PersistentConfig(blocks=min(sms, spec.num_directions * spec.hidden_size))
-
-
-def weight_bytes_per_block(spec: RNNLayerSpec, cell: Cell, cfg: PersistentConfig, itemsize: int = 4) -> int:
-    return cfg.units_per_block(spec) * cell.gates * spec.hidden_size * itemsize
+    return PersistentConfig(blocks=SM_COUNT.get(arch, 108))
 
 
 def fits(spec: RNNLayerSpec, cell: Cell, arch: str) -> bool:
-    """Whether R of this layer (all directions) fits in shared memory across one wave of blocks."""
-    budget = SMEM_BUDGET if arch.startswith("sm_9") else 150 * 1024
-    return weight_bytes_per_block(spec, cell, default_config(spec, arch)) <= budget
+    """Whether R of this layer (all directions) and a tile of h fit in shared memory across one wave of blocks."""
+    return default_config(spec, arch).smem_bytes(spec, cell) <= SMEM_LIMIT.get(arch, SMEM_DEFAULT)
 
 
 def _grid_sync():
     T.evaluate(cuda_op.cuda_grid_sync())
 
 
+def _block_sync():
+    T.evaluate(tirx.op.tvm_storage_sync("shared"))
+
+
 def recurrent_kernel_persistent(spec: RNNLayerSpec, cell: Cell, cfg: PersistentConfig) -> tirx.PrimFunc:
     return cuda_prim_func(spec, cell, lambda a: persistent_body(a, cfg))
 
 
+def _strided(count, threads, tid, body):
+    """The block's threads walk `count` items (count may be symbolic)."""
+    with T.serial(0, tirx.ceildiv(i64(count) if isinstance(count, int) else count, i64(threads))) as it:
+        e = it * i64(threads) + tid
+        with T.If(e < (i64(count) if isinstance(count, int) else count)):
+            with T.Then():
+                body(e)
+
+
 def persistent_body(a: KernelArgs, cfg: PersistentConfig):
-    """One cooperative launch: load R slices, initial states, barrier; per step and phase: gates, barrier; final h."""
+    """One cooperative launch: R slices into shared memory, initial states, then steps separated by grid barriers."""
     spec, cell = a.spec, a.cell
     H, D, G = spec.hidden_size, spec.num_directions, cell.gates
-    UPB, W, NB = cfg.units_per_block(spec), cfg.warps, cfg.batch_tile
-    P = -(-D * H // UPB)  # no empty blocks
+    BPD, UPB, W, NB = cfg.blocks_per_direction(spec), cfg.units_per_block(spec), cfg.warps, cfg.batch_tile
     V = cfg.vector if H % cfg.vector == 0 else 1
     threads = W * 32
     N = a.batch
     hbuf = T.alloc_buffer((2, D, N, H), F32)
     scratch = {v: T.alloc_buffer((D, N, H), F32) for v in cell.stored_values}
-    with T.thread_binding(0, i64(P), "blockIdx.x") as bx:
+    with T.thread_binding(0, i64(D * BPD), "blockIdx.x") as bx:
         with T.thread_binding(0, i64(W), "threadIdx.y") as ty:
             with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
                 tid = ty * i64(32) + lane
+                d, j0 = bx // i64(BPD), bx % i64(BPD) * i64(UPB)  # the block's direction and first unit
                 wsm = T.alloc_buffer((UPB, G, H), F32, scope="shared.dyn")
+                hs = T.alloc_buffer((NB, H), F32, scope="shared.dyn")
 
-                def unit(u):
-                    q = tirx.min(bx * i64(UPB) + u, i64(D * H - 1))
-                    return q // i64(H), q % i64(H), bx * i64(UPB) + u < i64(D * H)
+                def load_weights(e):
+                    u, g, k = e // i64(G * H), e // i64(H) % i64(G), e % i64(H)
+                    T.buffer_store(wsm, a.R[d, g * i64(H) + tirx.min(j0 + u, i64(H - 1)), k], [u, g, k])
 
-                # 1. this block's rows of R into shared memory, once
-                with T.serial(0, i64(-(-UPB * G * H // threads))) as it:
-                    e = it * i64(threads) + tid
-                    with T.If(e < i64(UPB * G * H)):
-                        with T.Then():
-                            u, g, k = e // i64(G * H), e // i64(H) % i64(G), e % i64(H)
-                            d, j, _ = unit(u)
-                            T.buffer_store(wsm, a.R[d, g * i64(H) + j, k], [u, g, k])
-                # the block's weights are in shared memory before anyone reads them (written here, not left to
-                # the sync planner, which cannot place a barrier under the batch dispatch's condition)
-                T.evaluate(tirx.op.tvm_storage_sync("shared"))
-                # 2. initial states of this block's units
-                with T.serial(0, tirx.ceildiv(i64(UPB) * N, i64(threads))) as it:
-                    e = it * i64(threads) + tid
-                    u, n = e // N, e % N
-                    d, j, ok = unit(u)
-                    with T.If(tirx.all(e < i64(UPB) * N, ok)):
+                _strided(UPB * G * H, threads, tid, load_weights)
+                # written here, not left to the sync planner, which cannot place barriers under the batch dispatch
+                _block_sync()
+
+                def init_state(e):
+                    j, n = j0 + e // N, e % N
+                    with T.If(j < i64(H)):
                         with T.Then():
                             T.buffer_store(hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
                             if a.Yc is not None:
                                 T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j))
+
+                _strided(i64(UPB) * N, threads, tid, init_state)
                 _grid_sync()
-                # 3. the sequence
+
                 with T.serial(0, a.seq) as s:
                     cur, nxt = s % 2, (s + 1) % 2
                     for pi, phase in enumerate(cell.phases):
                         last = pi == len(cell.phases) - 1
                         operand = hbuf if phase.operand == "h" else scratch[phase.operand]
-                        for slot in range(-(-UPB // W)):
-                            u = i64(slot * W) + ty
-                            d, j, ok = unit(u)
-                            with T.If(tirx.all(u < i64(UPB), ok)):  # warp-uniform: shuffles stay safe
-                                with T.Then():
-                                    _unit_all_rows(a, phase, last, operand, hbuf, scratch, s, cur, nxt,
-                                                   lane, wsm, u, d, j, NB, V)
+                        with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
+                            n0 = chunk * i64(NB)
+
+                            def stage(e):
+                                b, k = e // i64(H), e % i64(H)
+                                T.buffer_store(hs, operand_at(operand, phase, cur, d, tirx.min(n0 + b, N - 1), k), [b, k])
+
+                            _strided(NB * H, threads, tid, stage)
+                            _block_sync()
+                            _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, hs, d, j0, n0, V)
+                            _block_sync()  # hs is restaged by the next chunk
                         _grid_sync()
-                # 4. final hidden state of this block's units
-                with T.serial(0, tirx.ceildiv(i64(UPB) * N, i64(threads))) as it:
-                    e = it * i64(threads) + tid
-                    u, n = e // N, e % N
-                    d, j, ok = unit(u)
-                    with T.If(tirx.all(e < i64(UPB) * N, ok)):
+
+                def final_state(e):
+                    j, n = j0 + e // N, e % N
+                    with T.If(j < i64(H)):
                         with T.Then():
                             T.buffer_store(a.Yh, hbuf[a.seq % 2, d, n, j], a.state_index(d, n, j))
 
+                _strided(i64(UPB) * N, threads, tid, final_state)
 
-def _unit_all_rows(a, phase, last, operand, hbuf, scratch, s, cur, nxt, lane, wsm, u, d, j, NB, V):
-    """One warp: all gates of unit (d, j) for every batch row, NB rows at a time."""
-    H, N = a.spec.hidden_size, a.batch
-    with T.serial(0, tirx.ceildiv(N, i64(NB))) as bt:
-        n0 = bt * i64(NB)
 
-        def h_at(_u, b, k):
-            return operand_at(operand, phase, cur, d, tirx.min(n0 + i64(b), N - 1), k)
+def _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, hs, d, j0, n0, V):
+    """Each warp: all gates of its units for the staged batch rows, then the gate program per (unit, row)."""
+    H, N, W, NB, UPB = a.spec.hidden_size, a.batch, cfg.warps, cfg.batch_tile, cfg.units_per_block(a.spec)
+    for slot in range(-(-UPB // W)):
+        u = i64(slot * W) + ty
+        j = j0 + u
+        with T.If(tirx.all(u < i64(UPB), j < i64(H))):  # warp-uniform: shuffles stay safe
+            with T.Then():
 
-        def w_at(_u, g, k):
-            return wsm[u, i64(g), k]
+                def finish(_u, b, rec, j=j):
+                    n = n0 + i64(b)
+                    with T.If(n < N):
+                        with T.Then():
+                            epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec)
 
-        def finish(_u, b, rec):
-            n = n0 + i64(b)
-            with T.If(n < N):
-                with T.Then():
-                    epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec)
-
-        warp_gates(lane, H, phase.gates, 1, NB, V, h_at, w_at, finish)
+                warp_gates(lane, H, phase.gates, 1, NB, V, h_at=lambda _u, b, k: hs[i64(b), k],
+                           w_at=lambda _u, g, k, u=u: wsm[u, i64(g), k], finish=finish,
+                           row_valid=lambda b: n0 + i64(b) < N)

@@ -23,11 +23,34 @@ def _grid(*extents):
     return [[i64(i) for i in idx] for idx in itertools.product(*(range(e) for e in extents))]
 
 
-def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, dtype=F32):
+def _maybe(cond, b, emit):
+    if cond is None:
+        emit()
+        return
+    with T.If(cond(b)):
+        with T.Then():
+            emit()
+
+
+def _load_row(hv, h_at, u, b, k0, V):
+    with T.vectorized(0, i64(V)) as v:
+        T.buffer_store(hv, h_at(u, b, k0 + v), [i64(u), i64(b), v])
+
+
+def _fma_row(acc, wv, hv, u, gi, b, V):
+    idx = [i64(u), i64(gi), i64(b)]
+    for v in range(V):
+        prod = wv[i64(v)].astype(F32) * hv[i64(u), i64(b), i64(v)].astype(F32)
+        T.buffer_store(acc, acc[tuple(idx)] + prod, idx)
+
+
+def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, dtype=F32, row_valid=None):
     """Accumulate sum_k w_at(u, g, k) * h_at(u, b, k) for UW units, the given gates and NB batch rows.
 
     h_at(u, b, k) / w_at(u, g, k): loads (callers clamp indices so every load is in bounds);
     finish(u, b, rec): called in lane u*NB + b with rec(gi) the sum of the gi-th gate.
+    row_valid(b): optional warp-uniform condition; rows where it is false skip their arithmetic
+    (a tile wider than the batch then costs almost nothing).
     """
     gp = len(gates)
     acc = T.alloc_buffer((UW, gp, NB), F32, scope="local")
@@ -40,15 +63,12 @@ def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, dtype=F32):
         with T.If(k0 < i64(H)):
             with T.Then():
                 for u, b in itertools.product(range(UW), range(NB)):
-                    with T.vectorized(0, i64(V)) as v:
-                        T.buffer_store(hv, h_at(u, b, k0 + v), [i64(u), i64(b), v])
+                    _maybe(row_valid, b, lambda u=u, b=b: _load_row(hv, h_at, u, b, k0, V))
                 for u, (gi, g) in itertools.product(range(UW), enumerate(gates)):
                     with T.vectorized(0, i64(V)) as v:
                         T.buffer_store(wv, w_at(u, g, k0 + v), [v])
-                    for b, v in itertools.product(range(NB), range(V)):
-                        idx = [i64(u), i64(gi), i64(b)]
-                        prod = wv[i64(v)].astype(F32) * hv[i64(u), i64(b), i64(v)].astype(F32)
-                        T.buffer_store(acc, acc[tuple(idx)] + prod, idx)
+                    for b in range(NB):
+                        _maybe(row_valid, b, lambda b=b, u=u, gi=gi: _fma_row(acc, wv, hv, u, gi, b, V))
     for idx in _grid(UW, gp, NB):
         T.buffer_store(acc, cuda_op.cuda_warp_sum(acc[tuple(idx)]), idx)
     for u, b in itertools.product(range(UW), range(NB)):
