@@ -48,15 +48,17 @@ class KernelArgs:
     seq: tirx.Var = field(default_factory=lambda: tirx.Var("seq", I64))
     batch: tirx.Var = field(default_factory=lambda: tirx.Var("batch", I64))
 
-    def declare(self, transposed_r: bool, dtype: str = "float32"):
+    def declare(self, transposed_r: bool, weight_dtype: str = "float32"):
+        """Everything is fp32 but R, which keeps the storage dtype (fp16/bf16 halve its bytes)."""
+        dtype = "float32"
         s, H, G, D = self.spec, self.spec.hidden_size, self.cell.gates, self.spec.num_directions
         seq, n = self.seq, self.batch
         state_shape = (D, n, H) if s.layout == 0 else (n, D, H)
         self.XW = T.arg("XW", T.Buffer((seq, n, D * G * H) if s.layout == 0 else (n, seq, D * G * H), dtype))
         if transposed_r:
-            self.RT = T.arg("RT", T.Buffer((D, H, G * H), dtype))
+            self.RT = T.arg("RT", T.Buffer((D, H, G * H), weight_dtype))
         else:
-            self.R = T.arg("R", T.Buffer((D, G * H, H), dtype))
+            self.R = T.arg("R", T.Buffer((D, G * H, H), weight_dtype))
         self.seq_lens = T.arg("seq_lens", T.Buffer((n,), "int32")) if s.has("sequence_lens") else None
         self.h0 = T.arg("h0", T.Buffer(state_shape, dtype)) if s.has("initial_h") else None
         self.c0 = T.arg("c0", T.Buffer(state_shape, dtype)) if s.has("initial_c") and "c" in self.cell.states else None
@@ -155,13 +157,13 @@ def unit_padding(a: KernelArgs, hbuf, cur, nxt, d, n, s, j):
     T.buffer_store(a.Y, tirx.const(0.0, "float32"), a.y_index(d, n, s, j))
 
 
-def recurrent_prim_func(spec: RNNLayerSpec, cell: Cell, transposed_r: bool, emit_body) -> tirx.PrimFunc:
+def recurrent_prim_func(spec: RNNLayerSpec, cell: Cell, transposed_r: bool, emit_body, weight_dtype="float32") -> tirx.PrimFunc:
     """The recurrent PrimFunc every schedule builds: arguments as KernelArgs declares them, body from emit_body(a)."""
     a = KernelArgs(spec, cell)
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("rnn_recurrent")
             T.func_attr({"tirx.noalias": True})
-            a.declare(transposed_r=transposed_r)
+            a.declare(transposed_r=transposed_r, weight_dtype=weight_dtype)
             emit_body(a)
     return ib.get()

@@ -31,7 +31,6 @@ class StepwiseConfig:
     warps: int = 4  # warps per block; each owns `units_per_warp` hidden units (all their gates)
     units_per_warp: int = 1
     batch_tile: int = 8  # NB: batch rows per block, reusing each weight read NB times
-    vector: int = 4  # elements of k each lane loads at once (16-byte loads for fp32)
 
 
 def _sync():
@@ -49,7 +48,13 @@ def _elementwise(a: KernelArgs, total, body):
 
 
 def cuda_prim_func(spec: RNNLayerSpec, cell: Cell, emit_body) -> tirx.PrimFunc:
-    return recurrent_prim_func(spec, cell, TRANSPOSED_R, emit_body)
+    return recurrent_prim_func(spec, cell, TRANSPOSED_R, emit_body, weight_dtype=spec.dtype)
+
+
+def vector_width(spec: RNNLayerSpec, H: int) -> int:
+    """Elements of R per 16-byte load (4 fp32, 8 fp16/bf16), or 1 when H does not divide."""
+    v = 16 // (4 if spec.dtype == "float32" else 2)
+    return v if H % v == 0 else 1
 
 
 def recurrent_kernel_cuda(spec: RNNLayerSpec, cell: Cell, config: StepwiseConfig = StepwiseConfig()) -> tirx.PrimFunc:
@@ -94,7 +99,7 @@ def _phase_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nx
     """One step of one phase: blocks of warps over (units, direction, batch tile); weights from global memory."""
     H, N = a.spec.hidden_size, a.batch
     W, UW, NB = cfg.warps, cfg.units_per_warp, cfg.batch_tile
-    V = cfg.vector if H % cfg.vector == 0 else 1
+    V = vector_width(a.spec, H)
 
     with T.thread_binding(0, i64((H + W * UW - 1) // (W * UW)), "blockIdx.x") as bx:
         with T.thread_binding(0, i64(a.spec.num_directions), "blockIdx.y") as d:
@@ -117,7 +122,7 @@ def _phase_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nx
                                 with T.Then():
                                     epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec)
 
-                        warp_gates(lane, H, phase.gates, UW, NB, V, h_at, w_at, finish)
+                        warp_gates(lane, H, phase.gates, UW, NB, V, h_at, w_at, finish, dtype=a.spec.dtype)
 
 
 def operand_at(operand, phase, cur, d, n, k):

@@ -22,7 +22,7 @@ from tvmrnn.cells import Cell
 from tvmrnn.layer import RNNLayerSpec
 
 from .recurrent_common import KernelArgs, i64
-from .recurrent_cuda import cuda_prim_func, epilogue, operand_at
+from .recurrent_cuda import cuda_prim_func, epilogue, operand_at, vector_width
 from .warp_gemv import warp_gates
 
 F32 = "float32"
@@ -39,7 +39,6 @@ class PersistentConfig:
     blocks: int = 132
     warps: int = 8
     batch_tile: int = 8  # batch rows of h staged in shared memory at a time
-    vector: int = 4
 
     def blocks_per_direction(self, spec: RNNLayerSpec) -> int:
         return max(1, min(self.blocks // spec.num_directions, spec.hidden_size))
@@ -47,8 +46,9 @@ class PersistentConfig:
     def units_per_block(self, spec: RNNLayerSpec) -> int:
         return -(-spec.hidden_size // self.blocks_per_direction(spec))
 
-    def smem_bytes(self, spec: RNNLayerSpec, cell: Cell, itemsize: int = 4) -> int:
-        return (self.units_per_block(spec) * cell.gates + self.batch_tile) * spec.hidden_size * itemsize
+    def smem_bytes(self, spec: RNNLayerSpec, cell: Cell) -> int:
+        weight_bytes = 4 if spec.dtype == "float32" else 2
+        return (self.units_per_block(spec) * cell.gates * weight_bytes + self.batch_tile * 4) * spec.hidden_size
 
 
 def default_config(spec: RNNLayerSpec, arch: str) -> PersistentConfig:
@@ -86,7 +86,7 @@ def persistent_body(a: KernelArgs, cfg: PersistentConfig):
     spec, cell = a.spec, a.cell
     H, D, G = spec.hidden_size, spec.num_directions, cell.gates
     BPD, UPB, W, NB = cfg.blocks_per_direction(spec), cfg.units_per_block(spec), cfg.warps, cfg.batch_tile
-    V = cfg.vector if H % cfg.vector == 0 else 1
+    V = vector_width(spec, H)
     threads = W * 32
     N = a.batch
     hbuf = T.alloc_buffer((2, D, N, H), F32)
@@ -96,7 +96,7 @@ def persistent_body(a: KernelArgs, cfg: PersistentConfig):
             with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
                 tid = ty * i64(32) + lane
                 d, j0 = bx // i64(BPD), bx % i64(BPD) * i64(UPB)  # the block's direction and first unit
-                wsm = T.alloc_buffer((UPB, G, H), F32, scope="shared.dyn")
+                wsm = T.alloc_buffer((UPB, G, H), spec.dtype, scope="shared.dyn")
                 hs = T.alloc_buffer((NB, H), F32, scope="shared.dyn")
 
                 def load_weights(e):
@@ -162,4 +162,4 @@ def _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm,
 
                 warp_gates(lane, H, phase.gates, 1, NB, V, h_at=lambda _u, b, k: hs[i64(b), k],
                            w_at=lambda _u, g, k, u=u: wsm[u, i64(g), k], finish=finish,
-                           row_valid=lambda b: n0 + i64(b) < N)
+                           row_valid=lambda b: n0 + i64(b) < N, dtype=a.spec.dtype)

@@ -33,14 +33,16 @@ def _maybe(cond, b, emit):
 
 
 def _load_row(hv, h_at, u, b, k0, V):
-    with T.vectorized(0, i64(V)) as v:
-        T.buffer_store(hv, h_at(u, b, k0 + v), [i64(u), i64(b), v])
+    # h is fp32: at most float4 per load (CUDA has no float8; TVM's codegen cannot always split one)
+    for v0 in range(0, V, 4):
+        with T.vectorized(0, i64(min(4, V))) as v:
+            T.buffer_store(hv, h_at(u, b, k0 + i64(v0) + v), [i64(u), i64(b), i64(v0) + v])
 
 
 def _fma_row(acc, wv, hv, u, gi, b, V):
     idx = [i64(u), i64(gi), i64(b)]
     for v in range(V):
-        prod = wv[i64(v)].astype(F32) * hv[i64(u), i64(b), i64(v)].astype(F32)
+        prod = wv[i64(v)] * hv[i64(u), i64(b), i64(v)]
         T.buffer_store(acc, acc[tuple(idx)] + prod, idx)
 
 
@@ -54,8 +56,8 @@ def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, dtype=F32, row_val
     """
     gp = len(gates)
     acc = T.alloc_buffer((UW, gp, NB), F32, scope="local")
-    hv = T.alloc_buffer((UW, NB, V), dtype, scope="local")
-    wv = T.alloc_buffer((V,), dtype, scope="local")
+    hv = T.alloc_buffer((UW, NB, V), F32, scope="local")  # h is fp32 state; dtype is R's storage
+    wv = T.alloc_buffer((V,), F32, scope="local")  # widened to fp32 as it is loaded
     for idx in _grid(UW, gp, NB):
         T.buffer_store(acc, tirx.const(0.0, F32), idx)
     with T.serial(0, i64((H + 32 * V - 1) // (32 * V))) as it:
@@ -66,7 +68,7 @@ def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, dtype=F32, row_val
                     _maybe(row_valid, b, lambda u=u, b=b: _load_row(hv, h_at, u, b, k0, V))
                 for u, (gi, g) in itertools.product(range(UW), enumerate(gates)):
                     with T.vectorized(0, i64(V)) as v:
-                        T.buffer_store(wv, w_at(u, g, k0 + v), [v])
+                        T.buffer_store(wv, w_at(u, g, k0 + v).astype(F32), [v])
                     for b in range(NB):
                         _maybe(row_valid, b, lambda b=b, u=u, gi=gi: _fma_row(acc, wv, hv, u, gi, b, V))
     for idx in _grid(UW, gp, NB):

@@ -98,3 +98,28 @@ def test_lstm_input_forget_peepholes_clip():
 def test_gru_reset_before_and_after():
     for lbr in (0, 1):
         check_case(Case(op="GRU", direction="bidirectional", optional=OPTIONAL["GRU"], linear_before_reset=lbr, clip=2.0))
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_float16_model(op):
+    """An fp16 ONNX model imports as fp16 (fp32 arithmetic inside) and matches the float64 reference to 1e-2."""
+    case = Case(op=op, direction="bidirectional", optional=OPTIONAL[op], hidden=24, input_size=9, dtype="float16")
+    module = tvmrnn.compile(case.model(), target="llvm")
+    feeds = case.feeds(np.random.default_rng(1), 6, 3)
+    ours, ref = module.run(feeds), case.reference(feeds)
+    for name, value in ours.items():
+        assert value.dtype == np.float16
+        np.testing.assert_allclose(value.astype("f8"), ref[name], rtol=1e-2, atol=1e-2, err_msg=name)
+
+
+@pytest.mark.parametrize("storage", ["float16", "bfloat16"])
+def test_fp32_model_in_half_storage(storage):
+    case = Case(op="LSTM", direction="bidirectional", optional=OPTIONAL["LSTM"], hidden=24, input_size=9)
+    module = tvmrnn.compile(case.model(), target="llvm", dtype=storage)
+    assert module.metadata["layers"][0]["dtype"] == storage
+    feeds = case.feeds(np.random.default_rng(2), 6, 3)
+    ours, ref = module.run(feeds), case.reference(feeds)
+    tol = 1e-2 if storage == "float16" else 3e-2  # bf16 keeps 8 bits of mantissa
+    for name, value in ours.items():
+        assert value.dtype == np.float32
+        np.testing.assert_allclose(value, ref[name], rtol=tol, atol=tol, err_msg=name)

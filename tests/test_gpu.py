@@ -75,3 +75,34 @@ def test_repeated_runs_are_stable(kernel):
         again = module.run(feeds)
         for name in first:
             np.testing.assert_array_equal(again[name], first[name])
+
+
+HALF_CASES = [
+    Case(op="LSTM", direction="bidirectional", optional=OPTIONAL["LSTM"], hidden=128, input_size=40, dtype="float16"),
+    Case(op="GRU", direction="forward", optional=OPTIONAL["GRU"], hidden=200, input_size=64, dtype="float16"),
+    Case(op="GRU", direction="reverse", optional=("B",), hidden=64, input_size=16, linear_before_reset=1, dtype="float16"),
+]
+
+
+@pytest.mark.parametrize("kernel", ["stepwise", "persistent"])
+@pytest.mark.parametrize("case", HALF_CASES, ids=lambda c: f"{c.op}-{c.direction}-H{c.hidden}")
+def test_cuda_float16_models(case, kernel):
+    module = tvmrnn.compile(case.model(), target="cuda", kernel=kernel)
+    rng = np.random.default_rng(4)
+    for T, N in ((10, 3), (25, 9)):
+        feeds = case.feeds(rng, T, N)
+        ours, ref = module.run(feeds), case.reference(feeds)
+        for name, value in ours.items():
+            assert value.dtype == np.float16
+            np.testing.assert_allclose(value.astype("f8"), ref[name], rtol=1e-2, atol=1e-2, err_msg=f"{name} T={T} N={N}")
+
+
+@pytest.mark.parametrize("storage", ["float16", "bfloat16"])
+def test_cuda_fp32_model_in_half_storage(storage):
+    case = Case(op="LSTM", direction="bidirectional", optional=("B", "sequence_lens", "initial_h"), hidden=256, input_size=64)
+    module = tvmrnn.compile(case.model(), target="cuda", dtype=storage)
+    feeds = case.feeds(np.random.default_rng(6), 20, 4)
+    ours, ref = module.run(feeds), case.reference(feeds)
+    tol = 1e-2 if storage == "float16" else 3e-2
+    for name, value in ours.items():
+        np.testing.assert_allclose(value, ref[name], rtol=tol, atol=tol, err_msg=name)

@@ -48,9 +48,10 @@ def test_zoo_model_matches_onnxruntime(entry):
             np.testing.assert_allclose(ours[name], ref[name], rtol=1e-4, atol=1e-5, err_msg=f"{entry.name}: {name} at batch {batch} time {time}")
 
 
+@pytest.mark.parametrize("target", ["nvidia/nvidia-h100", "nvidia/nvidia-a100"])
 @pytest.mark.parametrize("entry", ENTRIES)
-def test_zoo_model_compiles_for_cuda_and_exports(entry, tmp_path):
-    module = tvmrnn.compile(os.path.join(MODELS, entry.filename), target="nvidia/nvidia-h100")
+def test_zoo_model_compiles_for_cuda_and_exports(entry, target, tmp_path):
+    module = tvmrnn.compile(os.path.join(MODELS, entry.filename), target=target)
     path = module.export(tmp_path / f"{entry.name}.so")
     assert os.path.getsize(path) > 0
     meta = tvmrnn.runtime.metadata_path(path)

@@ -95,20 +95,27 @@ def _quiet(_msg):
     pass
 
 
-def compile_model(model, target=None, log=_quiet, kernel="auto"):
+STORAGE_DTYPES = ("float16", "bfloat16")
+
+
+def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None):
     """ONNX model -> runnable (or, for CUDA without a GPU, exportable) module. `log` gets one line per stage.
 
     kernel: the recurrent schedule on CUDA: "auto" (persistent where R fits on chip and the batch is
     small, else stepwise), "stepwise" or "persistent".
+    dtype: "float16" or "bfloat16" runs the fp32 model's recurrent layers with that storage
+    (weights and projection in half precision, fp32 accumulation and state); None keeps each layer's.
     """
     from schedules import KERNEL_CHOICES, cooperative
 
     if kernel not in KERNEL_CHOICES:
         raise UnsupportedModelError(f"kernel={kernel!r} is not supported; one of {KERNEL_CHOICES}")
+    if dtype not in (None, "float32") + STORAGE_DTYPES:
+        raise UnsupportedModelError(f"dtype={dtype!r} is not supported; float32 (as the model is), float16 or bfloat16")
     target = resolve_target(target)
     source = os.fspath(model) if not isinstance(model, onnx.ModelProto) else "<ModelProto>"
     started = time.perf_counter()
-    imported = import_onnx(model, target, kernel)
+    imported = import_onnx(model, target, kernel, None if dtype in (None, "float32") else dtype)
     log(f"[1/2] imported {source}: opset {imported.opset}, {len(imported.layers)} recurrent layer(s) "
         f"({time.perf_counter() - started:.1f} s)")
     for spec in imported.layers:

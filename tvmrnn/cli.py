@@ -86,13 +86,15 @@ def inspect_cmd(path):
 @click.option("--repeats", default=20, show_default=True, help="timed runs per measurement (the median is reported)")
 @click.option("--kernel", "kernels", multiple=True, default=("stepwise", "auto"), show_default=True,
               help="our recurrent schedules to time on the GPU (auto, stepwise, persistent)")
+@click.option("--dtype", "dtypes", multiple=True, default=("float32", "float16"), show_default=True,
+              type=click.Choice(["float32", "float16"]), help="storage dtypes to time on the GPU")
 @click.option("--out", "out_dir", default="benchmarks/results", show_default=True, type=click.Path(file_okay=False))
 @_fail_cleanly
-def bench_cmd(cpu, rows, repeats, kernels, out_dir):
+def bench_cmd(cpu, rows, repeats, kernels, dtypes, out_dir):
     """Time our modules against cuDNN (GPU) or ONNX Runtime and PyTorch (--cpu), side by side in one run."""
     from .interface.bench import BenchArgs, bench_command
 
-    bench_command(BenchArgs("cpu" if cpu else "gpu", tuple(rows), repeats, out_dir, tuple(kernels)))
+    bench_command(BenchArgs("cpu" if cpu else "gpu", tuple(rows), repeats, out_dir, tuple(kernels), tuple(dtypes)))
 
 
 if __name__ == "__main__":

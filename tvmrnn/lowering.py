@@ -36,11 +36,21 @@ def _split_bias(B, spec, cell):
     return op.reshape(folded, [D * G * H]), op.reshape(rb, [D, G, H])
 
 
+def _f32(x):
+    if x is None:
+        return None
+    bb = relax.BlockBuilder.current()
+    x = bb.normalize(x)  # fresh op calls get their type here
+    return x if str(x.ty.dtype) == "float32" else bb.emit(op.astype(x, "float32"))
+
+
 def _projection(bb, X, w, bias, cols, In, target):
     """XW = X @ w^T + bias for all steps at once: TVM's matmul on CUDA (dlight schedules it), our GEMM on CPUs."""
     if target.kind.name == "cuda":
-        xw = bb.emit(op.matmul(X, op.permute_dims(w)))
+        # fp16/bf16 inputs: tensor-core GEMM with fp32 results, so XW keeps fp32 precision
+        xw = bb.emit(op.matmul(X, op.permute_dims(w), out_dtype="float32"))
         return bb.emit(op.add(xw, bias)) if bias is not None else xw
+    X, w = _f32(X), _f32(w)
     from schedules.projection_cpu import projection_cpu
 
     shape = X.ty.shape
@@ -62,7 +72,13 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
     cell = cell_for(spec)
     inputs = list(inputs) + [None] * (8 - len(inputs))
     X, W, R, B = inputs[:4]
+    # Only R keeps the storage dtype inside our kernels (fp16/bf16 halve its bytes on chip); the
+    # state, biases and peepholes are fp32, outputs are cast back to the model's dtype.
+    B = _f32(B)
     named = dict(zip(("sequence_lens", "initial_h", "initial_c", "P"), inputs[4:8]))
+    named.update({k: _f32(named[k]) for k in ("initial_h", "initial_c", "P")})
+    if target.kind.name != "cuda":
+        R = _f32(R)
     G, H, D, In = cell.gates, spec.hidden_size, spec.num_directions, spec.input_size
 
     bias, rb_cell = _split_bias(B, spec, cell) if B is not None else (None, None)
@@ -79,12 +95,15 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
     seq, batch = (shape[0], shape[1]) if spec.layout == 0 else (shape[1], shape[0])
     y_shape = [seq, D, batch, H] if spec.layout == 0 else [batch, seq, D, H]
     s_shape = [D, batch, H] if spec.layout == 0 else [batch, D, H]
-    outs = [relax.TensorType(y_shape, spec.dtype)] + [relax.TensorType(s_shape, spec.dtype)] * len(cell.states)
+    outs = [relax.TensorType(y_shape, "float32")] + [relax.TensorType(s_shape, "float32")] * len(cell.states)
 
     name = "rnn_" + "".join(c if c.isalnum() else "_" for c in spec.name)
     gv = bb.add_func(kernel.func.with_attr("global_symbol", name), name)
     res = bb.emit(relax.call_tir(gv, args, outs))
-    return [bb.emit(relax.TupleGetItem(res, i)) for i in range(len(outs))], kernel.name
+    results = [bb.emit(relax.TupleGetItem(res, i)) for i in range(len(outs))]
+    if spec.dtype != "float32":
+        results = [bb.emit(op.astype(r, spec.dtype)) for r in results]
+    return results, kernel.name
 
 
 def _params(spec, cell, P, rb_cell):

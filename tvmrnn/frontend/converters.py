@@ -8,6 +8,7 @@ importer passes them through a context variable.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 from dataclasses import dataclass, field
 
 from tvm import relax
@@ -23,6 +24,7 @@ class ImportContext:
     opset: int
     target: object
     kernel: str = "auto"  # recurrent schedule: auto | stepwise | persistent
+    storage: str | None = None  # convert fp32 layers to this storage dtype (float16 | bfloat16)
     layers: list = field(default_factory=list)
     kernels: dict = field(default_factory=dict)  # layer name -> recurrent schedule chosen
     graph_inputs: dict = field(default_factory=dict)  # layer name -> {ONNX input name: graph input name}
@@ -46,11 +48,17 @@ def _convert(op_type, bb, inputs, attr):
     if len(inputs) > len(INPUT_NAMES[op_type]):
         shapes[f"input #{len(inputs) - 1}"] = UNKNOWN  # rnn_spec names the extra input in its error
     spec = spec_from_node(op_type, name, normalize_attrs(attr), shapes, custom.get("num_outputs", 1), ctx.opset, dtype)
+    convert = ctx.storage is not None and spec.dtype == "float32"
+    if convert:  # the layer runs in the storage dtype; the graph around it stays fp32
+        spec = dataclasses.replace(spec, dtype=ctx.storage)
+        inputs = [bb.emit(relax.op.astype(x, ctx.storage)) if x is not None and i < 3 else x for i, x in enumerate(inputs)]
     ctx.layers.append(spec)
     # graph inputs that feed the layer directly: the runtime checks sequence_lens values against X's length
     ctx.graph_inputs[name] = {n: x.name for n, x in zip(INPUT_NAMES[op_type], inputs)
                               if isinstance(x, relax.Var) and n in ("X", "sequence_lens")}
     outs, ctx.kernels[name] = emit_rnn_layer(bb, spec, inputs, ctx.target, ctx.kernel)
+    if convert:
+        outs = [bb.emit(relax.op.astype(o, "float32")) for o in outs]
     return relax.Tuple(outs[: max(spec.num_outputs, 1)]) if spec.num_outputs > 1 else outs[0]
 
 

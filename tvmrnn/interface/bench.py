@@ -16,6 +16,7 @@ class BenchArgs:
     repeats: int
     out_dir: str
     kernels: tuple = ("stepwise", "auto")
+    dtypes: tuple = ("float32", "float16")
 
 
 def bench_command(args: BenchArgs, echo=print) -> list[dict]:
@@ -26,13 +27,14 @@ def bench_command(args: BenchArgs, echo=print) -> list[dict]:
     echo(f"tvmrnn bench\n  {args}")
     gpu = args.device == "gpu"
     rows = [known[r] for r in (args.rows or (known if gpu else bench.CPU_ROWS))]
+    jobs = [(row, dtype) for row in rows for dtype in (args.dtypes if gpu else ("float32",))]
     results = []
-    for i, row in enumerate(rows, 1):
-        echo(f"[{i}/{len(rows)}] {row}")
+    for i, (row, dtype) in enumerate(jobs, 1):
+        echo(f"[{i}/{len(jobs)}] {row} {dtype}")
         try:
-            res = bench.bench_gpu_row(row, args.kernels, args.repeats) if gpu else bench.bench_cpu_row(row, args.repeats)
+            res = bench.bench_gpu_row(row, args.kernels, args.repeats, dtype=dtype) if gpu else bench.bench_cpu_row(row, args.repeats)
         except Exception as err:  # one broken row must not lose the others' numbers
-            res = {"row": row.name, "error": f"{type(err).__name__}: {err}"}
+            res = {"row": row.name, "dtype": dtype, "error": f"{type(err).__name__}: {err}"}
         echo("    " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()))
         results.append(res)
     env = bench.environment(gpu)
