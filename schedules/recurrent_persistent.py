@@ -126,11 +126,11 @@ def persistent_body(a: KernelArgs, cfg: PersistentConfig):
                         with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
                             n0 = chunk * i64(NB)
 
-                            def stage(e):
-                                b, k = e // i64(H), e % i64(H)
-                                T.buffer_store(hs, operand_at(operand, phase, cur, d, tirx.min(n0 + b, N - 1), k), [b, k])
-
-                            _strided(NB * H, threads, tid, stage)
+                            # only the rows that exist, float4 at a time, no index division
+                            for b in range(NB):
+                                with T.If(n0 + i64(b) < N):
+                                    with T.Then():
+                                        _stage_row(hs, operand, phase, cur, d, n0 + i64(b), b, H, threads, tid)
                             _block_sync()
                             _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, hs, d, j0, n0, V)
                             _block_sync()  # hs is restaged by the next chunk
@@ -143,6 +143,16 @@ def persistent_body(a: KernelArgs, cfg: PersistentConfig):
                             T.buffer_store(a.Yh, hbuf[a.seq % 2, d, n, j], a.state_index(d, n, j))
 
                 _strided(i64(UPB) * N, threads, tid, final_state)
+
+
+def _stage_row(hs, operand, phase, cur, d, n, b, H, threads, tid):
+    V = 4 if H % 4 == 0 else 1
+    with T.serial(0, i64(-(-H // (threads * V)))) as it:
+        k0 = (it * i64(threads) + tid) * i64(V)
+        with T.If(k0 < i64(H)):
+            with T.Then():
+                with T.vectorized(0, i64(V)) as v:
+                    T.buffer_store(hs, operand_at(operand, phase, cur, d, n, k0 + v), [i64(b), k0 + v])
 
 
 def _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, hs, d, j0, n0, V):

@@ -216,7 +216,8 @@ def environment(gpu: bool) -> dict:
     return env
 
 
-GPU_COLUMNS = [("row", "row"), ("dtype", "dtype"), ("stepwise_ms", "stepwise ms"), ("auto_ms", "auto ms"), ("auto_kernel", "auto kernel"),
+GPU_COLUMNS = [("row", "row"), ("dtype", "dtype"), ("stepwise_ms", "stepwise ms"), ("persistent_ms", "persistent ms"), ("auto_ms", "auto ms"),
+               ("auto_kernel", "auto kernel"),
                ("cudnn_tf32_ms", "cuDNN TF32 ms"), ("cudnn_fp32_ms", "cuDNN fp32 ms"), ("speedup", "speed-up"),
                ("us_per_step_layer", "µs/step/layer"), ("tflops", "TFLOP/s"), ("auto_rel_err", "rel. err")]
 CPU_COLUMNS = [("row", "row"), ("ours_ms", "ours ms"), ("onnxruntime_ms", "ONNX Runtime ms"), ("torch_ms", "PyTorch ms"),

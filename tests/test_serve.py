@@ -1,0 +1,519 @@
+"""`tvmrnn serve`: the real server on a loopback port, spoken to over HTTP.
+
+Models compile once per session; one server (process-isolated workers, as deployed) serves them to
+most tests. Covered: v2 metadata, JSON and binary infer, streaming state over 20 chunks against one
+whole-sequence run, dynamic batching (seen in /metrics), padding of different lengths, every kind of
+bad input answered with a 4xx v2 error and followed by a good request, a crashing input, sequence
+limits and expiry, graceful shutdown of `tvmrnn serve` in a subprocess, and tritonclient if installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+import tvmrnn
+from tvmrnn.errors import InputError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = ("streaming_lstm", "kws_gru", "rnn_forecast", "lstm_lm")
+MAX_SEQUENCES = 4
+IDLE_S = 1.5
+MAX_BYTES = 256 * 1024
+
+
+@pytest.fixture(scope="module")
+def modules(tmp_path_factory):
+    out = tmp_path_factory.mktemp("serve_modules")
+    paths = {}
+    for name in MODELS:
+        paths[name] = str(tvmrnn.compile(os.path.join(REPO, "models", f"{name}.onnx"), target="llvm").export(out / f"{name}.so"))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def reference(modules):
+    """The same modules run in this process, one request at a time: what the server must answer."""
+    return {name: tvmrnn.load(path) for name, path in modules.items()}
+
+
+@pytest.fixture(scope="module")
+def server(modules):
+    from tvmrnn.serve import ServeConfig, ServerThread, create_app, load_models
+
+    config = ServeConfig(max_batch_size=16, max_delay_ms=20, max_request_bytes=MAX_BYTES, sequence_idle_s=IDLE_S,
+                         max_sequences=MAX_SEQUENCES)
+    models = load_models([modules[n] for n in MODELS], config)
+    with ServerThread(create_app(models, config)) as srv:
+        yield srv
+
+
+@pytest.fixture()
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+def tensor(name, arr, binary=False):
+    from tvmrnn.serve.protocol import v2_datatype
+
+    t = {"name": name, "shape": list(arr.shape), "datatype": v2_datatype(arr.dtype)}
+    if binary:
+        t["parameters"] = {"binary_data_size": arr.nbytes}
+    else:
+        t["data"] = arr.tolist()  # nested lists: the server takes flat or nested
+    return t
+
+
+def infer(client, model, feeds, parameters=None, outputs=None, check=True):
+    body = {"inputs": [tensor(n, a) for n, a in feeds.items()]}
+    if parameters:
+        body["parameters"] = parameters
+    if outputs:
+        body["outputs"] = [{"name": o} for o in outputs]
+    r = client.post(f"/v2/models/{model}/infer", json=body)
+    if check:
+        assert r.status_code == 200, r.text
+    return r
+
+
+def as_arrays(response) -> dict[str, np.ndarray]:
+    from tvmrnn.serve.protocol import V2_TO_NUMPY
+
+    return {o["name"]: np.asarray(o["data"], V2_TO_NUMPY[o["datatype"]]).reshape(o["shape"]) for o in response.json()["outputs"]}
+
+
+def kws_input(seed=0, batch=1, time_=30):
+    return {"mfcc": np.random.default_rng(seed).standard_normal((batch, time_, 40)).astype("float32")}
+
+
+def forecast_input(seed, seq, batch=1):
+    rng = np.random.default_rng(seed)
+    return {"series": rng.standard_normal((seq, batch, 8)).astype("float32"),
+            "lengths": rng.integers(1, seq + 1, batch).astype("int32")}
+
+
+def metric(client, name, model) -> float:
+    m = re.search(rf'^{name}\{{model="{model}"\}} (\S+)$', client.get("/metrics").text, re.MULTILINE)
+    return float(m.group(1)) if m else 0.0
+
+
+def assert_close(got, want):
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+# -- health and metadata ---------------------------------------------------------------------------
+def test_health_and_server_metadata(client):
+    assert client.get("/v2/health/live").status_code == 200
+    assert client.get("/v2/health/ready").status_code == 200
+    meta = client.get("/v2").json()
+    assert meta["name"] == "tvmrnn" and "binary_tensor_data" in meta["extensions"]
+    for name in MODELS:
+        assert client.get(f"/v2/models/{name}/ready").status_code == 200
+        assert client.get(f"/v2/models/{name}/versions/1/ready").status_code == 200
+
+
+def test_model_metadata(client):
+    kws = client.get("/v2/models/kws_gru").json()
+    assert kws["name"] == "kws_gru" and kws["versions"] == ["1"]
+    assert kws["inputs"] == [{"name": "mfcc", "datatype": "FP32", "shape": [-1, -1, 40]}]
+    assert kws["outputs"] == [{"name": "keyword_logits", "datatype": "FP32", "shape": [-1, 12]}]
+    stream = client.get("/v2/models/streaming_lstm/versions/1").json()
+    assert [i["name"] for i in stream["inputs"]] == ["chunk", "h_in", "c_in"]
+    assert stream["inputs"][1]["shape"] == [1, -1, 96]
+    forecast = client.get("/v2/models/rnn_forecast").json()
+    assert forecast["inputs"][1] == {"name": "lengths", "datatype": "INT32", "shape": [-1]}
+    assert client.get("/v2/models/lstm_lm").json()["inputs"][0]["datatype"] == "INT64"
+
+
+# -- infer -----------------------------------------------------------------------------------------
+def test_infer_json_matches_the_runtime(client, reference):
+    feeds = kws_input(1, batch=2)
+    r = infer(client, "kws_gru", feeds)
+    body = r.json()
+    assert body["model_name"] == "kws_gru" and r.headers["content-type"] == "application/json"
+    assert_close(as_arrays(r), reference["kws_gru"].run(feeds))
+    flat = {"inputs": [{"name": "mfcc", "shape": [2, 30, 40], "datatype": "FP32", "data": feeds["mfcc"].ravel().tolist()}], "id": "r-7"}
+    r = client.post("/v2/models/kws_gru/infer", json=flat)
+    assert r.status_code == 200 and r.json()["id"] == "r-7"
+    assert_close(as_arrays(r), reference["kws_gru"].run(feeds))
+
+
+def _binary_request(feeds, outputs=None, binary_output=True):
+    head = {"inputs": [tensor(n, a, binary=True) for n, a in feeds.items()]}
+    if outputs is not None:
+        head["outputs"] = [{"name": o, "parameters": {"binary_data": binary_output}} for o in outputs]
+    else:
+        head["parameters"] = {"binary_data_output": binary_output}
+    head_bytes = json.dumps(head).encode()
+    body = head_bytes + b"".join(np.ascontiguousarray(a).tobytes() for a in feeds.values())
+    return body, {"Inference-Header-Content-Length": str(len(head_bytes)), "Content-Type": "application/octet-stream"}
+
+
+def _binary_response(r) -> dict[str, np.ndarray]:
+    from tvmrnn.serve.protocol import V2_TO_NUMPY
+
+    n = int(r.headers["Inference-Header-Content-Length"])
+    head, offset, out = json.loads(r.content[:n]), n, {}
+    for o in head["outputs"]:
+        size = o["parameters"]["binary_data_size"]
+        out[o["name"]] = np.frombuffer(r.content[offset:offset + size], V2_TO_NUMPY[o["datatype"]]).reshape(o["shape"])
+        offset += size
+    assert offset == len(r.content)
+    return out
+
+
+def test_infer_binary_in_and_out(client, reference):
+    feeds = forecast_input(3, seq=7, batch=3)
+    want = reference["rnn_forecast"].run(feeds)
+    body, headers = _binary_request(feeds)
+    r = client.post("/v2/models/rnn_forecast/infer", content=body, headers=headers)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "application/octet-stream"
+    assert_close(_binary_response(r), want)
+    # binary in, JSON out; and one output of several chosen by name
+    stream = {"chunk": np.ones((4, 1, 40), "float32"), "h_in": np.zeros((1, 1, 96), "float32"), "c_in": np.zeros((1, 1, 96), "float32")}
+    body, headers = _binary_request(stream, outputs=["h_out"], binary_output=False)
+    r = client.post("/v2/models/streaming_lstm/infer", content=body, headers=headers)
+    assert r.status_code == 200, r.text
+    got = as_arrays(r)
+    assert list(got) == ["h_out"]
+    assert_close(got, {"h_out": reference["streaming_lstm"].run(stream)["h_out"]})
+
+
+def test_gzip_request(client, reference):
+    feeds = kws_input(4)
+    body = gzip.compress(json.dumps({"inputs": [tensor("mfcc", feeds["mfcc"])]}).encode())
+    r = client.post("/v2/models/kws_gru/infer", content=body, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert_close(as_arrays(r), reference["kws_gru"].run(feeds))
+
+
+# -- streaming -------------------------------------------------------------------------------------
+def _stream(client, sid, chunks, end=True):
+    outs, last = [], None
+    for i, chunk in enumerate(chunks):
+        params = {"sequence_id": sid, "sequence_start": i == 0, "sequence_end": end and i == len(chunks) - 1}
+        last = as_arrays(infer(client, "streaming_lstm", {"chunk": chunk}, params))
+        outs.append(last["out"])
+    return np.concatenate(outs), last
+
+
+def test_streaming_sequence_equals_one_whole_run(client, reference):
+    rng = np.random.default_rng(5)
+    audio = rng.standard_normal((20 * 6, 1, 40)).astype("float32")
+    zeros = np.zeros((1, 1, 96), "float32")
+    whole = reference["streaming_lstm"].run({"chunk": audio, "h_in": zeros, "c_in": zeros})
+    out, last = _stream(client, 4242, np.split(audio, 20))
+    np.testing.assert_allclose(out, whole["out"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(last["h_out"], whole["h_out"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(last["c_out"], whole["c_out"], rtol=1e-4, atol=1e-5)
+    # sequence_end dropped the state: going on without sequence_start is refused
+    r = infer(client, "streaming_lstm", {"chunk": audio[:6]}, {"sequence_id": 4242}, check=False)
+    assert r.status_code == 400 and "not live" in r.json()["error"]
+
+
+def test_concurrent_sequences_keep_their_own_state(server, reference):
+    """Eight sequences (string ids, chunks of unequal length) streamed at once; each equals its own whole run."""
+    rng = np.random.default_rng(6)
+    audios = [rng.standard_normal((24, 1, 40)).astype("float32") for _ in range(MAX_SEQUENCES)]
+    cuts = [[0, 5, 11, 17, 24], [0, 6, 12, 18, 24], [0, 3, 13, 20, 24], [0, 8, 16, 20, 24]]
+
+    async def one(c, k):
+        outs = []
+        for i in range(4):
+            params = {"sequence_id": f"user-{k}", "sequence_start": i == 0, "sequence_end": i == 3}
+            r = await c.post("/v2/models/streaming_lstm/infer", json={"parameters": params, "inputs": [
+                tensor("chunk", audios[k][cuts[k][i]:cuts[k][i + 1]])]})
+            assert r.status_code == 200, r.text
+            outs.append(as_arrays(r)["out"])
+        return np.concatenate(outs)
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:
+            return await asyncio.gather(*(one(c, k) for k in range(MAX_SEQUENCES)))
+
+    zeros = np.zeros((1, 1, 96), "float32")
+    for audio, out in zip(audios, asyncio.run(main())):
+        want = reference["streaming_lstm"].run({"chunk": audio, "h_in": zeros, "c_in": zeros})["out"]
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+
+
+def test_sequence_limit_gives_429_and_idle_sequences_expire(client):
+    chunk = {"chunk": np.ones((2, 1, 40), "float32")}
+    for k in range(MAX_SEQUENCES):
+        infer(client, "streaming_lstm", chunk, {"sequence_id": 9000 + k, "sequence_start": True})
+    r = infer(client, "streaming_lstm", chunk, {"sequence_id": 9999, "sequence_start": True}, check=False)
+    assert r.status_code == 429, r.text
+    assert "too many live sequences" in r.json()["error"] and "--max-sequences" in r.json()["error"]
+    infer(client, "streaming_lstm", chunk, {"sequence_id": 9000, "sequence_end": True})  # frees a slot
+    infer(client, "streaming_lstm", chunk, {"sequence_id": 9999, "sequence_start": True, "sequence_end": True})
+    expired = metric(client, "tvmrnn_sequences_expired_total", "streaming_lstm")
+    time.sleep(IDLE_S + 0.6)
+    r = infer(client, "streaming_lstm", chunk, {"sequence_id": 9001}, check=False)
+    assert r.status_code == 400 and f"idle for more than {IDLE_S:g} s" in r.json()["error"]
+    assert metric(client, "tvmrnn_sequences_expired_total", "streaming_lstm") >= expired + MAX_SEQUENCES - 1
+    assert metric(client, "tvmrnn_active_sequences", "streaming_lstm") == 0
+
+
+# -- batching --------------------------------------------------------------------------------------
+def _concurrently(server, model, feeds_list):
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=httpx.Limits(max_connections=64)) as c:
+            return await asyncio.gather(*(c.post(f"/v2/models/{model}/infer", json={"inputs": [tensor(n, a) for n, a in f.items()]})
+                                          for f in feeds_list))
+
+    return asyncio.run(main())
+
+
+def test_concurrent_requests_are_batched(server, client, reference):
+    rows, batches = (metric(client, f"tvmrnn_batch_size_{s}", "kws_gru") for s in ("sum", "count"))
+    feeds_list = [kws_input(100 + i, batch=1 + i % 2) for i in range(32)]
+    responses = _concurrently(server, "kws_gru", feeds_list)
+    for feeds, r in zip(feeds_list, responses):
+        assert r.status_code == 200, r.text
+        assert_close(as_arrays(r), reference["kws_gru"].run(feeds))
+    rows = metric(client, "tvmrnn_batch_size_sum", "kws_gru") - rows
+    batches = metric(client, "tvmrnn_batch_size_count", "kws_gru") - batches
+    assert rows == sum(f["mfcc"].shape[0] for f in feeds_list)
+    assert rows / batches > 1.5, f"mean batch size {rows / batches:.2f} over {batches:.0f} batches"
+    assert metric(client, "tvmrnn_queue_seconds_count", "kws_gru") >= 32
+    assert metric(client, "tvmrnn_compute_seconds_count", "kws_gru") == metric(client, "tvmrnn_batch_size_count", "kws_gru")
+
+
+def test_different_lengths_are_padded_into_one_batch(server, client, reference):
+    """rnn_forecast has sequence_lens as a graph input: requests of lengths 3..10 share batches, each answer exact."""
+    before = metric(client, "tvmrnn_batch_requests_count", "rnn_forecast")
+    feeds_list = [forecast_input(200 + i, seq=3 + i % 8) for i in range(24)]
+    responses = _concurrently(server, "rnn_forecast", feeds_list)
+    for feeds, r in zip(feeds_list, responses):
+        assert r.status_code == 200, r.text
+        assert_close(as_arrays(r), reference["rnn_forecast"].run(feeds))
+    assert metric(client, "tvmrnn_batch_requests_count", "rnn_forecast") - before < 24
+
+
+# -- bad input -------------------------------------------------------------------------------------
+GOOD = {"inputs": [{"name": "mfcc", "shape": [1, 2, 40], "datatype": "FP32", "data": [0.5] * 80}]}
+
+
+def _with(**change):
+    body = json.loads(json.dumps(GOOD))
+    body["inputs"][0].update(change)
+    return body
+
+
+def _without(key):
+    body = json.loads(json.dumps(GOOD))
+    del body["inputs"][0][key]
+    return body
+
+
+def _binary_body(declared: int, sent: int) -> bytes:
+    head = _without("data")
+    head["inputs"][0]["parameters"] = {"binary_data_size": declared}
+    return json.dumps(head).encode() + b"\0" * sent
+
+
+BAD = [  # (id, method, path, body (dict: JSON; bytes: raw), headers, status, words in the error)
+    ("unknown model", "POST", "/v2/models/nope/infer", GOOD, {}, 404, ["nope", "kws_gru"]),
+    ("unknown model metadata", "GET", "/v2/models/nope", None, {}, 404, ["nope"]),
+    ("unknown version", "POST", "/v2/models/kws_gru/versions/7/infer", GOOD, {}, 404, ["version", "7"]),
+    ("unknown route", "GET", "/v2/nothing/here", None, {}, 404, ["Not Found"]),
+    ("wrong method", "GET", "/v2/models/kws_gru/infer", None, {}, 405, ["Method Not Allowed"]),
+    ("malformed JSON", "POST", "/v2/models/kws_gru/infer", b'{"inputs": [', {}, 400, ["not valid JSON"]),
+    ("empty body", "POST", "/v2/models/kws_gru/infer", b"", {}, 400, ["empty"]),
+    ("not an object", "POST", "/v2/models/kws_gru/infer", b"[1, 2]", {}, 400, ["JSON object"]),
+    ("no inputs", "POST", "/v2/models/kws_gru/infer", {"outputs": []}, {}, 400, ["'inputs'"]),
+    ("no shape", "POST", "/v2/models/kws_gru/infer", _without("shape"), {}, 400, ["'mfcc'", "'shape'"]),
+    ("no datatype", "POST", "/v2/models/kws_gru/infer", _without("datatype"), {}, 400, ["'datatype'"]),
+    ("no data", "POST", "/v2/models/kws_gru/infer", _without("data"), {}, 400, ["no 'data'"]),
+    ("no name", "POST", "/v2/models/kws_gru/infer", _without("name"), {}, 400, ["'name'"]),
+    ("wrong input name", "POST", "/v2/models/kws_gru/infer", _with(name="features"), {}, 400, ["'features'", "mfcc"]),
+    ("wrong datatype", "POST", "/v2/models/kws_gru/infer", _with(datatype="FP64"), {}, 400, ["FP64", "FP32", "'mfcc'"]),
+    ("unknown datatype", "POST", "/v2/models/kws_gru/infer", _with(datatype="FLOAT"), {}, 400, ["FLOAT", "not supported"]),
+    ("wrong rank", "POST", "/v2/models/kws_gru/infer", _with(shape=[2, 40], data=[0.5] * 80), {}, 400, ["'mfcc'", "rank 3"]),
+    ("wrong static dim", "POST", "/v2/models/kws_gru/infer", _with(shape=[1, 2, 41], data=[0.5] * 82), {}, 400, ["'mfcc'", "axis 2 must be 40"]),
+    ("empty dim", "POST", "/v2/models/kws_gru/infer", _with(shape=[0, 2, 40], data=[]), {}, 400, ["empty dimension"]),
+    ("negative dim", "POST", "/v2/models/kws_gru/infer", _with(shape=[-1, 2, 40]), {}, 400, ["negative"]),
+    ("data count", "POST", "/v2/models/kws_gru/infer", _with(data=[0.5] * 79), {}, 400, ["79", "80"]),
+    ("strings in data", "POST", "/v2/models/kws_gru/infer", _with(data=["a"] * 80), {}, 400, ["strings"]),
+    ("ragged data", "POST", "/v2/models/kws_gru/infer", _with(data=[[0.5] * 40, [0.5] * 39]), {}, 400, ["regular"]),
+    ("unknown output", "POST", "/v2/models/kws_gru/infer", {**GOOD, "outputs": [{"name": "logits"}]}, {}, 400, ["'logits'", "keyword_logits"]),
+    ("data and binary", "POST", "/v2/models/kws_gru/infer", _with(parameters={"binary_data_size": 320}), {}, 400, ["both"]),
+    ("binary size", "POST", "/v2/models/kws_gru/infer", _binary_body(10, 10), {"Inference-Header-Content-Length": "HEAD"}, 400,
+     ["binary_data_size", "320"]),
+    ("binary missing", "POST", "/v2/models/kws_gru/infer", _binary_body(320, 100), {"Inference-Header-Content-Length": "HEAD"}, 400,
+     ["100 byte(s) of binary data left"]),
+    ("binary left over", "POST", "/v2/models/kws_gru/infer", _binary_body(320, 330), {"Inference-Header-Content-Length": "HEAD"}, 400,
+     ["10 byte(s) of binary data after"]),
+    ("header length", "POST", "/v2/models/kws_gru/infer", json.dumps(_without("data") | {"parameters": {}}).encode(),
+     {"Inference-Header-Content-Length": "100000"}, 400, ["Inference-Header-Content-Length", "100000"]),
+    ("oversized", "POST", "/v2/models/kws_gru/infer", b"{" + b" " * (MAX_BYTES + 10) + b"}", {}, 413, ["--max-request-bytes"]),
+    ("gzip bomb", "POST", "/v2/models/kws_gru/infer", gzip.compress(b" " * (MAX_BYTES * 4)), {"Content-Encoding": "gzip"}, 413, ["decompressed"]),
+    ("encoding", "POST", "/v2/models/kws_gru/infer", json.dumps(GOOD).encode(), {"Content-Encoding": "br"}, 415, ["'br'"]),
+    ("sequence on a stateless model", "POST", "/v2/models/kws_gru/infer", {**GOOD, "parameters": {"sequence_id": 5, "sequence_start": True}},
+     {}, 400, ["no state inputs", "--state"]),
+    ("bad sequence flag", "POST", "/v2/models/kws_gru/infer", {**GOOD, "parameters": {"sequence_id": 5, "sequence_start": "yes"}},
+     {}, 400, ["sequence_start"]),
+    ("state input missing", "POST", "/v2/models/streaming_lstm/infer",
+     {"inputs": [{"name": "chunk", "shape": [1, 1, 40], "datatype": "FP32", "data": [0.0] * 40}]}, {}, 400, ["'h_in'", "sequence_id"]),
+    ("sequence never started", "POST", "/v2/models/streaming_lstm/infer",
+     {"parameters": {"sequence_id": 77}, "inputs": [{"name": "chunk", "shape": [1, 1, 40], "datatype": "FP32", "data": [0.0] * 40}]},
+     {}, 400, ["sequence 77", "sequence_start"]),
+    ("sequence_lens out of range", "POST", "/v2/models/rnn_forecast/infer",
+     {"inputs": [{"name": "series", "shape": [2, 1, 8], "datatype": "FP32", "data": [0.0] * 16},
+                 {"name": "lengths", "shape": [1], "datatype": "INT32", "data": [9]}]}, {}, 400, ["'lengths'", "[1, 2]"]),
+    ("integer out of range", "POST", "/v2/models/rnn_forecast/infer",
+     {"inputs": [{"name": "series", "shape": [2, 1, 8], "datatype": "FP32", "data": [0.0] * 16},
+                 {"name": "lengths", "shape": [1], "datatype": "INT32", "data": [2**40]}]}, {}, 400, ["range of INT32"]),
+    ("token id beyond the vocabulary crashes the model", "POST", "/v2/models/lstm_lm/infer",
+     {"inputs": [{"name": "tokens", "shape": [2, 1], "datatype": "INT64", "data": [10**9, -7]}]}, {}, 400, ["crashed", "run alone"]),
+]
+
+
+@pytest.mark.parametrize("method,path,body,headers,status,words", [pytest.param(*case[1:], id=case[0]) for case in BAD])
+def test_bad_request_gets_a_v2_error_and_the_next_request_succeeds(client, reference, method, path, body, headers, status, words):
+    if headers.get("Inference-Header-Content-Length") == "HEAD":  # the JSON head's length, as a client computes it
+        headers = {**headers, "Inference-Header-Content-Length": str(body.index(b"\0") if b"\0" in body else len(body))}
+    kwargs = {"json": body} if isinstance(body, dict) else {"content": body} if body is not None else {}
+    r = client.request(method, path, headers=headers, **kwargs)
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    message = r.json()["error"]
+    for w in words:
+        assert w in message, (w, message)
+    # the server is still up and answers a good request to the same model
+    model = path.split("/")[3] if path.startswith("/v2/models/") and path.split("/")[3] in MODELS else "kws_gru"
+    good = {"kws_gru": kws_input(9), "rnn_forecast": forecast_input(9, 4), "lstm_lm": {"tokens": np.array([[3], [4]], "int64")},
+            "streaming_lstm": {"chunk": np.ones((2, 1, 40), "float32"), "h_in": np.zeros((1, 1, 96), "float32"),
+                               "c_in": np.zeros((1, 1, 96), "float32")}}[model]
+    assert_close(as_arrays(infer(client, model, good)), reference[model].run(good))
+    if path.startswith("/v2/models/nope/infer"):  # unknown models count under model="": clients cannot grow the label set
+        assert 'tvmrnn_request_errors_total{model="",status="404"}' in client.get("/metrics").text
+
+
+def test_crash_metrics(client):
+    assert metric(client, "tvmrnn_worker_restarts_total", "lstm_lm") >= 1
+    text = client.get("/metrics").text
+    assert 'tvmrnn_request_errors_total{model="kws_gru",status="400"}' in text
+    assert 'tvmrnn_requests_total{model="kws_gru",status="200"}' in text
+
+
+# -- start-up errors, thread isolation ---------------------------------------------------------------
+def test_start_up_errors(tmp_path, modules):
+    from tvmrnn.interface.serve import ServeArgs, resolve
+    from tvmrnn.serve import ServeConfig, load_models
+
+    with pytest.raises(InputError, match="does not exist"):
+        load_models([str(tmp_path / "missing.so")], ServeConfig())
+    with pytest.raises(InputError, match="both named 'kws_gru'"):
+        load_models([modules["kws_gru"], modules["kws_gru"]], ServeConfig())
+    with pytest.raises(InputError, match="--state names model 'other'"):
+        load_models([modules["kws_gru"]], ServeConfig(state={"other": [("a", "b")]}))
+    with pytest.raises(InputError, match="MODEL:INPUT=OUTPUT"):
+        resolve(ServeArgs((modules["kws_gru"],), state=("h_in=h_out",)))
+    with pytest.raises(InputError, match="--max-batch-size"):
+        resolve(ServeArgs((modules["kws_gru"],), max_batch_size=0))
+
+
+def test_state_pairs_rule_and_option(modules):
+    from tvmrnn.runtime import metadata_path
+    from tvmrnn.serve.signature import build_signature
+
+    with open(metadata_path(modules["streaming_lstm"])) as f:
+        meta = json.load(f)
+    assert build_signature("s", meta).state_pairs == [("h_in", "h_out"), ("c_in", "c_out")]
+    assert build_signature("s", meta, [("c_in", "c_out")]).state_pairs == [("c_in", "c_out")]
+    with pytest.raises(InputError, match="'chunk' .* differ"):
+        build_signature("s", meta, [("chunk", "h_out")])
+    sig = build_signature("s", meta)
+    assert sig.batch_dim == "batch" and sig.axes["batch"] == {"chunk": 1, "h_in": 1, "c_in": 1, "out": 1, "h_out": 1, "c_out": 1}
+
+
+def test_thread_isolation(modules, reference):
+    from tvmrnn.serve import ServeConfig, ServerThread, create_app, load_models
+
+    config = ServeConfig(isolation="thread", max_delay_ms=1)
+    with ServerThread(create_app(load_models([modules["kws_gru"]], config), config)) as srv, httpx.Client(base_url=srv.url) as c:
+        feeds = kws_input(11)
+        assert_close(as_arrays(infer(c, "kws_gru", feeds)), reference["kws_gru"].run(feeds))
+
+
+# -- tvmrnn serve in a subprocess: JSON logs, graceful shutdown ---------------------------------------
+def test_graceful_shutdown_finishes_in_flight_requests(modules, reference):
+    """SIGTERM while a request waits in its batch (max delay 1.5 s): it is answered, then the server stops cleanly."""
+    code = ("import sys; from tvmrnn.interface.serve import ServeArgs, serve_command; "
+            "serve_command(ServeArgs((sys.argv[1],), port=0, max_delay_ms=1500, graceful_timeout_s=20))")
+    proc = subprocess.Popen([sys.executable, "-c", code, modules["kws_gru"]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO)
+    try:
+        url = None
+        for line in proc.stdout:
+            m = re.search(r"on (http://[\d.]+:\d+)/v2", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url, proc.stderr.read()
+        with httpx.Client(base_url=url, timeout=30) as c:
+            deadline = time.monotonic() + 30
+            while c.get("/v2/health/ready").status_code != 200:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            feeds = kws_input(12)
+            result = {}
+            t = threading.Thread(target=lambda: result.setdefault("r", infer(c, "kws_gru", feeds, check=False)))
+            t.start()
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            t.join(30)
+        assert result["r"].status_code == 200, result["r"].text
+        assert_close(as_arrays(result["r"]), reference["kws_gru"].run(feeds))
+        assert proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises SIGTERM once it has shut down cleanly
+        logs = [json.loads(line) for line in proc.stderr.read().splitlines() if line.startswith("{")]
+        events = [rec["msg"] for rec in logs]
+        assert "model loaded" in events and "infer" in events and "stopped" in events
+        infer_log = next(rec for rec in logs if rec["msg"] == "infer")
+        assert infer_log["model"] == "kws_gru" and infer_log["status"] == 200
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# -- an existing v2 client ---------------------------------------------------------------------------
+def test_tritonclient_http(server, reference):
+    httpclient = pytest.importorskip("tritonclient.http")
+    c = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+    assert c.is_server_live() and c.is_server_ready() and c.is_model_ready("kws_gru")
+    assert c.get_model_metadata("kws_gru")["inputs"][0]["datatype"] == "FP32"
+    feeds = kws_input(13, batch=2)
+    for binary in (True, False):
+        inp = httpclient.InferInput("mfcc", list(feeds["mfcc"].shape), "FP32")
+        inp.set_data_from_numpy(feeds["mfcc"], binary_data=binary)
+        res = c.infer("kws_gru", [inp], outputs=[httpclient.InferRequestedOutput("keyword_logits", binary_data=binary)])
+        assert_close({"keyword_logits": res.as_numpy("keyword_logits")}, reference["kws_gru"].run(feeds))
+    # streaming with tritonclient's own sequence arguments
+    audio = np.random.default_rng(14).standard_normal((12, 1, 40)).astype("float32")
+    outs = []
+    for i, chunk in enumerate(np.split(audio, 3)):
+        inp = httpclient.InferInput("chunk", list(chunk.shape), "FP32")
+        inp.set_data_from_numpy(chunk)
+        res = c.infer("streaming_lstm", [inp], sequence_id=31337, sequence_start=i == 0, sequence_end=i == 2)
+        outs.append(res.as_numpy("out"))
+    zeros = np.zeros((1, 1, 96), "float32")
+    want = reference["streaming_lstm"].run({"chunk": audio, "h_in": zeros, "c_in": zeros})["out"]
+    np.testing.assert_allclose(np.concatenate(outs), want, rtol=1e-4, atol=1e-5)
+    c.close()

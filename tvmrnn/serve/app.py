@@ -1,0 +1,231 @@
+"""The ASGI app (Starlette): the v2 HTTP routes, /metrics, and start-up/shutdown of the batchers.
+
+Routes (`/versions/1` forms too, the only version a model has):
+
+    GET  /v2                              server metadata
+    GET  /v2/health/live | /v2/health/ready
+    GET  /v2/models/{name}                model metadata (v2 datatypes, -1 for dynamic dims)
+    GET  /v2/models/{name}/ready
+    POST /v2/models/{name}/infer          JSON or binary tensors; sequence_id/_start/_end parameters
+    GET  /metrics                         Prometheus
+
+Every error is a v2 error body `{"error": "..."}` with a 4xx (the request is at fault) or 5xx status.
+Shutting down (lifespan end, after uvicorn has let in-flight requests finish) drains the batch queues,
+then stops the model workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import zlib
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .. import __version__
+from .batcher import Batcher
+from .config import ServeConfig
+from .metrics import Metrics
+from .protocol import HEADER_LENGTH, ProtocolError, encode_infer_response, error_body, parse_infer_request
+from .repository import ServedModel
+from .sequences import SequenceStore, sequence_params
+
+log = logging.getLogger("tvmrnn.serve")
+VERSION = "1"
+
+
+def _error(status: int, message: str) -> Response:
+    return Response(error_body(message), status, media_type="application/json")
+
+
+class Service:
+    """The state behind the routes: models, their batchers, the sequence store, metrics."""
+
+    def __init__(self, models: dict[str, ServedModel], config: ServeConfig, metrics: Metrics | None = None):
+        self.models, self.config = models, config
+        self.metrics = metrics or Metrics()
+        self.sequences = SequenceStore(config.max_sequences, config.sequence_idle_s, self.metrics)
+        self.batchers: dict[str, Batcher] = {}
+        self.ready = False
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app):
+        for name, m in self.models.items():
+            b = self.batchers[name] = Batcher(m.signature, m.runner, self.config.max_batch_size,
+                                              self.config.max_delay_ms / 1000, self.metrics)
+            b.start()
+        sweeper = asyncio.get_running_loop().create_task(self.sequences.sweep_forever())
+        self.ready = True
+        log.info("ready", extra={"fields": {"models": list(self.models)}})
+        try:
+            yield
+        finally:
+            self.ready = False
+            sweeper.cancel()
+            for b in self.batchers.values():
+                await b.close()
+            for m in self.models.values():
+                await asyncio.to_thread(m.runner.close)
+            log.info("stopped", extra={"fields": {"models": list(self.models)}})
+
+    # -- lookups ----------------------------------------------------------------------------------
+    def model(self, request: Request) -> ServedModel:
+        name = request.path_params["model"]
+        version = request.path_params.get("version")
+        if name not in self.models:
+            raise ProtocolError(f"unknown model {name!r}; this server serves {sorted(self.models)}", 404)
+        if version is not None and version != VERSION:
+            raise ProtocolError(f"model {name!r} has no version {version!r}; its only version is {VERSION!r}", 404)
+        return self.models[name]
+
+    async def body(self, request: Request) -> bytes:
+        """The request body within --max-request-bytes (413 past it), gzip/deflate undone."""
+        limit = self.config.max_request_bytes
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise ProtocolError(f"the request body is {int(length)} bytes; the limit (--max-request-bytes) is {limit}", 413)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ProtocolError(f"the request body is over {limit} bytes, the limit (--max-request-bytes)", 413)
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding in ("gzip", "deflate"):
+            inflater = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header
+            try:
+                body = inflater.decompress(body, limit + 1)
+            except zlib.error as err:
+                raise ProtocolError(f"the body is not valid {encoding} data: {err}") from None
+            if len(body) > limit or inflater.unconsumed_tail:
+                raise ProtocolError(f"the decompressed request body is over {limit} bytes, the limit (--max-request-bytes)", 413)
+        elif encoding not in ("identity", ""):
+            raise ProtocolError(f"Content-Encoding {encoding!r} is not supported; send gzip, deflate or identity", 415)
+        return body
+
+    # -- routes -----------------------------------------------------------------------------------
+    async def server_metadata(self, request: Request) -> Response:
+        return JSONResponse({"name": "tvmrnn", "version": __version__, "extensions": ["binary_tensor_data", "parameters", "sequence"]})
+
+    async def live(self, request: Request) -> Response:
+        return JSONResponse({"live": True})
+
+    async def server_ready(self, request: Request) -> Response:
+        if not self.ready:
+            return _error(503, "the server is starting or shutting down")
+        return JSONResponse({"ready": True})
+
+    async def model_metadata(self, request: Request) -> Response:
+        try:
+            return JSONResponse(self.model(request).signature.v2_metadata())
+        except ProtocolError as err:
+            return _error(err.status, str(err))
+
+    async def model_ready(self, request: Request) -> Response:
+        try:
+            m = self.model(request)
+        except ProtocolError as err:
+            return _error(err.status, str(err))
+        if not self.ready:
+            return _error(503, f"model {m.name!r} is not ready: the server is starting or shutting down")
+        return JSONResponse({"name": m.name, "ready": True})
+
+    async def metrics_route(self, request: Request) -> Response:
+        body, content_type = self.metrics.exposition()
+        return Response(body, 200, headers={"content-type": content_type})
+
+    async def infer(self, request: Request) -> Response:
+        start = time.perf_counter()
+        name = request.path_params["model"]
+        label = name if name in self.models else ""
+        fields = {"model": label or name[:80]}
+        headers, status = {}, 200
+        try:
+            served = self.model(request)
+            req = parse_infer_request(await self.body(request), request.headers.get(HEADER_LENGTH))
+            fields["id"] = req.id
+            sid, seq_start, seq_end = sequence_params(req.parameters)
+            sig = served.signature
+            if req.outputs is not None:
+                bad = [o.name for o in req.outputs if o.name not in sig.output_names]
+                if bad:
+                    raise ProtocolError(f"unknown output {bad[0]!r} requested; model {name!r} has outputs {sig.output_names}")
+            if sid is None:
+                sig.check(req.inputs, req.datatypes)
+                outputs = await self.batchers[name].submit(req.inputs)
+            else:
+                fields["sequence_id"] = sid
+                outputs = await self._infer_in_sequence(served, req, sid, seq_start, seq_end)
+            body, headers = encode_infer_response(name, VERSION, req.id, outputs, req.outputs, req.binary_data_output)
+        except ProtocolError as err:
+            status, body = err.status, error_body(str(err))
+            headers = {"content-type": "application/json"}
+            fields["error"] = str(err)
+        except Exception as err:  # noqa: BLE001 - a 500 for this request, the server goes on
+            log.exception("infer failed", extra={"fields": fields})
+            status, body = 500, error_body(f"internal error: {type(err).__name__}: {err}")
+            headers = {"content-type": "application/json"}
+            fields["error"] = str(err)
+        seconds = time.perf_counter() - start
+        self.metrics.count_request(label, status, seconds)
+        fields.update(status=status, ms=round(seconds * 1000, 3))
+        log.log(logging.INFO if status < 400 else logging.WARNING, "infer", extra={"fields": fields})
+        return Response(body, status, headers=headers)
+
+    async def _infer_in_sequence(self, served: ServedModel, req, sid, seq_start: bool, seq_end: bool) -> dict:
+        sig = served.signature
+        if not sig.state_pairs:
+            raise ProtocolError(f"model {served.name!r} has no state inputs paired with outputs (inputs NAME_in with outputs "
+                                f"NAME_out, or --state {served.name}:INPUT=OUTPUT), so it cannot keep a sequence's state")
+        async with self.sequences.hold(served.name, sid, seq_start) as seq:
+            feeds = dict(req.inputs)
+            for i, _ in sig.state_pairs:
+                if i not in feeds:
+                    feeds[i] = seq.state[i] if seq.state is not None else sig.zero_state(i, feeds)
+            try:
+                sig.check(feeds, req.datatypes)
+            except ProtocolError as err:
+                if any(repr(i) in str(err) for i, _ in sig.state_pairs) and seq.state is not None:
+                    raise ProtocolError(f"{err} (the state inputs of sequence {sid!r} hold the state of its previous request)") from None
+                raise
+            outputs = await self.batchers[served.name].submit(feeds)
+            seq.state = {i: outputs[o] for i, o in sig.state_pairs}
+            if seq_end:
+                self.sequences.end(seq)
+        return outputs
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    return _error(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}")
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    log.error("unhandled error", exc_info=exc, extra={"fields": {"path": request.url.path}})
+    return _error(500, f"internal error: {type(exc).__name__}")
+
+
+def create_app(models: dict[str, ServedModel], config: ServeConfig, metrics: Metrics | None = None) -> Starlette:
+    """The app serving `models` (from `repository.load_models`); it owns their runners and stops them at shutdown."""
+    s = Service(models, config, metrics)
+    routes = [
+        Route("/v2", s.server_metadata, methods=["GET"]),
+        Route("/v2/health/live", s.live, methods=["GET"]),
+        Route("/v2/health/ready", s.server_ready, methods=["GET"]),
+        Route("/metrics", s.metrics_route, methods=["GET"]),
+    ]
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        routes += [
+            Route(prefix, s.model_metadata, methods=["GET"]),
+            Route(prefix + "/ready", s.model_ready, methods=["GET"]),
+            Route(prefix + "/infer", s.infer, methods=["POST"]),
+        ]
+    app = Starlette(routes=routes, lifespan=s.lifespan, exception_handlers={HTTPException: _http_error, Exception: _server_error})
+    app.state.service = s
+    return app

@@ -1,0 +1,68 @@
+"""Running the app under uvicorn: in the foreground (`tvmrnn serve`) or in a background thread (tests, load test).
+
+uvicorn does the graceful shutdown: on SIGTERM/SIGINT it stops accepting connections, lets in-flight
+requests finish (up to `graceful_timeout_s`), then runs the app's lifespan end (drain queues, stop workers).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+
+from .logs import logging_config
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0: a free one), so the caller knows the port before the server starts."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def make_server(app, graceful_timeout_s: float = 30.0, log_level: str = "info") -> uvicorn.Server:
+    config = uvicorn.Config(app, log_config=logging_config(log_level), access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=max(1, round(graceful_timeout_s)), log_level=log_level)
+    return uvicorn.Server(config)
+
+
+def serve_forever(app, sock: socket.socket, graceful_timeout_s: float = 30.0, log_level: str = "info") -> None:
+    """Serve on a socket from `bind` until SIGTERM/SIGINT."""
+    make_server(app, graceful_timeout_s, log_level).run(sockets=[sock])
+
+
+class ServerThread:
+    """`with ServerThread(app) as srv: httpx.get(srv.url + "/v2/health/ready")` on a free loopback port."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning", graceful_timeout_s: float = 10.0):
+        self._sock = bind(host, port)
+        self.host, self.port = host, self._sock.getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
+        self.server = make_server(app, graceful_timeout_s, log_level)
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True, name="uvicorn")
+
+    def start(self, timeout_s: float = 60.0) -> "ServerThread":
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout_s)
+        self._sock.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

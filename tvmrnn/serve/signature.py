@@ -1,0 +1,328 @@
+"""What serving needs to know about one model, read from its model.json: batching, padding, recurrent state.
+
+- **Batch dim**: the symbolic dim along which requests are concatenated. Its name is chosen once per model
+  and its axis looked up in every input and output by that name, so layout-0 RNN inputs (`X` is
+  [seq, batch, ...], state [layers, batch, hidden]) batch along axis 1 and layout-1 ones along axis 0.
+  The name is the one shared by all inputs and outputs that looks like a batch ("batch", "N", "bs", ...),
+  else the batch dim of the first recurrent layer's `X` (axis 1 for layout 0, 0 for layout 1), else the
+  only symbolic dim every input and output has. A model whose every output does not have it runs one
+  request at a time (batching would mix requests).
+- **Padding**: where a recurrent layer's `X` and `sequence_lens` are both graph inputs, requests of different
+  sequence lengths are zero-padded to the longest along the `X` sequence dim (their own `sequence_lens`
+  mask the padding) and outputs with that dim are cut back. `padding_is_exact` checks this on the model at
+  start: a model whose outputs change under padding runs different lengths separately.
+- **State pairs** (streaming): an input `NAME_in` goes with the output `NAME_out` when both have the same
+  dtype and shape (case-insensitive suffixes `_in`/`_out`); `--state MODEL:INPUT=OUTPUT` replaces this rule
+  for a model. The stored output of one request is the input of the next request of the same sequence.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..errors import InputError
+from ..runtime import Module
+from .protocol import NUMPY_TO_V2, ProtocolError
+
+_BATCH_NAME = re.compile(r"^(n|b|bs|batch.*|.*_batch|.*batch_size|num_seq.*)$", re.IGNORECASE)
+
+
+class InputChecker(Module):
+    """The runtime's own input checks (`Module.check_inputs`) from the metadata alone, without a VM:
+    with process isolation the VM lives in the worker process."""
+
+    def __init__(self, metadata: dict):  # noqa: super().__init__ would build a VM
+        self.metadata = metadata
+
+
+@dataclass
+class Plan:
+    """How a merged batch splits back: each request's rows and, when padded, its own padded-dim length."""
+
+    rows: list[int]
+    lengths: list[int | None]
+
+
+@dataclass
+class Signature:
+    name: str
+    metadata: dict
+    batch_dim: str | None = None
+    batchable: bool = False
+    why_not_batchable: str = ""
+    axes: dict[str, dict[str, int]] = field(default_factory=dict)  # dim name -> {tensor name: axis}
+    pad_dim: str | None = None
+    state_pairs: list[tuple[str, str]] = field(default_factory=list)
+    checker: InputChecker | None = None
+
+    @property
+    def inputs(self) -> list[dict]:
+        return self.metadata["inputs"]
+
+    @property
+    def outputs(self) -> list[dict]:
+        return self.metadata["outputs"]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i["name"] for i in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o["name"] for o in self.outputs]
+
+    # -- v2 ---------------------------------------------------------------------------------------
+    def v2_metadata(self) -> dict:
+        def tensor(t):
+            return {"name": t["name"], "datatype": NUMPY_TO_V2.get(t["dtype"], t["dtype"].upper()),
+                    "shape": [d if isinstance(d, int) else -1 for d in t["shape"]]}
+
+        return {"name": self.name, "versions": ["1"], "platform": f"tvmrnn_{self.metadata.get('target_kind', 'llvm')}",
+                "inputs": [tensor(t) for t in self.inputs], "outputs": [tensor(t) for t in self.outputs]}
+
+    # -- checks -----------------------------------------------------------------------------------
+    def check(self, feeds: dict[str, np.ndarray], datatypes: dict[str, str] | None = None) -> None:
+        """Raise ProtocolError (400) naming what is wrong: names, v2 datatypes, shapes, empty dims, sequence_lens."""
+        by_name = {t["name"]: t for t in self.inputs}
+        for name, arr in feeds.items():
+            info = by_name.get(name)
+            if info is None:
+                raise ProtocolError(f"unknown input {name!r}; model {self.name!r} has inputs {self.input_names}")
+            want = NUMPY_TO_V2.get(info["dtype"], info["dtype"])
+            got = (datatypes or {}).get(name) or NUMPY_TO_V2.get(str(arr.dtype), str(arr.dtype))
+            if got != want:
+                raise ProtocolError(f"input {name!r} has datatype {got}; model {self.name!r} expects {want}")
+            if arr.ndim == len(info["shape"]) and 0 in arr.shape:
+                raise ProtocolError(f"input {name!r} has shape {list(arr.shape)} with an empty dimension; every dimension must be at least 1")
+        try:
+            self.checker.check_inputs(feeds)
+        except InputError as err:
+            msg = str(err)
+            missing = [s for s, _ in self.state_pairs if s not in feeds]
+            if missing and msg.startswith("missing input"):
+                msg += f" (state inputs {missing} are filled by the server for requests with a sequence_id parameter)"
+            raise ProtocolError(msg) from None
+
+    def rows(self, feeds: dict[str, np.ndarray]) -> int:
+        """The request's batch size (1 for a model that does not batch)."""
+        if not self.batchable:
+            return 1
+        for n, ax in self.axes[self.batch_dim].items():
+            if n in feeds:
+                return int(feeds[n].shape[ax])
+        return 1
+
+    def dim_sizes(self, feeds: dict[str, np.ndarray]) -> dict[str, int]:
+        """Symbolic dim name -> size, as the given inputs set them."""
+        sizes = {}
+        for info in self.inputs:
+            if info["name"] in feeds:
+                for d, n in zip(info["shape"], feeds[info["name"]].shape):
+                    if isinstance(d, str):
+                        sizes.setdefault(d, int(n))
+        return sizes
+
+    def zero_state(self, name: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        """Zeros for state input `name`, its symbolic dims sized from the other inputs of the request."""
+        info = next(t for t in self.inputs if t["name"] == name)
+        sizes = self.dim_sizes(feeds)
+        unknown = [d for d in info["shape"] if isinstance(d, str) and d not in sizes]
+        if unknown:
+            raise ProtocolError(f"cannot size the initial state {name!r} {info['shape']}: no other input sets {unknown}; send {name!r} with sequence_start")
+        return np.zeros([d if isinstance(d, int) else sizes[d] for d in info["shape"]], info["dtype"])
+
+    # -- batching ---------------------------------------------------------------------------------
+    def group_key(self, feeds: dict[str, np.ndarray]):
+        """Requests with equal keys can run in one batch: equal shapes off the batch (and padded) axes,
+        and byte-equal inputs that have no batch axis."""
+        if not self.batchable:
+            return object()  # unique: runs alone
+        key = []
+        batch_axes = self.axes[self.batch_dim]
+        pad_axes = self.axes.get(self.pad_dim, {}) if self.pad_dim else {}
+        for name in self.input_names:
+            arr = feeds[name]
+            if name not in batch_axes:
+                key.append((name, arr.shape, arr.tobytes()))
+                continue
+            key.append((name, tuple(None if ax in (batch_axes[name], pad_axes.get(name)) else n for ax, n in enumerate(arr.shape))))
+        return tuple(key)
+
+    def merge(self, requests: list[dict[str, np.ndarray]]) -> tuple[list[np.ndarray], Plan]:
+        """One batch in the model's input order, and the plan to split its outputs back."""
+        if len(requests) == 1:
+            return [requests[0][n] for n in self.input_names], Plan([self.rows(requests[0])], [None])
+        batch_axes = self.axes[self.batch_dim]
+        pad_axes = self.axes.get(self.pad_dim, {}) if self.pad_dim else {}
+        lengths: list[int | None] = [None] * len(requests)
+        if pad_axes:
+            x, ax = next((n, a) for n, a in pad_axes.items() if n in self.input_names)
+            lengths = [int(r[x].shape[ax]) for r in requests]
+        longest = max((n for n in lengths if n is not None), default=None)
+        merged = []
+        for name in self.input_names:
+            if name not in batch_axes:
+                merged.append(requests[0][name])
+                continue
+            parts = [r[name] for r in requests]
+            if name in pad_axes and longest is not None:
+                ax = pad_axes[name]
+                parts = [p if p.shape[ax] == longest else
+                         np.pad(p, [(0, longest - p.shape[ax]) if a == ax else (0, 0) for a in range(p.ndim)]) for p in parts]
+            merged.append(np.concatenate(parts, axis=batch_axes[name]))
+        return merged, Plan([self.rows(r) for r in requests], lengths)
+
+    def split(self, outputs: list[np.ndarray], plan: Plan) -> list[dict[str, np.ndarray]]:
+        """Per-request output dicts from a batch's outputs (in the model's output order)."""
+        named = dict(zip(self.output_names, outputs))
+        if len(plan.rows) == 1:
+            return [named]
+        batch_axes = self.axes[self.batch_dim]
+        pad_axes = self.axes.get(self.pad_dim, {}) if self.pad_dim else {}
+        result, start = [], 0
+        for rows, length in zip(plan.rows, plan.lengths):
+            mine = {}
+            for name, arr in named.items():
+                index = [slice(None)] * arr.ndim
+                index[batch_axes[name]] = slice(start, start + rows)
+                if length is not None and name in pad_axes:
+                    index[pad_axes[name]] = slice(0, length)
+                mine[name] = np.ascontiguousarray(arr[tuple(index)])
+            result.append(mine)
+            start += rows
+        return result
+
+
+def _axes_by_dim(metadata: dict) -> dict[str, dict[str, int]]:
+    """dim name -> {tensor: axis}; a name used twice in one tensor maps to -1 there (not usable)."""
+    axes: dict[str, dict[str, int]] = {}
+    for t in metadata["inputs"] + metadata["outputs"]:
+        for ax, d in enumerate(t["shape"]):
+            if isinstance(d, str):
+                axes.setdefault(d, {})[t["name"]] = -1 if t["name"] in axes.get(d, {}) else ax
+    return axes
+
+
+def _choose_batch_dim(metadata: dict, axes: dict) -> str | None:
+    everywhere = [d for d, where in axes.items()
+                  if all(t["name"] in where for t in metadata["inputs"] if t["shape"] and any(isinstance(x, str) for x in t["shape"]))
+                  and all(o["name"] in where for o in metadata["outputs"])]
+    named = [d for d in axes if _BATCH_NAME.match(d)]
+    for d in named:
+        if d in everywhere:
+            return d
+    for layer in metadata.get("layers", []):
+        x = layer.get("graph_inputs", {}).get("X")
+        info = next((t for t in metadata["inputs"] if t["name"] == x), None)
+        if info is not None and len(info["shape"]) == 3:
+            d = info["shape"][1 if layer.get("layout", 0) == 0 else 0]
+            if isinstance(d, str):
+                return d
+    if named:
+        return named[0]
+    return everywhere[0] if len(everywhere) == 1 else None
+
+
+def _state_pairs(metadata: dict, explicit: list[tuple[str, str]] | None) -> list[tuple[str, str]]:
+    ins = {t["name"]: t for t in metadata["inputs"]}
+    outs = {t["name"]: t for t in metadata["outputs"]}
+    if explicit is not None:
+        for i, o in explicit:
+            if i not in ins:
+                raise InputError(f"--state: {i!r} is not an input of model {metadata.get('source')!r}; inputs are {list(ins)}")
+            if o not in outs:
+                raise InputError(f"--state: {o!r} is not an output of model {metadata.get('source')!r}; outputs are {list(outs)}")
+            a, b = ins[i]["shape"], outs[o]["shape"]
+            if (ins[i]["dtype"] != outs[o]["dtype"] or len(a) != len(b)
+                    or any((isinstance(x, int) or isinstance(y, int)) and x != y for x, y in zip(a, b))):
+                raise InputError(f"--state {i}={o}: input {i!r} {ins[i]['dtype']} {a} and output {o!r} "
+                                 f"{outs[o]['dtype']} {b} differ in dtype or shape")
+        return list(explicit)
+    pairs = []
+    lower_outs = {n.lower(): n for n in outs}
+    for name, info in ins.items():
+        if not name.lower().endswith("_in"):
+            continue
+        out = lower_outs.get(name.lower()[:-3] + "_out")
+        if out and outs[out]["dtype"] == info["dtype"] and outs[out]["shape"] == info["shape"]:
+            pairs.append((name, out))
+    return pairs
+
+
+def build_signature(name: str, metadata: dict, state: list[tuple[str, str]] | None = None) -> Signature:
+    """Read batching, padding and state pairs from a module's metadata (see the module docstring)."""
+    axes = _axes_by_dim(metadata)
+    sig = Signature(name, metadata, axes=axes, state_pairs=_state_pairs(metadata, state), checker=InputChecker(metadata))
+    sig.batch_dim = _choose_batch_dim(metadata, axes)
+    if sig.batch_dim is None:
+        sig.why_not_batchable = "no symbolic batch dim shared by the inputs and outputs"
+    else:
+        where = axes[sig.batch_dim]
+        lacking = [o["name"] for o in metadata["outputs"] if where.get(o["name"], -1) < 0]
+        twice = [n for n, ax in where.items() if ax < 0]
+        if lacking:
+            sig.why_not_batchable = f"output(s) {lacking} have no {sig.batch_dim!r} dim"
+        elif twice:
+            sig.why_not_batchable = f"{twice} have {sig.batch_dim!r} twice"
+        else:
+            sig.batchable = True
+    if sig.batchable:
+        for layer in metadata.get("layers", []):
+            names = layer.get("graph_inputs", {})
+            x = next((t for t in metadata["inputs"] if t["name"] == names.get("X")), None)
+            if x is None or "sequence_lens" not in names or len(x["shape"]) != 3:
+                continue
+            d = x["shape"][0 if layer.get("layout", 0) == 0 else 1]
+            if isinstance(d, str) and d != sig.batch_dim and all(ax >= 0 for ax in axes[d].values()):
+                sig.pad_dim = d
+                break
+    return sig
+
+
+def padding_is_exact(sig: Signature, run: Callable[[list[np.ndarray]], list[np.ndarray]], seed: int = 0) -> bool:
+    """Run two rows padded to a longer length and alone; True when the outputs agree (so padding may be used)."""
+    from ..interface.run import random_inputs
+
+    if sig.pad_dim is None:
+        return False
+    short, long_ = 3, 5
+    feeds = random_inputs(sig.checker, {sig.batch_dim: 2, sig.pad_dim: short}, seed, {})
+    for layer in sig.metadata.get("layers", []):  # one row shorter than the padded length, one full
+        lens = layer.get("graph_inputs", {}).get("sequence_lens")
+        if lens in feeds:
+            feeds[lens] = feeds[lens].copy()
+            feeds[lens][-1] = short - 1
+    alone = run([feeds[n] for n in sig.input_names])
+    pad_axes = sig.axes[sig.pad_dim]
+    padded_in = []
+    for n in sig.input_names:
+        a = feeds[n]
+        if n in pad_axes:
+            ax = pad_axes[n]
+            a = np.pad(a, [(0, long_ - short) if i == ax else (0, 0) for i in range(a.ndim)])
+        padded_in.append(a)
+    padded = run(padded_in)
+    for name, a, p in zip(sig.output_names, alone, padded):
+        if name in pad_axes:
+            index = [slice(None)] * p.ndim
+            index[pad_axes[name]] = slice(0, short)
+            p = p[tuple(index)]
+        if a.shape != p.shape or not np.allclose(a, p, rtol=1e-4, atol=1e-5):
+            return False
+    return True
+
+
+def parse_state_option(values) -> dict[str, list[tuple[str, str]]]:
+    """`MODEL:INPUT=OUTPUT` strings -> {model: [(input, output), ...]}."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for v in values:
+        m = re.fullmatch(r"([^:]+):([^=]+)=(.+)", v)
+        if not m:
+            raise InputError(f"--state {v!r} is not MODEL:INPUT=OUTPUT")
+        out.setdefault(m.group(1), []).append((m.group(2), m.group(3)))
+    return out
+
