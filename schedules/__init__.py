@@ -21,9 +21,9 @@ from tvm.script.ir_builder import tirx as T
 
 KERNEL_CHOICES = ("auto", "stepwise", "persistent")
 # Batch up to which the persistent kernel beats the stepwise one. Measured on the H100
-# (benchmarks/results/2026-11-22-h100-fp32-run1.md): 1.5-1.6x faster at batch 1, even at 8,
-# 1.6x slower at 20. Tunable.
-PERSISTENT_MAX_BATCH = 32
+# (benchmarks/results/2026-11-22-h100-persistent-small-batch.md): 2-2.3x faster at batch 1,
+# 1.4x slower at batch 8. Tunable.
+PERSISTENT_MAX_BATCH = 4
 
 
 @dataclass(frozen=True)

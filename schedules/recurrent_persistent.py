@@ -38,7 +38,10 @@ SMEM_DEFAULT = 99 * 1024
 class PersistentConfig:
     blocks: int = 132
     warps: int = 8
-    batch_tile: int = 8  # batch rows of h staged in shared memory at a time
+    batch_tile: int = 1  # batch rows computed together (each weight read serves them all)
+    # stage the tile's rows of h in shared memory (one L2 read per block instead of per warp); measured
+    # on the H100 it costs more than it saves at batch 1 (6.8 vs 3.5 µs per step at H=1024): off by default
+    stage_h: bool = False
 
     def blocks_per_direction(self, spec: RNNLayerSpec) -> int:
         return max(1, min(self.blocks // spec.num_directions, spec.hidden_size))
@@ -48,7 +51,8 @@ class PersistentConfig:
 
     def smem_bytes(self, spec: RNNLayerSpec, cell: Cell) -> int:
         weight_bytes = 4 if spec.dtype == "float32" else 2
-        return (self.units_per_block(spec) * cell.gates * weight_bytes + self.batch_tile * 4) * spec.hidden_size
+        staged = self.batch_tile * 4 if self.stage_h else 0
+        return (self.units_per_block(spec) * cell.gates * weight_bytes + staged) * spec.hidden_size
 
 
 def default_config(spec: RNNLayerSpec, arch: str) -> PersistentConfig:
@@ -97,7 +101,7 @@ def persistent_body(a: KernelArgs, cfg: PersistentConfig):
                 tid = ty * i64(32) + lane
                 d, j0 = bx // i64(BPD), bx % i64(BPD) * i64(UPB)  # the block's direction and first unit
                 wsm = T.alloc_buffer((UPB, G, H), spec.dtype, scope="shared.dyn")
-                hs = T.alloc_buffer((NB, H), F32, scope="shared.dyn")
+                hs = T.alloc_buffer((NB, H), F32, scope="shared.dyn") if cfg.stage_h else None
 
                 def load_weights(e):
                     u, g, k = e // i64(G * H), e // i64(H) % i64(G), e % i64(H)
@@ -126,14 +130,18 @@ def persistent_body(a: KernelArgs, cfg: PersistentConfig):
                         with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
                             n0 = chunk * i64(NB)
 
-                            # only the rows that exist, float4 at a time, no index division
-                            for b in range(NB):
-                                with T.If(n0 + i64(b) < N):
-                                    with T.Then():
-                                        _stage_row(hs, operand, phase, cur, d, n0 + i64(b), b, H, threads, tid)
-                            _block_sync()
-                            _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, hs, d, j0, n0, V)
-                            _block_sync()  # hs is restaged by the next chunk
+                            if cfg.stage_h:  # only the rows that exist, float4 at a time, no index division
+                                for b in range(NB):
+                                    with T.If(n0 + i64(b) < N):
+                                        with T.Then():
+                                            _stage_row(hs, operand, phase, cur, d, n0 + i64(b), b, H, threads, tid)
+                                _block_sync()
+                                h_at = lambda _u, b, k: hs[i64(b), k]  # noqa: E731
+                            else:
+                                h_at = lambda _u, b, k, n0=n0: operand_at(operand, phase, cur, d, tirx.min(n0 + i64(b), N - 1), k)  # noqa: E731
+                            _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, h_at, d, j0, n0, V)
+                            if cfg.stage_h:
+                                _block_sync()  # hs is restaged by the next chunk
                         _grid_sync()
 
                 def final_state(e):
@@ -155,7 +163,7 @@ def _stage_row(hs, operand, phase, cur, d, n, b, H, threads, tid):
                     T.buffer_store(hs, operand_at(operand, phase, cur, d, n, k0 + v), [i64(b), k0 + v])
 
 
-def _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, hs, d, j0, n0, V):
+def _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, h_at, d, j0, n0, V):
     """Each warp: all gates of its units for the staged batch rows, then the gate program per (unit, row)."""
     H, N, W, NB, UPB = a.spec.hidden_size, a.batch, cfg.warps, cfg.batch_tile, cfg.units_per_block(a.spec)
     for slot in range(-(-UPB // W)):
@@ -170,6 +178,5 @@ def _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm,
                         with T.Then():
                             epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec)
 
-                warp_gates(lane, H, phase.gates, 1, NB, V, h_at=lambda _u, b, k: hs[i64(b), k],
-                           w_at=lambda _u, g, k, u=u: wsm[u, i64(g), k], finish=finish,
-                           row_valid=lambda b: n0 + i64(b) < N, dtype=a.spec.dtype)
+                warp_gates(lane, H, phase.gates, 1, NB, V, h_at=h_at, w_at=lambda _u, g, k, u=u: wsm[u, i64(g), k],
+                           finish=finish, row_valid=(lambda b: n0 + i64(b) < N) if NB > 1 else None, dtype=a.spec.dtype)

@@ -24,7 +24,7 @@ import zlib
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -38,6 +38,11 @@ from .sequences import SequenceStore, sequence_params
 
 log = logging.getLogger("tvmrnn.serve")
 VERSION = "1"
+_OFFLOAD_BYTES = 256 * 1024  # decode/encode bodies larger than this in a thread, not on the event loop
+
+
+async def _off_loop(size: int, fn, *args):
+    return await asyncio.to_thread(fn, *args) if size > _OFFLOAD_BYTES else fn(*args)
 
 
 def _error(status: int, message: str) -> Response:
@@ -149,7 +154,8 @@ class Service:
         headers, status = {}, 200
         try:
             served = self.model(request)
-            req = parse_infer_request(await self.body(request), request.headers.get(HEADER_LENGTH))
+            body = await self.body(request)
+            req = await _off_loop(len(body), parse_infer_request, body, request.headers.get(HEADER_LENGTH))
             fields["id"] = req.id
             sid, seq_start, seq_end = sequence_params(req.parameters)
             sig = served.signature
@@ -163,11 +169,16 @@ class Service:
             else:
                 fields["sequence_id"] = sid
                 outputs = await self._infer_in_sequence(served, req, sid, seq_start, seq_end)
-            body, headers = encode_infer_response(name, VERSION, req.id, outputs, req.outputs, req.binary_data_output)
+            size = sum(a.nbytes for a in outputs.values())
+            body, headers = await _off_loop(size, encode_infer_response, name, VERSION, req.id, outputs,
+                                            req.outputs, req.binary_data_output)
         except ProtocolError as err:
             status, body = err.status, error_body(str(err))
             headers = {"content-type": "application/json"}
             fields["error"] = str(err)
+        except ClientDisconnect:
+            status, body, headers = 499, b"", {}  # nobody is left to read it (nginx's code for this)
+            fields["error"] = "the client disconnected while sending the request"
         except Exception as err:  # noqa: BLE001 - a 500 for this request, the server goes on
             log.exception("infer failed", extra={"fields": fields})
             status, body = 500, error_body(f"internal error: {type(err).__name__}: {err}")
