@@ -48,6 +48,7 @@ def parse_args():
     p.add_argument("--max-delay-ms", type=float, default=5.0)
     p.add_argument("--frames", type=int, default=50, help="time steps of one kws_gru utterance")
     p.add_argument("--chunk", type=int, default=10, help="time steps of one streaming chunk")
+    p.add_argument("--threads", type=int, default=None, help="TVM CPU threads per model worker (default: TVM's)")
     p.add_argument("--isolation", default="process", choices=["process", "thread"])
     p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
     return p.parse_args()
@@ -167,7 +168,7 @@ def start_server(paths: list[str], args) -> tuple[subprocess.Popen, str]:
     code = ("import sys; from tvmrnn.interface.serve import ServeArgs, serve_command; "
             f"serve_command(ServeArgs(tuple(sys.argv[1:]), port=0, max_batch_size={args.max_batch_size}, "
             f"max_delay_ms={args.max_delay_ms}, max_sequences={max(1024, args.concurrency)}, isolation={args.isolation!r}, "
-            "log_level='warning'))")
+            f"threads={args.threads}, log_level='warning'))")
     proc = subprocess.Popen([sys.executable, "-c", code, *paths], stdout=subprocess.PIPE, text=True, cwd=REPO)
     for line in proc.stdout:
         m = re.search(r"on (http://[\d.]+:\d+)/v2", line)
@@ -248,7 +249,7 @@ def main():
         proc.wait(60)
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "tvmrnn": tvmrnn.__version__,
            "python": platform.python_version(), "host": platform.node(), "cores": os.cpu_count(), "target": "llvm",
-           "max_batch_size": args.max_batch_size, "max_delay_ms": args.max_delay_ms, "isolation": args.isolation,
+           "max_batch_size": args.max_batch_size, "max_delay_ms": args.max_delay_ms, "isolation": args.isolation, "tvm_threads": args.threads or "default",
            "kws_frames": args.frames, "stream_chunk": args.chunk, "transport": "HTTP/1.1 loopback, binary tensors, aiohttp client"}
     command = "python benchmarks/load_test.py " + " ".join(sys.argv[1:])
     write(args.out, results, env, command)

@@ -37,6 +37,24 @@ def _arch(target) -> str:
     return str(target.attrs.get("arch", "sm_90a")) if target.attrs is not None else "sm_90a"
 
 
+# Stepwise batch tiles by batch size: each weight read serves `batch_tile` rows, so large batches
+# want wide tiles (R is read ceil(N / tile) times per step), small ones narrow (no wasted rows).
+STEPWISE_TILES = ((8, 8), (None, 16))  # (up to this batch, tile); None: any larger batch
+
+
+def _dispatch(a, branches):
+    """Emit `if batch <= b0: f0 elif batch <= b1: f1 ... else: fn` over (max_batch, emit) pairs."""
+    (limit, emit), rest = branches[0], branches[1:]
+    if limit is None or not rest:
+        emit(a)
+        return
+    with T.If(a.batch <= tirx.IntImm("int64", limit)):
+        with T.Then():
+            emit(a)
+        with T.Else():
+            _dispatch(a, rest)
+
+
 def _cuda_kernel(spec, cell, target, choice: str):
     from . import recurrent_cuda as stepwise
     from . import recurrent_persistent as persistent
@@ -48,20 +66,16 @@ def _cuda_kernel(spec, cell, target, choice: str):
 
         raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel 'persistent' needs R on chip, and hidden size "
                                     f"{spec.hidden_size} x {spec.num_directions} direction(s) does not fit on {arch}; use auto or stepwise")
-    if choice == "stepwise" or not fits:
-        return stepwise.recurrent_kernel_cuda(spec, cell), "cuda-stepwise"
     pcfg = persistent.default_config(spec, arch)
     if choice == "persistent":
         return persistent.recurrent_kernel_persistent(spec, cell, pcfg), "cuda-persistent"
-
-    def body(a):
-        with T.If(a.batch <= tirx.IntImm("int64", PERSISTENT_MAX_BATCH)):
-            with T.Then():
-                persistent.persistent_body(a, pcfg)
-            with T.Else():
-                stepwise.stepwise_body(a, stepwise.StepwiseConfig())
-
-    return stepwise.cuda_prim_func(spec, cell, body), f"cuda-persistent(batch<={PERSISTENT_MAX_BATCH})|stepwise"
+    branches = [(limit, lambda a, t=tile: stepwise.stepwise_body(a, stepwise.StepwiseConfig(batch_tile=t)))
+                for limit, tile in STEPWISE_TILES]
+    name = "cuda-stepwise"
+    if choice == "auto" and fits:
+        branches.insert(0, (PERSISTENT_MAX_BATCH, lambda a: persistent.persistent_body(a, pcfg)))
+        name = f"cuda-persistent(batch<={PERSISTENT_MAX_BATCH})|stepwise"
+    return stepwise.cuda_prim_func(spec, cell, lambda a: _dispatch(a, branches)), name
 
 
 def recurrent_kernel(spec, cell, target, choice: str = "auto") -> RecurrentKernel:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging.config
+import sys
 from dataclasses import dataclass, field
 
 from ..errors import InputError
@@ -23,6 +24,7 @@ class ServeArgs:
     device: str | None = None
     log_level: str = "info"
     graceful_timeout_s: float = 30.0
+    threads: int | None = None  # TVM CPU threads per model worker
     state_pairs: dict = field(default_factory=dict)  # resolved from `state`
 
     def show(self) -> str:
@@ -38,6 +40,10 @@ def resolve(args: ServeArgs) -> ServeArgs:
                             ("--sequence-idle-s", args.sequence_idle_s, 0.001), ("--max-sequences", args.max_sequences, 1)):
         if value < low:
             raise InputError(f"{opt} is {value}; it must be at least {low}")
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"--threads is {args.threads}; it must be at least 1")
+    if args.isolation not in ("process", "thread"):
+        raise InputError(f"--isolation is {args.isolation!r}; one of ('process', 'thread')")
     if args.port > 65535:
         raise InputError(f"--port is {args.port}; it must be at most 65535")
     args.state_pairs = parse_state_option(args.state)
@@ -52,13 +58,15 @@ def serve_command(args: ServeArgs, echo=print) -> None:
     args = resolve(args)
     echo(f"tvmrnn serve\n{args.show()}")
     logging.config.dictConfig(logging_config(args.log_level))
-    config = ServeConfig(args.max_batch_size, args.max_delay_ms, args.max_request_bytes, args.sequence_idle_s,
-                         args.max_sequences, args.isolation, args.device, args.state_pairs, args.graceful_timeout_s)
+    config = ServeConfig(max_batch_size=args.max_batch_size, max_delay_ms=args.max_delay_ms, max_request_bytes=args.max_request_bytes,
+                         sequence_idle_s=args.sequence_idle_s, max_sequences=args.max_sequences, isolation=args.isolation,
+                         device=args.device, state=args.state_pairs, threads=args.threads, graceful_timeout_s=args.graceful_timeout_s)
     try:
         sock = bind(args.host, args.port)
     except OSError as err:
         raise InputError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
     port = sock.getsockname()[1]
     models = load_models(list(args.modules), config)
-    echo(f"serving {sorted(models)} on http://{args.host}:{port}/v2 (metrics at /metrics)", flush=True)
+    echo(f"serving {sorted(models)} on http://{args.host}:{port}/v2 (metrics at /metrics)")
+    sys.stdout.flush()
     serve_forever(create_app(models, config), sock, args.graceful_timeout_s, args.log_level)

@@ -15,4 +15,5 @@ class ServeConfig:
     isolation: str = "process"  # "process": each model runs in a worker process; "thread": in the server process
     device: str | None = None  # None: the module's own target (cuda or cpu)
     state: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # model -> [(state input, state output)]
+    threads: int | None = None  # TVM CPU threads per model worker (TVM_NUM_THREADS; process isolation); None: TVM's default
     graceful_timeout_s: float = 30.0  # on SIGTERM/SIGINT, how long in-flight requests get to finish

@@ -49,7 +49,7 @@ def load_models(paths, config: ServeConfig) -> dict[str, "ServedModel"]:
     runners = {}
     try:
         for name, path in zip(names, paths):
-            runners[name] = make_runner(os.path.abspath(path), config.isolation, config.device, name)
+            runners[name] = make_runner(os.path.abspath(path), config.isolation, config.device, name, config.threads)
         models = {}
         for name, path in zip(names, paths):
             runner = runners[name]

@@ -92,8 +92,8 @@ class ProcessRunner:
     """Runs the module in a worker process (`python -m tvmrnn.serve.workers`, talking over a socket pair);
     restarts it when it dies. A plain subprocess, not multiprocessing: nothing re-imports the caller's script."""
 
-    def __init__(self, path: str, device: str | None = None, name: str = "model"):
-        self.path, self.device, self.name = path, device, name
+    def __init__(self, path: str, device: str | None = None, name: str = "model", threads: int | None = None):
+        self.path, self.device, self.name, self.threads = path, device, name, threads
         self._lock = threading.Lock()
         self.restarts = 0
         self.metadata: dict | None = None
@@ -103,6 +103,8 @@ class ProcessRunner:
         ours, theirs = socket.socketpair()
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
+        if self.threads:
+            env["TVM_NUM_THREADS"] = str(self.threads)  # TVM's CPU thread pool of this worker
         self._proc = subprocess.Popen([sys.executable, "-m", "tvmrnn.serve.workers", str(theirs.fileno()), self.path, self.device or ""],
                                       pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
         theirs.close()
@@ -165,9 +167,9 @@ class ProcessRunner:
             self._conn.close()
 
 
-def make_runner(path: str, isolation: str, device: str | None, name: str):
+def make_runner(path: str, isolation: str, device: str | None, name: str, threads: int | None = None):
     if isolation == "process":
-        return ProcessRunner(path, device, name)
+        return ProcessRunner(path, device, name, threads)
     if isolation == "thread":
         return InProcessRunner(path, device)
     raise InputError(f"isolation {isolation!r} is not one of ('process', 'thread')")
