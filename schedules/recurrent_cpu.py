@@ -18,7 +18,8 @@ from tvmrnn.layer import RNNLayerSpec
 from .recurrent_common import KernelArgs, i64, recurrent_prim_func, unit_padding, unit_step
 
 F32 = "float32"
-TRANSPOSED_R = True  # the inner loop runs along units: R^T rows are contiguous there
+TRANSPOSED_R = True
+ROW_TILE = 4  # the inner loop runs along units: R^T rows are contiguous there
 
 
 def chunk_size(hidden: int, widest: int = 32) -> int:
@@ -32,7 +33,6 @@ def chunk_size(hidden: int, widest: int = 32) -> int:
 def recurrent_kernel_cpu(spec: RNNLayerSpec, cell: Cell, chunk: int | None = None) -> tirx.PrimFunc:
     H, D = spec.hidden_size, spec.num_directions
     JC = chunk or chunk_size(H)
-    chunks = H // JC
 
     def body(a):
         n_ = a.batch
@@ -47,24 +47,27 @@ def recurrent_kernel_cpu(spec: RNNLayerSpec, cell: Cell, chunk: int | None = Non
                 if a.Yc is not None:
                     T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j))
 
-        with T.serial(0, a.seq) as s:
-            cur, nxt = s % 2, (s + 1) % 2
-            for pi, phase in enumerate(cell.phases):
-                last = pi == len(cell.phases) - 1
-                operand = hbuf if phase.operand == "h" else scratch[phase.operand]
-                with T.parallel(0, i64(D * chunks) * n_) as item:
-                    d = item // (n_ * chunks)
-                    n = item // chunks % n_
-                    j0 = item % chunks * JC
-                    valid = s < a.length(n)
-                    with T.If(valid):
-                        with T.Then():
-                            t = a.time_index(d, n, s)
-                            _phase_chunk(a, phase, last, operand, hbuf, scratch, cur, nxt, d, n, t, j0, JC)
-                        if last:
-                            with T.Else():  # padding: Y is zero there, the state carries over
-                                with T.serial(0, i64(JC)) as jj:
-                                    unit_padding(a, hbuf, cur, nxt, d, n, s, j0 + jj)
+        def steps(rows, jc):
+            chunks = H // jc
+            with T.serial(0, a.seq) as s:
+                cur, nxt = s % 2, (s + 1) % 2
+                for pi, phase in enumerate(cell.phases):
+                    last = pi == len(cell.phases) - 1
+                    operand = hbuf if phase.operand == "h" else scratch[phase.operand]
+                    tiles = tirx.ceildiv(n_, i64(rows))
+                    with T.parallel(0, i64(D * chunks) * tiles) as item:
+                        d = item // (tiles * chunks)
+                        n0 = item // chunks % tiles * i64(rows)
+                        j0 = item % chunks * jc
+                        _phase_tile(a, phase, last, operand, hbuf, scratch, s, cur, nxt, d, n0, rows, j0, jc)
+
+        # Each R^T load serves `rows` batch rows: one row at batch < ROW_TILE (no wasted arithmetic),
+        # ROW_TILE rows above (R^T traffic / ROW_TILE; it dominates at batch 20 and H=800).
+        with T.If(n_ < i64(ROW_TILE)):
+            with T.Then():
+                steps(1, JC)
+            with T.Else():
+                steps(ROW_TILE, chunk_size(H, 16))
 
         with T.parallel(0, i64(D) * n_) as dn:
             d, n = dn // n_, dn % n_
@@ -75,18 +78,33 @@ def recurrent_kernel_cpu(spec: RNNLayerSpec, cell: Cell, chunk: int | None = Non
     return recurrent_prim_func(spec, cell, TRANSPOSED_R, body)
 
 
-def _phase_chunk(a: KernelArgs, phase, last, operand, hbuf, scratch, cur, nxt, d, n, t, j0, JC):
-    H = a.spec.hidden_size
-    ops = operand if phase.operand != "h" else None
+def _phase_tile(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, d, n0, rows, j0, JC):
+    """Gates of units j0..j0+JC for batch rows n0..n0+rows, then each valid row's gate program (or padding)."""
+    H, N = a.spec.hidden_size, a.batch
     gp = len(phase.gates)
-    acc = T.alloc_buffer((gp, JC), F32, scope="local")
-    with T.serial(0, i64(gp)) as gi:
-        with T.vectorized(0, i64(JC)) as jj:
-            T.buffer_store(acc, tirx.const(0.0, F32), [gi, jj])
-    with T.serial(0, i64(H)) as k:
-        hk = operand[cur, d, n, k] if ops is None else ops[d, n, k]
-        for gi, g in enumerate(phase.gates):
+    acc = T.alloc_buffer((rows, gp, JC), F32, scope="local")
+    for r in range(rows):
+        for gi in range(gp):
             with T.vectorized(0, i64(JC)) as jj:
-                T.buffer_store(acc, acc[i64(gi), jj] + a.RT[d, k, i64(g * H) + j0 + jj] * hk, [i64(gi), jj])
-    with T.serial(0, i64(JC)) as jj:
-        unit_step(a, phase, hbuf, scratch, cur, nxt, d, n, t, j0 + jj, lambda gi: acc[i64(gi), jj])
+                T.buffer_store(acc, tirx.const(0.0, F32), [i64(r), i64(gi), jj])
+    with T.serial(0, i64(H)) as k:
+        for r in range(rows):
+            n = tirx.min(n0 + i64(r), N - 1)  # rows past the batch compute a copy, never stored
+            hk = operand[cur, d, n, k] if phase.operand == "h" else operand[d, n, k]
+            for gi, g in enumerate(phase.gates):
+                with T.vectorized(0, i64(JC)) as jj:
+                    idx = [i64(r), i64(gi), jj]
+                    T.buffer_store(acc, acc[tuple(idx)] + a.RT[d, k, i64(g * H) + j0 + jj] * hk, idx)
+    for r in range(rows):
+        n = n0 + i64(r)
+        with T.If(n < N):
+            with T.Then():
+                with T.If(s < a.length(n)):
+                    with T.Then():
+                        t = a.time_index(d, n, s)
+                        with T.serial(0, i64(JC)) as jj:
+                            unit_step(a, phase, hbuf, scratch, cur, nxt, d, n, t, j0 + jj, lambda gi, r=r: acc[i64(r), i64(gi), jj])
+                    if last:
+                        with T.Else():  # padding: Y is zero there, the state carries over
+                            with T.serial(0, i64(JC)) as jj:
+                                unit_padding(a, hbuf, cur, nxt, d, n, s, j0 + jj)
