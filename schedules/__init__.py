@@ -39,7 +39,9 @@ def _arch(target) -> str:
 
 # Stepwise batch tiles by batch size: each weight read serves `batch_tile` rows, so large batches
 # want wide tiles (R is read ceil(N / tile) times per step), small ones narrow (no wasted rows).
-STEPWISE_TILES = ((8, 8), (None, 16))  # (up to this batch, tile); None: any larger batch
+# Measured on the H100 (benchmarks/results/2026-11-22-h100-stepwise-tile16.md): a 16-row tile with
+# skipped rows was 1.4-1.9x slower than 8 rows at batch 8 to 64, so one tile serves all batches for now.
+STEPWISE_TILES = ((None, 8),)  # (up to this batch, tile); None: any larger batch
 
 
 def _dispatch(a, branches):
