@@ -107,3 +107,17 @@ def test_load_errors(tmp_path):
     (tmp_path / "m.json").write_text('{"format": "other"}')
     with pytest.raises(tvmrnn.InputError, match="not tvmrnn module metadata"):
         tvmrnn.load(tmp_path / "m.so")
+
+
+def test_out_of_range_token_id_is_refused():
+    """The zoo's LSTM language model indexes an embedding of 1000 rows with its 'tokens' input."""
+    import os
+
+    module = tvmrnn.compile(os.path.join(os.path.dirname(__file__), "..", "models", "lstm_lm.onnx"), target="llvm")
+    assert module.metadata["index_bounds"] == {"tokens": 1000}
+    tokens = np.zeros((5, 2), np.int64)
+    tokens[3, 1] = 1000
+    with pytest.raises(tvmrnn.InputError, match=r"'tokens' has 1000 at flat position 7.*\[-1000, 999\]"):
+        module.run({"tokens": tokens})
+    tokens[3, 1] = 999
+    assert module.run({"tokens": tokens})["probs"].shape[-1] == 1000

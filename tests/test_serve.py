@@ -379,8 +379,8 @@ BAD = [  # (id, method, path, body (dict: JSON; bytes: raw), headers, status, wo
     ("integer out of range", "POST", "/v2/models/rnn_forecast/infer",
      {"inputs": [{"name": "series", "shape": [2, 1, 8], "datatype": "FP32", "data": [0.0] * 16},
                  {"name": "lengths", "shape": [1], "datatype": "INT32", "data": [2**40]}]}, {}, 400, ["range of INT32"]),
-    ("token id beyond the vocabulary crashes the model", "POST", "/v2/models/lstm_lm/infer",
-     {"inputs": [{"name": "tokens", "shape": [2, 1], "datatype": "INT64", "data": [10**9, -7]}]}, {}, 400, ["crashed", "run alone"]),
+    ("token id beyond the vocabulary", "POST", "/v2/models/lstm_lm/infer",
+     {"inputs": [{"name": "tokens", "shape": [2, 1], "datatype": "INT64", "data": [10**9, -7]}]}, {}, 400, ["'tokens'", "[-1000, 999]"]),
 ]
 
 
@@ -405,8 +405,7 @@ def test_bad_request_gets_a_v2_error_and_the_next_request_succeeds(client, refer
         assert 'tvmrnn_request_errors_total{model="",status="404"}' in client.get("/metrics").text
 
 
-def test_crash_metrics(client):
-    assert metric(client, "tvmrnn_worker_restarts_total", "lstm_lm") >= 1
+def test_error_metrics(client):
     text = client.get("/metrics").text
     assert 'tvmrnn_request_errors_total{model="kws_gru",status="400"}' in text
     assert 'tvmrnn_requests_total{model="kws_gru",status="200"}' in text

@@ -135,6 +135,7 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None):
         "inputs": [i.as_dict() for i in imported.inputs],
         "outputs": [o.as_dict() for o in imported.outputs],
         "layers": [_layer_dict(s, imported) for s in imported.layers],
+        "index_bounds": imported.index_bounds,
     }
     if target.kind.name == "cuda" and not gpu_present():
         return _ExportOnly(executable, metadata)

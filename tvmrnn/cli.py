@@ -97,5 +97,32 @@ def bench_cmd(cpu, rows, repeats, kernels, dtypes, out_dir):
     bench_command(BenchArgs("cpu" if cpu else "gpu", tuple(rows), repeats, out_dir, tuple(kernels), tuple(dtypes)))
 
 
+@main.command("serve")
+@click.argument("modules", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True, help="the address to listen on (0.0.0.0: every interface)")
+@click.option("--port", default=8000, show_default=True, help="the TCP port (0: a free one, printed at start)")
+@click.option("--max-batch-size", default=32, show_default=True, help="rows (batch-dim entries) per batch, requests of one model together")
+@click.option("--max-delay-ms", default=5.0, show_default=True, help="how long the oldest queued request waits for others to join its batch")
+@click.option("--max-request-bytes", default=64 * 2**20, show_default=True, help="larger request bodies (decompressed too) get 413")
+@click.option("--sequence-idle-s", default=60.0, show_default=True, help="a streaming sequence idle for longer is dropped")
+@click.option("--max-sequences", default=1024, show_default=True, help="live streaming sequences, all models together; more get 429")
+@click.option("--state", "state", multiple=True, metavar="MODEL:INPUT=OUTPUT",
+              help="a recurrent state pair of MODEL, replacing the NAME_in/NAME_out rule for it (repeatable)")
+@click.option("--isolation", default="process", show_default=True, type=click.Choice(["process", "thread"]),
+              help="process: each model runs in a worker process restarted if an input crashes it; thread: in the server")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="TVM CPU threads per model worker (default: TVM's)")
+@click.option("--device", default=None, type=click.Choice(["cpu", "cuda"]), help="run on this device (default: the module's target)")
+@click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--graceful-timeout-s", default=30.0, show_default=True, help="on SIGTERM/SIGINT, how long in-flight requests get to finish")
+@_fail_cleanly
+def serve_cmd(modules, host, port, max_batch_size, max_delay_ms, max_request_bytes, sequence_idle_s, max_sequences, state,
+              isolation, threads, device, log_level, graceful_timeout_s):
+    """Serve compiled MODULES (.so) over HTTP: the KServe/Triton v2 protocol, dynamic batching, streaming state, /metrics."""
+    from .interface.serve import ServeArgs, serve_command
+
+    serve_command(ServeArgs(tuple(modules), host, port, max_batch_size, max_delay_ms, max_request_bytes, sequence_idle_s,
+                            max_sequences, tuple(state), isolation, device, log_level, graceful_timeout_s, threads=threads))
+
+
 if __name__ == "__main__":
     main()

@@ -77,7 +77,17 @@ class Module:
                     dims.setdefault(want, (got, f"input {name!r}"))
             arrays.append(arr)
         self._check_sequence_lens(dict(zip(self.input_names, arrays)))
+        self._check_indices(dict(zip(self.input_names, arrays)))
         return arrays
+
+    def _check_indices(self, feeds):
+        """Indices into constant tables (token ids into an embedding) must be in range: ONNX's rule, and TVM would read past the table."""
+        for name, size in self.metadata.get("index_bounds", {}).items():
+            idx = feeds[name]
+            bad = np.flatnonzero((idx < -size) | (idx >= size))
+            if bad.size:
+                raise InputError(f"input {name!r} has {int(idx.flat[bad[0]])} at flat position {int(bad[0])}; "
+                                 f"it indexes a table of {size} rows, so values must be in [-{size}, {size - 1}]")
 
     def _check_sequence_lens(self, feeds):
         """ONNX Runtime refuses lengths outside [1, seq]; so do we, instead of computing something else."""

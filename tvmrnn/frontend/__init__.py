@@ -40,6 +40,7 @@ class ImportedModel:
     opset: int = 0
     graph_inputs: dict = field(default_factory=dict)
     kernels: dict = field(default_factory=dict)
+    index_bounds: dict = field(default_factory=dict)
 
 
 def load_onnx(model) -> onnx.ModelProto:
@@ -86,6 +87,23 @@ def _value_info(v: onnx.ValueInfoProto) -> TensorInfo:
     return TensorInfo(v.name, _ONNX_DTYPES.get(t.elem_type, onnx.TensorProto.DataType.Name(t.elem_type).lower()), dims)
 
 
+def index_bounds(model: onnx.ModelProto) -> dict:
+    """Graph inputs used as Gather indices into a constant table (embeddings): input name -> table size.
+
+    TVM's take reads out of bounds for a bad index (it can crash the process), so the runtime
+    checks these inputs before a run.
+    """
+    consts = {i.name: list(i.dims) for i in model.graph.initializer}
+    inputs = {i.name for i in model.graph.input} - set(consts)
+    bounds = {}
+    for node in model.graph.node:
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in consts and node.input[1] in inputs:
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            size = consts[node.input[0]][axis]
+            bounds[node.input[1]] = min(size, bounds.get(node.input[1], size))
+    return bounds
+
+
 def _fill_output_shapes(outputs: list[TensorInfo], ret_ty):
     """Outputs the ONNX graph leaves unshaped get the shapes Relax inferred (symbolic dims by name)."""
     types = list(ret_ty.fields) if isinstance(ret_ty, relax.TupleType) else [ret_ty]
@@ -117,4 +135,4 @@ def import_onnx(model, target: tvm.target.Target, kernel: str = "auto", storage:
     # the frontend may rename inputs (sanitized names); map its parameter names back to the graph's
     original = {p.name: i.name for p, i in zip(mod["main"].params, inputs)}
     graph_inputs = {layer: {k: original[v] for k, v in names.items() if v in original} for layer, names in ctx.graph_inputs.items()}
-    return ImportedModel(mod, inputs, outputs, ctx.layers, opset, graph_inputs, ctx.kernels)
+    return ImportedModel(mod, inputs, outputs, ctx.layers, opset, graph_inputs, ctx.kernels, index_bounds(model))

@@ -227,15 +227,15 @@ def _choose_batch_dim(metadata: dict, axes: dict) -> str | None:
     return everywhere[0] if len(everywhere) == 1 else None
 
 
-def _state_pairs(metadata: dict, explicit: list[tuple[str, str]] | None) -> list[tuple[str, str]]:
+def _state_pairs(name: str, metadata: dict, explicit: list[tuple[str, str]] | None) -> list[tuple[str, str]]:
     ins = {t["name"]: t for t in metadata["inputs"]}
     outs = {t["name"]: t for t in metadata["outputs"]}
     if explicit is not None:
         for i, o in explicit:
             if i not in ins:
-                raise InputError(f"--state: {i!r} is not an input of model {metadata.get('source')!r}; inputs are {list(ins)}")
+                raise InputError(f"--state: {i!r} is not an input of model {name!r}; inputs are {list(ins)}")
             if o not in outs:
-                raise InputError(f"--state: {o!r} is not an output of model {metadata.get('source')!r}; outputs are {list(outs)}")
+                raise InputError(f"--state: {o!r} is not an output of model {name!r}; outputs are {list(outs)}")
             a, b = ins[i]["shape"], outs[o]["shape"]
             if (ins[i]["dtype"] != outs[o]["dtype"] or len(a) != len(b)
                     or any((isinstance(x, int) or isinstance(y, int)) and x != y for x, y in zip(a, b))):
@@ -244,19 +244,19 @@ def _state_pairs(metadata: dict, explicit: list[tuple[str, str]] | None) -> list
         return list(explicit)
     pairs = []
     lower_outs = {n.lower(): n for n in outs}
-    for name, info in ins.items():
-        if not name.lower().endswith("_in"):
+    for inp, info in ins.items():
+        if not inp.lower().endswith("_in"):
             continue
-        out = lower_outs.get(name.lower()[:-3] + "_out")
+        out = lower_outs.get(inp.lower()[:-3] + "_out")
         if out and outs[out]["dtype"] == info["dtype"] and outs[out]["shape"] == info["shape"]:
-            pairs.append((name, out))
+            pairs.append((inp, out))
     return pairs
 
 
 def build_signature(name: str, metadata: dict, state: list[tuple[str, str]] | None = None) -> Signature:
     """Read batching, padding and state pairs from a module's metadata (see the module docstring)."""
     axes = _axes_by_dim(metadata)
-    sig = Signature(name, metadata, axes=axes, state_pairs=_state_pairs(metadata, state), checker=InputChecker(metadata))
+    sig = Signature(name, metadata, axes=axes, state_pairs=_state_pairs(name, metadata, state), checker=InputChecker(metadata))
     sig.batch_dim = _choose_batch_dim(metadata, axes)
     if sig.batch_dim is None:
         sig.why_not_batchable = "no symbolic batch dim shared by the inputs and outputs"

@@ -126,24 +126,31 @@ class ProcessRunner:
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         with self._lock:
+            if self._proc.poll() is not None:  # died while idle (killed from outside): not this batch's fault
+                self._restart(f"exit code {self._proc.returncode} while idle")
             try:
                 self._conn.send(inputs)
                 status, payload = self._conn.recv()
             except (EOFError, OSError):
                 code = self._wait()
-                how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 and -code in signal.valid_signals() else f"exit code {code}"
-                self.restarts += 1
-                self._spawn()
-                try:
-                    self.wait_ready()
-                except InputError as err:
-                    raise RuntimeError(f"model {self.name!r} crashed ({how}) and did not restart: {err}") from None
+                how = (f"signal {signal.Signals(-code).name}" if code is not None and code < 0 and -code in signal.valid_signals()
+                       else f"exit code {code}")
+                self._restart(how)
                 raise WorkerCrashed(f"model {self.name!r} crashed ({how})") from None
         if status == "ok":
             return payload
         if status == "input_error":
             raise InputError(payload)
         raise RuntimeError(payload)
+
+    def _restart(self, how: str) -> None:
+        self.restarts += 1
+        self._conn.close()
+        self._spawn()
+        try:
+            self.wait_ready()
+        except InputError as err:
+            raise RuntimeError(f"model {self.name!r} stopped ({how}) and did not restart: {err}") from None
 
     def _wait(self, timeout_s: float = 5.0) -> int | None:
         try:
