@@ -60,10 +60,9 @@ def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, dtype=F32, row_val
     wv = T.alloc_buffer((V,), F32, scope="local")  # widened to fp32 as it is loaded
     for idx in _grid(UW, gp, NB):
         T.buffer_store(acc, tirx.const(0.0, F32), idx)
-    iters = (H + 32 * V - 1) // (32 * V)
-    # unrolled (up to 16 iterations): every iteration's loads go out at once instead of one L2 round trip each
-    loop = T.unroll if iters <= 16 else T.serial
-    with loop(0, i64(iters)) as it:
+    # a serial loop: unrolling it measured 5-15% slower for the stepwise kernel on the H100
+    # (benchmarks/results/2026-11-22-h100-unroll-experiment.md)
+    with T.serial(0, i64((H + 32 * V - 1) // (32 * V))) as it:
         k0 = (it * i64(32) + lane) * i64(V)
         with T.If(k0 < i64(H)):
             with T.Then():
