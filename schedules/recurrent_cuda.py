@@ -29,7 +29,8 @@ TRANSPOSED_R = False  # lanes of a warp read along k: ONNX's row-major R is coal
 @dataclass(frozen=True)
 class StepwiseConfig:
     warps: int = 4  # warps per block; each owns `units_per_warp` hidden units (all their gates)
-    units_per_warp: int = 1
+    # 2 units per warp: each load of h serves both (h traffic from L2 dominated at batch 20, H=800)
+    units_per_warp: int = 2
     batch_tile: int = 8  # NB: batch rows per block, reusing each weight read NB times
 
 

@@ -32,31 +32,33 @@ def _maybe(cond, b, emit):
             emit()
 
 
-def _load_row(hv, h_at, u, b, k0, V):
+def _load_row(hv, h_at, b, k0, V):
     # h is fp32: at most float4 per load (CUDA has no float8; TVM's codegen cannot always split one)
     for v0 in range(0, V, 4):
         with T.vectorized(0, i64(min(4, V))) as v:
-            T.buffer_store(hv, h_at(u, b, k0 + i64(v0) + v), [i64(u), i64(b), i64(v0) + v])
+            T.buffer_store(hv, h_at(0, b, k0 + i64(v0) + v), [i64(b), i64(v0) + v])
 
 
 def _fma_row(acc, wv, hv, u, gi, b, V):
     idx = [i64(u), i64(gi), i64(b)]
     for v in range(V):
-        prod = wv[i64(v)] * hv[i64(u), i64(b), i64(v)]
+        prod = wv[i64(v)] * hv[i64(b), i64(v)]
         T.buffer_store(acc, acc[tuple(idx)] + prod, idx)
 
 
 def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, dtype=F32, row_valid=None):
     """Accumulate sum_k w_at(u, g, k) * h_at(u, b, k) for UW units, the given gates and NB batch rows.
 
-    h_at(u, b, k) / w_at(u, g, k): loads (callers clamp indices so every load is in bounds);
+    h_at(u, b, k) / w_at(u, g, k): loads (callers clamp indices so every load is in bounds); h must not
+    depend on u (all units of a warp multiply the same vector), so it is loaded once for them all;
     finish(u, b, rec): called in lane u*NB + b with rec(gi) the sum of the gi-th gate.
     row_valid(b): optional warp-uniform condition; rows where it is false skip their arithmetic
     (a tile wider than the batch then costs almost nothing).
     """
     gp = len(gates)
     acc = T.alloc_buffer((UW, gp, NB), F32, scope="local")
-    hv = T.alloc_buffer((UW, NB, V), F32, scope="local")  # h is fp32 state; dtype is R's storage
+    # h is fp32 state (dtype is R's storage), the same vector for all the warp's units: loaded once for them all
+    hv = T.alloc_buffer((NB, V), F32, scope="local")
     wv = T.alloc_buffer((V,), F32, scope="local")  # widened to fp32 as it is loaded
     for idx in _grid(UW, gp, NB):
         T.buffer_store(acc, tirx.const(0.0, F32), idx)
@@ -66,8 +68,8 @@ def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, dtype=F32, row_val
         k0 = (it * i64(32) + lane) * i64(V)
         with T.If(k0 < i64(H)):
             with T.Then():
-                for u, b in itertools.product(range(UW), range(NB)):
-                    _maybe(row_valid, b, lambda u=u, b=b: _load_row(hv, h_at, u, b, k0, V))
+                for b in range(NB):
+                    _maybe(row_valid, b, lambda b=b: _load_row(hv, h_at, b, k0, V))
                 for u, (gi, g) in itertools.product(range(UW), enumerate(gates)):
                     with T.vectorized(0, i64(V)) as v:
                         T.buffer_store(wv, w_at(u, g, k0 + v).astype(F32), [v])
