@@ -57,6 +57,23 @@ def _dispatch(a, branches):
             _dispatch(a, rest)
 
 
+def kernel_plan(spec, cell, target, choice: str = "auto") -> str:
+    """Which recurrent schedule a layer gets on `target`, and why, in words (for inspect and the compile log)."""
+    if target.kind.name != "cuda":
+        return "cpu: projection GEMM + row-tiled recurrent kernel"
+    from . import recurrent_persistent as persistent
+
+    arch = _arch(target)
+    need = persistent.default_config(spec, arch).smem_bytes(spec, cell) / 1024
+    limit = persistent.SMEM_LIMIT.get(arch, persistent.SMEM_DEFAULT) / 1024
+    where = f"R slice {need:.1f} KB per block, {limit:.0f} KB on {arch}"
+    if choice == "stepwise" or not persistent.fits(spec, cell, arch):
+        return f"cuda-stepwise ({where}: {'asked for' if choice == 'stepwise' else 'does not fit'})"
+    if choice == "persistent":
+        return f"cuda-persistent ({where})"
+    return f"cuda-persistent for batch <= {PERSISTENT_MAX_BATCH}, stepwise above ({where}: fits)"
+
+
 def _cuda_kernel(spec, cell, target, choice: str):
     from . import recurrent_cuda as stepwise
     from . import recurrent_persistent as persistent

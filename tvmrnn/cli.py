@@ -72,12 +72,13 @@ def run_cmd(module, inputs, random, dims, seed, output_dir):
 
 @main.command("inspect")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--target", default="nvidia/nvidia-h100", show_default=True, help="for MODEL.onnx: show the kernels this target would get")
 @_fail_cleanly
-def inspect_cmd(path):
+def inspect_cmd(path, target):
     """List the recurrent layers of MODEL.onnx (and whether each is supported) or a compiled module's metadata."""
     from .interface.inspect import inspect_command
 
-    sys.exit(1 if inspect_command(path) else 0)
+    sys.exit(1 if inspect_command(path, target=target) else 0)
 
 
 @main.command("bench")

@@ -16,7 +16,7 @@ def _layer_line(op, name, spec_like: dict) -> str:
             + (f"  {' '.join(extras)}" if extras else ""))
 
 
-def inspect_command(path: str, echo=print) -> int:
+def inspect_command(path: str, echo=print, target: str | None = "nvidia/nvidia-h100") -> int:
     """Prints the report; returns how many layers are unsupported (the CLI's exit status)."""
     if path.endswith(".so"):
         with open(metadata_path(path)) as f:
@@ -32,12 +32,19 @@ def inspect_command(path: str, echo=print) -> int:
 
     from ..frontend.inspect import find_rnn_layers
 
+    from schedules import kernel_plan
+
+    from ..build import resolve_target
+    from ..cells import cell_for
+
     found = find_rnn_layers(path)
-    echo(f"{path}: {len(found)} recurrent layer(s)")
+    tgt = resolve_target(target)
+    echo(f"{path}: {len(found)} recurrent layer(s); kernels as chosen for {tgt.kind.name} {tgt.attrs.get('arch', '')}")
     for layer in found:
         if layer.supported:
             spec = asdict(layer.spec)
             echo(_layer_line(layer.op, layer.node, spec) + "  supported")
+            echo(f"       kernel: {kernel_plan(layer.spec, cell_for(layer.spec), tgt)}")
         else:
             echo(f"  {layer.op:<4} {layer.node:<24} NOT SUPPORTED: {layer.problem}")
     return sum(not layer.supported for layer in found)

@@ -1,0 +1,50 @@
+"""The command line: compile, run, inspect on a bundled model, and clean errors (exit 2, no traceback)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from click.testing import CliRunner
+
+from tvmrnn.cli import main
+
+MODEL = os.path.join(os.path.dirname(__file__), "..", "models", "kws_gru.onnx")
+
+
+def test_compile_run_inspect(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "kws.so"
+    res = runner.invoke(main, ["compile", MODEL, "-o", str(out), "--target", "llvm"])
+    assert res.exit_code == 0, res.output
+    assert "[1/2] imported" in res.output and "[2/2] built for llvm" in res.output
+    assert out.exists() and (tmp_path / "kws.json").exists()
+
+    res = runner.invoke(main, ["run", str(out), "--random", "--dim", "batch=3", "--dim", "time=20", "--output-dir", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert "keyword_logits" in res.output and "[3, 12]" in res.output
+    assert np.load(tmp_path / "o" / "keyword_logits.npy").shape == (3, 12)
+
+    np.save(tmp_path / "mfcc.npy", np.zeros((2, 7, 40), np.float32))
+    res = runner.invoke(main, ["run", str(out), "--input", f"mfcc={tmp_path / 'mfcc.npy'}"])
+    assert res.exit_code == 0 and "[2, 12]" in res.output, res.output
+
+    res = runner.invoke(main, ["inspect", MODEL])
+    assert res.exit_code == 0 and "GRU" in res.output and "supported" in res.output and "kernel: cuda-persistent" in res.output
+    res = runner.invoke(main, ["inspect", str(out)])
+    assert res.exit_code == 0 and "kernel cpu" in res.output
+
+
+def test_errors_exit_2_with_a_message(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(main, ["compile", str(tmp_path / "none.onnx"), "-o", str(tmp_path / "x.so")])
+    assert res.exit_code == 2 and "does not exist" in res.output
+    out = tmp_path / "kws.so"
+    assert runner.invoke(main, ["compile", MODEL, "-o", str(out), "--target", "llvm"]).exit_code == 0
+    res = runner.invoke(main, ["run", str(out)])
+    assert res.exit_code == 2 and "--random" in res.output
+    np.save(tmp_path / "bad.npy", np.zeros((2, 7, 41), np.float32))
+    res = runner.invoke(main, ["run", str(out), "--input", f"mfcc={tmp_path / 'bad.npy'}"])
+    assert res.exit_code == 2 and "axis 2 must be 40" in res.output
+    res = runner.invoke(main, ["run", str(out), "--dim", "nonsense"])
+    assert res.exit_code == 2 and "NAME=VALUE" in res.output
