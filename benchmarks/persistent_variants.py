@@ -6,7 +6,6 @@
 import dataclasses
 import json
 import os
-import sys
 
 import torch
 
