@@ -3,11 +3,12 @@
 The grid is one wave of blocks, launched cooperatively, split evenly between the directions;
 each block owns a contiguous slice of one direction's hidden units. It loads the rows of R for
 all gates of its units into shared memory once. Then per step and phase, for each chunk of
-`batch_tile` batch rows it stages those rows of h[t-1] (or of a value an earlier phase stored)
-from L2 into shared memory, its warps compute their units' gates for the chunk (warp_gates:
-weights and h both from shared memory; rows past the batch are skipped, warp-uniformly),
-apply the gate program and write h[t]; the grid meets at a barrier before the next step. The
-cell state stays with the unit that owns it. Sequence length and batch are runtime sizes.
+`batch_tile` batch rows, its warps compute their units' gates (warp_gates: weights from shared
+memory, h[t-1] or a value an earlier phase stored from L2, or, with `stage_h`, staged in shared
+memory first), apply the gate program and write h[t]; the grid meets at a barrier before the
+next step. The cell state stays with the unit that owns it. Sequence length and batch are
+runtime sizes. The defaults (one row at a time, h from L2) are what measured fastest at the
+small batches this kernel is chosen for.
 """
 
 from __future__ import annotations
