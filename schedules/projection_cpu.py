@@ -32,8 +32,10 @@ def projection_cpu(K: int, Ncols: int) -> tirx.PrimFunc:
             bias = T.arg("bias", T.Buffer((Ncols,), F32))
             XW = T.arg("XW", T.Buffer((M, Ncols), F32))
             col_tiles = Ncols // nr
-            with T.parallel(0, tirx.ceildiv(M, i64(MR)) * i64(col_tiles)) as item:
-                m0, j0 = item // i64(col_tiles) * i64(MR), item % i64(col_tiles) * i64(nr)
+            row_tiles = tirx.ceildiv(M, i64(MR))
+            # rows vary fastest: a thread's consecutive items reuse one K x nr panel of W^T from its L2
+            with T.parallel(0, row_tiles * i64(col_tiles)) as item:
+                m0, j0 = item % row_tiles * i64(MR), item // row_tiles * i64(nr)
                 acc = T.alloc_buffer((MR, nr), F32, scope="local")
                 for r in range(MR):
                     with T.vectorized(0, i64(nr)) as v:
