@@ -30,7 +30,7 @@ PERSISTENT_MAX_BATCH = 4
 class RecurrentKernel:
     func: tirx.PrimFunc
     transposed_r: bool  # whether the kernel reads R^T [D, H, G*H] instead of ONNX's R [D, G*H, H]
-    name: str  # which schedule: "cpu", "cuda-stepwise", "cuda-persistent", "cuda-persistent<=N|stepwise"
+    name: str  # KernelChoice.describe(): which schedule, and why
 
 
 def _arch(target) -> str:
@@ -57,55 +57,72 @@ def _dispatch(a, branches):
             _dispatch(a, rest)
 
 
-def kernel_plan(spec, cell, target, choice: str = "auto") -> str:
-    """Which recurrent schedule a layer gets on `target`, and why, in words (for inspect and the compile log)."""
+@dataclass(frozen=True)
+class KernelChoice:
+    """The one decision about a layer's recurrent schedule; the kernel is built from it and logs describe it."""
+
+    kind: str  # "cpu" | "stepwise" | "persistent" | "dispatch" (persistent up to PERSISTENT_MAX_BATCH, stepwise above)
+    why: str
+
+    def describe(self) -> str:
+        return {"cpu": "cpu: projection GEMM + row-tiled recurrent kernel",
+                "stepwise": f"cuda-stepwise ({self.why})",
+                "persistent": f"cuda-persistent ({self.why})",
+                "dispatch": f"cuda-persistent for batch <= {PERSISTENT_MAX_BATCH}, stepwise above ({self.why})"}[self.kind]
+
+
+def choose_kernel(spec, cell, target, choice: str = "auto") -> KernelChoice:
+    """Which schedule a layer gets on `target`: persistent needs R (at its storage dtype) on chip."""
     if target.kind.name != "cuda":
-        return "cpu: projection GEMM + row-tiled recurrent kernel"
-    from . import recurrent_persistent as persistent
-
-    arch = _arch(target)
-    need = persistent.default_config(spec, arch).smem_bytes(spec, cell) / 1024
-    limit = persistent.SMEM_LIMIT.get(arch, persistent.SMEM_DEFAULT) / 1024
-    where = f"R slice {need:.1f} KB per block, {limit:.0f} KB on {arch}"
-    if choice == "stepwise" or not persistent.fits(spec, cell, arch):
-        return f"cuda-stepwise ({where}: {'asked for' if choice == 'stepwise' else 'does not fit'})"
-    if choice == "persistent":
-        return f"cuda-persistent ({where})"
-    return f"cuda-persistent for batch <= {PERSISTENT_MAX_BATCH}, stepwise above ({where}: fits)"
-
-
-def _cuda_kernel(spec, cell, target, choice: str):
-    from . import recurrent_cuda as stepwise
+        return KernelChoice("cpu", "")
     from . import recurrent_persistent as persistent
 
     arch = _arch(target)
     fits = persistent.fits(spec, cell, arch)
+    need = persistent.default_config(spec, arch).smem_bytes(spec, cell) / 1024
+    limit = persistent.SMEM_LIMIT.get(arch, persistent.SMEM_DEFAULT) / 1024
+    where = f"R slice {need:.1f} KB per block, {limit:.0f} KB on {arch}"
     if choice == "persistent" and not fits:
         from tvmrnn.errors import UnsupportedModelError
 
         raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel 'persistent' needs R on chip, and hidden size "
-                                    f"{spec.hidden_size} x {spec.num_directions} direction(s) does not fit on {arch}; use auto or stepwise")
-    pcfg = persistent.default_config(spec, arch)
+                                    f"{spec.hidden_size} x {spec.num_directions} direction(s) does not fit ({where}); use auto or stepwise")
+    if choice == "stepwise" or not fits:
+        return KernelChoice("stepwise", f"{where}: {'asked for' if choice == 'stepwise' else 'does not fit'}")
     if choice == "persistent":
-        return persistent.recurrent_kernel_persistent(spec, cell, pcfg), "cuda-persistent"
+        return KernelChoice("persistent", where)
+    return KernelChoice("dispatch", f"{where}: fits")
+
+
+def kernel_plan(spec, cell, target, choice: str = "auto") -> str:
+    """Which recurrent schedule a layer gets on `target`, and why, in words (for inspect and the compile log)."""
+    return choose_kernel(spec, cell, target, choice).describe()
+
+
+def _cuda_kernel(spec, cell, target, kind: str):
+    from . import recurrent_cuda as stepwise
+    from . import recurrent_persistent as persistent
+
+    pcfg = persistent.default_config(spec, _arch(target))
+    if kind == "persistent":
+        return persistent.recurrent_kernel_persistent(spec, cell, pcfg)
     branches = [(limit, lambda a, t=tile: stepwise.stepwise_body(a, stepwise.StepwiseConfig(batch_tile=t)))
                 for limit, tile in STEPWISE_TILES]
-    name = "cuda-stepwise"
-    if choice == "auto" and fits:
+    if kind == "dispatch":
         branches.insert(0, (PERSISTENT_MAX_BATCH, lambda a: persistent.persistent_body(a, pcfg)))
-        name = f"cuda-persistent(batch<={PERSISTENT_MAX_BATCH})|stepwise"
-    return stepwise.cuda_prim_func(spec, cell, lambda a: _dispatch(a, branches)), name
+    return stepwise.cuda_prim_func(spec, cell, lambda a: _dispatch(a, branches))
 
 
 def recurrent_kernel(spec, cell, target, choice: str = "auto") -> RecurrentKernel:
     """The recurrent kernel of one layer for `target`, marked scheduled so generic schedulers leave it alone."""
-    if target.kind.name == "cuda":
-        from . import recurrent_cuda as impl
-
-        func, name = _cuda_kernel(spec, cell, target, choice)
-    else:
+    plan = choose_kernel(spec, cell, target, choice)
+    if plan.kind == "cpu":
         from . import recurrent_cpu as impl
 
-        func, name = impl.recurrent_kernel_cpu(spec, cell), "cpu"
+        func = impl.recurrent_kernel_cpu(spec, cell)
+    else:
+        from . import recurrent_cuda as impl
+
+        func = _cuda_kernel(spec, cell, target, plan.kind)
     # op_pattern 8 (opaque): FuseOps must not merge it with neighbours
-    return RecurrentKernel(func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8}), impl.TRANSPOSED_R, name)
+    return RecurrentKernel(func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8}), impl.TRANSPOSED_R, plan.describe())

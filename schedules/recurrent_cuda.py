@@ -53,9 +53,14 @@ def cuda_prim_func(spec: RNNLayerSpec, cell: Cell, emit_body) -> tirx.PrimFunc:
     return recurrent_prim_func(spec, cell, TRANSPOSED_R, emit_body, weight_dtype=spec.dtype)
 
 
+def weight_bytes(spec: RNNLayerSpec) -> int:
+    """Bytes per element of R at the layer's storage dtype."""
+    return 4 if spec.dtype == "float32" else 2
+
+
 def vector_width(spec: RNNLayerSpec, H: int) -> int:
     """Elements of R per 16-byte load (4 fp32, 8 fp16/bf16), or 1 when H does not divide."""
-    v = 16 // (4 if spec.dtype == "float32" else 2)
+    v = 16 // weight_bytes(spec)
     return v if H % v == 0 else 1
 
 
@@ -125,7 +130,7 @@ def _phase_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nx
                                     epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec)
 
                         # no row_valid skip here: on the H100 its branches cost more than the rows they save
-                        warp_gates(lane, H, phase.gates, UW, NB, V, h_at, w_at, finish, dtype=a.spec.dtype)
+                        warp_gates(lane, H, phase.gates, UW, NB, V, h_at, w_at, finish)
 
 
 def operand_at(operand, phase, cur, d, n, k):

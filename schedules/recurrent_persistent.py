@@ -23,7 +23,7 @@ from tvmrnn.cells import Cell
 from tvmrnn.layer import RNNLayerSpec
 
 from .recurrent_common import KernelArgs, i64
-from .recurrent_cuda import cuda_prim_func, epilogue, operand_at, vector_width
+from .recurrent_cuda import cuda_prim_func, epilogue, operand_at, vector_width, weight_bytes
 from .warp_gemv import warp_gates
 
 F32 = "float32"
@@ -51,9 +51,8 @@ class PersistentConfig:
         return -(-spec.hidden_size // self.blocks_per_direction(spec))
 
     def smem_bytes(self, spec: RNNLayerSpec, cell: Cell) -> int:
-        weight_bytes = 4 if spec.dtype == "float32" else 2
         staged = self.batch_tile * 4 if self.stage_h else 0
-        return (self.units_per_block(spec) * cell.gates * weight_bytes + staged) * spec.hidden_size
+        return (self.units_per_block(spec) * cell.gates * weight_bytes(spec) + staged) * spec.hidden_size
 
 
 def default_config(spec: RNNLayerSpec, arch: str) -> PersistentConfig:
@@ -180,4 +179,4 @@ def _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm,
                             epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec)
 
                 warp_gates(lane, H, phase.gates, 1, NB, V, h_at=h_at, w_at=lambda _u, g, k, u=u: wsm[u, i64(g), k],
-                           finish=finish, row_valid=(lambda b: n0 + i64(b) < N) if NB > 1 else None, dtype=a.spec.dtype)
+                           finish=finish, row_valid=(lambda b: n0 + i64(b) < N) if NB > 1 else None)

@@ -46,7 +46,7 @@ def _fma_row(acc, wv, hv, u, gi, b, V):
         T.buffer_store(acc, acc[tuple(idx)] + prod, idx)
 
 
-def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, dtype=F32, row_valid=None):
+def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None):
     """Accumulate sum_k w_at(u, g, k) * h_at(u, b, k) for UW units, the given gates and NB batch rows.
 
     h_at(u, b, k) / w_at(u, g, k): loads (callers clamp indices so every load is in bounds); h must not
@@ -57,7 +57,7 @@ def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, dtype=F32, row_val
     """
     gp = len(gates)
     acc = T.alloc_buffer((UW, gp, NB), F32, scope="local")
-    # h is fp32 state (dtype is R's storage), the same vector for all the warp's units: loaded once for them all
+    # h is fp32 state, the same vector for all the warp's units: loaded once for them all
     hv = T.alloc_buffer((NB, V), F32, scope="local")
     wv = T.alloc_buffer((V,), F32, scope="local")  # widened to fp32 as it is loaded
     for idx in _grid(UW, gp, NB):

@@ -118,13 +118,9 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None):
     imported = import_onnx(model, target, kernel, None if dtype in (None, "float32") else dtype)
     log(f"[1/2] imported {source}: opset {imported.opset}, {len(imported.layers)} recurrent layer(s) "
         f"({time.perf_counter() - started:.1f} s)")
-    from schedules import kernel_plan
-
-    from .cells import cell_for
-
     for spec in imported.layers:
         log(f"      {spec.op} '{spec.name}': hidden {spec.hidden_size}, input {spec.input_size}, {spec.direction}, "
-            f"layout {spec.layout}, {spec.dtype} -> {kernel_plan(spec, cell_for(spec), target, kernel)}")
+            f"layout {spec.layout}, {spec.dtype} -> {imported.kernels[spec.name]}")
     started = time.perf_counter()
     # our pipeline = TVM's + the cooperative-launch tag that persistent kernels' grid barriers need
     executable = tvm.compile(imported.mod, target=target, tir_pipeline=cooperative.register())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
@@ -30,27 +31,41 @@ def _device(kind: str):
     return dev
 
 
-class Module:
-    """A compiled model ready to run: `.run({input name: array}) -> {output name: array}`."""
+@dataclass(frozen=True)
+class SequenceLensInput:
+    """A graph input that is a recurrent layer's sequence_lens, with the graph input that is its X."""
 
-    def __init__(self, executable, metadata: dict, device=None):
+    lens: str  # graph input name of sequence_lens
+    x: str  # graph input name of X
+    seq_axis: int  # X's sequence axis (0 for layout 0, 1 for layout 1)
+    layer: str  # "LSTM node 'name'"
+
+
+def sequence_lens_inputs(metadata: dict) -> list[SequenceLensInput]:
+    """The layers whose sequence_lens and X are both graph inputs (so lengths can be checked and padded against X)."""
+    found = []
+    for layer in metadata.get("layers", []):
+        names = layer.get("graph_inputs", {})
+        if "sequence_lens" in names and "X" in names:
+            found.append(SequenceLensInput(names["sequence_lens"], names["X"], 0 if layer["layout"] == 0 else 1,
+                                           f"{layer['op']} node '{layer['name']}'"))
+    return found
+
+
+class ModuleInputs:
+    """What a module's inputs must be, from model.json alone (no VM): names, dtypes, shapes, sequence
+    lengths within X's length, indices within the tables they index. Modules check with it before every
+    run; the server checks requests with it in its own process."""
+
+    def __init__(self, metadata: dict):
         self.metadata = metadata
-        kind = device or ("cuda" if metadata["target_kind"] == "cuda" else "cpu")
-        self.device = _device(kind)
-        self._vm = VirtualMachine(executable, self.device)
-        self._main = self._vm["main"]
-
-    @property
-    def input_names(self) -> list[str]:
-        return [i["name"] for i in self.metadata["inputs"]]
-
-    @property
-    def output_names(self) -> list[str]:
-        return [o["name"] for o in self.metadata["outputs"]]
+        self.input_names = [i["name"] for i in metadata["inputs"]]
+        self.output_names = [o["name"] for o in metadata["outputs"]]
+        self.sequence_lens = sequence_lens_inputs(metadata)
+        self.index_bounds = metadata.get("index_bounds", {})
 
     def check_inputs(self, feeds: Mapping[str, object]) -> list[np.ndarray]:
         """Match feeds to the module's inputs (name, dtype, rank, static dims, consistent symbolic dims)."""
-        expected = self.metadata["inputs"]
         unknown = sorted(set(feeds) - set(self.input_names))
         if unknown:
             raise InputError(f"unknown input {unknown[0]!r}; the model's inputs are {self.input_names}")
@@ -59,7 +74,7 @@ class Module:
             raise InputError(f"missing input {missing[0]!r}; the model's inputs are {self.input_names}")
         dims: dict[str, tuple[int, str]] = {}
         arrays = []
-        for info in expected:
+        for info in self.metadata["inputs"]:
             name, arr = info["name"], feeds[info["name"]]
             arr = np.ascontiguousarray(arr) if isinstance(arr, np.ndarray) else np.asarray(arr)
             if str(arr.dtype) != info["dtype"]:
@@ -76,13 +91,14 @@ class Module:
                 else:
                     dims.setdefault(want, (got, f"input {name!r}"))
             arrays.append(arr)
-        self._check_sequence_lens(dict(zip(self.input_names, arrays)))
-        self._check_indices(dict(zip(self.input_names, arrays)))
+        named = dict(zip(self.input_names, arrays))
+        self._check_sequence_lens(named)
+        self._check_indices(named)
         return arrays
 
     def _check_indices(self, feeds):
         """Indices into constant tables (token ids into an embedding) must be in range: ONNX's rule, and TVM would read past the table."""
-        for name, size in self.metadata.get("index_bounds", {}).items():
+        for name, size in self.index_bounds.items():
             idx = feeds[name]
             bad = np.flatnonzero((idx < -size) | (idx >= size))
             if bad.size:
@@ -91,16 +107,23 @@ class Module:
 
     def _check_sequence_lens(self, feeds):
         """ONNX Runtime refuses lengths outside [1, seq]; so do we, instead of computing something else."""
-        for layer in self.metadata.get("layers", []):
-            names = layer.get("graph_inputs", {})
-            if "sequence_lens" not in names or "X" not in names:
-                continue
-            lens, x = feeds[names["sequence_lens"]], feeds[names["X"]]
-            seq = x.shape[0 if layer["layout"] == 0 else 1]
+        for sl in self.sequence_lens:
+            lens, seq = feeds[sl.lens], feeds[sl.x].shape[sl.seq_axis]
             bad = np.flatnonzero((lens < 1) | (lens > seq))
             if bad.size:
-                raise InputError(f"input {names['sequence_lens']!r} (sequence_lens of {layer['op']} node '{layer['name']}') "
-                                 f"has {int(lens[bad[0]])} at row {int(bad[0])}; each length must be in [1, {seq}], the sequence length of {names['X']!r}")
+                raise InputError(f"input {sl.lens!r} (sequence_lens of {sl.layer}) has {int(lens[bad[0]])} at row {int(bad[0])}; "
+                                 f"each length must be in [1, {seq}], the sequence length of {sl.x!r}")
+
+
+class Module(ModuleInputs):
+    """A compiled model ready to run: `.run({input name: array}) -> {output name: array}`."""
+
+    def __init__(self, executable, metadata: dict, device=None):
+        super().__init__(metadata)
+        kind = device or ("cuda" if metadata["target_kind"] == "cuda" else "cpu")
+        self.device = _device(kind)
+        self._vm = VirtualMachine(executable, self.device)
+        self._main = self._vm["main"]
 
     def to_device(self, feeds: Mapping[str, object]) -> list:
         """Checked inputs as device tensors, in the module's input order (for `invoke`)."""

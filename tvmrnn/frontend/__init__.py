@@ -81,10 +81,15 @@ def _our_converters(ctx: ImportContext):
 _ONNX_DTYPES = {v: str(onnx.helper.tensor_dtype_to_np_dtype(v)) for v in (1, 6, 7, 9, 10, 11)}
 
 
+def onnx_dtype_name(elem_type: int) -> str:
+    """numpy's name for an ONNX element type (float32, int64, ...), ONNX's own lower-cased otherwise (bfloat16)."""
+    return _ONNX_DTYPES.get(elem_type, onnx.TensorProto.DataType.Name(elem_type).lower())
+
+
 def _value_info(v: onnx.ValueInfoProto) -> TensorInfo:
     t = v.type.tensor_type
     dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
-    return TensorInfo(v.name, _ONNX_DTYPES.get(t.elem_type, onnx.TensorProto.DataType.Name(t.elem_type).lower()), dims)
+    return TensorInfo(v.name, onnx_dtype_name(t.elem_type), dims)
 
 
 def index_bounds(model: onnx.ModelProto) -> dict:

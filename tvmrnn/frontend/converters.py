@@ -26,7 +26,7 @@ class ImportContext:
     kernel: str = "auto"  # recurrent schedule: auto | stepwise | persistent
     storage: str | None = None  # convert fp32 layers to this storage dtype (float16 | bfloat16)
     layers: list = field(default_factory=list)
-    kernels: dict = field(default_factory=dict)  # layer name -> recurrent schedule chosen
+    kernels: dict = field(default_factory=dict)  # layer name -> the recurrent schedule chosen, described
     graph_inputs: dict = field(default_factory=dict)  # layer name -> {ONNX input name: graph input name}
     current = contextvars.ContextVar("tvmrnn_import")
 

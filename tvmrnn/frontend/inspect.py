@@ -8,11 +8,8 @@ import onnx
 
 from ..errors import UnsupportedModelError
 from ..layer import INPUT_NAMES, RNNLayerSpec
-from . import load_onnx, model_opset
-from .rnn_spec import UNKNOWN, spec_from_node
-
-_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.DOUBLE: "float64",
-           onnx.TensorProto.BFLOAT16: "bfloat16"}
+from . import load_onnx, model_opset, onnx_dtype_name
+from .rnn_spec import UNKNOWN, normalize_attrs, spec_from_node
 
 
 @dataclass
@@ -49,11 +46,9 @@ def find_rnn_layers(model) -> list[FoundLayer]:
     found = []
     for i, node in enumerate(n for n in model.graph.node if n.op_type in INPUT_NAMES):
         name = node.name or f"{node.op_type}_{i}"
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        attrs = {k: (v.decode() if isinstance(v, bytes) else [x.decode() if isinstance(x, bytes) else x for x in v]
-                     if isinstance(v, list) else v) for k, v in attrs.items()}
+        attrs = normalize_attrs({a.name: onnx.helper.get_attribute_value(a) for a in node.attribute})
         present = {n: shapes.get(x, (UNKNOWN, None))[0] for n, x in zip(INPUT_NAMES[node.op_type], node.input) if x}
-        dtype = _DTYPES.get(shapes.get(node.input[0], ((), onnx.TensorProto.FLOAT))[1], "unknown")
+        dtype = onnx_dtype_name(shapes.get(node.input[0], ((), onnx.TensorProto.FLOAT))[1])
         try:
             spec = spec_from_node(node.op_type, name, attrs, present, len(node.output), opset, dtype)
             found.append(FoundLayer(name, node.op_type, spec, None))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError
-from ..runtime import Module, load_module
+from ..runtime import ModuleInputs, load_module
 
 
 @dataclass
@@ -24,15 +24,11 @@ class RunArgs:
 DEFAULT_DIM = 8  # a symbolic dim nobody sized; small so the run is quick
 
 
-def random_inputs(module: Module, dims: dict, seed: int, given: dict) -> dict:
+def random_inputs(module: ModuleInputs, dims: dict, seed: int, given: dict) -> dict:
     """Random feeds for the inputs not in `given`: floats ~N(0,1), integers in [0, 10), sequence lengths = full length."""
     rng = np.random.default_rng(seed)
     sizes = {**dims}
-    seq_lens = {}
-    for layer in module.metadata.get("layers", []):
-        names = layer.get("graph_inputs", {})
-        if "sequence_lens" in names and "X" in names:
-            seq_lens[names["sequence_lens"]] = (names["X"], 0 if layer["layout"] == 0 else 1)
+    seq_lens = {sl.lens: (sl.x, sl.seq_axis) for sl in module.sequence_lens}
     for info in module.metadata["inputs"]:  # a given array fixes the symbolic dims it has
         if info["name"] in given:
             for d, n in zip(info["shape"], given[info["name"]].shape):

@@ -25,18 +25,10 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
-from ..runtime import Module
+from ..runtime import ModuleInputs
 from .protocol import NUMPY_TO_V2, ProtocolError
 
 _BATCH_NAME = re.compile(r"^(n|b|bs|batch.*|.*_batch|.*batch_size|num_seq.*)$", re.IGNORECASE)
-
-
-class InputChecker(Module):
-    """The runtime's own input checks (`Module.check_inputs`) from the metadata alone, without a VM:
-    with process isolation the VM lives in the worker process."""
-
-    def __init__(self, metadata: dict):  # noqa: super().__init__ would build a VM
-        self.metadata = metadata
 
 
 @dataclass
@@ -57,7 +49,7 @@ class Signature:
     axes: dict[str, dict[str, int]] = field(default_factory=dict)  # dim name -> {tensor name: axis}
     pad_dim: str | None = None
     state_pairs: list[tuple[str, str]] = field(default_factory=list)
-    checker: InputChecker | None = None
+    checker: ModuleInputs | None = None  # the runtime's own checks; the VM lives in the worker process
 
     @property
     def inputs(self) -> list[dict]:
@@ -256,7 +248,7 @@ def _state_pairs(name: str, metadata: dict, explicit: list[tuple[str, str]] | No
 def build_signature(name: str, metadata: dict, state: list[tuple[str, str]] | None = None) -> Signature:
     """Read batching, padding and state pairs from a module's metadata (see the module docstring)."""
     axes = _axes_by_dim(metadata)
-    sig = Signature(name, metadata, axes=axes, state_pairs=_state_pairs(name, metadata, state), checker=InputChecker(metadata))
+    sig = Signature(name, metadata, axes=axes, state_pairs=_state_pairs(name, metadata, state), checker=ModuleInputs(metadata))
     sig.batch_dim = _choose_batch_dim(metadata, axes)
     if sig.batch_dim is None:
         sig.why_not_batchable = "no symbolic batch dim shared by the inputs and outputs"
@@ -271,12 +263,11 @@ def build_signature(name: str, metadata: dict, state: list[tuple[str, str]] | No
         else:
             sig.batchable = True
     if sig.batchable:
-        for layer in metadata.get("layers", []):
-            names = layer.get("graph_inputs", {})
-            x = next((t for t in metadata["inputs"] if t["name"] == names.get("X")), None)
-            if x is None or "sequence_lens" not in names or len(x["shape"]) != 3:
+        for sl in sig.checker.sequence_lens:
+            x = next(t for t in metadata["inputs"] if t["name"] == sl.x)
+            if len(x["shape"]) != 3:
                 continue
-            d = x["shape"][0 if layer.get("layout", 0) == 0 else 1]
+            d = x["shape"][sl.seq_axis]
             if isinstance(d, str) and d != sig.batch_dim and all(ax >= 0 for ax in axes[d].values()):
                 sig.pad_dim = d
                 break
@@ -291,8 +282,7 @@ def padding_is_exact(sig: Signature, run: Callable[[list[np.ndarray]], list[np.n
         return False
     short, long_ = 3, 5
     feeds = random_inputs(sig.checker, {sig.batch_dim: 2, sig.pad_dim: short}, seed, {})
-    for layer in sig.metadata.get("layers", []):  # one row shorter than the padded length, one full
-        lens = layer.get("graph_inputs", {}).get("sequence_lens")
+    for lens in (sl.lens for sl in sig.checker.sequence_lens):  # one row shorter than the padded length, one full
         if lens in feeds:
             feeds[lens] = feeds[lens].copy()
             feeds[lens][-1] = short - 1
