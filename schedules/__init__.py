@@ -5,11 +5,12 @@ recurrent_cuda        CUDA, stepwise: one fused launch per step and phase (weigh
 recurrent_persistent  CUDA, persistent: one cooperative launch for the whole sequence, R in shared memory
 warp_gemv             the warp-level gate GEMV both CUDA kernels are built from
 cooperative           the TIR pipeline that tags grid-barrier kernels for cooperative launch
+space                 the tunable knobs of each kernel kind, their default points, the body a point emits
 
-On CUDA the choice is made per layer at compile time (does R fit on chip?) and per call at
-run time (is the batch small enough for the persistent kernel to win?): when R fits, the
-kernel holds both bodies behind `if batch <= max_batch`, so a dynamic-batch module runs each
-batch on the better one.
+A layer's kernel is a dispatch over batch buckets (`if batch <= b0: ... elif ...`), each bucket
+running one point of one space: the tuned point where the tuning logs have one for this shape
+and target, else the default (on CUDA: persistent up to PERSISTENT_MAX_BATCH when R fits on chip,
+stepwise above). So a dynamic-batch module runs each batch on the kernel tuned for it.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tvm import tirx
-from tvm.script.ir_builder import tirx as T
+
+from .recurrent_common import batch_dispatch
+from .space import KernelConfig, default_config, emitter, kinds
 
 KERNEL_CHOICES = ("auto", "stepwise", "persistent")
-# Batch up to which the persistent kernel beats the stepwise one. Measured on the H100
+# Batch up to which the persistent kernel beats the stepwise one when untuned. Measured on the H100
 # (benchmarks/results/2026-11-22-h100-persistent-small-batch.md): 2-2.3x faster at batch 1,
-# 1.4x slower at batch 8. Tunable.
+# 1.4x slower at batch 8. Tuning logs replace this guess per shape.
 PERSISTENT_MAX_BATCH = 4
 
 
@@ -30,99 +33,135 @@ PERSISTENT_MAX_BATCH = 4
 class RecurrentKernel:
     func: tirx.PrimFunc
     transposed_r: bool  # whether the kernel reads R^T [D, H, G*H] instead of ONNX's R [D, G*H, H]
-    name: str  # KernelChoice.describe(): which schedule, and why
+    plan: KernelPlan
+
+    @property
+    def name(self) -> str:
+        return self.plan.describe()
+
+
+@dataclass(frozen=True)
+class Branch:
+    up_to: int | None  # the largest batch this branch runs (None: any batch above the previous branch)
+    config: KernelConfig
+    tuned: bool  # from a tuning log; else the default point of its space
+
+    def as_dict(self) -> dict:
+        return {"up_to_batch": self.up_to, "config": self.config.as_dict(), "tuned": self.tuned}
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """The one decision about a layer's recurrent kernel: which point of which space runs each batch bucket."""
+
+    target_kind: str
+    branches: tuple[Branch, ...]
+    why: str  # why these kinds (does R fit on chip?)
+
+    def describe(self) -> str:
+        parts = []
+        for b in self.branches:
+            when = f"batch <= {b.up_to}: " if b.up_to is not None and len(self.branches) > 1 else ""
+            parts.append(f"{when}{b.config.describe()} [{'tuned' if b.tuned else 'default'}]")
+        why = f" ({self.why})" if self.why else ""
+        return f"{self.target_kind}: " + "; else ".join(parts) + why
+
+    @property
+    def tuned(self) -> bool:
+        return all(b.tuned for b in self.branches)
 
 
 def _arch(target) -> str:
     return str(target.attrs.get("arch", "sm_90a")) if target.attrs is not None else "sm_90a"
 
 
-# Stepwise batch tiles by batch size: each weight read serves `batch_tile` rows, so large batches
-# want wide tiles (R is read ceil(N / tile) times per step), small ones narrow (no wasted rows).
-# Measured on the H100 (benchmarks/results/2026-11-22-h100-stepwise-tile16.md): a 16-row tile with
-# skipped rows was 1.4-1.9x slower than 8 rows at batch 8 to 64, so one tile serves all batches for now.
-STEPWISE_TILES = ((None, 8),)  # (up to this batch, tile); None: any larger batch
-
-
-def _dispatch(a, branches):
-    """Emit `if batch <= b0: f0 elif batch <= b1: f1 ... else: fn` over (max_batch, emit) pairs."""
-    (limit, emit), rest = branches[0], branches[1:]
-    if limit is None or not rest:
-        emit(a)
-        return
-    with T.If(a.batch <= tirx.IntImm("int64", limit)):
-        with T.Then():
-            emit(a)
-        with T.Else():
-            _dispatch(a, rest)
-
-
-@dataclass(frozen=True)
-class KernelChoice:
-    """The one decision about a layer's recurrent schedule; the kernel is built from it and logs describe it."""
-
-    kind: str  # "cpu" | "stepwise" | "persistent" | "dispatch" (persistent up to PERSISTENT_MAX_BATCH, stepwise above)
-    why: str
-
-    def describe(self) -> str:
-        return {"cpu": "cpu: projection GEMM + row-tiled recurrent kernel",
-                "stepwise": f"cuda-stepwise ({self.why})",
-                "persistent": f"cuda-persistent ({self.why})",
-                "dispatch": f"cuda-persistent for batch <= {PERSISTENT_MAX_BATCH}, stepwise above ({self.why})"}[self.kind]
-
-
-def choose_kernel(spec, cell, target, choice: str = "auto") -> KernelChoice:
-    """Which schedule a layer gets on `target`: persistent needs R (at its storage dtype) on chip."""
-    if target.kind.name != "cuda":
-        return KernelChoice("cpu", "")
+def _fit_note(spec, cell, target, choice) -> str:
+    """Why persistent is or is not among the kinds; raises when the user asked for it and R does not fit."""
     from . import recurrent_persistent as persistent
 
     arch = _arch(target)
-    fits = persistent.fits(spec, cell, arch)
     need = persistent.default_config(spec, arch).smem_bytes(spec, cell) / 1024
     limit = persistent.SMEM_LIMIT.get(arch, persistent.SMEM_DEFAULT) / 1024
     where = f"R slice {need:.1f} KB per block, {limit:.0f} KB on {arch}"
+    fits = persistent.fits(spec, cell, arch)
     if choice == "persistent" and not fits:
         from tvmrnn.errors import UnsupportedModelError
 
         raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel 'persistent' needs R on chip, and hidden size "
                                     f"{spec.hidden_size} x {spec.num_directions} direction(s) does not fit ({where}); use auto or stepwise")
-    if choice == "stepwise" or not fits:
-        return KernelChoice("stepwise", f"{where}: {'asked for' if choice == 'stepwise' else 'does not fit'}")
-    if choice == "persistent":
-        return KernelChoice("persistent", where)
-    return KernelChoice("dispatch", f"{where}: fits")
+    return f"{where}: " + ("asked for" if choice != "auto" else "fits" if fits else "does not fit")
 
 
-def kernel_plan(spec, cell, target, choice: str = "auto") -> str:
-    """Which recurrent schedule a layer gets on `target`, and why, in words (for inspect and the compile log)."""
-    return choose_kernel(spec, cell, target, choice).describe()
+def _default_branches(spec, cell, target, allowed) -> list[Branch]:
+    if allowed == ("cpu",):
+        from .recurrent_cpu import ROW_TILE
+
+        return [Branch(ROW_TILE - 1, default_config("cpu", spec, cell, target, 1), False),
+                Branch(None, default_config("cpu", spec, cell, target), False)]
+    branches = [Branch(None, default_config(k, spec, cell, target), False) for k in allowed]
+    if len(branches) == 2:  # persistent at small batch, stepwise above
+        branches[0] = Branch(PERSISTENT_MAX_BATCH, branches[0].config, False)
+    return branches
 
 
-def _cuda_kernel(spec, cell, target, kind: str):
-    from . import recurrent_cuda as stepwise
-    from . import recurrent_persistent as persistent
+def plan_kernel(spec, cell, target, choice: str = "auto", tuned: dict | None = None) -> KernelPlan:
+    """The plan for one layer on `target`. tuned: {batch bucket: [KernelConfig, best first]} from the
+    tuning logs; each bucket runs its best point of a kind this choice allows. Without any, the defaults."""
+    if choice not in KERNEL_CHOICES:
+        from tvmrnn.errors import UnsupportedModelError
 
-    pcfg = persistent.default_config(spec, _arch(target))
-    if kind == "persistent":
-        return persistent.recurrent_kernel_persistent(spec, cell, pcfg)
-    branches = [(limit, lambda a, t=tile: stepwise.stepwise_body(a, stepwise.StepwiseConfig(batch_tile=t)))
-                for limit, tile in STEPWISE_TILES]
-    if kind == "dispatch":
-        branches.insert(0, (PERSISTENT_MAX_BATCH, lambda a: persistent.persistent_body(a, pcfg)))
-    return stepwise.cuda_prim_func(spec, cell, lambda a: _dispatch(a, branches))
-
-
-def recurrent_kernel(spec, cell, target, choice: str = "auto") -> RecurrentKernel:
-    """The recurrent kernel of one layer for `target`, marked scheduled so generic schedulers leave it alone."""
-    plan = choose_kernel(spec, cell, target, choice)
-    if plan.kind == "cpu":
-        from . import recurrent_cpu as impl
-
-        func = impl.recurrent_kernel_cpu(spec, cell)
+        raise UnsupportedModelError(f"kernel={choice!r} is not supported; one of {KERNEL_CHOICES}")
+    cuda = target.kind.name == "cuda"
+    why = _fit_note(spec, cell, target, choice) if cuda else ""
+    allowed = kinds(spec, cell, target, choice)
+    tuned = {b: next(c for c in cs if c.kind in allowed) for b, cs in (tuned or {}).items() if any(c.kind in allowed for c in cs)}
+    if not tuned:
+        branches = _default_branches(spec, cell, target, allowed)
     else:
-        from . import recurrent_cuda as impl
+        buckets = sorted(tuned)
+        branches = [Branch(b if i < len(buckets) - 1 else None, tuned[b], True) for i, b in enumerate(buckets)]
+    return KernelPlan("cuda" if cuda else "cpu", tuple(branches), why)
 
-        func = _cuda_kernel(spec, cell, target, plan.kind)
+
+def kernel_plan(spec, cell, target, choice: str = "auto", tuned: dict | None = None) -> str:
+    """The plan in words, for inspect and the compile log."""
+    return plan_kernel(spec, cell, target, choice, tuned).describe()
+
+
+def _prim_func(spec, cell, target, branches, seq=None, batch=None):
+    pairs = [(b.up_to, emitter(b.config, spec, cell)) for b in branches]
+    if target.kind.name == "cuda":
+        from .recurrent_cuda import TRANSPOSED_R, cuda_prim_func
+
+        return cuda_prim_func(spec, cell, lambda a: batch_dispatch(a, pairs), seq, batch), TRANSPOSED_R
+    from .recurrent_cpu import TRANSPOSED_R, cpu_prim_func
+
+    return cpu_prim_func(spec, cell, lambda a: batch_dispatch(a, pairs), seq, batch), TRANSPOSED_R
+
+
+def signature_kernel(spec, cell, target, emit_body, seq: int, batch: int) -> tirx.PrimFunc:
+    """A PrimFunc with the recurrent kernel's arguments for `target` at static shapes and any body
+    (a tuning workload's template)."""
+    from .recurrent_common import recurrent_prim_func
+
+    if target.kind.name == "cuda":
+        from .recurrent_cuda import cuda_prim_func
+
+        return cuda_prim_func(spec, cell, emit_body, seq, batch)
+    from .recurrent_cpu import TRANSPOSED_R
+
+    return recurrent_prim_func(spec, cell, TRANSPOSED_R, emit_body, seq=seq, batch=batch)
+
+
+def recurrent_kernel(spec, cell, target, choice: str = "auto", tuned: dict | None = None) -> RecurrentKernel:
+    """The recurrent kernel of one layer for `target`, marked scheduled so generic schedulers leave it alone."""
+    plan = plan_kernel(spec, cell, target, choice, tuned)
+    func, transposed = _prim_func(spec, cell, target, plan.branches)
     # op_pattern 8 (opaque): FuseOps must not merge it with neighbours
-    return RecurrentKernel(func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8}), impl.TRANSPOSED_R, plan.describe())
+    return RecurrentKernel(func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8}), transposed, plan)
+
+
+def point_kernel(spec, cell, target, config: KernelConfig, seq: int, batch: int) -> tirx.PrimFunc:
+    """One point of a space as a static-shape kernel: what a tuning task builds and measures."""
+    func, _ = _prim_func(spec, cell, target, [Branch(None, config, False)], seq, batch)
+    return func

@@ -157,9 +157,18 @@ def unit_padding(a: KernelArgs, hbuf, cur, nxt, d, n, s, j):
     T.buffer_store(a.Y, tirx.const(0.0, "float32"), a.y_index(d, n, s, j))
 
 
-def recurrent_prim_func(spec: RNNLayerSpec, cell: Cell, transposed_r: bool, emit_body, weight_dtype="float32") -> tirx.PrimFunc:
-    """The recurrent PrimFunc every schedule builds: arguments as KernelArgs declares them, body from emit_body(a)."""
+def recurrent_prim_func(spec: RNNLayerSpec, cell: Cell, transposed_r: bool, emit_body, weight_dtype="float32",
+                        seq: int | None = None, batch: int | None = None) -> tirx.PrimFunc:
+    """The recurrent PrimFunc every schedule builds: arguments as KernelArgs declares them, body from emit_body(a).
+
+    seq/batch: None keeps them symbolic (what modules export); numbers give the static-shape
+    kernel a tuning task measures.
+    """
     a = KernelArgs(spec, cell)
+    if seq is not None:
+        a.seq = tirx.IntImm(I64, seq)
+    if batch is not None:
+        a.batch = tirx.IntImm(I64, batch)
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("rnn_recurrent")
@@ -167,3 +176,16 @@ def recurrent_prim_func(spec: RNNLayerSpec, cell: Cell, transposed_r: bool, emit
             a.declare(transposed_r=transposed_r, weight_dtype=weight_dtype)
             emit_body(a)
     return ib.get()
+
+
+def batch_dispatch(a: KernelArgs, branches):
+    """Emit `if batch <= b0: e0(a) elif batch <= b1: e1(a) ... else: en(a)` over (max_batch, emit) pairs."""
+    (limit, emit), rest = branches[0], branches[1:]
+    if limit is None or not rest:
+        emit(a)
+        return
+    with T.If(a.batch <= tirx.IntImm(I64, limit)):
+        with T.Then():
+            emit(a)
+        with T.Else():
+            batch_dispatch(a, rest)

@@ -9,6 +9,8 @@ in the Yc output, which only its own unit reads.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
@@ -32,52 +34,58 @@ def chunk_size(hidden: int, widest: int = 32) -> int:
     return c
 
 
-def recurrent_kernel_cpu(spec: RNNLayerSpec, cell: Cell, chunk: int | None = None) -> tirx.PrimFunc:
+@dataclass(frozen=True)
+class CpuConfig:
+    rows: int = ROW_TILE  # batch rows per R^T load (each load serves them all)
+    units: int = 16  # hidden units per work item: rows x gates x units accumulators; must divide H
+
+
+def cpu_prim_func(spec: RNNLayerSpec, cell: Cell, emit_steps, seq=None, batch=None) -> tirx.PrimFunc:
+    """The CPU kernel: initial states, emit_steps(a) (the time loop, one schedule per batch bucket), final state."""
     H, D = spec.hidden_size, spec.num_directions
-    JC = chunk or chunk_size(H, ROW_UNITS)
 
     def body(a):
         n_ = a.batch
-        hbuf = T.alloc_buffer((2, D, n_, H), F32)
-        scratch = {v: T.alloc_buffer((D, n_, H), F32) for v in cell.stored_values}
+        a.hbuf = T.alloc_buffer((2, D, n_, H), F32)
+        a.scratch = {v: T.alloc_buffer((D, n_, H), F32) for v in cell.stored_values}
 
         # initial states
         with T.parallel(0, i64(D) * n_) as dn:
             d, n = dn // n_, dn % n_
             with T.serial(0, i64(H)) as j:
-                T.buffer_store(hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
+                T.buffer_store(a.hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
                 if a.Yc is not None:
                     T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j))
 
-        def steps(rows, jc):
-            chunks = H // jc
-            with T.serial(0, a.seq) as s:
-                cur, nxt = s % 2, (s + 1) % 2
-                for pi, phase in enumerate(cell.phases):
-                    last = pi == len(cell.phases) - 1
-                    operand = hbuf if phase.operand == "h" else scratch[phase.operand]
-                    tiles = tirx.ceildiv(n_, i64(rows))
-                    with T.parallel(0, i64(D * chunks) * tiles) as item:
-                        d = item // (tiles * chunks)
-                        n0 = item // chunks % tiles * i64(rows)
-                        j0 = item % chunks * jc
-                        _phase_tile(a, phase, last, operand, hbuf, scratch, s, cur, nxt, d, n0, rows, j0, jc)
-
-        # Each R^T load serves `rows` batch rows: one row at batch < ROW_TILE (no wasted arithmetic),
-        # ROW_TILE rows above (R^T traffic / ROW_TILE; it dominates at batch 20 and H=800).
-        with T.If(n_ < i64(ROW_TILE)):
-            with T.Then():
-                steps(1, JC)
-            with T.Else():
-                steps(ROW_TILE, chunk_size(H, ROW_TILE_UNITS))
+        emit_steps(a)
 
         with T.parallel(0, i64(D) * n_) as dn:
             d, n = dn // n_, dn % n_
             final = a.seq % 2
             with T.serial(0, i64(H)) as j:
-                T.buffer_store(a.Yh, hbuf[final, d, n, j], a.state_index(d, n, j))
+                T.buffer_store(a.Yh, a.hbuf[final, d, n, j], a.state_index(d, n, j))
 
-    return recurrent_prim_func(spec, cell, TRANSPOSED_R, body)
+    return recurrent_prim_func(spec, cell, TRANSPOSED_R, body, seq=seq, batch=batch)
+
+
+def cpu_steps(a: KernelArgs, cfg: CpuConfig):
+    """The time loop: per step and phase, parallel work items of `cfg.units` units x `cfg.rows` batch rows."""
+    H, D, cell = a.spec.hidden_size, a.spec.num_directions, a.cell
+    rows, jc = cfg.rows, cfg.units
+    if H % jc:
+        raise ValueError(f"units={jc} must divide hidden size {H}")
+    chunks = H // jc
+    with T.serial(0, a.seq) as s:
+        cur, nxt = s % 2, (s + 1) % 2
+        for pi, phase in enumerate(cell.phases):
+            last = pi == len(cell.phases) - 1
+            operand = a.hbuf if phase.operand == "h" else a.scratch[phase.operand]
+            tiles = tirx.ceildiv(a.batch, i64(rows))
+            with T.parallel(0, i64(D * chunks) * tiles) as item:
+                d = item // (tiles * chunks)
+                n0 = item // chunks % tiles * i64(rows)
+                j0 = item % chunks * jc
+                _phase_tile(a, phase, last, operand, a.hbuf, a.scratch, s, cur, nxt, d, n0, rows, j0, jc)
 
 
 def _phase_tile(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, d, n0, rows, j0, JC):

@@ -49,8 +49,8 @@ def _elementwise(a: KernelArgs, total, body):
                     body(idx)
 
 
-def cuda_prim_func(spec: RNNLayerSpec, cell: Cell, emit_body) -> tirx.PrimFunc:
-    return recurrent_prim_func(spec, cell, TRANSPOSED_R, emit_body, weight_dtype=spec.dtype)
+def cuda_prim_func(spec: RNNLayerSpec, cell: Cell, emit_body, seq=None, batch=None) -> tirx.PrimFunc:
+    return recurrent_prim_func(spec, cell, TRANSPOSED_R, emit_body, weight_dtype=spec.dtype, seq=seq, batch=batch)
 
 
 def weight_bytes(spec: RNNLayerSpec) -> int:

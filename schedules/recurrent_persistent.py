@@ -13,6 +13,7 @@ small batches this kernel is chosen for.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -59,9 +60,12 @@ def default_config(spec: RNNLayerSpec, arch: str) -> PersistentConfig:
     return PersistentConfig(blocks=SM_COUNT.get(arch, 108))
 
 
-def fits(spec: RNNLayerSpec, cell: Cell, arch: str) -> bool:
-    """Whether R of this layer (all directions) and a tile of h fit in shared memory across one wave of blocks."""
-    return default_config(spec, arch).smem_bytes(spec, cell) <= SMEM_LIMIT.get(arch, SMEM_DEFAULT)
+def fits(spec: RNNLayerSpec, cell: Cell, arch: str, blocks: int | None = None) -> bool:
+    """Whether R of this layer (all directions) fits in shared memory across one wave of `blocks` blocks."""
+    cfg = default_config(spec, arch)
+    if blocks is not None:
+        cfg = dataclasses.replace(cfg, blocks=blocks)
+    return cfg.smem_bytes(spec, cell) <= SMEM_LIMIT.get(arch, SMEM_DEFAULT)
 
 
 def _grid_sync():

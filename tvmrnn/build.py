@@ -58,7 +58,10 @@ def _layer_dict(spec, imported) -> dict:
     d = asdict(spec)
     d["present"] = sorted(spec.present)
     d["activations"] = [[asdict(a) for a in acts] for acts in spec.activations]
-    d["kernel"] = imported.kernels.get(spec.name)
+    plan = imported.kernels.get(spec.name)
+    d["kernel"] = plan.describe()
+    d["tuned"] = plan.tuned  # every batch bucket runs a point from the tuning logs
+    d["schedule"] = [b.as_dict() for b in plan.branches]
     d["graph_inputs"] = imported.graph_inputs.get(spec.name, {})
     return d
 
@@ -98,13 +101,28 @@ def _quiet(_msg):
 STORAGE_DTYPES = ("float16", "bfloat16")
 
 
-def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None):
+def _tuning_logs(logs, target, log):
+    """The tuning logs compile applies: `logs` is a folder, None for the default one, or False for none."""
+    if logs is False:
+        return None
+    from .tuning.logs import TuningLogs, default_logs_dir
+
+    found = TuningLogs.load(default_logs_dir() if logs is None else logs, target)
+    for problem in found.problems:
+        log(f"      warning: {problem}")
+    log(f"      tuning logs: {found.records} record(s) in {found.folder}" if found.records else f"      tuning logs: none for this target in {found.folder}")
+    return found
+
+
+def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, logs=None):
     """ONNX model -> runnable (or, for CUDA without a GPU, exportable) module. `log` gets one line per stage.
 
     kernel: the recurrent schedule on CUDA: "auto" (persistent where R fits on chip and the batch is
     small, else stepwise), "stepwise" or "persistent".
     dtype: "float16" or "bfloat16" runs the fp32 model's recurrent layers with that storage
     (weights and projection in half precision, fp32 accumulation and state); None keeps each layer's.
+    logs: tuning logs folder (None: tvmrnn.tuning.logs.default_logs_dir(); False: untuned defaults);
+    each layer runs its tuned points where the logs have its shape for this target.
     """
     from schedules import KERNEL_CHOICES, cooperative
 
@@ -115,12 +133,13 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None):
     target = resolve_target(target)
     source = os.fspath(model) if not isinstance(model, onnx.ModelProto) else "<ModelProto>"
     started = time.perf_counter()
-    imported = import_onnx(model, target, kernel, None if dtype in (None, "float32") else dtype)
+    tuning = _tuning_logs(logs, target, log)
+    imported = import_onnx(model, target, kernel, None if dtype in (None, "float32") else dtype, tuning.best if tuning else None)
     log(f"[1/2] imported {source}: opset {imported.opset}, {len(imported.layers)} recurrent layer(s) "
         f"({time.perf_counter() - started:.1f} s)")
     for spec in imported.layers:
         log(f"      {spec.op} '{spec.name}': hidden {spec.hidden_size}, input {spec.input_size}, {spec.direction}, "
-            f"layout {spec.layout}, {spec.dtype} -> {imported.kernels[spec.name]}")
+            f"layout {spec.layout}, {spec.dtype} -> {imported.kernels[spec.name].describe()}")
     started = time.perf_counter()
     # our pipeline = TVM's + the cooperative-launch tag that persistent kernels' grid barriers need
     executable = tvm.compile(imported.mod, target=target, tir_pipeline=cooperative.register())
@@ -136,6 +155,7 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None):
         "outputs": [o.as_dict() for o in imported.outputs],
         "layers": [_layer_dict(s, imported) for s in imported.layers],
         "index_bounds": imported.index_bounds,
+        "tuning_logs": str(tuning.folder) if tuning and tuning.records else None,
     }
     if target.kind.name == "cuda" and not gpu_present():
         return _ExportOnly(executable, metadata)

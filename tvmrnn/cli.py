@@ -46,12 +46,41 @@ def main():
 @click.option("--target", default=None, help="llvm, cuda, or a TVM target tag such as nvidia/nvidia-h100 (default: cuda if a GPU is here, else llvm)")
 @click.option("--kernel", default="auto", show_default=True, type=click.Choice(["auto", "stepwise", "persistent"]),
               help="the recurrent schedule on CUDA (auto: persistent where R fits on chip and the batch is small)")
+@click.option("--dtype", default=None, type=click.Choice(["float32", "float16", "bfloat16"]),
+              help="storage of the recurrent layers (float16/bfloat16: half-precision weights, fp32 state)")
+@click.option("--logs", default=None, type=click.Path(file_okay=False),
+              help="tuning logs folder (default: $TVMRNN_TUNING_LOGS or the checkout's tuning_logs/)")
+@click.option("--tune", "tune_trials", default=0, metavar="TRIALS", help="tune with this many trials first, then compile")
+@click.option("--time-budget", default=None, type=float, metavar="MIN", help="with --tune: stop tuning after this many minutes")
 @_fail_cleanly
-def compile_cmd(model, output, target, kernel):
-    """Compile MODEL.onnx into a deployable module."""
-    from .interface.compile import compile_command
+def compile_cmd(model, output, target, kernel, dtype, logs, tune_trials, time_budget):
+    """Compile MODEL.onnx into a deployable module (applying matching tuning logs)."""
+    from .interface.compile import CompileArgs, compile_command
 
-    compile_command(model, output, target, kernel)
+    compile_command(CompileArgs(model, output, target, kernel, dtype, logs, tune_trials, time_budget))
+
+
+@main.command("tune")
+@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@click.option("--target", default=None, help="llvm, cuda, or a TVM target tag (default: cuda if a GPU is here, else llvm)")
+@click.option("--trials", default=64, show_default=True, help="measured points in all tasks, counting those already logged (so a rerun resumes)")
+@click.option("--logs", default=None, type=click.Path(file_okay=False),
+              help="tuning logs folder (default: $TVMRNN_TUNING_LOGS or the checkout's tuning_logs/)")
+@click.option("--time-budget", default=None, type=float, metavar="MIN", help="stop after this many minutes")
+@click.option("--batch", "batches", multiple=True, type=int, help="a batch bucket to tune (repeatable; default: the model's batch, or 1, 8, 64)")
+@click.option("--seq", default=None, type=int, help="steps per measurement (default: the model's, or 100)")
+@click.option("--dtype", default=None, type=click.Choice(["float32", "float16", "bfloat16"]), help="as compile --dtype")
+@click.option("--kernel", default="auto", show_default=True, type=click.Choice(["auto", "stepwise", "persistent"]),
+              help="restrict the CUDA kernel kinds searched")
+@_fail_cleanly
+def tune_cmd(model, target, trials, logs, time_budget, batches, seq, dtype, kernel):
+    """Tune MODEL.onnx's recurrent kernels for TARGET with MetaSchedule; compile applies the logs."""
+    from .interface.tune import TuneArgs, tune_command
+    from .tuning.logs import default_logs_dir
+
+    if trials < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--trials")
+    tune_command(TuneArgs(model, target, trials, logs or str(default_logs_dir()), time_budget, tuple(batches), seq, dtype, kernel))
 
 
 @main.command("run")

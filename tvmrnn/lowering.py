@@ -19,10 +19,10 @@ from .layer import RNNLayerSpec
 op = relax.op
 
 
-def _recurrent_kernel(spec, cell, target, choice):
+def _recurrent_kernel(spec, cell, target, choice, tuned):
     from schedules import recurrent_kernel  # the schedules package is ours; imported late to keep layers apart
 
-    return recurrent_kernel(spec, cell, target, choice)
+    return recurrent_kernel(spec, cell, target, choice, tuned)
 
 
 def _split_bias(B, spec, cell):
@@ -64,10 +64,11 @@ def _projection(bb, X, w, bias, cols, In, target):
     return bb.emit(op.reshape(flat, [shape[0], shape[1], cols]))
 
 
-def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, target, kernel_choice="auto") -> tuple[list[relax.Expr], str]:
+def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, target, kernel_choice="auto", tuned=None):
     """Emit the layer; `inputs` are the node's Relax inputs in ONNX order (None where absent).
+    tuned: the tuning logs' points for this layer ({batch: [KernelConfig, best first]}) or None.
 
-    Returns [Y, Y_h(, Y_c)] as Relax expressions and the name of the recurrent schedule chosen.
+    Returns [Y, Y_h(, Y_c)] as Relax expressions and the recurrent kernel's plan (schedules.KernelPlan).
     """
     cell = cell_for(spec)
     inputs = list(inputs) + [None] * (8 - len(inputs))
@@ -83,7 +84,7 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
 
     bias, rb_cell = _split_bias(B, spec, cell) if B is not None else (None, None)
     xw = _projection(bb, X, op.reshape(W, [D * G * H, In]), bias, D * G * H, In, target)
-    kernel = _recurrent_kernel(spec, cell, target, kernel_choice)
+    kernel = _recurrent_kernel(spec, cell, target, kernel_choice, tuned)
     args = [xw, bb.emit(op.permute_dims(R, [0, 2, 1])) if kernel.transposed_r else R]
     for name in ("sequence_lens", "initial_h", "initial_c"):
         if spec.has(name) and (name != "initial_c" or "c" in cell.states):
@@ -103,7 +104,7 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
     results = [bb.emit(relax.TupleGetItem(res, i)) for i in range(len(outs))]
     if spec.dtype != "float32":
         results = [bb.emit(op.astype(r, spec.dtype)) for r in results]
-    return results, kernel.name
+    return results, kernel.plan
 
 
 def _params(spec, cell, P, rb_cell):

@@ -26,7 +26,8 @@ class ImportContext:
     kernel: str = "auto"  # recurrent schedule: auto | stepwise | persistent
     storage: str | None = None  # convert fp32 layers to this storage dtype (float16 | bfloat16)
     layers: list = field(default_factory=list)
-    kernels: dict = field(default_factory=dict)  # layer name -> the recurrent schedule chosen, described
+    tuned: object = None  # spec -> {batch: [KernelConfig, best first]} from the tuning logs (tvmrnn.tuning.logs)
+    kernels: dict = field(default_factory=dict)  # layer name -> its recurrent kernel's plan (schedules.KernelPlan)
     graph_inputs: dict = field(default_factory=dict)  # layer name -> {ONNX input name: graph input name}
     current = contextvars.ContextVar("tvmrnn_import")
 
@@ -56,7 +57,7 @@ def _convert(op_type, bb, inputs, attr):
     # graph inputs that feed the layer directly: the runtime checks sequence_lens values against X's length
     ctx.graph_inputs[name] = {n: x.name for n, x in zip(INPUT_NAMES[op_type], inputs)
                               if isinstance(x, relax.Var) and n in ("X", "sequence_lens")}
-    outs, ctx.kernels[name] = emit_rnn_layer(bb, spec, inputs, ctx.target, ctx.kernel)
+    outs, ctx.kernels[name] = emit_rnn_layer(bb, spec, inputs, ctx.target, ctx.kernel, ctx.tuned(spec) if ctx.tuned else None)
     if convert:
         outs = [bb.emit(relax.op.astype(o, "float32")) for o in outs]
     return relax.Tuple(outs[: max(spec.num_outputs, 1)]) if spec.num_outputs > 1 else outs[0]

@@ -18,6 +18,7 @@ class FoundLayer:
     op: str
     spec: RNNLayerSpec | None
     problem: str | None  # why it is not supported, or None
+    x_shape: tuple = ()  # X's dims as the model declares them (ints, or names/"?" where dynamic)
 
     @property
     def supported(self) -> bool:
@@ -51,7 +52,7 @@ def find_rnn_layers(model) -> list[FoundLayer]:
         dtype = onnx_dtype_name(shapes.get(node.input[0], ((), onnx.TensorProto.FLOAT))[1])
         try:
             spec = spec_from_node(node.op_type, name, attrs, present, len(node.output), opset, dtype)
-            found.append(FoundLayer(name, node.op_type, spec, None))
+            found.append(FoundLayer(name, node.op_type, spec, None, x if isinstance(x := present.get("X"), tuple) else ()))
         except UnsupportedModelError as err:
             found.append(FoundLayer(name, node.op_type, None, str(err)))
     return found

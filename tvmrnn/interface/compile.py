@@ -14,15 +14,30 @@ class CompileArgs:
     output: str
     target: str  # as resolved: the TVM target the module is built for
     kernel: str = "auto"
+    dtype: str | None = None
+    logs: str | None = None  # tuning logs folder (None: the default one)
+    tune_trials: int = 0  # > 0: tune first (tvmrnn tune), then compile with the fresh logs
+    time_budget_min: float | None = None
 
     def show(self) -> str:
         return "\n".join(f"  {k:<7} {v}" for k, v in vars(self).items())
 
 
-def compile_command(model: str, output: str, target: str | None, kernel: str = "auto", echo=print) -> CompileArgs:
-    args = CompileArgs(model, output, str(resolve_target(target)), kernel)
+def compile_command(args: CompileArgs, echo=print) -> CompileArgs:
+    args.target = str(resolve_target(args.target))
+    if args.logs is None:
+        from ..tuning.logs import default_logs_dir
+
+        args.logs = str(default_logs_dir())
     echo(f"tvmrnn compile\n{args.show()}")
-    module = compile_model(model, target=args.target, log=echo, kernel=kernel)
-    path = module.export(output)
+    if args.tune_trials > 0:
+        from .tune import TuneArgs, tune_command
+
+        tune_command(TuneArgs(args.model, args.target, args.tune_trials, args.logs, args.time_budget_min,
+                              dtype=args.dtype, kernel=args.kernel), echo=echo)
+    module = compile_model(args.model, target=args.target, log=echo, kernel=args.kernel, dtype=args.dtype, logs=args.logs)
+    for layer in module.metadata["layers"]:
+        echo(f"      {layer['name']}: {'tuned' if layer['tuned'] else 'default schedule (no tuning log for this shape)'}")
+    path = module.export(args.output)
     echo(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB) and its metadata {os.path.splitext(path)[0]}.json")
     return args

@@ -1,0 +1,118 @@
+"""The tunable spaces of our recurrent kernels: each schedule kind's knobs, its default point, and the body a point emits.
+
+A point of a space is a `KernelConfig`: a schedule kind and a value for each of its knobs.
+
+    cpu         rows (batch rows per R^T load), units (hidden units per work item)
+    stepwise    warps per block, units_per_warp, batch_tile (rows reusing each weight read)
+    persistent  blocks (one co-resident wave), warps, batch_tile, stage_h (h staged in shared memory)
+
+Persistent against stepwise is itself a knob: both are design spaces of one CUDA tuning task.
+MetaSchedule samples the knobs (tvmrnn/tuning/search.py); compile builds each layer's kernel as a
+dispatch over batch buckets, each bucket running its tuned point or the default one
+(schedules/__init__.py). Every point of every space is a correct kernel: the tests run sampled points.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CPU_ROWS = (1, 2, 4, 8)
+CPU_UNITS = (8, 16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    kind: str  # "cpu" | "stepwise" | "persistent"
+    knobs: tuple[tuple[str, int], ...]  # (name, value), sorted by name
+
+    @staticmethod
+    def of(kind: str, **knobs) -> KernelConfig:
+        return KernelConfig(kind, tuple(sorted((k, int(v)) for k, v in knobs.items())))
+
+    @staticmethod
+    def from_dict(d: dict) -> KernelConfig:
+        d = dict(d)
+        return KernelConfig.of(d.pop("kind"), **d)
+
+    def __getitem__(self, name: str) -> int:
+        return dict(self.knobs)[name]
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, **dict(self.knobs)}
+
+    def describe(self) -> str:
+        return f"{self.kind}(" + ", ".join(f"{k}={v}" for k, v in self.knobs) + ")"
+
+
+def _arch(target) -> str:
+    return str(target.attrs.get("arch", "sm_90a")) if target.attrs is not None else "sm_90a"
+
+
+def _divisors(hidden: int, options) -> tuple[int, ...]:
+    return tuple(u for u in options if hidden % u == 0) or (1,)
+
+
+def knob_space(kind: str, spec, cell, target) -> dict[str, tuple[int, ...]]:
+    """Each knob's candidate values for a layer on `target`; every combination builds a correct kernel."""
+    if kind == "cpu":
+        from .recurrent_cpu import chunk_size
+
+        units = set(_divisors(spec.hidden_size, CPU_UNITS)) | {chunk_size(spec.hidden_size, 64), chunk_size(spec.hidden_size, 16)}
+        return {"rows": CPU_ROWS, "units": tuple(sorted(units))}
+    if kind == "stepwise":
+        return {"warps": (2, 4, 8), "units_per_warp": (1, 2), "batch_tile": (1, 2, 4, 8, 16)}
+    if kind == "persistent":
+        from . import recurrent_persistent as persistent
+
+        sms = persistent.SM_COUNT.get(_arch(target), 108)
+        blocks = tuple(b for b in sorted({sms, sms * 3 // 4, sms // 2}, reverse=True)
+                       if persistent.fits(spec, cell, _arch(target), blocks=b))
+        return {"blocks": blocks or (sms,), "warps": (4, 8, 16), "batch_tile": (1, 2, 4), "stage_h": (0, 1)}
+    raise ValueError(f"unknown kernel kind {kind!r}")
+
+
+def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
+    """The schedule kinds a layer may run on `target` under the user's kernel choice."""
+    if target.kind.name != "cuda":
+        return ("cpu",)
+    from . import recurrent_persistent as persistent
+
+    fits = persistent.fits(spec, cell, _arch(target))
+    return {"auto": ("persistent", "stepwise") if fits else ("stepwise",),
+            "stepwise": ("stepwise",), "persistent": ("persistent",)}[choice]
+
+
+def default_config(kind: str, spec, cell, target, batch: int | None = None) -> KernelConfig:
+    """The hand-picked point of a space (what an untuned module runs), for `batch` rows where that matters."""
+    if kind == "cpu":
+        from .recurrent_cpu import ROW_TILE, ROW_TILE_UNITS, ROW_UNITS, chunk_size
+
+        small = batch is not None and batch < ROW_TILE
+        return KernelConfig.of("cpu", rows=1 if small else ROW_TILE,
+                               units=chunk_size(spec.hidden_size, ROW_UNITS if small else ROW_TILE_UNITS))
+    if kind == "stepwise":
+        from .recurrent_cuda import StepwiseConfig
+
+        c = StepwiseConfig()
+        return KernelConfig.of("stepwise", warps=c.warps, units_per_warp=c.units_per_warp, batch_tile=c.batch_tile)
+    from . import recurrent_persistent as persistent
+
+    c = persistent.default_config(spec, _arch(target))
+    return KernelConfig.of("persistent", blocks=c.blocks, warps=c.warps, batch_tile=c.batch_tile, stage_h=int(c.stage_h))
+
+
+def emitter(config: KernelConfig, spec, cell):
+    """The kernel body (a function of KernelArgs) that one point of a space builds."""
+    if config.kind == "cpu":
+        from .recurrent_cpu import CpuConfig, cpu_steps
+
+        return lambda a: cpu_steps(a, CpuConfig(rows=config["rows"], units=config["units"]))
+    if config.kind == "stepwise":
+        from .recurrent_cuda import StepwiseConfig, stepwise_body
+
+        cfg = StepwiseConfig(warps=config["warps"], units_per_warp=config["units_per_warp"], batch_tile=config["batch_tile"])
+        return lambda a: stepwise_body(a, cfg)
+    from .recurrent_persistent import PersistentConfig, persistent_body
+
+    cfg = PersistentConfig(blocks=config["blocks"], warps=config["warps"], batch_tile=config["batch_tile"], stage_h=bool(config["stage_h"]))
+    return lambda a: persistent_body(a, cfg)

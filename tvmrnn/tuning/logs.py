@@ -1,0 +1,162 @@
+"""Tuning logs: MetaSchedule JSON databases, one folder per target, and the best point per layer and batch.
+
+    tuning_logs/<target>/database_workload.json        MetaSchedule's workload table
+    tuning_logs/<target>/database_tuning_record.json   its tuning records (one measured point each)
+    tuning_logs/<target>/runs.jsonl                    one line per tuning run: device, date, trials, time
+
+<target> is `cuda-<arch>` or `cpu-<mcpu>`. Runs append to the same database, so logs of several runs
+merge; other `<prefix>workload.json` / `<prefix>tuning_record.json` pairs in the folder (a log copied
+from another machine) are read too. A damaged pair, or records made for another target, are reported
+and skipped: a bad log never stops a compile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UnsupportedModelError
+
+WORKLOAD = "workload.json"
+RECORDS = "tuning_record.json"
+FAILED = 1e9  # MetaSchedule stores 1e10 s for a candidate that failed to build or run
+
+
+def default_logs_dir() -> Path:
+    """$TVMRNN_TUNING_LOGS, else the checkout's tuning_logs/ (where the committed logs are), else ./tuning_logs."""
+    if os.environ.get("TVMRNN_TUNING_LOGS"):
+        return Path(os.environ["TVMRNN_TUNING_LOGS"])
+    checkout = Path(__file__).resolve().parents[2] / "tuning_logs"
+    return checkout if checkout.is_dir() else Path("tuning_logs")
+
+
+def target_name(target) -> str:
+    attrs = target.attrs or {}
+    if target.kind.name == "cuda":
+        return f"cuda-{attrs.get('arch', 'unknown')}"
+    return f"{'cpu' if target.kind.name == 'llvm' else target.kind.name}-{attrs.get('mcpu', 'generic')}"
+
+
+def target_dir(logs_dir, target) -> Path:
+    return Path(logs_dir) / target_name(target)
+
+
+def check_json_lines(path: Path, kind: str) -> str | None:
+    """Why a database file cannot be MetaSchedule's (None if it looks sound), without letting TVM parse it."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        return f"cannot be read ({err})"
+    for no, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            return f"line {no} is not JSON ({err.msg})"
+        ok = (isinstance(row, list) and len(row) == 2 and
+              (all(isinstance(x, str) for x in row) if kind == WORKLOAD else isinstance(row[0], int) and isinstance(row[1], list)))
+        if not ok:
+            return f"line {no} is not a MetaSchedule {kind[:-5].replace('_', ' ')} row"
+    return None
+
+
+def _pairs(folder: Path):
+    for wl in sorted(folder.glob(f"*{WORKLOAD}")):
+        yield wl, wl.with_name(wl.name[: -len(WORKLOAD)] + RECORDS)
+
+
+def open_database(folder: Path, prefix: str = "database_"):
+    """The run's writable database in `folder`; refuses (clearly) to append to a damaged one."""
+    from tvm.s_tir import meta_schedule as ms
+
+    folder.mkdir(parents=True, exist_ok=True)
+    wl, rec = folder / f"{prefix}{WORKLOAD}", folder / f"{prefix}{RECORDS}"
+    for path, kind in ((wl, WORKLOAD), (rec, RECORDS)):
+        problem = path.exists() and check_json_lines(path, kind)
+        if problem:
+            raise UnsupportedModelError(f"tuning log {path} is damaged: {problem}; move it away (or pass another --logs) to tune")
+    return ms.database.JSONDatabase(str(wl), str(rec), allow_missing=True)
+
+
+def _same_target(a, b) -> bool:
+    keys = ("arch",) if b.kind.name == "cuda" else ("mcpu",)
+    return a.kind.name == b.kind.name and all(str((a.attrs or {}).get(k)) == str((b.attrs or {}).get(k)) for k in keys)
+
+
+@dataclass
+class TuningLogs:
+    """The measured points of every readable log for one target, indexed by layer and batch."""
+
+    target: object
+    folder: Path
+    problems: list[str] = field(default_factory=list)  # damaged or foreign logs, each in one line
+    records: int = 0
+    # layer key (JSON) -> batch -> [(seconds per step, KernelConfig)]
+    points: dict = field(default_factory=dict)
+
+    @staticmethod
+    def load(logs_dir, target) -> TuningLogs:
+        from tvm.s_tir import meta_schedule as ms
+
+        from .search import config_of_trace
+        from .tasks import layer_key, task_of
+
+        logs = TuningLogs(target, target_dir(logs_dir, target))
+        if not logs.folder.is_dir():
+            return logs
+        for wl, rec in _pairs(logs.folder):
+            problem = check_json_lines(wl, WORKLOAD) or (check_json_lines(rec, RECORDS) if rec.exists() else f"{rec.name} is missing")
+            if problem:
+                logs.problems.append(f"tuning log {wl.parent / wl.name[: -len(WORKLOAD)]}* skipped: {problem}")
+                continue
+            try:
+                db = ms.database.JSONDatabase(str(wl), str(rec), allow_missing=False)
+                records = db.get_all_tuning_records()
+            except Exception as err:  # TVM's parser: a row that is JSON but not a workload/record
+                logs.problems.append(f"tuning log {wl} skipped: MetaSchedule cannot read it ({str(err).splitlines()[-1]})")
+                continue
+            foreign = set()
+            for r in records:
+                task = task_of(r.workload.mod)
+                if task is None or not _same_target(r.target, target):
+                    foreign.add(target_name(r.target) if task is not None else "a workload that is not a tvmrnn kernel")
+                    continue
+                secs = [float(s) for s in (r.run_secs or [])]
+                if not secs or min(secs) >= FAILED:
+                    continue
+                key = json.dumps(layer_key(task.spec), sort_keys=True)
+                per_step = sum(secs) / len(secs) / max(task.seq, 1)
+                logs.points.setdefault(key, {}).setdefault(task.batch, []).append((per_step, config_of_trace(r.trace, r.workload.mod)))
+                logs.records += 1
+            if foreign:
+                logs.problems.append(f"tuning log {wl}: records for {', '.join(sorted(foreign))} skipped (this target is {target_name(target)})")
+        return logs
+
+    def best(self, spec) -> dict:
+        """{batch: [KernelConfig, best first]} for a layer (what schedules.plan_kernel takes)."""
+        from .tasks import layer_key
+
+        found = self.points.get(json.dumps(layer_key(spec), sort_keys=True), {})
+        out = {}
+        for batch, pts in found.items():
+            seen = []
+            for _, cfg in sorted(pts, key=lambda p: p[0]):
+                if cfg not in seen:
+                    seen.append(cfg)
+            out[batch] = seen
+        return out
+
+    def best_seconds(self, spec, batch: int, config) -> float | None:
+        from .tasks import layer_key
+
+        pts = self.points.get(json.dumps(layer_key(spec), sort_keys=True), {}).get(batch, [])
+        times = [t for t, c in pts if c == config]
+        return min(times) if times else None
+
+
+def record_run(folder: Path, entry: dict) -> None:
+    with open(folder / "runs.jsonl", "a") as f:
+        f.write(json.dumps(entry) + "\n")

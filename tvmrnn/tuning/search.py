@@ -1,0 +1,149 @@
+"""What MetaSchedule runs for our kernels: design spaces of knobs, a mutator, a builder and a feature extractor.
+
+Our kernels are written as whole TIR programs (warp shuffles, grid barriers, shared-memory
+residency), not as loop nests for schedule primitives to transform. So a design space is a
+trace of `sample_categorical` decisions, one per knob of schedules/space.py, each annotated on
+the workload's root block. Evolutionary search mutates those decisions (ChangeOneKnob); the
+builder turns the annotated workload back into the kernel that point builds and compiles it
+with our TIR pipeline; the feature extractor gives XGBoost MetaSchedule's per-store features
+of that same kernel, so the cost model sees the real loop nests, memory scopes and launches.
+"""
+
+from __future__ import annotations
+
+import random
+
+import tvm
+from tvm.ir.utils import derived_object
+from tvm.s_tir import Schedule
+from tvm.s_tir import meta_schedule as ms
+
+from .tasks import RecurrentTask, task_of
+
+KNOB = "tvmrnn."  # annotation prefix of a knob on the root block
+KIND = KNOB + "kind"
+
+
+def _root(sch: Schedule):
+    return sch.get_sblock("root", func_name="main")
+
+
+def config_of(mod: tvm.IRModule):
+    """The KernelConfig a scheduled workload's root-block annotations describe."""
+    from schedules.space import KernelConfig
+
+    sch = Schedule(mod)
+    ann = sch.get(_root(sch)).annotations
+    kind = str(ann[KIND])
+    knobs = {k[len(KNOB):]: int(v) for k, v in ann.items() if k.startswith(KNOB) and k != KIND}
+    return KernelConfig.of(kind, **knobs)
+
+
+def design_spaces(task: RecurrentTask, target, choice: str = "auto") -> ms.space_generator.ScheduleFn:
+    """One design space per kernel kind the layer may run (persistent and stepwise on CUDA when R fits)."""
+    from schedules.space import kinds, knob_space
+
+    def sample(sch: Schedule):
+        spaces = []
+        for kind in kinds(task.spec, task.cell, target, choice):
+            s = sch.copy()
+            root = _root(s)
+            s.annotate(root, KIND, kind)
+            for knob, choices in knob_space(kind, task.spec, task.cell, target).items():
+                value = choices[0] if len(choices) == 1 else s.sample_categorical(list(choices), [1.0 / len(choices)] * len(choices))
+                s.annotate(root, KNOB + knob, value)
+            spaces.append(s)
+        return spaces
+
+    return ms.space_generator.ScheduleFn(sample, sch_rules=[], postprocs=[], mutator_probs={ChangeOneKnob(): 1.0})
+
+
+def point_trace(space: Schedule, config) -> tvm.s_tir.Trace:
+    """The design space's trace with each knob's decision set to `config`'s value (to measure the default point)."""
+    trace = space.trace
+    values = dict(config.knobs)
+    for inst in trace.insts:
+        if inst.kind.name == "SampleCategorical":
+            # the annotation that consumes this decision names the knob
+            use = next(i for i in trace.insts if i.kind.name == "Annotate" and inst.outputs[0].same_as(i.inputs[1]))
+            knob = str(use.attrs[0])[len(KNOB):]
+            candidates = [int(c) for c in inst.attrs[0]]
+            trace = trace.with_decision(inst, candidates.index(values[knob]), remove_postproc=True)
+    return trace
+
+
+@derived_object
+class ChangeOneKnob(ms.mutator.PyMutator):
+    """Mutation for evolutionary search: one knob's decision moves to another of its values."""
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def apply(self, trace, rand_state) -> tvm.s_tir.Trace | None:
+        rng = random.Random(int(rand_state))
+        sampled = [i for i in trace.insts if i.kind.name == "SampleCategorical" and len(i.attrs[0]) > 1]
+        if not sampled:
+            return None
+        inst = rng.choice(sampled)
+        current = int(trace.decisions[inst])
+        choice = rng.choice([i for i in range(len(inst.attrs[0])) if i != current])
+        return trace.with_decision(inst, choice, remove_postproc=True)
+
+    def clone(self):
+        return ChangeOneKnob()
+
+
+def point_kernel_of(mod: tvm.IRModule, target) -> tvm.IRModule:
+    """The kernel a scheduled workload stands for, at the workload's static shapes."""
+    from schedules import point_kernel
+
+    task = task_of(mod)
+    func = point_kernel(task.spec, task.cell, target, config_of(mod), task.seq, task.batch)
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+
+def build_point(mod: tvm.IRModule, target, _params=None):
+    """MetaSchedule's builder function: compile the point's kernel with our pipeline (cooperative launch)."""
+    from schedules import cooperative
+
+    return tvm.tirx.build(point_kernel_of(mod, target), target=target, pipeline=cooperative.register())
+
+
+@derived_object
+class KernelFeatures(ms.feature_extractor.PyFeatureExtractor):
+    """Per-store features of the kernel each candidate builds (cached per point: a space has few)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = ms.feature_extractor.PerStoreFeature()
+        self.cache = {}
+
+    def extract_from(self, context, candidates):
+        out = []
+        for cand in candidates:
+            mod = cand.sch.mod
+            key = (task_of(mod).key(), config_of(mod))
+            if key not in self.cache:
+                kernel = point_kernel_of(mod, context.target)
+                feats = self.inner.extract_from(context, [ms.MeasureCandidate(Schedule(kernel), cand.args_info)])[0]
+                self.cache[key] = feats.numpy()
+            out.append(tvm.runtime.tensor(self.cache[key]))
+        return out
+
+
+def cost_model() -> ms.cost_model.XGBModel:
+    # our spaces hold tens of points, not millions: train from the first measurements on
+    return ms.cost_model.XGBModel(extractor=KernelFeatures(), num_warmup_samples=4, adaptive_training=False)
+
+
+def search_strategy() -> ms.search_strategy.EvolutionarySearch:
+    return ms.search_strategy.EvolutionarySearch(population_size=64, init_measured_ratio=0.25, init_min_unmeasured=2,
+                                                 max_fail_count=8, genetic_num_iters=2)
+
+
+
+def config_of_trace(trace, workload_mod: tvm.IRModule):
+    """The point a tuning record measured: its trace replayed on its workload."""
+    sch = Schedule(workload_mod)
+    trace.apply_to_schedule(sch, remove_postproc=True)
+    return config_of(sch.mod)

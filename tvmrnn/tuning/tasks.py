@@ -1,0 +1,107 @@
+"""Task extraction: one tuning task per distinct recurrent kernel (layer shape and variant) and batch bucket.
+
+A task's MetaSchedule workload is a template PrimFunc: the kernel's signature at static shapes, an
+attribute naming the task (the layer without its node name, seq, batch) and an empty root block
+whose annotations carry the sampled knobs. Two layers of the same shape share a task, and the
+database matches a task again in a later run or another model by this workload alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+import tvm
+from tvm.script.ir_builder import tirx as T
+
+from ..cells import cell_for
+from ..errors import UnsupportedModelError
+from ..frontend.inspect import find_rnn_layers
+from ..layer import Activation, RNNLayerSpec
+
+TASK_ATTR = "tvmrnn.task"
+DEFAULT_BATCHES = (1, 8, 64)  # buckets for a model whose batch is dynamic
+DEFAULT_SEQ = 100  # steps measured when the model's sequence length is dynamic
+
+
+def layer_key(spec: RNNLayerSpec) -> dict:
+    """The layer as the kernel sees it: everything but the node's name."""
+    d = dataclasses.asdict(spec)
+    d.pop("name")
+    d["present"] = sorted(spec.present)
+    d["activations"] = [[dataclasses.asdict(a) for a in acts] for acts in spec.activations]
+    return d
+
+
+def spec_from_key(d: dict, name: str = "tuning") -> RNNLayerSpec:
+    d = dict(d)
+    d["present"] = frozenset(d["present"])
+    d["activations"] = tuple(tuple(Activation(**a) for a in acts) for acts in d["activations"])
+    return RNNLayerSpec(name=name, **d)
+
+
+@dataclass(frozen=True)
+class RecurrentTask:
+    spec: RNNLayerSpec
+    seq: int
+    batch: int
+    layers: tuple[str, ...] = ()  # the model's nodes that share this kernel
+
+    @property
+    def cell(self):
+        return cell_for(self.spec)
+
+    def key(self) -> str:
+        return json.dumps({"layer": layer_key(self.spec), "seq": self.seq, "batch": self.batch}, sort_keys=True)
+
+    @property
+    def name(self) -> str:
+        s = self.spec
+        return (f"{s.op}-h{s.hidden_size}-i{s.input_size}-{s.direction[:3]}-{s.dtype}-b{self.batch}-s{self.seq}")
+
+    def template(self, target) -> tvm.IRModule:
+        """The workload: the kernel's arguments at static shapes, the task attribute, an empty root block for the knobs."""
+        from schedules import signature_kernel
+
+        def body(_a):
+            with T.sblock("root"):
+                T.evaluate(0)
+
+        func = signature_kernel(self.spec, self.cell, target, body, self.seq, self.batch)
+        func = func.with_attr(TASK_ATTR, self.key()).with_attr("global_symbol", "main")
+        return tvm.IRModule({"main": func})
+
+
+def task_of(mod: tvm.IRModule) -> RecurrentTask | None:
+    """The task a workload module was made for, or None for a workload that is not ours."""
+    func = mod["main"] if "main" in [gv.name_hint for gv in mod.get_global_vars()] else None
+    if func is None or func.attrs is None or TASK_ATTR not in func.attrs:
+        return None
+    d = json.loads(str(func.attrs[TASK_ATTR]))
+    return RecurrentTask(spec_from_key(d["layer"]), int(d["seq"]), int(d["batch"]))
+
+
+def extract_tasks(model, batches=None, seq=None, dtype=None) -> list[RecurrentTask]:
+    """The model's tuning tasks: each distinct recurrent layer at each batch bucket.
+
+    batches: the buckets to tune (default: the model's batch if static, else DEFAULT_BATCHES);
+    seq: steps to measure (default: the model's if static, else DEFAULT_SEQ);
+    dtype: float16/bfloat16 tunes the layers as `compile --dtype` would convert them.
+    """
+    tasks: dict[str, RecurrentTask] = {}
+    for layer in find_rnn_layers(model):
+        if not layer.supported:
+            raise UnsupportedModelError(layer.problem)
+        spec = layer.spec
+        if dtype not in (None, "float32") and spec.dtype == "float32":
+            spec = dataclasses.replace(spec, dtype=dtype)
+        x = layer.x_shape
+        seq_dim, batch_dim = (x[0], x[1]) if len(x) == 3 and spec.layout == 0 else (x[1], x[0]) if len(x) == 3 else (None, None)
+        steps = seq or (seq_dim if isinstance(seq_dim, int) and seq_dim > 0 else DEFAULT_SEQ)
+        buckets = batches or ((batch_dim,) if isinstance(batch_dim, int) and batch_dim > 0 else DEFAULT_BATCHES)
+        for b in buckets:
+            task = RecurrentTask(dataclasses.replace(spec, name="tuning"), int(steps), int(b))
+            prev = tasks.get(task.key())
+            tasks[task.key()] = dataclasses.replace(task, layers=(prev.layers if prev else ()) + (spec.name,))
+    return list(tasks.values())

@@ -1,0 +1,142 @@
+"""Run MetaSchedule over a model's tasks: measure each task's default points, then evolutionary search.
+
+The default points are measured first and stored like any trial, so the best record of a task is
+never worse than what an untuned module runs. Trials already in the database for these tasks
+count against --trials, so a run that was interrupted picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+
+from tvm.s_tir import Schedule
+from tvm.s_tir import meta_schedule as ms
+
+from . import search
+from .logs import FAILED, open_database, target_dir
+from .progress import Progress, TaskStats, TimeBudgetReached
+from .tasks import RecurrentTask
+
+
+@dataclass
+class TuneOutcome:
+    stats: list[TaskStats]
+    trials_run: int
+    trials_before: int
+    seconds: float
+    stopped_by_budget: bool
+    folder: str
+
+
+def _runner(target):
+    # CUDA runs are a few ms: repeat enough for a stable median; the CPU ones are longer
+    cfg = ms.runner.EvaluatorConfig(number=3, repeat=3, min_repeat_ms=40, enable_cpu_cache_flush=False)
+    return ms.runner.LocalRunner(timeout_sec=60, evaluator_config=cfg)
+
+
+def _measure_all(builder, runner, target, mods, args_infos) -> list[float | None]:
+    """Build and run candidates in one batch each (a builder call starts a process pool)."""
+    built = builder.build([ms.builder.BuilderInput(m, target) for m in mods])
+    device = "cpu" if target.kind.name == "llvm" else target.kind.name
+    ok = [i for i, b in enumerate(built) if b.error_msg is None]
+    futures = runner.run([ms.runner.RunnerInput(built[i].artifact_path, device, args_infos[i]) for i in ok])
+    out: list[float | None] = [None] * len(mods)
+    for i, fut in zip(ok, futures):
+        res = fut.result()
+        secs = [float(s) for s in (res.run_secs or [])]
+        if res.error_msg is None and secs and min(secs) < FAILED:
+            out[i] = sum(secs) / len(secs)
+    return out
+
+
+def _seed_defaults(ctxs, tasks, target, db, builder, runner) -> tuple[list[float | None], int]:
+    """Measure each task's default point of each kind and store them as records.
+
+    Returns each task's best default seconds and the number of trials run."""
+    from schedules.space import default_config
+
+    pending, best = [], [None] * len(tasks)  # (task index, workload, schedule, args_info)
+    for ti, (ctx, task) in enumerate(zip(ctxs, tasks)):
+        workload = db.commit_workload(ctx.mod)
+        measured = {search.config_of_trace(r.trace, ctx.mod): r for r in db.get_top_k(workload, 10_000)}
+        args_info = ms.arg_info.ArgInfo.from_prim_func(ctx.mod["main"])
+        for space in ctx.generate_design_space():
+            point = default_config(search.config_of(space.mod).kind, task.spec, task.cell, target, task.batch)
+            if point in measured:
+                secs = [float(s) for s in measured[point].run_secs]
+                best[ti] = min(x for x in (best[ti], sum(secs) / len(secs)) if x is not None)
+                continue
+            sch = Schedule(ctx.mod)
+            search.point_trace(space, point).apply_to_schedule(sch, remove_postproc=True)
+            pending.append((ti, workload, sch, args_info))
+    times = _measure_all(builder, runner, target, [p[2].mod for p in pending], [p[3] for p in pending]) if pending else []
+    for (ti, workload, sch, args_info), t in zip(pending, times):
+        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [t if t is not None else 1e10], target, args_info))
+        if t is not None and (best[ti] is None or t < best[ti]):
+            best[ti] = t
+    return best, len(pending)
+
+
+def space_size(task, target, choice) -> int:
+    from schedules.space import kinds, knob_space
+
+    total = 0
+    for kind in kinds(task.spec, task.cell, target, choice):
+        n = 1
+        for choices in knob_space(kind, task.spec, task.cell, target).values():
+            n *= len(choices)
+        total += n
+    return total
+
+
+def tune(tasks: list[RecurrentTask], target, logs_dir, trials: int, time_budget_min: float | None = None,
+         choice: str = "auto", log=print, stream=None) -> TuneOutcome:
+    started = time.monotonic()
+    deadline = started + time_budget_min * 60 if time_budget_min else None
+    folder = target_dir(logs_dir, target)
+    db = open_database(folder)
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    workers = os.cpu_count() or 1
+    builder = ms.builder.LocalBuilder(f_build=search.build_point, max_workers=workers, timeout_sec=120)
+    runner = _runner(target)
+    ctxs = [ms.TuneContext(mod=t.template(target), target=target, space_generator=search.design_spaces(t, target, choice),
+                           search_strategy=search.search_strategy(), task_name=t.name, num_threads=workers) for t in tasks]
+
+    before = sum(len(db.get_top_k(db.commit_workload(c.mod), 10_000)) for c in ctxs)
+    log(f"      {len(tasks)} task(s), {before} trial(s) already in {folder}; building on {workers} core(s)")
+    defaults, seeded = _seed_defaults(ctxs, tasks, target, db, builder, runner)
+    stats = [TaskStats(t.name, d) for t, d in zip(tasks, defaults)]
+    left = max(0, trials - before - seeded)
+    stopped = False
+    if left > 0:
+        progress = Progress(stats, left, deadline, stream)
+        per_task = [space_size(t, target, choice) for t in tasks]
+        try:
+            with tempfile.TemporaryDirectory() as work_dir:
+                ms.tune.tune_tasks(
+                    tasks=ctxs, task_weights=[1.0] * len(ctxs), work_dir=work_dir,
+                    max_trials_global=left, max_trials_per_task=max(per_task),
+                    num_trials_per_iter=min(8, max(1, left // max(len(ctxs), 1))),
+                    builder=builder, runner=runner, database=db, cost_model=search.cost_model(),
+                    measure_callbacks=list(ms.measure_callback.MeasureCallback.create("default")) + [progress],
+                    task_scheduler="gradient")
+        except Exception:  # our callback's stop signal arrives through the FFI as another exception
+            if not progress.stopped:
+                raise
+            stopped = True
+        finally:
+            progress.close()
+    after = 0
+    for st, ctx in zip(stats, ctxs):  # the summary counts every run's records, not just this one's
+        records = db.get_top_k(db.commit_workload(ctx.mod), 10_000)
+        after += len(records)
+        st.trials = len(records)
+        good = [r for r in records if min(float(s) for s in r.run_secs) < FAILED]
+        if good:
+            st.best_s = sum(float(s) for s in good[0].run_secs) / len(good[0].run_secs)
+            st.best = search.config_of_trace(good[0].trace, ctx.mod)
+    return TuneOutcome(stats, after - before, before, time.monotonic() - started, stopped, str(folder))
