@@ -60,7 +60,7 @@ def test_zoo_model_compiles_for_cuda_and_exports(entry, target, tmp_path):
     with open(meta) as f:
         info = json.load(f)
     assert info["target_kind"] == "cuda" and len(info["layers"]) == len(entry.rnn_ops)
-    assert all(layer["kernel"].startswith("cuda-") for layer in info["layers"])
+    assert all(layer["kernel"].startswith("cuda: ") for layer in info["layers"])
 
 
 @pytest.mark.parametrize("cell", ["LSTM", "GRU"])

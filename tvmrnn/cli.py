@@ -114,8 +114,9 @@ def inspect_cmd(path, target):
 @click.option("--cpu", is_flag=True, help="the CPU table (ours on llvm vs ONNX Runtime and PyTorch) instead of the GPU one")
 @click.option("--row", "rows", multiple=True, help="only these rows (repeatable; default: all, or the CPU rows with --cpu)")
 @click.option("--repeats", default=20, show_default=True, help="timed runs per measurement (the median is reported)")
-@click.option("--kernel", "kernels", multiple=True, default=("stepwise", "auto"), show_default=True,
-              help="our recurrent schedules to time on the GPU (auto, stepwise, persistent)")
+@click.option("--kernel", "kernels", multiple=True, default=("stepwise", "auto", "tuned"), show_default=True,
+              type=click.Choice(["auto", "stepwise", "persistent", "tuned"]),
+              help="our recurrent schedules to time on the GPU: untuned defaults (auto, stepwise, persistent) or auto with the tuning logs (tuned)")
 @click.option("--dtype", "dtypes", multiple=True, default=("float32", "float16"), show_default=True,
               type=click.Choice(["float32", "float16"]), help="storage dtypes to time on the GPU")
 @click.option("--out", "out_dir", default="benchmarks/results", show_default=True, type=click.Path(file_okay=False))

@@ -37,14 +37,18 @@ def inspect_command(path: str, echo=print, target: str | None = "nvidia/nvidia-h
     from ..build import resolve_target
     from ..cells import cell_for
 
+    from ..tuning.logs import TuningLogs, default_logs_dir
+
     found = find_rnn_layers(path)
     tgt = resolve_target(target)
-    echo(f"{path}: {len(found)} recurrent layer(s); kernels as chosen for {tgt.kind.name} {tgt.attrs.get('arch', '')}")
+    logs = TuningLogs.load(default_logs_dir(), tgt)
+    echo(f"{path}: {len(found)} recurrent layer(s); kernels as chosen for {tgt.kind.name} {tgt.attrs.get('arch', '')}"
+         f" ({logs.records} tuning record(s) in {logs.folder})")
     for layer in found:
         if layer.supported:
             spec = asdict(layer.spec)
             echo(_layer_line(layer.op, layer.node, spec) + "  supported")
-            echo(f"       kernel: {kernel_plan(layer.spec, cell_for(layer.spec), tgt)}")
+            echo(f"       kernel: {kernel_plan(layer.spec, cell_for(layer.spec), tgt, tuned=logs.best(layer.spec))}")
         else:
             echo(f"  {layer.op:<4} {layer.node:<24} NOT SUPPORTED: {layer.problem}")
     return sum(not layer.supported for layer in found)

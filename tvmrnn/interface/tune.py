@@ -34,7 +34,8 @@ def _device_name(target) -> str:
     return platform.processor() or platform.machine()
 
 
-def tune_command(args: TuneArgs, echo=print, stream=None):
+def tune_command(args: TuneArgs, echo=print, stream=None, tasks=None):
+    """Tune the model's tasks (or the given `tasks`, e.g. a whole benchmark suite's) and record the run."""
     from ..tuning import tuner
     from ..tuning.logs import record_run
     from ..tuning.progress import line
@@ -48,11 +49,12 @@ def tune_command(args: TuneArgs, echo=print, stream=None):
 
         raise UnsupportedModelError("tuning for CUDA measures on the GPU, and there is none here; tune on the GPU machine "
                                     "(the logs then serve compiles anywhere)")
-    tasks = extract_tasks(args.model, batches=args.batches or None, seq=args.seq, dtype=args.dtype)
+    if tasks is None:
+        tasks = extract_tasks(args.model, batches=args.batches or None, seq=args.seq, dtype=args.dtype)
     echo(f"[1/3] {len(tasks)} task(s):")
     for t in tasks:
         echo(f"      {t.name}  (layers: {', '.join(t.layers)}; {tuner.space_size(t, target, args.kernel)} points)")
-    echo(f"[2/3] tuning: default points first, then MetaSchedule's evolutionary search with the XGBoost cost model")
+    echo("[2/3] tuning: default points first, then MetaSchedule's evolutionary search with the XGBoost cost model")
     out = tuner.tune(tasks, target, args.logs, args.trials, args.time_budget_min, args.kernel, log=echo, stream=stream)
     how = "time budget reached" if out.stopped_by_budget else "done"
     echo(f"[3/3] {how}: {out.trials_run} new trial(s) in {out.seconds:.0f} s; logs in {out.folder}")

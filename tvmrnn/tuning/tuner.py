@@ -18,7 +18,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from . import search
 from .logs import FAILED, open_database, target_dir
-from .progress import Progress, TaskStats, TimeBudgetReached
+from .progress import Progress, TaskStats
 from .tasks import RecurrentTask
 
 
