@@ -3,6 +3,7 @@
 #   bash benchmarks/device_run.sh tests    pytest -m gpu (+ a persistent-kernel smoke run first)
 #   bash benchmarks/device_run.sh bench    the benchmark table against cuDNN
 #   bash benchmarks/device_run.sh sanitize compute-sanitizer racecheck/synccheck on one small layer
+#   bash benchmarks/device_run.sh tune     MetaSchedule over the benchmark rows and the zoo (logs to $OUT/tuning_logs)
 # Results go to $OUT (the device tool brings them back); commit the ones that matter under benchmarks/results/.
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -15,6 +16,9 @@ case "${1:-tests}" in
     timeout 420 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/ 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -60 ;;
   bench)
     timeout 560 python3 -m tvmrnn.cli bench --repeats 20 --out "$OUT" "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/bench_log.txt" | tail -40 ;;
+  tune)
+    timeout 570 python3 benchmarks/tune_suite.py --trials "${TRIALS:-400}" --time-budget "${BUDGET:-7}" --logs "$OUT/tuning_logs" 2>&1 \
+      | grep -v Warning | tee "$OUT/tune_log.txt" | tail -70 ;;
   sanitize)
     for tool in racecheck synccheck memcheck; do
       timeout 180 compute-sanitizer --tool $tool python3 benchmarks/sanitize_case.py persistent LSTM 2>&1 | grep -v Warning | tail -8 | tee "$OUT/sanitizer_$tool.txt"
