@@ -32,10 +32,15 @@ def default_logs_dir() -> Path:
     return checkout if checkout.is_dir() else Path("tuning_logs")
 
 
+def _arch(target) -> str:
+    # sm_90a (the H100 tag, arch-specific features) and sm_90 (what the device reports) are one GPU family
+    return str((target.attrs or {}).get("arch", "unknown")).rstrip("a")
+
+
 def target_name(target) -> str:
     attrs = target.attrs or {}
     if target.kind.name == "cuda":
-        return f"cuda-{attrs.get('arch', 'unknown')}"
+        return f"cuda-{_arch(target)}"
     return f"{'cpu' if target.kind.name == 'llvm' else target.kind.name}-{attrs.get('mcpu', 'generic')}"
 
 
@@ -82,8 +87,7 @@ def open_database(folder: Path, prefix: str = "database_"):
 
 
 def _same_target(a, b) -> bool:
-    keys = ("arch",) if b.kind.name == "cuda" else ("mcpu",)
-    return a.kind.name == b.kind.name and all(str((a.attrs or {}).get(k)) == str((b.attrs or {}).get(k)) for k in keys)
+    return target_name(a) == target_name(b)
 
 
 @dataclass

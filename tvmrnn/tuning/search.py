@@ -5,13 +5,15 @@ residency), not as loop nests for schedule primitives to transform. So a design 
 trace of `sample_categorical` decisions, one per knob of schedules/space.py, each annotated on
 the workload's root block. Evolutionary search mutates those decisions (ChangeOneKnob); the
 builder turns the annotated workload back into the kernel that point builds and compiles it
-with our TIR pipeline; the feature extractor gives XGBoost MetaSchedule's per-store features
-of that same kernel, so the cost model sees the real loop nests, memory scopes and launches.
+with our TIR pipeline; the feature extractor gives XGBoost the knob values and the task's shape,
+so one cost model learns across all the shapes of a run.
 """
 
 from __future__ import annotations
 
 import random
+
+import numpy as np
 
 import tvm
 from tvm.ir.utils import derived_object
@@ -111,24 +113,31 @@ def build_point(mod: tvm.IRModule, target, _params=None):
 
 @derived_object
 class KernelFeatures(ms.feature_extractor.PyFeatureExtractor):
-    """Per-store features of the kernel each candidate builds (cached per point: a space has few)."""
+    """The point and the shape as XGBoost's features: each knob's value (log2) per kind, and the task's
+    shape (hidden, input, batch, seq, gates, directions, bytes per weight).
 
-    def __init__(self):
-        super().__init__()
-        self.inner = ms.feature_extractor.PerStoreFeature()
-        self.cache = {}
+    Shape features let one cost model learn across tasks (a run tunes many shapes at once). The
+    per-store features MetaSchedule computes for loop nests would need each candidate's whole
+    kernel built first (tenths of a second per point): measured on the H100, that starved the
+    measurements of a 38-task run, so the knobs stand for the kernel instead.
+    """
 
     def extract_from(self, context, candidates):
-        out = []
-        for cand in candidates:
-            mod = cand.sch.mod
-            key = (task_of(mod).key(), config_of(mod))
-            if key not in self.cache:
-                kernel = point_kernel_of(mod, context.target)
-                feats = self.inner.extract_from(context, [ms.MeasureCandidate(Schedule(kernel), cand.args_info)])[0]
-                self.cache[key] = feats.numpy()
-            out.append(tvm.runtime.tensor(self.cache[key]))
-        return out
+        return [tvm.runtime.tensor(point_features(cand.sch.mod)) for cand in candidates]
+
+
+KINDS = ("cpu", "stepwise", "persistent")
+KNOB_NAMES = ("rows", "units", "warps", "units_per_warp", "batch_tile", "blocks", "stage_h")
+
+
+def point_features(mod: tvm.IRModule) -> np.ndarray:
+    task, config = task_of(mod), config_of(mod)
+    s = task.spec
+    shape = [s.hidden_size, s.input_size, task.batch, task.seq, task.cell.gates, s.num_directions, 4 if s.dtype == "float32" else 2]
+    kind = [float(config.kind == k) for k in KINDS]
+    knobs = dict(config.knobs)
+    values = [knobs.get(k, 0) for k in KNOB_NAMES]
+    return np.log2(1.0 + np.array([shape + kind + values], dtype="float32")).astype("float32")
 
 
 def cost_model() -> ms.cost_model.XGBModel:
@@ -137,7 +146,7 @@ def cost_model() -> ms.cost_model.XGBModel:
 
 
 def search_strategy() -> ms.search_strategy.EvolutionarySearch:
-    return ms.search_strategy.EvolutionarySearch(population_size=64, init_measured_ratio=0.25, init_min_unmeasured=2,
+    return ms.search_strategy.EvolutionarySearch(population_size=32, init_measured_ratio=0.25, init_min_unmeasured=2,
                                                  max_fail_count=8, genetic_num_iters=2)
 
 
