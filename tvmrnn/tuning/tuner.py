@@ -100,7 +100,7 @@ def tune(tasks: list[RecurrentTask], target, logs_dir, trials: int, time_budget_
     folder = target_dir(logs_dir, target)
     db = open_database(folder)
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
-    workers = os.cpu_count() or 1
+    workers = int(os.environ.get("TVMRNN_TUNE_WORKERS", 0)) or os.cpu_count() or 1
     builder = ms.builder.LocalBuilder(f_build=search.build_point, max_workers=workers, timeout_sec=120)
     runner = _runner(target)
     ctxs = [ms.TuneContext(mod=t.template(target), target=target, space_generator=search.design_spaces(t, target, choice),
@@ -108,7 +108,9 @@ def tune(tasks: list[RecurrentTask], target, logs_dir, trials: int, time_budget_
 
     before = sum(len(db.get_top_k(db.commit_workload(c.mod), 10_000)) for c in ctxs)
     log(f"      {len(tasks)} task(s), {before} trial(s) already in {folder}; building on {workers} core(s)")
+    seed_started = time.monotonic()
     defaults, seeded = _seed_defaults(ctxs, tasks, target, db, builder, runner)
+    log(f"      default points: {seeded} measured in {time.monotonic() - seed_started:.0f} s")
     stats = [TaskStats(t.name, d) for t, d in zip(tasks, defaults)]
     left = max(0, trials - before - seeded)
     stopped = False
