@@ -25,10 +25,11 @@ def main():
     p.add_argument("--logs", required=True)
     p.add_argument("--dtypes", default="float32,float16")
     p.add_argument("--no-zoo", action="store_true")
+    p.add_argument("--rows", default=None, help="comma-separated benchmark rows (default: all)")
     a = p.parse_args()
     target = resolve_target("cuda")
     tasks = {}
-    for row in bench.ROWS:
+    for row in [r for r in bench.ROWS if a.rows is None or r.name in a.rows.split(",")]:
         for dtype in a.dtypes.split(","):
             model = bench.onnx_model(bench.torch_module(row), row, dtype)
             for t in extract_tasks(model, batches=(row.N,), seq=row.T):  # the row's shape, as bench runs it
