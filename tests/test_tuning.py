@@ -1,0 +1,91 @@
+"""Tuning on the LLVM target: a short MetaSchedule run writes a database, compile applies it, bad logs are refused.
+
+One short tune (a few trials of a small layer) serves every test here: the first MetaSchedule
+import alone costs tens of seconds on a CI machine.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+import tvmrnn
+from onnx_cases import Case
+from tvmrnn.build import resolve_target
+from tvmrnn.cli import main
+from tvmrnn.tuning.logs import TuningLogs, target_name
+
+CASE = Case(op="LSTM", hidden=32, input_size=8, optional=("B", "sequence_lens"))
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tune")
+    model = root / "small.onnx"
+    onnx.save(CASE.model(), model)
+    logs = root / "logs"
+    res = CliRunner().invoke(main, ["tune", str(model), "--target", "llvm", "--trials", "6", "--batch", "1", "--batch", "4",
+                                    "--seq", "20", "--logs", str(logs)])
+    assert res.exit_code == 0, res.output
+    return model, logs, res.output
+
+
+def test_tune_writes_a_database(tuned):
+    _, logs, output = tuned
+    folder = logs / target_name(resolve_target("llvm"))
+    records = (folder / "database_tuning_record.json").read_text().splitlines()
+    assert len(records) >= 6 and len((folder / "database_workload.json").read_text().splitlines()) == 2
+    run = json.loads((folder / "runs.jsonl").read_text().splitlines()[-1])
+    assert run["trials_run"] == len(records) and set(run["best"]) == {"LSTM-h32-i8-for-float32-b1-s20", "LSTM-h32-i8-for-float32-b4-s20"}
+    assert "[1/3] 2 task(s)" in output and "[3/3] done" in output and "best" in output
+
+
+def test_compile_applies_the_logs_and_stays_correct(tuned, tmp_path):
+    model, logs, _ = tuned
+    res = CliRunner().invoke(main, ["compile", str(model), "-o", str(tmp_path / "m.so"), "--target", "llvm", "--logs", str(logs)])
+    assert res.exit_code == 0, res.output
+    assert "lstm_node: tuned" in res.output and "[tuned]" in res.output
+    meta = json.loads((tmp_path / "m.json").read_text())
+    layer = meta["layers"][0]
+    assert layer["tuned"] and [b["up_to_batch"] for b in layer["schedule"]] == [1, None]
+    # the tuned module computes what the untuned one does, at batch sizes on both sides of the buckets
+    tuned_mod = tvmrnn.load(str(tmp_path / "m.so"))
+    plain = tvmrnn.compile(str(model), target="llvm", logs=False)
+    assert not plain.metadata["layers"][0]["tuned"]
+    rng = np.random.default_rng(3)
+    for n in (1, 3, 6):
+        feeds = CASE.feeds(rng, 11, n)
+        want = CASE.reference(feeds)
+        for mod in (tuned_mod, plain):
+            got = mod.run(feeds)
+            for name, ref in want.items():
+                np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_damaged_log_is_reported_and_skipped(tuned, tmp_path):
+    model, logs, _ = tuned
+    bad = tmp_path / "logs"
+    shutil.copytree(logs, bad)
+    folder = bad / target_name(resolve_target("llvm"))
+    with open(folder / "database_tuning_record.json", "a") as f:
+        f.write("{not json\n")
+    res = CliRunner().invoke(main, ["compile", str(model), "-o", str(tmp_path / "m.so"), "--target", "llvm", "--logs", str(bad)])
+    assert res.exit_code == 0, res.output
+    assert "is not JSON" in res.output and "skipped" in res.output and "default schedule" in res.output
+    # tuning would append to it: refused with the file named, no traceback
+    res = CliRunner().invoke(main, ["tune", str(model), "--target", "llvm", "--trials", "1", "--logs", str(bad)])
+    assert res.exit_code == 2 and "damaged" in res.output and "database_tuning_record.json" in res.output
+
+
+def test_foreign_log_is_reported_and_skipped(tuned, tmp_path):
+    _, logs, _ = tuned
+    here = resolve_target("llvm")
+    other = tvmrnn.build.tvm.target.Target({"kind": "llvm", "mcpu": "x86-64" if here.attrs.get("mcpu") != "x86-64" else "skylake"})
+    shutil.copytree(logs / target_name(here), tmp_path / target_name(other))
+    found = TuningLogs.load(tmp_path, other)
+    assert found.records == 0 and any("skipped" in p and target_name(here) in p for p in found.problems)
