@@ -29,15 +29,19 @@ class TaskStats:
 class Progress(ms.measure_callback.PyMeasureCallback):
     def __init__(self, stats: list[TaskStats], total: int, deadline: float | None, stream=None):
         super().__init__()
-        self.stats, self.deadline, self.stopped = stats, deadline, False
+        self.stats, self.deadline, self.stopped, self.started = stats, deadline, False, time.monotonic()
         self.bar = tqdm(total=total, unit="trial", dynamic_ncols=True, file=stream, mininterval=0.5)
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
         from .search import config_of
 
         st = self.stats[task_id]
-        for cand, res in zip(measure_candidates, runner_results):
+        for cand, built, res in zip(measure_candidates, builder_results, runner_results):
             st.trials += 1
+            error = built.error_msg or res.error_msg
+            if error:  # a point that does not build or run is a finding, not noise: say which and why
+                lines = [ln for ln in str(error).splitlines() if ln.strip()]
+                self.bar.write(f"    {st.name}: {config_of(cand.sch.mod).describe()} failed: {lines[-1][:160] if lines else '?'}")
             secs = [float(s) for s in (res.run_secs or [])]
             if res.error_msg is None and secs and min(secs) < FAILED:
                 mean = sum(secs) / len(secs)
@@ -45,7 +49,7 @@ class Progress(ms.measure_callback.PyMeasureCallback):
                     st.best_s, st.best = mean, config_of(cand.sch.mod)
         self.bar.update(len(measure_candidates))
         self.bar.set_postfix_str(f"task {task_id + 1}/{len(self.stats)}")
-        self.bar.write(line(task_id, st, len(self.stats)))
+        self.bar.write(f"{line(task_id, st, len(self.stats))}  [{time.monotonic() - self.started:.0f} s]")
         if self.deadline is not None and time.monotonic() > self.deadline:
             self.stopped = True
             raise TimeBudgetReached()

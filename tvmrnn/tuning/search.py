@@ -106,9 +106,17 @@ def point_kernel_of(mod: tvm.IRModule, target) -> tvm.IRModule:
 
 def build_point(mod: tvm.IRModule, target, _params=None):
     """MetaSchedule's builder function: compile the point's kernel with our pipeline (cooperative launch)."""
+    import os
+    import sys
+    import time
+
     from schedules import cooperative
 
-    return tvm.tirx.build(point_kernel_of(mod, target), target=target, pipeline=cooperative.register())
+    started = time.monotonic()
+    lib = tvm.tirx.build(point_kernel_of(mod, target), target=target, pipeline=cooperative.register())
+    if os.environ.get("TVMRNN_TUNE_TRACE"):  # where does a slow round go? (the worker's stderr reaches the console)
+        print(f"      trace: built {config_of(mod).describe()} in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
+    return lib
 
 
 @derived_object
