@@ -27,6 +27,10 @@ KERNEL_CHOICES = ("auto", "stepwise", "persistent")
 # (benchmarks/results/2026-11-22-h100-persistent-small-batch.md): 2-2.3x faster at batch 1,
 # 1.4x slower at batch 8. Tuning logs replace this guess per shape.
 PERSISTENT_MAX_BATCH = 4
+# A tuned point replaces the default only when it measured this much faster: a kernel timed alone
+# (R left in L2 between repeats) can win by a hair yet lose inside a model, as persistent did at
+# batch 8 on the H100 (benchmarks/results/2026-11-23-h100-tuned-vs-default.md, first run).
+TUNED_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,7 @@ class KernelPlan:
 
     @property
     def tuned(self) -> bool:
-        return all(b.tuned for b in self.branches)
+        return any(b.tuned for b in self.branches)
 
 
 def _arch(target) -> str:
@@ -105,8 +109,9 @@ def _default_branches(spec, cell, target, allowed) -> list[Branch]:
 
 
 def plan_kernel(spec, cell, target, choice: str = "auto", tuned: dict | None = None) -> KernelPlan:
-    """The plan for one layer on `target`. tuned: {batch bucket: [KernelConfig, best first]} from the
-    tuning logs; each bucket runs its best point of a kind this choice allows. Without any, the defaults."""
+    """The plan for one layer on `target`. tuned: {batch bucket: [(KernelConfig, seconds), best first]}
+    from the tuning logs; each bucket runs its best point of a kind this choice allows, unless the
+    default point for that batch measured within TUNED_MARGIN of it. Without any, the defaults."""
     if choice not in KERNEL_CHOICES:
         from tvmrnn.errors import UnsupportedModelError
 
@@ -114,12 +119,20 @@ def plan_kernel(spec, cell, target, choice: str = "auto", tuned: dict | None = N
     cuda = target.kind.name == "cuda"
     why = _fit_note(spec, cell, target, choice) if cuda else ""
     allowed = kinds(spec, cell, target, choice)
-    tuned = {b: next(c for c in cs if c.kind in allowed) for b, cs in (tuned or {}).items() if any(c.kind in allowed for c in cs)}
-    if not tuned:
-        branches = _default_branches(spec, cell, target, allowed)
-    else:
-        buckets = sorted(tuned)
-        branches = [Branch(b if i < len(buckets) - 1 else None, tuned[b], True) for i, b in enumerate(buckets)]
+    defaults = _default_branches(spec, cell, target, allowed)
+    picked = {}
+    for batch, points in (tuned or {}).items():
+        points = [(c, t) for c, t in points if c.kind in allowed]
+        if not points:
+            continue
+        default = next(b.config for b in defaults if b.up_to is None or batch <= b.up_to)
+        best, best_t = points[0]
+        default_t = dict(points).get(default)
+        picked[batch] = default if default_t is not None and best_t > default_t * (1 - TUNED_MARGIN) else best
+    buckets = sorted(picked)
+    # batches above the largest tuned bucket were never measured: they keep the default plan
+    branches = [Branch(b, picked[b], True) for b in buckets]
+    branches += [b for b in defaults if b.up_to is None or not buckets or b.up_to > buckets[-1]]
     return KernelPlan("cuda" if cuda else "cpu", tuple(branches), why)
 
 

@@ -60,7 +60,7 @@ def _layer_dict(spec, imported) -> dict:
     d["activations"] = [[asdict(a) for a in acts] for acts in spec.activations]
     plan = imported.kernels.get(spec.name)
     d["kernel"] = plan.describe()
-    d["tuned"] = plan.tuned  # every batch bucket runs a point from the tuning logs
+    d["tuned"] = plan.tuned  # some batch bucket runs a point from the tuning logs (schedule says which)
     d["schedule"] = [b.as_dict() for b in plan.branches]
     d["graph_inputs"] = imported.graph_inputs.get(spec.name, {})
     return d

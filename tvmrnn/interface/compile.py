@@ -37,7 +37,9 @@ def compile_command(args: CompileArgs, echo=print) -> CompileArgs:
                               dtype=args.dtype, kernel=args.kernel), echo=echo)
     module = compile_model(args.model, target=args.target, log=echo, kernel=args.kernel, dtype=args.dtype, logs=args.logs)
     for layer in module.metadata["layers"]:
-        echo(f"      {layer['name']}: {'tuned' if layer['tuned'] else 'default schedule (no tuning log for this shape)'}")
+        tuned = [b["up_to_batch"] for b in layer["schedule"] if b["tuned"]]
+        echo(f"      {layer['name']}: " + (f"tuned for batch buckets {tuned} (larger batches: default)" if tuned
+                                             else "default schedule (no tuning log for this shape)"))
     path = module.export(args.output)
     echo(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB) and its metadata {os.path.splitext(path)[0]}.json")
     return args

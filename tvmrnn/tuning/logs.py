@@ -140,17 +140,16 @@ class TuningLogs:
         return logs
 
     def best(self, spec) -> dict:
-        """{batch: [KernelConfig, best first]} for a layer (what schedules.plan_kernel takes)."""
+        """{batch: [(KernelConfig, seconds per step), best first]} for a layer (what schedules.plan_kernel takes)."""
         from .tasks import layer_key
 
         found = self.points.get(json.dumps(layer_key(spec), sort_keys=True), {})
         out = {}
         for batch, pts in found.items():
-            seen = []
-            for _, cfg in sorted(pts, key=lambda p: p[0]):
-                if cfg not in seen:
-                    seen.append(cfg)
-            out[batch] = seen
+            seen = {}
+            for t, cfg in sorted(pts, key=lambda p: p[0]):
+                seen.setdefault(cfg, t)
+            out[batch] = list(seen.items())
         return out
 
     def best_seconds(self, spec, batch: int, config) -> float | None:
