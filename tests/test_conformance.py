@@ -32,6 +32,9 @@ def ort_outputs(case: Case, feeds: dict) -> dict:
     return {k: from_layout0(k, v) for k, v in res.items()} if case.layout else res
 
 
+OVERFLOW = 1e30  # float64 reference magnitudes beyond this overflow float32 within a step or two
+
+
 def check_case(case: Case, shapes=((5, 3), (2, 1)), seed=0):
     module = tvmrnn.compile(case.model(), target="llvm")
     rng = np.random.default_rng(seed)
@@ -41,8 +44,16 @@ def check_case(case: Case, shapes=((5, 3), (2, 1)), seed=0):
         expected_ort, expected_ref = ort_outputs(case, feeds), case.reference(feeds)
         assert sorted(ours) == sorted(expected_ort), "output names differ"
         for name, value in ours.items():
-            np.testing.assert_allclose(value, expected_ort[name], rtol=RTOL, atol=ATOL, err_msg=f"{name} vs ONNX Runtime at T={T} N={N}")
-            np.testing.assert_allclose(value, expected_ref[name], rtol=RTOL, atol=ATOL, err_msg=f"{name} vs reference at T={T} N={N}")
+            # unbounded gate activations (Softplus, Relu...) can overflow float32 in a few steps; past
+            # that point inf vs nan depends on the order of operations, so such elements are not compared.
+            # ONNX Runtime's Softplus is log(1 + exp(x)), which overflows where ours (and the float64
+            # reference) does not: where it gives a non-finite value against a finite reference, only
+            # the reference is compared (seen: a GRU with Softplus gates, ORT nan, ours = reference = -29869.4).
+            ok = np.abs(expected_ref[name]) < OVERFLOW
+            assert ok.mean() > 0.5, "the case overflows float32 almost everywhere: it tests nothing"
+            ort_ok = ok & np.isfinite(expected_ort[name])
+            np.testing.assert_allclose(value[ort_ok], expected_ort[name][ort_ok], rtol=RTOL, atol=ATOL, err_msg=f"{name} vs ONNX Runtime at T={T} N={N}")
+            np.testing.assert_allclose(value[ok], expected_ref[name][ok], rtol=RTOL, atol=ATOL, err_msg=f"{name} vs reference at T={T} N={N}")
 
 
 @st.composite
@@ -76,7 +87,8 @@ def cases(draw):
                 opset=opset, seed=draw(st.integers(0, 2**16)))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# derandomize: CI runs the same 60 examples every time (a failure reproduces; new ones come with code changes)
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases(), shapes=st.tuples(st.integers(1, 7), st.integers(1, 4)))
 def test_sweep_matches_onnxruntime(case, shapes):
     check_case(case, shapes=(shapes, (3, 2)))
@@ -123,3 +135,9 @@ def test_fp32_model_in_half_storage(storage):
     for name, value in ours.items():
         assert value.dtype == np.float32
         np.testing.assert_allclose(value, ref[name], rtol=tol, atol=tol, err_msg=name)
+
+
+def test_softplus_gates_where_onnxruntime_overflows():
+    # found by the sweep: ORT's log(1 + exp(x)) gives nan at step 5 where ours equals the float64 reference
+    check_case(Case(op="GRU", hidden=6, input_size=6, optional=("initial_h",), outputs=("Y",),
+                    activations=("Softplus", "Sigmoid"), opset=7, seed=3773), shapes=((5, 3), (3, 2)))
