@@ -125,7 +125,7 @@ def tune(tasks: list[RecurrentTask], target, logs_dir, trials: int, time_budget_
                     num_trials_per_iter=min(8, max(1, left // max(len(ctxs), 1))),
                     builder=builder, runner=runner, database=db, cost_model=search.cost_model(),
                     measure_callbacks=list(ms.measure_callback.MeasureCallback.create("default")) + [progress],
-                    task_scheduler="gradient")
+                    task_scheduler=os.environ.get("TVMRNN_TASK_SCHEDULER", "gradient"))
         except Exception:  # our callback's stop signal arrives through the FFI as another exception
             if not progress.stopped:
                 raise
