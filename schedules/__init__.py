@@ -3,6 +3,7 @@
 recurrent_cpu         the recurrent layer for LLVM targets
 recurrent_cuda        CUDA, stepwise: one fused launch per step and phase (weights from L2/HBM)
 recurrent_persistent  CUDA, persistent: one cooperative launch for the whole sequence, R in shared memory
+recurrent_tiled       CUDA, large batch: per step one tiled GEMM launch (R and h staged in shared memory)
 warp_gemv             the warp-level gate GEMV both CUDA kernels are built from
 cooperative           the TIR pipeline that tags grid-barrier kernels for cooperative launch
 space                 the tunable knobs of each kernel kind, their default points, the body a point emits
@@ -10,7 +11,7 @@ space                 the tunable knobs of each kernel kind, their default point
 A layer's kernel is a dispatch over batch buckets (`if batch <= b0: ... elif ...`), each bucket
 running one point of one space: the tuned point where the tuning logs have one for this shape
 and target, else the default (on CUDA: persistent up to PERSISTENT_MAX_BATCH when R fits on chip,
-stepwise above). So a dynamic-batch module runs each batch on the kernel tuned for it.
+stepwise up to STEPWISE_MAX_BATCH, tiled above). So a dynamic-batch module runs each batch on the kernel tuned for it.
 """
 
 from __future__ import annotations
@@ -22,11 +23,17 @@ from tvm import tirx
 from .recurrent_common import batch_dispatch
 from .space import KernelConfig, default_config, emitter, kinds
 
-KERNEL_CHOICES = ("auto", "stepwise", "persistent")
+KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled")
 # Batch up to which the persistent kernel beats the stepwise one when untuned. Measured on the H100
 # (benchmarks/results/2026-11-22-h100-persistent-small-batch.md): 2-2.3x faster at batch 1,
 # 1.4x slower at batch 8. Tuning logs replace this guess per shape.
 PERSISTENT_MAX_BATCH = 4
+# Untuned, tiled replaces stepwise above STEPWISE_MAX_BATCH rows for layers of at least TILED_MIN_HIDDEN
+# units. Measured on the H100 (benchmarks/results/2026-11-23-h100-tiled-variants.md): tiled 1.12-1.45x
+# faster at batch 64 with H=1024 and 2560; 1.3-2.3x slower at batch 8 and 20 (H=800, 1024), where too few
+# blocks fill the GPU. Tuning logs replace this rule per shape (tiled is in every CUDA task's space).
+STEPWISE_MAX_BATCH = 32
+TILED_MIN_HIDDEN = 1024
 # A tuned point replaces the default only when it measured this much faster: a kernel timed alone
 # (R left in L2 between repeats) can win by a hair yet lose inside a model, as persistent did at
 # batch 8 on the H100 (benchmarks/results/2026-11-23-h100-tuned-vs-default.md, first run).
@@ -102,10 +109,12 @@ def _default_branches(spec, cell, target, allowed) -> list[Branch]:
 
         return [Branch(ROW_TILE - 1, default_config("cpu", spec, cell, target, 1), False),
                 Branch(None, default_config("cpu", spec, cell, target), False)]
-    branches = [Branch(None, default_config(k, spec, cell, target), False) for k in allowed]
-    if len(branches) == 2:  # persistent at small batch, stepwise above
-        branches[0] = Branch(PERSISTENT_MAX_BATCH, branches[0].config, False)
-    return branches
+    # persistent at small batch, stepwise at moderate ones, tiled above; the last kind takes the rest
+    if len(allowed) > 1 and spec.hidden_size < TILED_MIN_HIDDEN:
+        allowed = tuple(k for k in allowed if k != "tiled")
+    limits = {"persistent": PERSISTENT_MAX_BATCH, "stepwise": STEPWISE_MAX_BATCH}
+    return [Branch(None if i == len(allowed) - 1 else limits[k], default_config(k, spec, cell, target), False)
+            for i, k in enumerate(allowed)]
 
 
 def plan_kernel(spec, cell, target, choice: str = "auto", tuned: dict | None = None) -> KernelPlan:
@@ -174,7 +183,7 @@ def recurrent_kernel(spec, cell, target, choice: str = "auto", tuned: dict | Non
     return RecurrentKernel(func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8}), transposed, plan)
 
 
-def point_kernel(spec, cell, target, config: KernelConfig, seq: int, batch: int) -> tirx.PrimFunc:
-    """One point of a space as a static-shape kernel: what a tuning task builds and measures."""
+def point_kernel(spec, cell, target, config: KernelConfig, seq: int | None = None, batch: int | None = None) -> tirx.PrimFunc:
+    """One point of a space as a kernel: at static shapes, what a tuning task builds and measures."""
     func, _ = _prim_func(spec, cell, target, [Branch(None, config, False)], seq, batch)
     return func

@@ -69,7 +69,12 @@ def recurrent_kernel_cuda(spec: RNNLayerSpec, cell: Cell, config: StepwiseConfig
 
 
 def stepwise_body(a: KernelArgs, config: StepwiseConfig):
-    """Initial states, then per step and phase one launch, then the final hidden state."""
+    step_launches(a, lambda *args: _phase_launch(*args, config))
+
+
+def step_launches(a: KernelArgs, launch):
+    """Initial states, then per step and phase one launch, then the final hidden state: the host loop
+    both launch-per-step kernels share. launch(a, phase, last, operand, hbuf, scratch, s, cur, nxt)."""
     spec, cell = a.spec, a.cell
     H, D = spec.hidden_size, spec.num_directions
     N = a.batch
@@ -93,7 +98,7 @@ def stepwise_body(a: KernelArgs, config: StepwiseConfig):
         for pi, phase in enumerate(cell.phases):
             last = pi == len(cell.phases) - 1
             operand = hbuf if phase.operand == "h" else scratch[phase.operand]
-            _phase_launch(a, phase, last, operand, hbuf, scratch, s, cur, nxt, config)
+            launch(a, phase, last, operand, hbuf, scratch, s, cur, nxt)
 
     def finish(idx):
         d, n, j = split(idx)

@@ -5,8 +5,9 @@ A point of a space is a `KernelConfig`: a schedule kind and a value for each of 
     cpu         rows (batch rows per R^T load), units (hidden units per work item)
     stepwise    warps per block, units_per_warp, batch_tile (rows reusing each weight read)
     persistent  blocks (one co-resident wave), warps, batch_tile, stage_h (h staged in shared memory)
+    tiled       units per block, row_threads x rows_per_thread batch rows per block, k_chunk staged per round
 
-Persistent against stepwise is itself a knob: both are design spaces of one CUDA tuning task.
+The kind is itself a knob: persistent, stepwise and tiled are design spaces of one CUDA tuning task.
 MetaSchedule samples the knobs (tvmrnn/tuning/search.py); compile builds each layer's kernel as a
 dispatch over batch buckets, each bucket running its tuned point or the default one
 (schedules/__init__.py). Every point of every space is a correct kernel: the tests run sampled points.
@@ -22,7 +23,7 @@ CPU_UNITS = (8, 16, 32, 64, 128)
 
 @dataclass(frozen=True)
 class KernelConfig:
-    kind: str  # "cpu" | "stepwise" | "persistent"
+    kind: str  # "cpu" | "stepwise" | "persistent" | "tiled"
     knobs: tuple[tuple[str, int], ...]  # (name, value), sorted by name
 
     @staticmethod
@@ -68,6 +69,8 @@ def knob_space(kind: str, spec, cell, target) -> dict[str, tuple[int, ...]]:
         blocks = tuple(b for b in sorted({sms, sms * 3 // 4, sms // 2}, reverse=True)
                        if persistent.fits(spec, cell, _arch(target), blocks=b))
         return {"blocks": blocks or (sms,), "warps": (4, 8, 16), "batch_tile": (1, 2, 4), "stage_h": (0, 1)}
+    if kind == "tiled":  # every combination stays within 1024 threads and 48 KB of shared memory
+        return {"units": (4, 8, 16, 32), "row_threads": (4, 8, 16, 32), "rows_per_thread": (1, 2, 4), "k_chunk": (16, 32)}
     raise ValueError(f"unknown kernel kind {kind!r}")
 
 
@@ -78,8 +81,8 @@ def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
     from . import recurrent_persistent as persistent
 
     fits = persistent.fits(spec, cell, _arch(target))
-    return {"auto": ("persistent", "stepwise") if fits else ("stepwise",),
-            "stepwise": ("stepwise",), "persistent": ("persistent",)}[choice]
+    return {"auto": ("persistent", "stepwise", "tiled") if fits else ("stepwise", "tiled"),
+            "stepwise": ("stepwise",), "persistent": ("persistent",), "tiled": ("tiled",)}[choice]
 
 
 def default_config(kind: str, spec, cell, target, batch: int | None = None) -> KernelConfig:
@@ -95,6 +98,11 @@ def default_config(kind: str, spec, cell, target, batch: int | None = None) -> K
 
         c = StepwiseConfig()
         return KernelConfig.of("stepwise", warps=c.warps, units_per_warp=c.units_per_warp, batch_tile=c.batch_tile)
+    if kind == "tiled":
+        from .recurrent_tiled import default_config as tiled_default
+
+        c = tiled_default(batch)
+        return KernelConfig.of("tiled", units=c.units, row_threads=c.row_threads, rows_per_thread=c.rows_per_thread, k_chunk=c.k_chunk)
     from . import recurrent_persistent as persistent
 
     c = persistent.default_config(spec, _arch(target))
@@ -112,6 +120,11 @@ def emitter(config: KernelConfig, spec, cell):
 
         cfg = StepwiseConfig(warps=config["warps"], units_per_warp=config["units_per_warp"], batch_tile=config["batch_tile"])
         return lambda a: stepwise_body(a, cfg)
+    if config.kind == "tiled":
+        from .recurrent_tiled import TiledConfig, tiled_body
+
+        cfg = TiledConfig(**dict(config.knobs))
+        return lambda a: tiled_body(a, cfg)
     from .recurrent_persistent import PersistentConfig, persistent_body
 
     cfg = PersistentConfig(blocks=config["blocks"], warps=config["warps"], batch_tile=config["batch_tile"], stage_h=bool(config["stage_h"]))

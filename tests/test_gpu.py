@@ -64,7 +64,7 @@ def test_zoo_model_on_cuda_matches_onnxruntime(entry):
             np.testing.assert_allclose(ours[name], ref[name], rtol=1e-4, atol=1e-5, err_msg=f"{entry.name}: {name} batch {batch}")
 
 
-@pytest.mark.parametrize("kernel", ["stepwise", "persistent"])
+@pytest.mark.parametrize("kernel", ["stepwise", "persistent", "tiled"])
 def test_repeated_runs_are_stable(kernel):
     """A race shows as results that move between runs; ours must repeat to the bit on the same inputs."""
     case = Case(op="LSTM", direction="bidirectional", optional=("B", "sequence_lens"), hidden=200, input_size=64)
@@ -84,7 +84,7 @@ HALF_CASES = [
 ]
 
 
-@pytest.mark.parametrize("kernel", ["stepwise", "persistent"])
+@pytest.mark.parametrize("kernel", ["stepwise", "persistent", "tiled"])
 @pytest.mark.parametrize("case", HALF_CASES, ids=lambda c: f"{c.op}-{c.direction}-H{c.hidden}")
 def test_cuda_float16_models(case, kernel):
     module = tvmrnn.compile(case.model(), target="cuda", kernel=kernel)

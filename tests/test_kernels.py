@@ -12,12 +12,14 @@ import pytest
 import tvm
 
 from onnx_cases import Case
-from schedules import cooperative, recurrent_kernel
+from schedules import cooperative, point_kernel, recurrent_kernel
+from schedules.projection_cuda import projection_cuda
+from schedules.space import KernelConfig, knob_space
 from tvmrnn.cells import cell_for
 from tvmrnn.frontend.inspect import find_rnn_layers
 
 TARGETS = [pytest.param(("llvm", "auto"), id="llvm")] + [
-    pytest.param(("cuda", choice), id=f"cuda-{choice}", marks=pytest.mark.gpu) for choice in ("stepwise", "persistent", "auto")]
+    pytest.param(("cuda", choice), id=f"cuda-{choice}", marks=pytest.mark.gpu) for choice in ("stepwise", "persistent", "tiled", "auto")]
 CASES = [
     Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h", "initial_c"), hidden=24, input_size=7),
     Case(op="GRU", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=33, input_size=5, layout=1),
@@ -36,19 +38,41 @@ def test_kernel_writes_every_element(kind, case):
     kind, choice = kind
     target = _target(kind)
     spec = find_rnn_layers(case.model())[0].spec
+    kernel = recurrent_kernel(spec, cell_for(spec), target, choice)
+    # batches 3 and 5/40 take auto's persistent and stepwise branches (these layers are below TILED_MIN_HIDDEN; cuda-tiled runs tiled)
+    _check_kernel(kind, case, spec, kernel.func, kernel.transposed_r, batches=(5, 40, 3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
+@pytest.mark.parametrize("kind", ["stepwise", "persistent", "tiled"])
+def test_sampled_points_are_correct(kind, case):
+    """Every point of a space must be a correct kernel (the tuner may pick any): three per kind, fixed seed."""
+    target = _target("cuda")
+    spec = find_rnn_layers(case.model())[0].spec
     cell = cell_for(spec)
-    kernel = recurrent_kernel(spec, cell, target, choice)
-    lib = tvm.compile(tvm.IRModule({"main": kernel.func}), target=target, tir_pipeline=cooperative.register())
+    space = knob_space(kind, spec, cell, target)
+    rng = np.random.default_rng(len(kind) * 7 + spec.hidden_size)
+    for _ in range(3):
+        config = KernelConfig.of(kind, **{k: int(rng.choice(v)) for k, v in space.items()})
+        func = point_kernel(spec, cell, target, config)  # symbolic seq and batch
+        _check_kernel("cuda", case, spec, func, False, batches=(6, 37), note=config.describe())
+
+
+def _check_kernel(kind, case, spec, func, transposed_r, batches, note=""):
+    cell = cell_for(spec)
+    target = _target(kind)
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline=cooperative.register())
     dev = tvm.device("cpu" if kind == "llvm" else "cuda", 0)
     rng = np.random.default_rng(7)
     T, H, D = 9, spec.hidden_size, spec.num_directions
     w = case.weights()
-    # fresh inputs each time (a race shows as an error that moves); batch 40 takes auto's stepwise branch
-    for trial, N in enumerate((5, 40, 3)):
+    # fresh inputs each time (a race shows as an error that moves)
+    for trial, N in enumerate(batches):
         feeds = case.feeds(rng, T, N)
         x = feeds["X"]
         xw = x @ w["W"].reshape(D * cell.gates * H, -1).T
-        r = w["R"].transpose(0, 2, 1).copy() if kernel.transposed_r else w["R"]
+        r = w["R"].transpose(0, 2, 1).copy() if transposed_r else w["R"]
         args = [xw.astype("f4"), r]
         args += [feeds[n] for n in ("sequence_lens", "initial_h", "initial_c") if n in feeds and (n != "initial_c" or "c" in cell.states)]
         expected = case.reference(feeds)
@@ -64,4 +88,21 @@ def test_kernel_writes_every_element(kind, case):
             np.testing.assert_array_equal(got_first, got_again)  # deterministic: same bits twice
         for name, got in zip(("Y", "Y_h", "Y_c"), results[0]):
             assert not np.isnan(got).any(), f"{name}: {np.isnan(got).sum()} elements never written"
-            np.testing.assert_allclose(got, expected[name], rtol=1e-4, atol=1e-5, err_msg=f"{name}, trial {trial}")
+            np.testing.assert_allclose(got, expected[name], rtol=1e-4, atol=1e-5, err_msg=f"{name}, batch {N} {note}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, K, cols", [(1, 8, 4), (333, 40, 2400), (6000, 800, 3200)])
+def test_projection_cuda_matches_float64(M, K, cols):
+    """Our fp32 projection GEMM: partial row and column tiles included, output poisoned first."""
+    target = _target("cuda")
+    lib = tvm.compile(tvm.IRModule({"main": projection_cuda(K, cols)}), target=target)
+    rng = np.random.default_rng(M)
+    x, w, b = (rng.standard_normal(s).astype("f4") for s in ((M, K), (cols, K), (cols,)))
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full((M, cols), np.nan, "f4"), dev)
+    lib["main"](*[tvm.runtime.tensor(v, dev) for v in (x, w, b)], out)
+    expected = x.astype("f8") @ w.astype("f8").T + b
+    got = out.numpy()
+    assert not np.isnan(got).any(), f"{np.isnan(got).sum()} elements never written"
+    assert np.abs(got - expected).max() / np.abs(expected).max() < 1e-5

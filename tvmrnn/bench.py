@@ -134,7 +134,9 @@ def _rel_err(ours, ref) -> float:
     return float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
-def bench_gpu_row(row: Row, kernels=("stepwise", "auto"), repeats=20, warmup=5, sets=3, dtype="float32") -> dict:
+def bench_gpu_row(row: Row, kernels=("stepwise", "auto"), repeats=20, warmup=5, sets=3, dtype="float32", cudnn=None) -> dict:
+    """Time our kernels against cuDNN on one row. cudnn: an earlier result of this row and dtype to reuse
+    cuDNN's times and reference output from (a sweep of our variants need not re-time cuDNN each time)."""
     import torch
 
     import tvmrnn
@@ -145,13 +147,17 @@ def bench_gpu_row(row: Row, kernels=("stepwise", "auto"), repeats=20, warmup=5, 
     xs = [torch.randn(row.T, row.N, row.I, device="cuda", dtype=tdtype) for _ in range(sets)]
     events = lambda: (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))  # noqa: E731
     result = {"row": row.name, "dtype": dtype, "gflop": row.flops() / 1e9}
-    cudnn = module.cuda().to(tdtype)
-    with torch.no_grad():
-        for setting, tf32 in (("cudnn_tf32", True), ("cudnn_fp32", False)):
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
-            result[setting + "_ms"] = _median_ms(lambda x: cudnn(x), xs, repeats, warmup, torch.cuda.synchronize, events)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-        ref = cudnn(xs[0])[0].float().cpu().numpy()
+    if cudnn is not None:
+        result.update({k: cudnn[k] for k in ("cudnn_tf32_ms", "cudnn_fp32_ms")})
+        xs, ref = cudnn["_inputs"], cudnn["_reference"]
+    else:
+        net = module.cuda().to(tdtype)
+        with torch.no_grad():
+            for setting, tf32 in (("cudnn_tf32", True), ("cudnn_fp32", False)):
+                torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+                result[setting + "_ms"] = _median_ms(lambda x: net(x), xs, repeats, warmup, torch.cuda.synchronize, events)
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+            ref = net(xs[0])[0].float().cpu().numpy()
     for kernel in kernels:
         try:  # "tuned": auto with the tuning logs applied; the others are the untuned defaults
             compiled = (tvmrnn.compile(model, target="cuda") if kernel == "tuned" else
@@ -171,6 +177,7 @@ def bench_gpu_row(row: Row, kernels=("stepwise", "auto"), repeats=20, warmup=5, 
         result["tuned_speedup"] = result["auto_ms"] / result["tuned_ms"]
     result.update(ours_ms=ours_ms, best_cudnn_ms=best_cudnn, speedup=best_cudnn / ours_ms,
                   us_per_step_layer=ours_ms * 1e3 / (row.T * row.layers), tflops=row.flops() / (ours_ms * 1e-3) / 1e12)
+    result["_inputs"], result["_reference"] = xs, ref  # for a later call's `cudnn=`; keys with "_" are not written
     return result
 
 
@@ -223,7 +230,7 @@ def environment(gpu: bool) -> dict:
     return env
 
 
-GPU_COLUMNS = [("row", "row"), ("dtype", "dtype"), ("stepwise_ms", "stepwise ms"), ("persistent_ms", "persistent ms"), ("auto_ms", "auto ms"),
+GPU_COLUMNS = [("row", "row"), ("dtype", "dtype"), ("stepwise_ms", "stepwise ms"), ("persistent_ms", "persistent ms"), ("tiled_ms", "tiled ms"), ("auto_ms", "auto ms"),
                ("tuned_ms", "tuned ms"), ("tuned_speedup", "tuned ÷ auto"),
                ("cudnn_tf32_ms", "cuDNN TF32 ms"), ("cudnn_fp32_ms", "cuDNN fp32 ms"), ("speedup", "speed-up"),
                ("us_per_step_layer", "µs/step/layer"), ("tflops", "TFLOP/s"), ("auto_rel_err", "rel. err")]

@@ -45,21 +45,29 @@ def _f32(x):
 
 
 def _projection(bb, X, w, bias, cols, In, target):
-    """XW = X @ w^T + bias for all steps at once: TVM's matmul on CUDA (dlight schedules it), our GEMM on CPUs."""
-    if target.kind.name == "cuda":
+    """XW = X @ w^T + bias for all steps at once: our SIMT GEMM for fp32 on CUDA (exact fp32), TVM's tensor-core
+    matmul for fp16/bf16 (dlight schedules it), our register-blocked GEMM on CPUs."""
+    from schedules import projection_cuda
+
+    cuda = target.kind.name == "cuda"
+    if cuda and (str(X.ty.dtype) != "float32" or not projection_cuda.supported(In, cols)):
         # fp16/bf16 inputs: tensor-core GEMM with fp32 results, so XW keeps fp32 precision
         xw = bb.emit(op.matmul(X, op.permute_dims(w), out_dtype="float32"))
         return bb.emit(op.add(xw, bias)) if bias is not None else xw
     X, w = _f32(X), _f32(w)
-    from schedules.projection_cpu import projection_cpu
-
     shape = X.ty.shape
     if bias is None:
         bias = relax.const(np.zeros(cols, "float32"))
+    if cuda:
+        func, weight = projection_cuda.projection_cuda(In, cols), w  # W as ONNX stacks it: [cols, In]
+    else:
+        from schedules.projection_cpu import projection_cpu
+
+        func, weight = projection_cpu(In, cols), bb.emit(op.permute_dims(w))  # W^T: rows of k contiguous
     name = f"projection_{In}x{cols}"  # same shape, same function: add_func shares it between layers
-    gv = bb.add_func(projection_cpu(In, cols).with_attr("global_symbol", name), name)
+    gv = bb.add_func(func.with_attr("global_symbol", name), name)
     m = shape[0] * shape[1]
-    flat = bb.emit(relax.call_tir(gv, [bb.emit(op.reshape(X, [m, In])), bb.emit(op.permute_dims(w)), bias],
+    flat = bb.emit(relax.call_tir(gv, [bb.emit(op.reshape(X, [m, In])), weight, bias],
                                   relax.TensorType([m, cols], "float32")))
     return bb.emit(op.reshape(flat, [shape[0], shape[1], cols]))
 

@@ -28,19 +28,21 @@ def bench_command(args: BenchArgs, echo=print) -> list[dict]:
     gpu = args.device == "gpu"
     rows = [known[r] for r in (args.rows or (known if gpu else bench.CPU_ROWS))]
     jobs = [(row, dtype) for row in rows for dtype in (args.dtypes if gpu else ("float32",))]
+    env = bench.environment(gpu)
+    columns = bench.GPU_COLUMNS if gpu else bench.CPU_COLUMNS
+    stem = f"{env['date'][:10]}-{'gpu' if gpu else 'cpu'}"
     results = []
     for i, (row, dtype) in enumerate(jobs, 1):
         echo(f"[{i}/{len(jobs)}] {row} {dtype}")
         try:
             res = bench.bench_gpu_row(row, args.kernels, args.repeats, dtype=dtype) if gpu else bench.bench_cpu_row(row, args.repeats)
+            res = {k: v for k, v in res.items() if not k.startswith("_")}
         except Exception as err:  # one broken row must not lose the others' numbers
             res = {"row": row.name, "dtype": dtype, "error": f"{type(err).__name__}: {err}"}
         echo("    " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()))
         results.append(res)
-    env = bench.environment(gpu)
-    columns = bench.GPU_COLUMNS if gpu else bench.CPU_COLUMNS
-    stem = f"{env['date'][:10]}-{'gpu' if gpu else 'cpu'}"
-    paths = bench.write_results(args.out_dir, stem, results, columns, env, " ".join(["tvmrnn"] + sys.argv[1:]))
+        # written after every row: a run cut short by a time limit keeps the rows it finished
+        paths = bench.write_results(args.out_dir, stem, results, columns, env, " ".join(["tvmrnn"] + sys.argv[1:]))
     echo(bench.markdown(results, columns, env, "tvmrnn " + " ".join(sys.argv[1:])))
     echo(f"wrote {paths[0]} and {paths[1]}")
     return results

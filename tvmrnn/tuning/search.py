@@ -134,8 +134,8 @@ class KernelFeatures(ms.feature_extractor.PyFeatureExtractor):
         return [tvm.runtime.tensor(point_features(cand.sch.mod)) for cand in candidates]
 
 
-KINDS = ("cpu", "stepwise", "persistent")
-KNOB_NAMES = ("rows", "units", "warps", "units_per_warp", "batch_tile", "blocks", "stage_h")
+KINDS = ("cpu", "stepwise", "persistent", "tiled")
+KNOB_NAMES = ("rows", "units", "warps", "units_per_warp", "batch_tile", "blocks", "stage_h", "row_threads", "rows_per_thread", "k_chunk")
 
 
 def point_features(mod: tvm.IRModule) -> np.ndarray:
