@@ -1,6 +1,6 @@
 """The fp32 projection GEMM: our kernel (schedules/projection_cuda.py) against dlight's Matmul rule and cuBLAS.
 
-    PYTHONPATH=. python3 benchmarks/projection_variants.py
+    PYTHONPATH=. python3 benchmarks/projection_variants.py [SHAPE ...]
 
 The projection (XW = X @ W^T + bias) is 38-50% of the b64-h1024-l2 and blog-a rows in fp32 under
 TVM's default schedule, dlight's Matmul rule (32 x 64 per block, 4 x 4 per thread); a first run
@@ -13,6 +13,7 @@ result is checked against cuBLAS's output (torch.addmm, TF32 off).
 import dataclasses
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -62,7 +63,7 @@ def projection_dlight(K: int, cols: int, target, config: ProjectionConfig = Proj
     return sch.mod["main"].with_attrs({"tirx.is_scheduled": True})
 
 
-SHAPES = {"ds2-lstm": (6000, 800, 3200), "ds2-gru": (6000, 800, 2400), "b64-h1024": (6400, 1024, 4096), "ds2-5l-bi l1+": (6000, 1600, 6400),
+SHAPES = {"lat-b1-h512": (100, 512, 2048), "lat-b1-h1024": (100, 1024, 4096), "b8-h1024": (800, 1024, 4096), "ds2-lstm": (6000, 800, 3200), "ds2-gru": (6000, 800, 2400), "b64-h1024": (6400, 1024, 4096), "ds2-5l-bi l1+": (6000, 1600, 6400),
           "blog-a": (12800, 2560, 10240)}
 CONFIGS = {"dlight stock": lambda K, cols: projection_dlight(K, cols, target, ProjectionConfig(8, 16, 4, 4, 16, 2)),
            "tvmrnn projection_cuda": projection_cuda}
@@ -71,6 +72,8 @@ target = tvm.target.Target.from_device(tvm.cuda(0))
 dev = tvm.cuda(0)
 results = []
 for name, (M, K, cols) in SHAPES.items():
+    if sys.argv[1:] and name not in sys.argv[1:]:
+        continue
     x, w = torch.randn(M, K, device="cuda"), torch.randn(cols, K, device="cuda") / K**0.5
     b = torch.randn(cols, device="cuda")
     ref = torch.addmm(b, x, w.T)

@@ -92,9 +92,9 @@ def _check_kernel(kind, case, spec, func, transposed_r, batches, note=""):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M, K, cols", [(1, 8, 4), (333, 40, 2400), (6000, 800, 3200)])
+@pytest.mark.parametrize("M, K, cols", [(1, 8, 4), (333, 40, 2400), (1100, 64, 1020), (6000, 800, 3200)])
 def test_projection_cuda_matches_float64(M, K, cols):
-    """Our fp32 projection GEMM: partial row and column tiles included, output poisoned first."""
+    """Our fp32 projection GEMM, skinny (M < 1024) and tiled, partial row and column tiles included, output poisoned first."""
     target = _target("cuda")
     lib = tvm.compile(tvm.IRModule({"main": projection_cuda(K, cols)}), target=target)
     rng = np.random.default_rng(M)
