@@ -27,7 +27,7 @@ BM, BN, BK = 128, 128, 8  # block tile: rows of X, columns of XW, reduction colu
 TM = TN = 8  # accumulators per thread: rows x columns, as two groups of 4 half a tile apart
 THREADS = (BM // TM) * (BN // TN)  # 256
 PAD = 4  # floats after each staged k-row: the transposing stores of two k-rows land in different banks
-SKINNY_M = 1024  # fewer rows than this run the skinny kernel
+SKINNY_M = 512  # fewer rows run the skinny kernel (H100: skinny won at M=100, tiles at M=800)
 SKINNY_ROWS, SKINNY_WARPS = 16, 4  # rows per pass (each weight load serves them all), warps per block (a column each)
 
 
