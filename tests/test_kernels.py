@@ -14,7 +14,7 @@ import tvm
 from onnx_cases import Case
 from schedules import cooperative, point_kernel, recurrent_kernel
 from schedules.projection_cuda import projection_cuda
-from schedules.space import KernelConfig, knob_space
+from schedules.space import KernelConfig, default_config, knob_space
 from tvmrnn.cells import cell_for
 from tvmrnn.frontend.inspect import find_rnn_layers
 
@@ -57,6 +57,23 @@ def test_sampled_points_are_correct(kind, case):
         config = KernelConfig.of(kind, **{k: int(rng.choice(v)) for k, v in space.items()})
         func = point_kernel(spec, cell, target, config)  # symbolic seq and batch
         _check_kernel("cuda", case, spec, func, False, batches=(6, 37), note=config.describe())
+
+
+@pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
+def test_cuda_points_build_without_a_gpu(case):
+    """What the tuner may pick compiles for CUDA through NVRTC (no GPU needed): each CUDA kind's default
+    point and two sampled ones, with odd hidden sizes (partial k-chunks, unit and row tiles)."""
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    spec = find_rnn_layers(case.model())[0].spec
+    cell = cell_for(spec)
+    rng = np.random.default_rng(11)
+    for kind in ("stepwise", "persistent", "tiled"):
+        space = knob_space(kind, spec, cell, target)
+        configs = [default_config(kind, spec, cell, target, 6)]
+        configs += [KernelConfig.of(kind, **{k: int(rng.choice(v)) for k, v in space.items()}) for _ in range(2)]
+        for config in configs:
+            lib = tvm.tirx.build(point_kernel(spec, cell, target, config), target=target, pipeline=cooperative.register())
+            assert "__global__" in lib.imports[0].inspect_source(), config.describe()
 
 
 def _check_kernel(kind, case, spec, func, transposed_r, batches, note=""):

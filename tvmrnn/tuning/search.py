@@ -42,7 +42,7 @@ def config_of(mod: tvm.IRModule):
 
 
 def design_spaces(task: RecurrentTask, target, choice: str = "auto") -> ms.space_generator.ScheduleFn:
-    """One design space per kernel kind the layer may run (persistent and stepwise on CUDA when R fits)."""
+    """One design space per kernel kind the layer may run (on CUDA: stepwise, tiled, and persistent when R fits)."""
     from schedules.space import kinds, knob_space
 
     def sample(sch: Schedule):
