@@ -81,6 +81,15 @@ def _seed_defaults(ctxs, tasks, target, db, builder, runner) -> tuple[list[float
     return best, len(pending)
 
 
+# Round-robin, not MetaSchedule's gradient scheduler: the gradient one reports no round until every task has had
+# its first, so with many tasks the progress display froze and the time budget could not act (28 CUDA tasks at
+# ~13 s a round: 6 minutes; benchmarks/results/2026-11-23-h100-tune-28-tasks-stalled.txt). Measured on LLVM with
+# 6 tasks and a 1-minute budget: gradient's first report came after 29 s (all six at once), round-robin's after
+# 5 s and then one per round (tuning_logs/README.md). Our spaces are small (16-100 points), so spreading trials
+# evenly loses little. TVMRNN_TASK_SCHEDULER=gradient picks the other.
+TASK_SCHEDULER = "round-robin"
+
+
 def space_size(task, target, choice) -> int:
     from schedules.space import kinds, knob_space
 
@@ -125,7 +134,7 @@ def tune(tasks: list[RecurrentTask], target, logs_dir, trials: int, time_budget_
                     num_trials_per_iter=min(8, max(1, left // max(len(ctxs), 1))),
                     builder=builder, runner=runner, database=db, cost_model=search.cost_model(),
                     measure_callbacks=list(ms.measure_callback.MeasureCallback.create("default")) + [progress],
-                    task_scheduler=os.environ.get("TVMRNN_TASK_SCHEDULER", "gradient"))
+                    task_scheduler=os.environ.get("TVMRNN_TASK_SCHEDULER", TASK_SCHEDULER))
         except Exception:  # our callback's stop signal arrives through the FFI as another exception
             if not progress.stopped:
                 raise
