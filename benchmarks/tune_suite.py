@@ -1,6 +1,8 @@
-"""Tune the benchmark rows (fp32 and fp16) and the models/ zoo on this GPU in one MetaSchedule run.
+"""Tune the benchmark rows (fp32 and fp16) and the models/ zoo on this GPU (or, with --target llvm, this CPU)
+in one MetaSchedule run.
 
     python3 benchmarks/tune_suite.py --trials 400 --time-budget 7 --logs $OUT/tuning_logs
+    python3 benchmarks/tune_suite.py --target llvm --dtypes float32 --no-zoo --rows ds2-lstm,ds2-gru,lat-b1-h512-l2 --logs tuning_logs
 
 One run over all tasks shares one XGBoost cost model; tasks that recur (the same layer shape in
 several rows or models) are tuned once. Copy the logs folder it writes into tuning_logs/.
@@ -26,8 +28,9 @@ def main():
     p.add_argument("--dtypes", default="float32,float16")
     p.add_argument("--no-zoo", action="store_true")
     p.add_argument("--rows", default=None, help="comma-separated benchmark rows (default: all)")
+    p.add_argument("--target", default="cuda", help="cuda (this GPU) or llvm (this CPU)")
     a = p.parse_args()
-    target = resolve_target("cuda")
+    target = resolve_target(a.target)
     tasks = {}
     for row in [r for r in bench.ROWS if a.rows is None or r.name in a.rows.split(",")]:
         for dtype in a.dtypes.split(","):
