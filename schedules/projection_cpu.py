@@ -16,7 +16,9 @@ from tvm.script.ir_builder import tirx as T
 from .recurrent_common import i64
 
 F32 = "float32"
-MR, NR = 4, 64  # rows x columns per tile: 4 x 64 fp32 accumulators fit AVX2's and AVX-512's register files
+# rows x columns per tile: 8 x 32 fp32 accumulators, 16 AVX-512 registers. On this VM (znver5) 8 x 32 beat 4 x 64
+# on every projection shape of the benchmark rows, 1.03-1.24x (benchmarks/results/2026-11-23-cpu-projection-tiles.txt)
+MR, NR = 8, 32
 
 
 def projection_cpu(K: int, Ncols: int) -> tirx.PrimFunc:
