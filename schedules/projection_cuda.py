@@ -22,7 +22,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from .recurrent_common import i64
+from .recurrent_common import block_sync, i64
 from .warp_gemv import warp_gates
 
 F32 = "float32"
@@ -110,7 +110,7 @@ def _tiled(X, W, bias, XW, M, K, cols):
                         for v in range(4):  # transposed: k-rows of the tile, rows of X (columns of XW) along them
                             T.buffer_store(As, xr[i64(v)], [(k4 + i64(v)) * i64(stride_a) + r])
                             T.buffer_store(Bs, wr[i64(v)], [(k4 + i64(v)) * i64(stride_b) + r])
-                        T.evaluate(tirx.op.tvm_storage_sync("shared"))
+                        block_sync()
                         with T.If(kb + i64(1) < i64(K // BK)):
                             with T.Then():
                                 load((kb + i64(1)) * i64(BK))
@@ -123,7 +123,7 @@ def _tiled(X, W, bias, XW, M, K, cols):
                             for i in range(TM):
                                 for j in range(TN):
                                     T.buffer_store(acc, acc[i64(i), i64(j)] + a[i64(i)] * b[i64(j)], [i64(i), i64(j)])
-                        T.evaluate(tirx.op.tvm_storage_sync("shared"))
+                        block_sync()
                     for i in range(TM):
                         m = m0 + i64(i // 4 * BM // 2 + i % 4) + ty * i64(4)
                         for jh in range(2):

@@ -178,6 +178,11 @@ def recurrent_prim_func(spec: RNNLayerSpec, cell: Cell, transposed_r: bool, emit
     return ib.get()
 
 
+def block_sync():
+    """__syncthreads(): the block's shared-memory writes are visible to all its threads."""
+    T.evaluate(tirx.op.tvm_storage_sync("shared"))
+
+
 def batch_dispatch(a: KernelArgs, branches):
     """Emit `if batch <= b0: e0(a) elif batch <= b1: e1(a) ... else: en(a)` over (max_batch, emit) pairs."""
     (limit, emit), rest = branches[0], branches[1:]

@@ -35,10 +35,6 @@ class StepwiseConfig:
     batch_tile: int = 8  # NB: batch rows per block, reusing each weight read NB times
 
 
-def _sync():
-    T.evaluate(tirx.op.tvm_storage_sync("shared"))
-
-
 def _elementwise(a: KernelArgs, total, body):
     """A simple grid-stride-free elementwise launch over `total` items."""
     with T.thread_binding(0, tirx.ceildiv(total, i64(256)), "blockIdx.x") as bx:

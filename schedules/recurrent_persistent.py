@@ -23,7 +23,7 @@ from tvm.script.ir_builder import tirx as T
 from tvmrnn.cells import Cell
 from tvmrnn.layer import RNNLayerSpec
 
-from .recurrent_common import KernelArgs, i64
+from .recurrent_common import KernelArgs, block_sync, i64
 from .recurrent_cuda import cuda_prim_func, epilogue, operand_at, vector_width, weight_bytes
 from .warp_gemv import warp_gates
 
@@ -72,10 +72,6 @@ def _grid_sync():
     T.evaluate(cuda_op.cuda_grid_sync())
 
 
-def _block_sync():
-    T.evaluate(tirx.op.tvm_storage_sync("shared"))
-
-
 def recurrent_kernel_persistent(spec: RNNLayerSpec, cell: Cell, cfg: PersistentConfig) -> tirx.PrimFunc:
     return cuda_prim_func(spec, cell, lambda a: persistent_body(a, cfg))
 
@@ -113,7 +109,7 @@ def persistent_body(a: KernelArgs, cfg: PersistentConfig):
 
                 _strided(UPB * G * H, threads, tid, load_weights)
                 # written here, not left to the sync planner, which cannot place barriers under the batch dispatch
-                _block_sync()
+                block_sync()
 
                 def init_state(e):
                     j, n = j0 + e // N, e % N
@@ -139,13 +135,13 @@ def persistent_body(a: KernelArgs, cfg: PersistentConfig):
                                     with T.If(n0 + i64(b) < N):
                                         with T.Then():
                                             _stage_row(hs, operand, phase, cur, d, n0 + i64(b), b, H, threads, tid)
-                                _block_sync()
+                                block_sync()
                                 h_at = lambda _u, b, k: hs[i64(b), k]  # noqa: E731
                             else:
                                 h_at = lambda _u, b, k, n0=n0: operand_at(operand, phase, cur, d, tirx.min(n0 + i64(b), N - 1), k)  # noqa: E731
                             _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, h_at, d, j0, n0, V)
                             if cfg.stage_h:
-                                _block_sync()  # hs is restaged by the next chunk
+                                block_sync()  # hs is restaged by the next chunk
                         _grid_sync()
 
                 def final_state(e):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .recurrent_common import KernelArgs, i64
+from .recurrent_common import KernelArgs, block_sync, i64
 from .recurrent_cuda import epilogue, operand_at, step_launches
 
 F32 = "float32"
@@ -50,10 +50,6 @@ def default_config(batch: int | None = None) -> TiledConfig:
         return TiledConfig()
     row_threads = 16 if batch > 8 else 8
     return TiledConfig(row_threads=row_threads, rows_per_thread=next(t for t in (1, 2, 4) if row_threads * t >= batch))
-
-
-def _sync():
-    T.evaluate(tirx.op.tvm_storage_sync("shared"))
 
 
 def tiled_body(a: KernelArgs, cfg: TiledConfig):
@@ -141,7 +137,7 @@ def _tile_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt
                         with T.serial(0, i64(chunks)) as kc:
                             _strided(r_items, threads, tid, store_r)
                             _strided(h_items, threads, tid, store_h)
-                            _sync()
+                            block_sync()
                             with T.If(kc + i64(1) < i64(chunks)):
                                 with T.Then():
                                     load_r(kc + i64(1))
@@ -160,7 +156,7 @@ def _tile_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt
                                                 for v in range(V):
                                                     idx = [i64(gi), i64(b)]
                                                     T.buffer_store(acc, acc[i64(gi), i64(b)] + rv[i64(gi), i64(v)] * hv[i64(b), i64(v)], idx)
-                            _sync()  # the next chunk overwrites rs and hs
+                            block_sync()  # the next chunk overwrites rs and hs
 
                         for b in range(TB):
                             n, j = n0 + rg + i64(b * RG), u0 + uy
