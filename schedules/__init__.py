@@ -4,6 +4,7 @@ recurrent_cpu         the recurrent layer for LLVM targets
 recurrent_cuda        CUDA, stepwise: one fused launch per step and phase (weights from L2/HBM)
 recurrent_persistent  CUDA, persistent: one cooperative launch for the whole sequence, R in shared memory
 recurrent_tiled       CUDA, large batch: per step one tiled GEMM launch (R and h staged in shared memory)
+recurrent_mma         CUDA, large batch, fp16/bf16: per step one launch of tensor-core mma tiles
 warp_gemv             the warp-level gate GEMV both CUDA kernels are built from
 cooperative           the TIR pipeline that tags grid-barrier kernels for cooperative launch
 space                 the tunable knobs of each kernel kind, their default points, the body a point emits
@@ -23,7 +24,7 @@ from tvm import tirx
 from .recurrent_common import batch_dispatch
 from .space import KernelConfig, default_config, emitter, kinds
 
-KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled")
+KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma")
 # Batch up to which the persistent kernel beats the stepwise one when untuned. Measured on the H100
 # (benchmarks/results/2026-11-22-h100-persistent-small-batch.md): 2-2.3x faster at batch 1,
 # 1.4x slower at batch 8. Tuning logs replace this guess per shape.
@@ -32,6 +33,7 @@ PERSISTENT_MAX_BATCH = 4
 # units. Measured on the H100 (benchmarks/results/2026-11-23-h100-tiled-variants.md): tiled 1.12-1.45x
 # faster at batch 64 with H=1024 and 2560; 1.3-2.3x slower at batch 8 and 20 (H=800, 1024), where too few
 # blocks fill the GPU. Tuning logs replace this rule per shape (tiled is in every CUDA task's space).
+# fp16/bf16 layers run the tensor-core kind (mma) there instead of tiled.
 STEPWISE_MAX_BATCH = 32
 TILED_MIN_HIDDEN = 1024
 # A tuned point replaces the default only when it measured this much faster: a kernel timed alone
@@ -111,7 +113,7 @@ def _default_branches(spec, cell, target, allowed) -> list[Branch]:
                 Branch(None, default_config("cpu", spec, cell, target), False)]
     # persistent at small batch, stepwise at moderate ones, tiled above; the last kind takes the rest
     if len(allowed) > 1 and spec.hidden_size < TILED_MIN_HIDDEN:
-        allowed = tuple(k for k in allowed if k != "tiled")
+        allowed = tuple(k for k in allowed if k not in ("tiled", "mma"))
     limits = {"persistent": PERSISTENT_MAX_BATCH, "stepwise": STEPWISE_MAX_BATCH}
     return [Branch(None if i == len(allowed) - 1 else limits[k], default_config(k, spec, cell, target), False)
             for i, k in enumerate(allowed)]

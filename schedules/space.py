@@ -6,8 +6,9 @@ A point of a space is a `KernelConfig`: a schedule kind and a value for each of 
     stepwise    warps per block, units_per_warp, batch_tile (rows reusing each weight read)
     persistent  blocks (one co-resident wave), warps, batch_tile, stage_h (h staged in shared memory)
     tiled       units per block, row_threads x rows_per_thread batch rows per block, k_chunk staged per round
+    mma         (fp16/bf16 only) units per block, n_tiles x n_warps batch tiles of 8 rows, k_warps splitting the reduction
 
-The kind is itself a knob: persistent, stepwise and tiled are design spaces of one CUDA tuning task.
+The kind is itself a knob: persistent, stepwise, tiled and mma are design spaces of one CUDA tuning task.
 MetaSchedule samples the knobs (tvmrnn/tuning/search.py); compile builds each layer's kernel as a
 dispatch over batch buckets, each bucket running its tuned point or the default one
 (schedules/__init__.py). Every point of every space is a correct kernel: the tests run sampled points.
@@ -23,7 +24,7 @@ CPU_UNITS = (8, 16, 32, 64, 128)
 
 @dataclass(frozen=True)
 class KernelConfig:
-    kind: str  # "cpu" | "stepwise" | "persistent" | "tiled"
+    kind: str  # "cpu" | "stepwise" | "persistent" | "tiled" | "mma"
     knobs: tuple[tuple[str, int], ...]  # (name, value), sorted by name
 
     @staticmethod
@@ -71,6 +72,8 @@ def knob_space(kind: str, spec, cell, target) -> dict[str, tuple[int, ...]]:
         return {"blocks": blocks or (sms,), "warps": (4, 8, 16), "batch_tile": (1, 2, 4), "stage_h": (0, 1)}
     if kind == "tiled":  # every combination stays within 1024 threads and 48 KB of shared memory
         return {"units": (4, 8, 16, 32), "row_threads": (4, 8, 16, 32), "rows_per_thread": (1, 2, 4), "k_chunk": (16, 32)}
+    if kind == "mma":  # at most 8 warps and 33 KB of shared memory
+        return {"units": (8, 16), "n_tiles": (1, 2, 4), "n_warps": (1, 2), "k_warps": (1, 2, 4)}
     raise ValueError(f"unknown kernel kind {kind!r}")
 
 
@@ -80,9 +83,17 @@ def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
         return ("cpu",)
     from . import recurrent_persistent as persistent
 
+    from .recurrent_mma import supported
+
     fits = persistent.fits(spec, cell, _arch(target))
-    return {"auto": ("persistent", "stepwise", "tiled") if fits else ("stepwise", "tiled"),
-            "stepwise": ("stepwise",), "persistent": ("persistent",), "tiled": ("tiled",)}[choice]
+    large = ("mma",) if supported(spec) else ("tiled",)  # tensor cores where the storage dtype allows
+    if choice == "mma" and not supported(spec):
+        from tvmrnn.errors import UnsupportedModelError
+
+        raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel 'mma' runs fp16/bf16 layers on tensor cores; "
+                                    f"this layer is {spec.dtype} (compile with dtype='float16' or pick another kernel)")
+    return {"auto": (("persistent",) if fits else ()) + ("stepwise",) + large,
+            "stepwise": ("stepwise",), "persistent": ("persistent",), "tiled": ("tiled",), "mma": ("mma",)}[choice]
 
 
 def default_config(kind: str, spec, cell, target, batch: int | None = None) -> KernelConfig:
@@ -103,6 +114,11 @@ def default_config(kind: str, spec, cell, target, batch: int | None = None) -> K
 
         c = tiled_default(batch)
         return KernelConfig.of("tiled", units=c.units, row_threads=c.row_threads, rows_per_thread=c.rows_per_thread, k_chunk=c.k_chunk)
+    if kind == "mma":
+        from .recurrent_mma import default_config as mma_default
+
+        c = mma_default(batch)
+        return KernelConfig.of("mma", units=c.units, n_tiles=c.n_tiles, n_warps=c.n_warps, k_warps=c.k_warps)
     from . import recurrent_persistent as persistent
 
     c = persistent.default_config(spec, _arch(target))
@@ -125,6 +141,11 @@ def emitter(config: KernelConfig, spec, cell):
 
         cfg = TiledConfig(**dict(config.knobs))
         return lambda a: tiled_body(a, cfg)
+    if config.kind == "mma":
+        from .recurrent_mma import MmaConfig, mma_body
+
+        cfg = MmaConfig(**dict(config.knobs))
+        return lambda a: mma_body(a, cfg)
     from .recurrent_persistent import PersistentConfig, persistent_body
 
     cfg = PersistentConfig(blocks=config["blocks"], warps=config["warps"], batch_tile=config["batch_tile"], stage_h=bool(config["stage_h"]))

@@ -48,3 +48,11 @@ def test_errors_exit_2_with_a_message(tmp_path):
     assert res.exit_code == 2 and "axis 2 must be 40" in res.output
     res = runner.invoke(main, ["run", str(out), "--dim", "nonsense"])
     assert res.exit_code == 2 and "NAME=VALUE" in res.output
+
+
+def test_kernel_choices_match_the_schedules():
+    """The CLI spells the kernel kinds out (so --help stays fast); they must be the ones the compiler accepts."""
+    import schedules
+    from tvmrnn import cli
+
+    assert cli.KERNEL_CHOICES == schedules.KERNEL_CHOICES

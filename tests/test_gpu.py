@@ -64,10 +64,11 @@ def test_zoo_model_on_cuda_matches_onnxruntime(entry):
             np.testing.assert_allclose(ours[name], ref[name], rtol=1e-4, atol=1e-5, err_msg=f"{entry.name}: {name} batch {batch}")
 
 
-@pytest.mark.parametrize("kernel", ["stepwise", "persistent", "tiled"])
+@pytest.mark.parametrize("kernel", ["stepwise", "persistent", "tiled", "mma"])
 def test_repeated_runs_are_stable(kernel):
     """A race shows as results that move between runs; ours must repeat to the bit on the same inputs."""
-    case = Case(op="LSTM", direction="bidirectional", optional=("B", "sequence_lens"), hidden=200, input_size=64)
+    dtype = "float16" if kernel == "mma" else "float32"  # mma runs half-precision layers only
+    case = Case(op="LSTM", direction="bidirectional", optional=("B", "sequence_lens"), hidden=200, input_size=64, dtype=dtype)
     module = tvmrnn.compile(case.model(), target="cuda", kernel=kernel)
     feeds = case.feeds(np.random.default_rng(5), 30, 4)
     first = module.run(feeds)
@@ -84,7 +85,7 @@ HALF_CASES = [
 ]
 
 
-@pytest.mark.parametrize("kernel", ["stepwise", "persistent", "tiled"])
+@pytest.mark.parametrize("kernel", ["stepwise", "persistent", "tiled", "mma"])
 @pytest.mark.parametrize("case", HALF_CASES, ids=lambda c: f"{c.op}-{c.direction}-H{c.hidden}")
 def test_cuda_float16_models(case, kernel):
     module = tvmrnn.compile(case.model(), target="cuda", kernel=kernel)
@@ -97,10 +98,11 @@ def test_cuda_float16_models(case, kernel):
             np.testing.assert_allclose(value.astype("f8"), ref[name], rtol=1e-2, atol=1e-2, err_msg=f"{name} T={T} N={N}")
 
 
+@pytest.mark.parametrize("kernel", ["auto", "mma"])
 @pytest.mark.parametrize("storage", ["float16", "bfloat16"])
-def test_cuda_fp32_model_in_half_storage(storage):
+def test_cuda_fp32_model_in_half_storage(storage, kernel):
     case = Case(op="LSTM", direction="bidirectional", optional=("B", "sequence_lens", "initial_h"), hidden=256, input_size=64)
-    module = tvmrnn.compile(case.model(), target="cuda", dtype=storage)
+    module = tvmrnn.compile(case.model(), target="cuda", dtype=storage, kernel=kernel)
     feeds = case.feeds(np.random.default_rng(6), 20, 4)
     ours, ref = module.run(feeds), case.reference(feeds)
     tol = 1e-2 if storage == "float16" else 3e-2

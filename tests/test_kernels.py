@@ -7,6 +7,8 @@ and directions, R as ONNX lays it out (or transposed, as the kernel asks). Padde
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tvm
@@ -14,6 +16,7 @@ import tvm
 from onnx_cases import Case
 from schedules import cooperative, point_kernel, recurrent_kernel
 from schedules.projection_cuda import projection_cuda
+from schedules.projection_mma import projection_mma
 from schedules.space import KernelConfig, default_config, knob_space
 from tvmrnn.cells import cell_for
 from tvmrnn.frontend.inspect import find_rnn_layers
@@ -45,10 +48,12 @@ def test_kernel_writes_every_element(kind, case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
-@pytest.mark.parametrize("kind", ["stepwise", "persistent", "tiled"])
+@pytest.mark.parametrize("kind", ["stepwise", "persistent", "tiled", "mma"])
 def test_sampled_points_are_correct(kind, case):
     """Every point of a space must be a correct kernel (the tuner may pick any): three per kind, fixed seed."""
     target = _target("cuda")
+    if kind == "mma":  # tensor cores take the half-precision layers
+        case = dataclasses.replace(case, dtype="float16")
     spec = find_rnn_layers(case.model())[0].spec
     cell = cell_for(spec)
     space = knob_space(kind, spec, cell, target)
@@ -67,7 +72,9 @@ def test_cuda_points_build_without_a_gpu(case):
     spec = find_rnn_layers(case.model())[0].spec
     cell = cell_for(spec)
     rng = np.random.default_rng(11)
-    for kind in ("stepwise", "persistent", "tiled"):
+    for kind in ("stepwise", "persistent", "tiled", "mma"):
+        if kind == "mma":
+            spec = dataclasses.replace(spec, dtype="float16")
         space = knob_space(kind, spec, cell, target)
         configs = [default_config(kind, spec, cell, target, 6)]
         configs += [KernelConfig.of(kind, **{k: int(rng.choice(v)) for k, v in space.items()}) for _ in range(2)]
@@ -88,10 +95,12 @@ def _check_kernel(kind, case, spec, func, transposed_r, batches, note=""):
     for trial, N in enumerate(batches):
         feeds = case.feeds(rng, T, N)
         x = feeds["X"]
-        xw = x @ w["W"].reshape(D * cell.gates * H, -1).T
+        xw = x.astype("f4") @ w["W"].astype("f4").reshape(D * cell.gates * H, -1).T
         r = w["R"].transpose(0, 2, 1).copy() if transposed_r else w["R"]
         args = [xw.astype("f4"), r]
-        args += [feeds[n] for n in ("sequence_lens", "initial_h", "initial_c") if n in feeds and (n != "initial_c" or "c" in cell.states)]
+        # the kernel's state inputs are fp32 whatever R's storage dtype
+        args += [feeds[n] if n == "sequence_lens" else feeds[n].astype("f4")
+                 for n in ("sequence_lens", "initial_h", "initial_c") if n in feeds and (n != "initial_c" or "c" in cell.states)]
         expected = case.reference(feeds)
         state_shape = (D, N, H) if spec.layout == 0 else (N, D, H)
         outs = [np.full((T, D, N, H) if spec.layout == 0 else (N, T, D, H), np.nan, "f4")]
@@ -105,7 +114,8 @@ def _check_kernel(kind, case, spec, func, transposed_r, batches, note=""):
             np.testing.assert_array_equal(got_first, got_again)  # deterministic: same bits twice
         for name, got in zip(("Y", "Y_h", "Y_c"), results[0]):
             assert not np.isnan(got).any(), f"{name}: {np.isnan(got).sum()} elements never written"
-            np.testing.assert_allclose(got, expected[name], rtol=1e-4, atol=1e-5, err_msg=f"{name}, batch {N} {note}")
+            tol = (1e-4, 1e-5) if spec.dtype == "float32" else (1e-2, 1e-2)  # half storage: h rounds to it on tensor cores
+            np.testing.assert_allclose(got, expected[name], rtol=tol[0], atol=tol[1], err_msg=f"{name}, batch {N} {note}")
 
 
 @pytest.mark.gpu
@@ -123,3 +133,29 @@ def test_projection_cuda_matches_float64(M, K, cols):
     got = out.numpy()
     assert not np.isnan(got).any(), f"{np.isnan(got).sum()} elements never written"
     assert np.abs(got - expected).max() / np.abs(expected).max() < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, K, cols", [(1, 32, 2), (333, 64, 2400), (1100, 800, 1022), (6400, 1024, 4096)])
+def test_projection_mma_matches_float64(M, K, cols):
+    """Our fp16 tensor-core projection against float64 on the same fp16 inputs (fp32 accumulation), output poisoned
+    first; partial row and column tiles included."""
+    target = _target("cuda")
+    lib = tvm.compile(tvm.IRModule({"main": projection_mma("float16", K, cols)}), target=target)
+    rng = np.random.default_rng(M)
+    x, w = (rng.standard_normal(s).astype("f2") for s in ((M, K), (cols, K)))
+    b = rng.standard_normal(cols).astype("f4")
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full((M, cols), np.nan, "f4"), dev)
+    lib["main"](*[tvm.runtime.tensor(v, dev) for v in (x, w, b)], out)
+    expected = x.astype("f8") @ w.astype("f8").T + b
+    got = out.numpy()
+    assert not np.isnan(got).any(), f"{np.isnan(got).sum()} elements never written"
+    assert np.abs(got - expected).max() / np.abs(expected).max() < 1e-5
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_projection_mma_builds_without_a_gpu(dtype):
+    """The tensor-core projection compiles through NVRTC (the CI machine has no GPU)."""
+    lib = tvm.compile(tvm.IRModule({"main": projection_mma(dtype, 64, 48)}), target=tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
+    assert "mma.sync.aligned.m16n8k16" in lib.mod.imports[0].inspect_source()

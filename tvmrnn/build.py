@@ -119,7 +119,7 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
     """ONNX model -> runnable (or, for CUDA without a GPU, exportable) module. `log` gets one line per stage.
 
     kernel: the recurrent schedule on CUDA: "auto" (persistent where R fits on chip and the batch is
-    small, stepwise at moderate batches, tiled above), "stepwise", "persistent" or "tiled".
+    small, stepwise at moderate batches, tiled (fp32) or mma (fp16/bf16, tensor cores) above), or one kind.
     dtype: "float16" or "bfloat16" runs the fp32 model's recurrent layers with that storage
     (weights and projection in half precision, fp32 accumulation and state); None keeps each layer's.
     logs: tuning logs folder (None: tvmrnn.tuning.logs.default_logs_dir(); False: untuned defaults);

@@ -8,6 +8,9 @@ import click
 
 from .errors import InputError, UnsupportedModelError
 
+# schedules.KERNEL_CHOICES, spelled out so `--help` need not import TVM (tests/test_cli.py checks they agree)
+KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma")
+
 
 def _fail_cleanly(fn):
     """Our errors are for people: print the message, exit 2, no traceback."""
@@ -44,7 +47,7 @@ def main():
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="the module to write (.so; its .json goes beside it)")
 @click.option("--target", default=None, help="llvm, cuda, or a TVM target tag such as nvidia/nvidia-h100 (default: cuda if a GPU is here, else llvm)")
-@click.option("--kernel", default="auto", show_default=True, type=click.Choice(["auto", "stepwise", "persistent", "tiled"]),
+@click.option("--kernel", default="auto", show_default=True, type=click.Choice(KERNEL_CHOICES),
               help="the recurrent schedule on CUDA (auto: persistent where R fits on chip and the batch is small)")
 @click.option("--dtype", default=None, type=click.Choice(["float32", "float16", "bfloat16"]),
               help="storage of the recurrent layers (float16/bfloat16: half-precision weights, fp32 state)")
@@ -70,7 +73,7 @@ def compile_cmd(model, output, target, kernel, dtype, logs, tune_trials, time_bu
 @click.option("--batch", "batches", multiple=True, type=int, help="a batch bucket to tune (repeatable; default: the model's batch, or 1, 8, 64)")
 @click.option("--seq", default=None, type=int, help="steps per measurement (default: the model's, or 100)")
 @click.option("--dtype", default=None, type=click.Choice(["float32", "float16", "bfloat16"]), help="as compile --dtype")
-@click.option("--kernel", default="auto", show_default=True, type=click.Choice(["auto", "stepwise", "persistent", "tiled"]),
+@click.option("--kernel", default="auto", show_default=True, type=click.Choice(KERNEL_CHOICES),
               help="restrict the CUDA kernel kinds searched")
 @_fail_cleanly
 def tune_cmd(model, target, trials, logs, time_budget, batches, seq, dtype, kernel):
@@ -115,8 +118,8 @@ def inspect_cmd(path, target):
 @click.option("--row", "rows", multiple=True, help="only these rows (repeatable; default: all, or the CPU rows with --cpu)")
 @click.option("--repeats", default=20, show_default=True, help="timed runs per measurement (the median is reported)")
 @click.option("--kernel", "kernels", multiple=True, default=("stepwise", "auto", "tuned"), show_default=True,
-              type=click.Choice(["auto", "stepwise", "persistent", "tiled", "tuned"]),
-              help="our recurrent schedules to time on the GPU: untuned defaults (auto, stepwise, persistent, tiled) or auto with the tuning logs (tuned)")
+              type=click.Choice(KERNEL_CHOICES + ("tuned",)),
+              help="our recurrent schedules to time on the GPU: untuned defaults (auto or one kind) or auto with the tuning logs (tuned)")
 @click.option("--dtype", "dtypes", multiple=True, default=("float32", "float16"), show_default=True,
               type=click.Choice(["float32", "float16"]), help="storage dtypes to time on the GPU")
 @click.option("--out", "out_dir", default="benchmarks/results", show_default=True, type=click.Path(file_okay=False))

@@ -45,27 +45,31 @@ def _f32(x):
 
 
 def _projection(bb, X, w, bias, cols, In, target):
-    """XW = X @ w^T + bias for all steps at once: our SIMT GEMM for fp32 on CUDA (exact fp32), TVM's tensor-core
-    matmul for fp16/bf16 (dlight schedules it), our register-blocked GEMM on CPUs."""
-    from schedules import projection_cuda
+    """XW = X @ w^T + bias for all steps at once, fp32 results. On CUDA our GEMMs: tensor cores for fp16/bf16
+    (projection_mma), exact-fp32 SIMT for fp32 (projection_cuda); TVM's default matmul for shapes they do not
+    cover; our register-blocked GEMM on CPUs."""
+    from schedules import projection_cuda, projection_mma
 
-    cuda = target.kind.name == "cuda"
-    if cuda and (str(X.ty.dtype) != "float32" or not projection_cuda.supported(In, cols)):
-        # fp16/bf16 inputs: tensor-core GEMM with fp32 results, so XW keeps fp32 precision
-        xw = bb.emit(op.matmul(X, op.permute_dims(w), out_dtype="float32"))
+    cuda, dtype = target.kind.name == "cuda", str(X.ty.dtype)
+    half = dtype != "float32"
+    if cuda and not (projection_mma.supported(dtype, In, cols) if half else projection_cuda.supported(In, cols)):
+        xw = bb.emit(op.matmul(X, op.permute_dims(w), out_dtype="float32"))  # fp32 results whatever the inputs
         return bb.emit(op.add(xw, bias)) if bias is not None else xw
-    X, w = _f32(X), _f32(w)
-    shape = X.ty.shape
     if bias is None:
         bias = relax.const(np.zeros(cols, "float32"))
-    if cuda:
-        func, weight = projection_cuda.projection_cuda(In, cols), w  # W as ONNX stacks it: [cols, In]
+    if cuda and half:
+        func, weight, name = projection_mma.projection_mma(dtype, In, cols), bb.emit(op.astype(w, dtype)), f"projection_{dtype}"
+    elif cuda:
+        X = _f32(X)
+        func, weight, name = projection_cuda.projection_cuda(In, cols), _f32(w), "projection"  # W as ONNX stacks it: [cols, In]
     else:
         from schedules.projection_cpu import projection_cpu
 
-        func, weight = projection_cpu(In, cols), bb.emit(op.permute_dims(w))  # W^T: rows of k contiguous
-    name = f"projection_{In}x{cols}"  # same shape, same function: add_func shares it between layers
+        X = _f32(X)
+        func, weight, name = projection_cpu(In, cols), bb.emit(op.permute_dims(_f32(w))), "projection"  # W^T: rows of k contiguous
+    name = f"{name}_{In}x{cols}"  # same shape, same function: add_func shares it between layers
     gv = bb.add_func(func.with_attr("global_symbol", name), name)
+    shape = X.ty.shape
     m = shape[0] * shape[1]
     flat = bb.emit(relax.call_tir(gv, [bb.emit(op.reshape(X, [m, In])), weight, bias],
                                   relax.TensorType([m, cols], "float32")))

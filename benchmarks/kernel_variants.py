@@ -1,0 +1,72 @@
+"""Points of one kernel kind side by side with the untuned defaults and cuDNN, and where a step's time goes.
+
+    PYTHONPATH=. python3 benchmarks/kernel_variants.py tiled|mma [ROW ...]
+
+For each row and dtype (mma: fp16 only): cuDNN once, the stepwise and auto defaults, then each point
+of the kind (POINTS, as knob dicts); every result checked against cuDNN's output. Then a CUDA-kernel
+profile (torch.profiler) of the kind's default on the first row: the projection GEMM against the
+recurrent launches. Writes $OUT/<kind>_variants.json after every point.
+"""
+
+import json
+import os
+import sys
+
+import torch
+
+import tvmrnn
+from schedules import recurrent_mma, recurrent_tiled
+from tvmrnn import bench
+
+KIND = sys.argv[1]
+NAMES = sys.argv[2:] or ["b64-h1024-l2", "blog-a", "b8-h1024-l2", "ds2-lstm"]
+ROWS = [next(r for r in bench.ROWS if r.name == name) for name in NAMES]
+MODULE, CONFIG = {"tiled": (recurrent_tiled, recurrent_tiled.TiledConfig), "mma": (recurrent_mma, recurrent_mma.MmaConfig)}[KIND]
+POINTS = {
+    "tiled": [dict(units=u, row_threads=rg, rows_per_thread=tb, k_chunk=kc)
+              for u, rg, tb, kc in [(8, 16, 4, 32), (8, 16, 2, 32), (4, 16, 2, 32), (16, 16, 2, 32), (8, 8, 2, 32), (8, 16, 1, 32)]],
+    "mma": [dict(units=u, n_tiles=nt, n_warps=nw, k_warps=kw)
+            for u, nt, nw, kw in [(16, 2, 2, 4), (16, 4, 1, 4), (16, 2, 1, 4), (8, 2, 2, 4), (16, 4, 2, 2), (16, 1, 1, 4),
+                                  (8, 4, 1, 2), (16, 4, 2, 1), (8, 1, 1, 4), (16, 1, 2, 4)]],
+}[KIND]
+DTYPES = ("float16",) if KIND == "mma" else ("float32", "float16")
+base = MODULE.default_config
+out = os.environ.get("OUT", "/tmp")
+results = []
+
+
+def keep(res, **extra):
+    res = {k: v for k, v in res.items() if not k.startswith("_")}
+    res.update(extra)
+    results.append(res)
+    print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items() if k.endswith(("_ms", "err", "point"))}, flush=True)
+    with open(os.path.join(out, f"{KIND}_variants.json"), "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(0), "results": results}, f, indent=1)
+
+
+def profile(row, dtype):
+    model = bench.onnx_model(bench.torch_module(row), row, dtype)
+    compiled = tvmrnn.compile(model, target="cuda", kernel=KIND, logs=False)
+    x = compiled.to_device({"X": torch.randn(row.T, row.N, row.I).numpy().astype(dtype)})
+    compiled.invoke(x)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        compiled.invoke(x)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=8)
+    print(f"profile {row.name} {dtype}\n{table}", flush=True)
+    with open(os.path.join(out, f"profile-{KIND}-{row.name}-{dtype}.txt"), "w") as f:
+        f.write(table)
+
+
+for row in ROWS:
+    for dtype in DTYPES:
+        first = bench.bench_gpu_row(row, kernels=("stepwise", "auto"), repeats=10, warmup=3, dtype=dtype)
+        keep(first, point="defaults")
+        for knobs in POINTS:
+            MODULE.default_config = lambda batch=None, c=CONFIG(**knobs): c
+            res = bench.bench_gpu_row(row, kernels=(KIND,), repeats=10, warmup=3, dtype=dtype, cudnn=first)
+            keep(res, point=f"{KIND} " + " ".join(f"{k}={v}" for k, v in knobs.items()))
+        MODULE.default_config = base
+for dtype in DTYPES:
+    profile(ROWS[0], dtype)

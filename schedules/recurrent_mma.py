@@ -1,0 +1,163 @@
+"""The recurrent kernel for CUDA on tensor cores (fp16/bf16 models): per step and phase one launch of mma.sync tiles.
+
+At batch 32-64 with H >= 1024 a step is a real GEMM (G*H x N x H), and cuDNN runs it on tensor
+cores while our SIMT kernels (tiled, stepwise) top out at 12 TFLOP/s. Here each warp issues
+`mma.sync.m16n8k16` (fp16 or bf16 inputs, fp32 accumulators): A is a 16-row slice of R (the gate
+rows of the block's units), B is 8 batch rows of h (converted to the storage dtype, the same
+rounding cuDNN applies to h in half precision), C accumulates in fp32.
+
+A block owns `units` hidden units (8 or 16) with all their gates, so the m-tiles of a block are
+gates x units and every tile row's gate is a compile-time constant. Its warps form an
+n_warps x k_warps grid: n_warps split the block's batch rows (n_tiles tiles of 8 rows each),
+k_warps split the reduction, so a step's L2 latency is paid H/(32*k_warps) times per warp, not
+H/32. Fragments load straight from global memory (R stays in L2 between steps; mma_tiles).
+
+The partial sums of the k_warps meet in shared memory, and the block's threads then run the same
+gate program as every other kernel (recurrent_cuda.epilogue) for (unit, batch row) pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from .mma_tiles import DTYPES, KC, WarpTiles, guarded
+from .recurrent_common import KernelArgs, block_sync, i64
+from .recurrent_cuda import epilogue, operand_at, step_launches
+
+F32 = "float32"
+TRANSPOSED_R = False  # lanes read R's rows along k: ONNX's layout
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    """Defaults: best or within 10% of it on b64-h1024-l2 and blog-a in fp16 on the H100, among ten points
+    (benchmarks/results/2026-11-23-h100-mma-variants.md)."""
+
+    units: int = 8  # hidden units per block (8 or 16: a 16-row m-tile holds one gate's 16 units or two gates' 8)
+    n_tiles: int = 2  # 8-row batch tiles per warp
+    n_warps: int = 2  # warps along the batch
+    k_warps: int = 4  # warps splitting the reduction
+
+    @property
+    def rows(self) -> int:
+        return 8 * self.n_tiles * self.n_warps
+
+    def smem_bytes(self, gates: int) -> int:
+        return 4 * slots(self.k_warps) * m_tiles(gates, self.units) * 16 * (self.rows + 1)
+
+
+def slots(k_warps: int) -> int:
+    """Tiles of partial sums in shared memory: half the k-slices hand theirs over in the first round."""
+    return max(1, k_warps // 2)
+
+
+def m_tiles(gates: int, units: int) -> int:
+    return -(-gates * units // 16)
+
+
+def supported(spec) -> bool:
+    return spec.dtype in DTYPES
+
+
+def default_config(batch: int | None = None) -> MmaConfig:
+    """The untuned point: 32 rows per block, fewer for a smaller static batch."""
+    if batch is not None and batch <= 8:
+        return MmaConfig(n_tiles=1, n_warps=1, k_warps=8)
+    if batch is not None and batch <= 16:
+        return MmaConfig(n_tiles=2, n_warps=1, k_warps=8)
+    return MmaConfig()
+
+
+def mma_body(a: KernelArgs, cfg: MmaConfig):
+    assert supported(a.spec), a.spec.dtype
+    step_launches(a, lambda *args: _mma_launch(*args, cfg))
+
+
+def _mma_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg: MmaConfig):
+    H, N, D = a.spec.hidden_size, a.batch, a.spec.num_directions
+    dt = a.spec.dtype
+    UB, NT, NW, KW = cfg.units, cfg.n_tiles, cfg.n_warps, cfg.k_warps
+    gp = len(phase.gates)
+    MT, NB = m_tiles(gp, UB), cfg.rows
+    chunks = -(-H // KC)
+    iters = -(-chunks // KW)
+    exact = H % KC == 0  # else the last chunk is partial: scalar loads, zero-filled past H
+    stride = NB + 1  # shared row stride: the epilogue's threads read down a column without bank conflicts
+    with T.thread_binding(0, i64(-(-H // UB)), "blockIdx.x") as bx:
+        with T.thread_binding(0, i64(D), "blockIdx.y") as d:
+            with T.thread_binding(0, tirx.ceildiv(N, i64(NB)), "blockIdx.z") as bz:
+                with T.thread_binding(0, i64(NW * KW), "threadIdx.y") as wy:
+                    with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
+                        u0, n0 = bx * i64(UB), bz * i64(NB)
+                        wn, wk = wy % i64(NW), wy // i64(NW)
+                        # flat (keeps the padded stride): max(1, k_warps/2) slots of the block's tile
+                        acc_s = T.alloc_buffer((slots(KW) * MT * 16 * stride,), F32, scope="shared")
+                        tiles = WarpTiles(lane, MT, NT, dt, F32)
+
+                        def r_row(mt, half):
+                            """R's row for fragment row g + 8*half of m-tile mt, or None for padding rows past the gates."""
+                            r = mt * 16 + 8 * half  # + g: tile rows are gate-major, units along them
+                            gi = r // UB
+                            if gi >= gp:
+                                return None
+                            return i64(phase.gates[gi] * H) + tirx.min(u0 + i64(r % UB) + tiles.g, i64(H - 1))
+
+                        def load_chunk(ck):
+                            def a_at(mt, half, k):
+                                row = r_row(mt, half)
+                                return None if row is None else guarded(ck * i64(KC) + k, H, exact, lambda k: a.R[d, row, k], dt)
+
+                            def b_at(nt, k):
+                                n = tirx.min(n0 + (wn * i64(NT) + i64(nt)) * i64(8) + tiles.g, N - 1)  # rows past N: never stored
+                                return guarded(ck * i64(KC) + k, H, exact, lambda k: operand_at(operand, phase, cur, d, n, k), F32)
+
+                            tiles.load(a_at, b_at, exact)
+
+                        with T.serial(0, i64(iters)) as it:
+                            ck = it * i64(KW) + wk
+                            if chunks % KW == 0:
+                                load_chunk(ck)
+                                tiles.multiply()
+                            else:
+                                with T.If(ck < i64(chunks)):  # warp-uniform
+                                    with T.Then():
+                                        load_chunk(ck)
+                                        tiles.multiply()
+
+                        # the k_warps' partial sums meet in shared memory as a tree: each round the upper half of the
+                        # k-slices hands its tiles to the lower half (a write, a barrier, a read: TVM's sync planner
+                        # refuses a read-modify-write of shared memory inside a branch), in a fixed order, so runs are bit-identical
+                        def tile_slots(slot):
+                            for ci in tiles.accumulators():
+                                col = wn * i64(NT * 8) + tiles.col(ci)
+                                yield ci, (slot * i64(MT * 16) + tiles.row(ci)) * i64(stride) + col
+
+                        def when(cond, body):
+                            with T.If(cond):
+                                with T.Then():
+                                    body()
+
+                        half = KW
+                        while half > 1:
+                            half //= 2
+                            when(tirx.all(wk >= i64(half), wk < i64(2 * half)),
+                                 lambda: [T.buffer_store(acc_s, tiles.c[ci], [si]) for ci, si in tile_slots(wk - i64(half))])
+                            block_sync()
+                            when(wk < i64(half), lambda: [T.buffer_store(tiles.c, tiles.c[ci] + acc_s[si], ci) for ci, si in tile_slots(wk)])
+                            block_sync()
+                        when(wk == i64(0), lambda: [T.buffer_store(acc_s, tiles.c[ci], [si]) for ci, si in tile_slots(i64(0))])
+                        block_sync()
+
+                        threads = 32 * NW * KW
+                        tid = wy * i64(32) + lane
+                        for it in range(-(-UB * NB // threads)):
+                            e = i64(it * threads) + tid
+                            u, b = e % i64(UB), e // i64(UB)  # consecutive threads: consecutive units (coalesced Y stores)
+                            n, j = n0 + b, u0 + u
+                            with T.If(tirx.all(e < i64(UB * NB), n < N, j < i64(H))):
+                                with T.Then():
+                                    epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j,
+                                             lambda gi, u=u, b=b: acc_s[(i64(gi * UB) + u) * i64(stride) + b])
