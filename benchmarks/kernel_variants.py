@@ -25,9 +25,9 @@ MODULE, CONFIG = {"tiled": (recurrent_tiled, recurrent_tiled.TiledConfig), "mma"
 POINTS = {
     "tiled": [dict(units=u, row_threads=rg, rows_per_thread=tb, k_chunk=kc)
               for u, rg, tb, kc in [(8, 16, 4, 32), (8, 16, 2, 32), (4, 16, 2, 32), (16, 16, 2, 32), (8, 8, 2, 32), (8, 16, 1, 32)]],
-    "mma": [dict(units=u, n_tiles=nt, n_warps=nw, k_warps=kw)
-            for u, nt, nw, kw in [(16, 2, 2, 4), (16, 4, 1, 4), (16, 2, 1, 4), (8, 2, 2, 4), (16, 4, 2, 2), (16, 1, 1, 4),
-                                  (8, 4, 1, 2), (16, 4, 2, 1), (8, 1, 1, 4), (16, 1, 2, 4)]],
+    "mma": [dict(units=u, n_tiles=nt, n_warps=nw, k_warps=kw, depth=dp)
+            for u, nt, nw, kw, dp in [(8, 2, 2, 4, 1), (8, 2, 2, 4, 2), (8, 2, 2, 4, 4), (8, 4, 1, 2, 2), (8, 4, 1, 2, 4),
+                                      (8, 2, 2, 2, 4), (8, 4, 2, 2, 2)]],
 }[KIND]
 DTYPES = ("float16",) if KIND == "mma" else ("float32", "float16")
 base = MODULE.default_config

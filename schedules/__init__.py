@@ -12,7 +12,7 @@ space                 the tunable knobs of each kernel kind, their default point
 A layer's kernel is a dispatch over batch buckets (`if batch <= b0: ... elif ...`), each bucket
 running one point of one space: the tuned point where the tuning logs have one for this shape
 and target, else the default (on CUDA: persistent up to PERSISTENT_MAX_BATCH when R fits on chip,
-stepwise up to STEPWISE_MAX_BATCH, tiled above). So a dynamic-batch module runs each batch on the kernel tuned for it.
+then for fp32 stepwise up to STEPWISE_MAX_BATCH and tiled above, for fp16/bf16 mma). So a dynamic-batch module runs each batch on the kernel tuned for it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ PERSISTENT_MAX_BATCH = 4
 # units. Measured on the H100 (benchmarks/results/2026-11-23-h100-tiled-variants.md): tiled 1.12-1.45x
 # faster at batch 64 with H=1024 and 2560; 1.3-2.3x slower at batch 8 and 20 (H=800, 1024), where too few
 # blocks fill the GPU. Tuning logs replace this rule per shape (tiled is in every CUDA task's space).
-# fp16/bf16 layers run the tensor-core kind (mma) there instead of tiled.
+# fp16/bf16 layers run the tensor-core kind (mma) above PERSISTENT_MAX_BATCH instead of stepwise and tiled:
+# 1.4-3.4x faster than stepwise on every batch-8..64 row, H = 256..2560 (benchmarks/results/2026-11-23-h100-mma.md).
 STEPWISE_MAX_BATCH = 32
 TILED_MIN_HIDDEN = 1024
 # A tuned point replaces the default only when it measured this much faster: a kernel timed alone
@@ -111,9 +112,12 @@ def _default_branches(spec, cell, target, allowed) -> list[Branch]:
 
         return [Branch(ROW_TILE - 1, default_config("cpu", spec, cell, target, 1), False),
                 Branch(None, default_config("cpu", spec, cell, target), False)]
-    # persistent at small batch, stepwise at moderate ones, tiled above; the last kind takes the rest
-    if len(allowed) > 1 and spec.hidden_size < TILED_MIN_HIDDEN:
-        allowed = tuple(k for k in allowed if k not in ("tiled", "mma"))
+    # persistent at small batch, stepwise at moderate ones, tiled above; the last kind takes the rest.
+    # Half precision: the tensor-core kind takes every batch above persistent's
+    if len(allowed) > 1 and "mma" in allowed:
+        allowed = tuple(k for k in allowed if k != "stepwise")
+    elif len(allowed) > 1 and spec.hidden_size < TILED_MIN_HIDDEN:
+        allowed = tuple(k for k in allowed if k != "tiled")
     limits = {"persistent": PERSISTENT_MAX_BATCH, "stepwise": STEPWISE_MAX_BATCH}
     return [Branch(None if i == len(allowed) - 1 else limits[k], default_config(k, spec, cell, target), False)
             for i, k in enumerate(allowed)]
@@ -139,7 +143,11 @@ def plan_kernel(spec, cell, target, choice: str = "auto", tuned: dict | None = N
         default = next(b.config for b in defaults if b.up_to is None or batch <= b.up_to)
         best, best_t = points[0]
         default_t = dict(points).get(default)
-        picked[batch] = default if default_t is not None and best_t > default_t * (1 - TUNED_MARGIN) else best
+        if default_t is None:
+            # the tuner always measures the default point: logs without it predate today's default (say, a
+            # kind added since) and cannot tell whether their best beats it
+            continue
+        picked[batch] = default if best_t > default_t * (1 - TUNED_MARGIN) else best
     buckets = sorted(picked)
     # batches above the largest tuned bucket were never measured: they keep the default plan
     branches = [Branch(b, picked[b], True) for b in buckets]

@@ -14,12 +14,13 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from .mma_tiles import DTYPES, KC, WarpTiles
+from .mma_tiles import DTYPES, KC, WarpTiles, chunk_rounds
 from .recurrent_common import i64
 
 F32 = "float32"
 MT, NT = 4, 4  # a warp's tile: 4 m16 tiles of X rows by 4 n8 tiles of W rows (64 x 32)
 WARPS_M, WARPS_N = 2, 2  # a block's warps: 128 x 64 of XW
+DEPTH = 2  # chunks each warp loads at once (mma_tiles.WarpTiles)
 
 
 def supported(dtype: str, K: int, cols: int) -> bool:
@@ -46,12 +47,13 @@ def projection_mma(dtype: str, K: int, cols: int) -> tirx.PrimFunc:
                         with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
                             m0 = bx * i64(bm) + wy // i64(WARPS_N) * i64(MT * 16)
                             n0 = by * i64(bn) + wy % i64(WARPS_N) * i64(NT * 8)
-                            tiles = WarpTiles(lane, MT, NT, dtype, dtype)
-                            with T.serial(0, i64(K // KC)) as ck:
+                            tiles = WarpTiles(lane, MT, NT, dtype, dtype, DEPTH)
+                            def load(ck, slot):
                                 k = ck * i64(KC)
                                 tiles.load(lambda mt, half, kk: X[tirx.min(m0 + i64(mt * 16 + 8 * half) + tiles.g, M - i64(1)), k + kk],
-                                           lambda nt, kk: W[tirx.min(n0 + i64(nt * 8) + tiles.g, i64(cols - 1)), k + kk], True)
-                                tiles.multiply()
+                                           lambda nt, kk: W[tirx.min(n0 + i64(nt * 8) + tiles.g, i64(cols - 1)), k + kk], True, slot)
+
+                            chunk_rounds(K // KC, 1, DEPTH, i64(0), load, tiles.multiply)
                             for ci in tiles.accumulators():
                                 if int(ci[2]) % 2:
                                     continue  # stored with its left neighbour

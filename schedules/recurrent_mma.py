@@ -9,8 +9,8 @@ rounding cuDNN applies to h in half precision), C accumulates in fp32.
 A block owns `units` hidden units (8 or 16) with all their gates, so the m-tiles of a block are
 gates x units and every tile row's gate is a compile-time constant. Its warps form an
 n_warps x k_warps grid: n_warps split the block's batch rows (n_tiles tiles of 8 rows each),
-k_warps split the reduction, so a step's L2 latency is paid H/(32*k_warps) times per warp, not
-H/32. Fragments load straight from global memory (R stays in L2 between steps; mma_tiles).
+k_warps split the reduction and each warp loads `depth` chunks at once, so a step's L2/HBM latency
+is paid H/(32*k_warps*depth) times per warp, not H/32. Fragments load straight from global memory (R stays in L2 between steps; mma_tiles).
 
 The partial sums of the k_warps meet in shared memory, and the block's threads then run the same
 gate program as every other kernel (recurrent_cuda.epilogue) for (unit, batch row) pairs.
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .mma_tiles import DTYPES, KC, WarpTiles, guarded
+from .mma_tiles import DTYPES, KC, WarpTiles, chunk_rounds, guarded
 from .recurrent_common import KernelArgs, block_sync, i64
 from .recurrent_cuda import epilogue, operand_at, step_launches
 
@@ -40,6 +40,7 @@ class MmaConfig:
     n_tiles: int = 2  # 8-row batch tiles per warp
     n_warps: int = 2  # warps along the batch
     k_warps: int = 4  # warps splitting the reduction
+    depth: int = 1  # 32-column chunks a warp loads at once (loads in flight per round trip to L2/HBM)
 
     @property
     def rows(self) -> int:
@@ -63,11 +64,7 @@ def supported(spec) -> bool:
 
 
 def default_config(batch: int | None = None) -> MmaConfig:
-    """The untuned point: 32 rows per block, fewer for a smaller static batch."""
-    if batch is not None and batch <= 8:
-        return MmaConfig(n_tiles=1, n_warps=1, k_warps=8)
-    if batch is not None and batch <= 16:
-        return MmaConfig(n_tiles=2, n_warps=1, k_warps=8)
+    """The untuned point, for every batch (the measured rows ran batch 8-64 on it)."""
     return MmaConfig()
 
 
@@ -83,7 +80,6 @@ def _mma_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     gp = len(phase.gates)
     MT, NB = m_tiles(gp, UB), cfg.rows
     chunks = -(-H // KC)
-    iters = -(-chunks // KW)
     exact = H % KC == 0  # else the last chunk is partial: scalar loads, zero-filled past H
     stride = NB + 1  # shared row stride: the epilogue's threads read down a column without bank conflicts
     with T.thread_binding(0, i64(-(-H // UB)), "blockIdx.x") as bx:
@@ -95,7 +91,7 @@ def _mma_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
                         wn, wk = wy % i64(NW), wy // i64(NW)
                         # flat (keeps the padded stride): max(1, k_warps/2) slots of the block's tile
                         acc_s = T.alloc_buffer((slots(KW) * MT * 16 * stride,), F32, scope="shared")
-                        tiles = WarpTiles(lane, MT, NT, dt, F32)
+                        tiles = WarpTiles(lane, MT, NT, dt, F32, cfg.depth)
 
                         def r_row(mt, half):
                             """R's row for fragment row g + 8*half of m-tile mt, or None for padding rows past the gates."""
@@ -105,7 +101,7 @@ def _mma_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
                                 return None
                             return i64(phase.gates[gi] * H) + tirx.min(u0 + i64(r % UB) + tiles.g, i64(H - 1))
 
-                        def load_chunk(ck):
+                        def load_chunk(ck, slot):
                             def a_at(mt, half, k):
                                 row = r_row(mt, half)
                                 return None if row is None else guarded(ck * i64(KC) + k, H, exact, lambda k: a.R[d, row, k], dt)
@@ -114,18 +110,9 @@ def _mma_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
                                 n = tirx.min(n0 + (wn * i64(NT) + i64(nt)) * i64(8) + tiles.g, N - 1)  # rows past N: never stored
                                 return guarded(ck * i64(KC) + k, H, exact, lambda k: operand_at(operand, phase, cur, d, n, k), F32)
 
-                            tiles.load(a_at, b_at, exact)
+                            tiles.load(a_at, b_at, exact, slot)
 
-                        with T.serial(0, i64(iters)) as it:
-                            ck = it * i64(KW) + wk
-                            if chunks % KW == 0:
-                                load_chunk(ck)
-                                tiles.multiply()
-                            else:
-                                with T.If(ck < i64(chunks)):  # warp-uniform
-                                    with T.Then():
-                                        load_chunk(ck)
-                                        tiles.multiply()
+                        chunk_rounds(chunks, KW, cfg.depth, wk, load_chunk, tiles.multiply)
 
                         # the k_warps' partial sums meet in shared memory as a tree: each round the upper half of the
                         # k-slices hands its tiles to the lower half (a write, a barrier, a read: TVM's sync planner

@@ -6,7 +6,7 @@ A point of a space is a `KernelConfig`: a schedule kind and a value for each of 
     stepwise    warps per block, units_per_warp, batch_tile (rows reusing each weight read)
     persistent  blocks (one co-resident wave), warps, batch_tile, stage_h (h staged in shared memory)
     tiled       units per block, row_threads x rows_per_thread batch rows per block, k_chunk staged per round
-    mma         (fp16/bf16 only) units per block, n_tiles x n_warps batch tiles of 8 rows, k_warps splitting the reduction
+    mma         (fp16/bf16 only) units per block, n_tiles x n_warps batch tiles of 8 rows, k_warps splitting the reduction, depth chunks in flight
 
 The kind is itself a knob: persistent, stepwise, tiled and mma are design spaces of one CUDA tuning task.
 MetaSchedule samples the knobs (tvmrnn/tuning/search.py); compile builds each layer's kernel as a
@@ -73,7 +73,7 @@ def knob_space(kind: str, spec, cell, target) -> dict[str, tuple[int, ...]]:
     if kind == "tiled":  # every combination stays within 1024 threads and 48 KB of shared memory
         return {"units": (4, 8, 16, 32), "row_threads": (4, 8, 16, 32), "rows_per_thread": (1, 2, 4), "k_chunk": (16, 32)}
     if kind == "mma":  # at most 8 warps and 33 KB of shared memory
-        return {"units": (8, 16), "n_tiles": (1, 2, 4), "n_warps": (1, 2), "k_warps": (1, 2, 4)}
+        return {"units": (8, 16), "n_tiles": (1, 2, 4), "n_warps": (1, 2), "k_warps": (1, 2, 4), "depth": (1, 2, 4)}
     raise ValueError(f"unknown kernel kind {kind!r}")
 
 
@@ -86,7 +86,7 @@ def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
     from .recurrent_mma import supported
 
     fits = persistent.fits(spec, cell, _arch(target))
-    large = ("mma",) if supported(spec) else ("tiled",)  # tensor cores where the storage dtype allows
+    large = ("mma",) if supported(spec) else ("tiled",)  # tensor cores where the storage dtype allows them
     if choice == "mma" and not supported(spec):
         from tvmrnn.errors import UnsupportedModelError
 
@@ -118,7 +118,7 @@ def default_config(kind: str, spec, cell, target, batch: int | None = None) -> K
         from .recurrent_mma import default_config as mma_default
 
         c = mma_default(batch)
-        return KernelConfig.of("mma", units=c.units, n_tiles=c.n_tiles, n_warps=c.n_warps, k_warps=c.k_warps)
+        return KernelConfig.of("mma", units=c.units, n_tiles=c.n_tiles, n_warps=c.n_warps, k_warps=c.k_warps, depth=c.depth)
     from . import recurrent_persistent as persistent
 
     c = persistent.default_config(spec, _arch(target))
