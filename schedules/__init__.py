@@ -34,7 +34,7 @@ PERSISTENT_MAX_BATCH = 4
 # faster at batch 64 with H=1024 and 2560; 1.3-2.3x slower at batch 8 and 20 (H=800, 1024), where too few
 # blocks fill the GPU. Tuning logs replace this rule per shape (tiled is in every CUDA task's space).
 # fp16/bf16 layers run the tensor-core kind (mma) above PERSISTENT_MAX_BATCH instead of stepwise and tiled:
-# 1.4-3.4x faster than stepwise on every batch-8..64 row, H = 256..2560 (benchmarks/results/2026-11-23-h100-mma.md).
+# 1.4-3.4x faster than stepwise on every batch-8..64 row, H = 256..2560 (benchmarks/results/2026-11-23-h100-mma-fp16.md).
 STEPWISE_MAX_BATCH = 32
 TILED_MIN_HIDDEN = 1024
 # A tuned point replaces the default only when it measured this much faster: a kernel timed alone

@@ -33,14 +33,14 @@ TRANSPOSED_R = False  # lanes read R's rows along k: ONNX's layout
 
 @dataclass(frozen=True)
 class MmaConfig:
-    """Defaults: best or within 10% of it on b64-h1024-l2 and blog-a in fp16 on the H100, among ten points
-    (benchmarks/results/2026-11-23-h100-mma-variants.md)."""
+    """Defaults: the best of the points tried on ds2-lstm and within 1-14% of the best on b64-h1024-l2 and blog-a,
+    fp16 on the H100 (benchmarks/results/2026-11-23-h100-mma-variants.md); tuning finds the rest."""
 
     units: int = 8  # hidden units per block (8 or 16: a 16-row m-tile holds one gate's 16 units or two gates' 8)
     n_tiles: int = 2  # 8-row batch tiles per warp
     n_warps: int = 2  # warps along the batch
     k_warps: int = 4  # warps splitting the reduction
-    depth: int = 1  # 32-column chunks a warp loads at once (loads in flight per round trip to L2/HBM)
+    depth: int = 2  # 32-column chunks a warp loads at once (loads in flight per round trip to L2/HBM)
 
     @property
     def rows(self) -> int:
