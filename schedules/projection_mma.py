@@ -1,4 +1,6 @@
-"""The fp16/bf16 input projection of all time steps on CUDA tensor cores: XW = X @ W^T + bias, fp32 results.
+"""The input projection of all time steps on CUDA tensor cores: XW = X @ W^T + bias, fp32 results.
+
+For fp16/bf16 layers, and fp32 ones compiled with precision="tf32" (mma_tiles.MODES).
 
 TVM's default pipeline schedules this matmul with dlight's tensor-core rule, which ran it at about
 73 TFLOP/s on the H100 (b64-h1024-l2: 0.73 ms per layer, 44% of the model's time); this kernel
@@ -15,7 +17,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from .mma_tiles import DTYPES, KC, WarpTiles, chunk_rounds
+from .mma_tiles import KC, MODES, WarpTiles, chunk_rounds
 from .recurrent_common import i64
 
 F32 = "float32"
@@ -24,14 +26,15 @@ WARPS_M, WARPS_N = 2, 2  # a block's warps: 128 x 64 of XW
 DEPTH = 2  # chunks each warp loads at once (mma_tiles.WarpTiles)
 
 
-def supported(dtype: str, K: int, cols: int) -> bool:
-    """Whole 32-column chunks (16-byte loads stay aligned) and column pairs (8-byte stores)."""
-    return dtype in DTYPES and K % KC == 0 and cols % 2 == 0
+def supported(mode: str | None, K: int, cols: int) -> bool:
+    """A tensor-core mode (mma_tiles.MODES), whole 32-column chunks (16-byte loads stay aligned), column pairs (8-byte stores)."""
+    return mode in MODES and K % KC == 0 and cols % 2 == 0
 
 
-def projection_mma(dtype: str, K: int, cols: int) -> tirx.PrimFunc:
-    """PrimFunc(X [M, K], W [cols, K] in `dtype`, bias [cols] fp32, XW [M, cols] fp32), M symbolic."""
-    assert supported(dtype, K, cols), (dtype, K, cols)
+def projection_mma(mode: str, K: int, cols: int) -> tirx.PrimFunc:
+    """PrimFunc(X [M, K], W [cols, K] in the mode's storage dtype, bias [cols] fp32, XW [M, cols] fp32), M symbolic."""
+    assert supported(mode, K, cols), (mode, K, cols)
+    dtype = MODES[mode].storage
     M = tirx.Var("M", "int64")
     bm, bn = WARPS_M * MT * 16, WARPS_N * NT * 8
     with IRBuilder() as ib:
@@ -48,7 +51,7 @@ def projection_mma(dtype: str, K: int, cols: int) -> tirx.PrimFunc:
                         with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
                             m0 = bx * i64(bm) + wy // i64(WARPS_N) * i64(MT * 16)
                             n0 = by * i64(bn) + wy % i64(WARPS_N) * i64(NT * 8)
-                            tiles = WarpTiles(lane, MT, NT, dtype, dtype, DEPTH)
+                            tiles = WarpTiles(lane, MT, NT, mode, dtype, dtype, DEPTH)
                             def load(ck, slot):
                                 k = ck * i64(KC)
                                 tiles.load(lambda mt, half, kk: X[tirx.min(m0 + i64(mt * 16 + 8 * half) + tiles.g, M - i64(1)), k + kk],

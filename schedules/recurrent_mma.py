@@ -1,10 +1,10 @@
-"""The recurrent kernel for CUDA on tensor cores (fp16/bf16 models): per step and phase one launch of mma.sync tiles.
+"""The recurrent kernel for CUDA on tensor cores (fp16/bf16 layers, fp32 ones with precision="tf32"): per step and phase one launch of mma.sync tiles.
 
 At batch 32-64 with H >= 1024 a step is a real GEMM (G*H x N x H), and cuDNN runs it on tensor
 cores while our SIMT kernels (tiled, stepwise) top out at 12 TFLOP/s. Here each warp issues
-`mma.sync.m16n8k16` (fp16 or bf16 inputs, fp32 accumulators): A is a 16-row slice of R (the gate
-rows of the block's units), B is 8 batch rows of h (converted to the storage dtype, the same
-rounding cuDNN applies to h in half precision), C accumulates in fp32.
+`mma.sync` (m16n8k16 on fp16/bf16, m16n8k8 on TF32; fp32 accumulators): A is a 16-row slice of R
+(the gate rows of the block's units), B is 8 batch rows of h (rounded to the operand type, as cuDNN
+does in half precision and TF32), C accumulates in fp32.
 
 A block owns `units` hidden units (8 or 16) with all their gates, so the m-tiles of a block are
 gates x units and every tile row's gate is a compile-time constant. Its warps form an
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .mma_tiles import DTYPES, KC, WarpTiles, chunk_rounds, guarded
+from .mma_tiles import KC, MODES, WarpTiles, chunk_rounds, guarded
 from .recurrent_common import KernelArgs, block_sync, i64
 from .recurrent_cuda import epilogue, operand_at, step_launches
 
@@ -59,8 +59,16 @@ def m_tiles(gates: int, units: int) -> int:
     return -(-gates * units // 16)
 
 
+def mode(spec) -> str | None:
+    """The tensor-core mode a layer may use (mma_tiles.MODES): its half storage dtype, or tf32 where the user allowed
+    it for an fp32 layer; None for exact fp32."""
+    if spec.dtype in MODES:
+        return spec.dtype
+    return "tf32" if spec.precision == "tf32" else None
+
+
 def supported(spec) -> bool:
-    return spec.dtype in DTYPES
+    return mode(spec) is not None
 
 
 def default_config(batch: int | None = None) -> MmaConfig:
@@ -91,7 +99,7 @@ def _mma_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
                         wn, wk = wy % i64(NW), wy // i64(NW)
                         # flat (keeps the padded stride): max(1, k_warps/2) slots of the block's tile
                         acc_s = T.alloc_buffer((slots(KW) * MT * 16 * stride,), F32, scope="shared")
-                        tiles = WarpTiles(lane, MT, NT, dt, F32, cfg.depth)
+                        tiles = WarpTiles(lane, MT, NT, mode(a.spec), dt, F32, cfg.depth)
 
                         def r_row(mt, half):
                             """R's row for fragment row g + 8*half of m-tile mt, or None for padding rows past the gates."""

@@ -86,12 +86,13 @@ def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
     from .recurrent_mma import supported
 
     fits = persistent.fits(spec, cell, _arch(target))
-    large = ("mma",) if supported(spec) else ("tiled",)  # tensor cores where the storage dtype allows them
+    large = ("mma",) if supported(spec) else ("tiled",)  # tensor cores where the dtype or precision allows them
     if choice == "mma" and not supported(spec):
         from tvmrnn.errors import UnsupportedModelError
 
-        raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel 'mma' runs fp16/bf16 layers on tensor cores; "
-                                    f"this layer is {spec.dtype} (compile with dtype='float16' or pick another kernel)")
+        raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel 'mma' runs fp16/bf16 layers on tensor cores, and "
+                                    f"fp32 ones compiled with precision='tf32'; this layer is exact {spec.dtype} "
+                                    f"(compile with dtype='float16' or precision='tf32', or pick another kernel)")
     return {"auto": (("persistent",) if fits else ()) + ("stepwise",) + large,
             "stepwise": ("stepwise",), "persistent": ("persistent",), "tiled": ("tiled",), "mma": ("mma",)}[choice]
 

@@ -98,6 +98,17 @@ def test_cuda_float16_models(case, kernel):
             np.testing.assert_allclose(value.astype("f8"), ref[name], rtol=1e-2, atol=1e-2, err_msg=f"{name} T={T} N={N}")
 
 
+def test_cuda_tf32_precision():
+    """precision="tf32": the fp32 model on TF32 tensor cores, within TF32's rounding of the float64 reference."""
+    case = Case(op="LSTM", direction="bidirectional", optional=("B", "sequence_lens", "initial_h"), hidden=256, input_size=64)
+    module = tvmrnn.compile(case.model(), target="cuda", precision="tf32")
+    feeds = case.feeds(np.random.default_rng(8), 20, 12)  # batch 12: the mma kernel's branch
+    ours, ref = module.run(feeds), case.reference(feeds)
+    for name, value in ours.items():
+        assert value.dtype == np.float32
+        np.testing.assert_allclose(value, ref[name], rtol=1e-2, atol=1e-2, err_msg=name)
+
+
 @pytest.mark.parametrize("kernel", ["auto", "mma"])
 @pytest.mark.parametrize("storage", ["float16", "bfloat16"])
 def test_cuda_fp32_model_in_half_storage(storage, kernel):

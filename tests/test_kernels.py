@@ -48,13 +48,15 @@ def test_kernel_writes_every_element(kind, case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
-@pytest.mark.parametrize("kind", ["stepwise", "persistent", "tiled", "mma"])
+@pytest.mark.parametrize("kind", ["stepwise", "persistent", "tiled", "mma", "mma-tf32"])
 def test_sampled_points_are_correct(kind, case):
     """Every point of a space must be a correct kernel (the tuner may pick any): three per kind, fixed seed."""
     target = _target("cuda")
-    if kind == "mma":  # tensor cores take the half-precision layers
+    if kind == "mma":  # tensor cores take the half-precision layers, and fp32 ones allowed TF32
         case = dataclasses.replace(case, dtype="float16")
     spec = find_rnn_layers(case.model())[0].spec
+    if kind == "mma-tf32":
+        kind, spec = "mma", dataclasses.replace(spec, precision="tf32")
     cell = cell_for(spec)
     space = knob_space(kind, spec, cell, target)
     rng = np.random.default_rng(len(kind) * 7 + spec.hidden_size)
@@ -72,9 +74,11 @@ def test_cuda_points_build_without_a_gpu(case):
     spec = find_rnn_layers(case.model())[0].spec
     cell = cell_for(spec)
     rng = np.random.default_rng(11)
-    for kind in ("stepwise", "persistent", "tiled", "mma"):
+    for kind in ("stepwise", "persistent", "tiled", "mma", "mma-tf32"):
         if kind == "mma":
             spec = dataclasses.replace(spec, dtype="float16")
+        if kind == "mma-tf32":
+            kind, spec = "mma", dataclasses.replace(spec, dtype="float32", precision="tf32")
         space = knob_space(kind, spec, cell, target)
         configs = [default_config(kind, spec, cell, target, 6)]
         configs += [KernelConfig.of(kind, **{k: int(rng.choice(v)) for k, v in space.items()}) for _ in range(2)]
@@ -114,7 +118,8 @@ def _check_kernel(kind, case, spec, func, transposed_r, batches, note=""):
             np.testing.assert_array_equal(got_first, got_again)  # deterministic: same bits twice
         for name, got in zip(("Y", "Y_h", "Y_c"), results[0]):
             assert not np.isnan(got).any(), f"{name}: {np.isnan(got).sum()} elements never written"
-            tol = (1e-4, 1e-5) if spec.dtype == "float32" else (1e-2, 1e-2)  # half storage: h rounds to it on tensor cores
+            exact = spec.dtype == "float32" and spec.precision == "exact"
+            tol = (1e-4, 1e-5) if exact else (1e-2, 1e-2)  # half storage or TF32: h rounds to it on tensor cores
             np.testing.assert_allclose(got, expected[name], rtol=tol[0], atol=tol[1], err_msg=f"{name}, batch {N} {note}")
 
 
@@ -136,14 +141,15 @@ def test_projection_cuda_matches_float64(M, K, cols):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode, tol", [("float16", 1e-5), ("tf32", 3e-3)])
 @pytest.mark.parametrize("M, K, cols", [(1, 32, 2), (333, 64, 2400), (1100, 800, 1022), (6400, 1024, 4096)])
-def test_projection_mma_matches_float64(M, K, cols):
-    """Our fp16 tensor-core projection against float64 on the same fp16 inputs (fp32 accumulation), output poisoned
-    first; partial row and column tiles included."""
+def test_projection_mma_matches_float64(M, K, cols, mode, tol):
+    """Our tensor-core projection against float64: fp16 on the same fp16 inputs (fp32 accumulation: exact to
+    rounding), TF32 on fp32 inputs (operands rounded to 10 bits); output poisoned first; partial tiles included."""
     target = _target("cuda")
-    lib = tvm.compile(tvm.IRModule({"main": projection_mma("float16", K, cols)}), target=target)
+    lib = tvm.compile(tvm.IRModule({"main": projection_mma(mode, K, cols)}), target=target)
     rng = np.random.default_rng(M)
-    x, w = (rng.standard_normal(s).astype("f2") for s in ((M, K), (cols, K)))
+    x, w = (rng.standard_normal(s).astype("f2" if mode == "float16" else "f4") for s in ((M, K), (cols, K)))
     b = rng.standard_normal(cols).astype("f4")
     dev = tvm.cuda(0)
     out = tvm.runtime.tensor(np.full((M, cols), np.nan, "f4"), dev)
@@ -151,11 +157,24 @@ def test_projection_mma_matches_float64(M, K, cols):
     expected = x.astype("f8") @ w.astype("f8").T + b
     got = out.numpy()
     assert not np.isnan(got).any(), f"{np.isnan(got).sum()} elements never written"
-    assert np.abs(got - expected).max() / np.abs(expected).max() < 1e-5
+    assert np.abs(got - expected).max() / np.abs(expected).max() < tol
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_projection_mma_builds_without_a_gpu(dtype):
+@pytest.mark.parametrize("mode, shape", [("float16", "m16n8k16"), ("bfloat16", "m16n8k16"), ("tf32", "m16n8k8")])
+def test_projection_mma_builds_without_a_gpu(mode, shape):
     """The tensor-core projection compiles through NVRTC (the CI machine has no GPU)."""
-    lib = tvm.compile(tvm.IRModule({"main": projection_mma(dtype, 64, 48)}), target=tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
-    assert "mma.sync.aligned.m16n8k16" in lib.mod.imports[0].inspect_source()
+    lib = tvm.compile(tvm.IRModule({"main": projection_mma(mode, 64, 48)}), target=tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
+    assert f"mma.sync.aligned.{shape}" in lib.mod.imports[0].inspect_source()
+
+
+def test_tf32_is_opt_in():
+    """fp32 layers stay exact fp32 unless the user asks for TF32; then the large-batch kernel is the tensor-core one."""
+    import tvmrnn
+
+    model = Case(op="LSTM", hidden=64, input_size=32).model()
+    exact = tvmrnn.compile(model, target="cuda", logs=False)
+    tf32 = tvmrnn.compile(model, target="cuda", logs=False, precision="tf32")
+    assert "mma" not in exact.metadata["layers"][0]["kernel"] and exact.metadata["layers"][0]["precision"] == "exact"
+    assert "mma(" in tf32.metadata["layers"][0]["kernel"] and tf32.metadata["layers"][0]["precision"] == "tf32"
+    with pytest.raises(tvmrnn.UnsupportedModelError, match="precision='fp8' is not supported"):
+        tvmrnn.compile(model, target="cuda", precision="fp8")

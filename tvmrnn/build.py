@@ -20,6 +20,7 @@ from tvm import relax
 from . import __version__
 from .errors import UnsupportedModelError
 from .frontend import import_onnx
+from .layer import PRECISIONS
 from .runtime import FORMAT, Module, metadata_path
 
 TARGET_ALIASES = {"cuda": "nvidia/nvidia-h100", "gpu": "nvidia/nvidia-h100"}
@@ -115,13 +116,16 @@ def _tuning_logs(logs, target, log):
     return found
 
 
-def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, logs=None):
+def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, logs=None, precision="exact"):
     """ONNX model -> runnable (or, for CUDA without a GPU, exportable) module. `log` gets one line per stage.
 
     kernel: the recurrent schedule on CUDA: "auto" (persistent where R fits on chip and the batch is
     small, stepwise at moderate batches, tiled (fp32) or mma (fp16/bf16, tensor cores) above), or one kind.
     dtype: "float16" or "bfloat16" runs the fp32 model's recurrent layers with that storage
     (weights and projection in half precision, fp32 accumulation and state); None keeps each layer's.
+    precision: math of fp32 layers on CUDA: "exact" fp32 (the default), or "tf32" (opt-in): the projection and
+    the recurrent step (mma kernel, above persistent's batches) on TF32 tensor cores, operands rounded to a
+    10-bit mantissa, accumulation and state in fp32 (errors near 1e-3 instead of 1e-6).
     logs: tuning logs folder (None: tvmrnn.tuning.logs.default_logs_dir(); False: untuned defaults);
     each layer runs its tuned points where the logs have its shape for this target.
     """
@@ -131,16 +135,18 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
         raise UnsupportedModelError(f"kernel={kernel!r} is not supported; one of {KERNEL_CHOICES}")
     if dtype not in (None, "float32") + STORAGE_DTYPES:
         raise UnsupportedModelError(f"dtype={dtype!r} is not supported; float32 (as the model is), float16 or bfloat16")
+    if precision not in PRECISIONS:
+        raise UnsupportedModelError(f"precision={precision!r} is not supported; one of {PRECISIONS}")
     target = resolve_target(target)
     source = os.fspath(model) if not isinstance(model, onnx.ModelProto) else "<ModelProto>"
     started = time.perf_counter()
     tuning = _tuning_logs(logs, target, log)
-    imported = import_onnx(model, target, kernel, None if dtype in (None, "float32") else dtype, tuning.best if tuning else None)
+    imported = import_onnx(model, target, kernel, None if dtype in (None, "float32") else dtype, tuning.best if tuning else None, precision)
     log(f"[1/2] imported {source}: opset {imported.opset}, {len(imported.layers)} recurrent layer(s) "
         f"({time.perf_counter() - started:.1f} s)")
     for spec in imported.layers:
         log(f"      {spec.op} '{spec.name}': hidden {spec.hidden_size}, input {spec.input_size}, {spec.direction}, "
-            f"layout {spec.layout}, {spec.dtype} -> {imported.kernels[spec.name].describe()}")
+            f"layout {spec.layout}, {spec.dtype}{'' if spec.precision == 'exact' else ' (' + spec.precision + ')'} -> {imported.kernels[spec.name].describe()}")
     started = time.perf_counter()
     # weight re-layouts on initializers (transposes, stacked biases, casts to the storage dtype) become constants
     # here: TVM's default pipeline does not fold them, and they ran at every call (CPU: naive transposes of R,

@@ -8,8 +8,9 @@ import click
 
 from .errors import InputError, UnsupportedModelError
 
-# schedules.KERNEL_CHOICES, spelled out so `--help` need not import TVM (tests/test_cli.py checks they agree)
+# schedules.KERNEL_CHOICES and tvmrnn.layer.PRECISIONS, spelled out so `--help` need not import TVM (tests/test_cli.py checks they agree)
 KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma")
+PRECISIONS = ("exact", "tf32")  # tvmrnn.layer.PRECISIONS, likewise
 
 
 def _fail_cleanly(fn):
@@ -51,16 +52,18 @@ def main():
               help="the recurrent schedule on CUDA (auto: persistent where R fits on chip and the batch is small)")
 @click.option("--dtype", default=None, type=click.Choice(["float32", "float16", "bfloat16"]),
               help="storage of the recurrent layers (float16/bfloat16: half-precision weights, fp32 state)")
+@click.option("--precision", default="exact", show_default=True, type=click.Choice(PRECISIONS),
+              help="math of fp32 layers on CUDA: exact fp32, or tf32 (tensor cores, operands rounded to a 10-bit mantissa)")
 @click.option("--logs", default=None, type=click.Path(file_okay=False),
               help="tuning logs folder (default: $TVMRNN_TUNING_LOGS or the checkout's tuning_logs/)")
 @click.option("--tune", "tune_trials", default=0, metavar="TRIALS", help="tune with this many trials first, then compile")
 @click.option("--time-budget", default=None, type=float, metavar="MIN", help="with --tune: stop tuning after this many minutes")
 @_fail_cleanly
-def compile_cmd(model, output, target, kernel, dtype, logs, tune_trials, time_budget):
+def compile_cmd(model, output, target, kernel, dtype, precision, logs, tune_trials, time_budget):
     """Compile MODEL.onnx into a deployable module (applying matching tuning logs)."""
     from .interface.compile import CompileArgs, compile_command
 
-    compile_command(CompileArgs(model, output, target, kernel, dtype, logs, tune_trials, time_budget))
+    compile_command(CompileArgs(model, output, target, kernel, dtype, logs, tune_trials, time_budget, precision))
 
 
 @main.command("tune")
@@ -73,17 +76,19 @@ def compile_cmd(model, output, target, kernel, dtype, logs, tune_trials, time_bu
 @click.option("--batch", "batches", multiple=True, type=int, help="a batch bucket to tune (repeatable; default: the model's batch, or 1, 8, 64)")
 @click.option("--seq", default=None, type=int, help="steps per measurement (default: the model's, or 100)")
 @click.option("--dtype", default=None, type=click.Choice(["float32", "float16", "bfloat16"]), help="as compile --dtype")
+@click.option("--precision", default="exact", show_default=True, type=click.Choice(PRECISIONS), help="as compile --precision")
 @click.option("--kernel", default="auto", show_default=True, type=click.Choice(KERNEL_CHOICES),
               help="restrict the CUDA kernel kinds searched")
 @_fail_cleanly
-def tune_cmd(model, target, trials, logs, time_budget, batches, seq, dtype, kernel):
+def tune_cmd(model, target, trials, logs, time_budget, batches, seq, dtype, precision, kernel):
     """Tune MODEL.onnx's recurrent kernels for TARGET with MetaSchedule; compile applies the logs."""
     from .interface.tune import TuneArgs, tune_command
     from .tuning.logs import default_logs_dir
 
     if trials < 1:
         raise click.BadParameter("must be at least 1", param_hint="--trials")
-    tune_command(TuneArgs(model, target, trials, logs or str(default_logs_dir()), time_budget, tuple(batches), seq, dtype, kernel))
+    tune_command(TuneArgs(model, target, trials, logs or str(default_logs_dir()), time_budget, tuple(batches), seq, dtype, kernel,
+                          precision=precision))
 
 
 @main.command("run")
@@ -118,8 +123,8 @@ def inspect_cmd(path, target):
 @click.option("--row", "rows", multiple=True, help="only these rows (repeatable; default: all, or the CPU rows with --cpu)")
 @click.option("--repeats", default=20, show_default=True, help="timed runs per measurement (the median is reported)")
 @click.option("--kernel", "kernels", multiple=True, default=("stepwise", "auto", "tuned"), show_default=True,
-              type=click.Choice(KERNEL_CHOICES + ("tuned",)),
-              help="our recurrent schedules to time on the GPU: untuned defaults (auto or one kind) or auto with the tuning logs (tuned)")
+              type=click.Choice(KERNEL_CHOICES + ("tuned", "tf32")),
+              help="our recurrent schedules to time on the GPU: untuned defaults (auto or one kind), auto with the tuning logs (tuned), auto with precision tf32 on the fp32 rows (tf32)")
 @click.option("--dtype", "dtypes", multiple=True, default=("float32", "float16"), show_default=True,
               type=click.Choice(["float32", "float16"]), help="storage dtypes to time on the GPU")
 @click.option("--out", "out_dir", default="benchmarks/results", show_default=True, type=click.Path(file_okay=False))

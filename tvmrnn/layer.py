@@ -8,7 +8,7 @@ of the stacked gate matrices our kernels read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 GATE_NAMES = {"LSTM": "iofc", "GRU": "zrh", "RNN": "i"}
@@ -16,6 +16,8 @@ GATE_NAMES = {"LSTM": "iofc", "GRU": "zrh", "RNN": "i"}
 NUM_ACTIVATIONS = {"LSTM": 3, "GRU": 2, "RNN": 1}
 DEFAULT_ACTIVATIONS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"), "RNN": ("Tanh",)}
 DIRECTIONS = ("forward", "reverse", "bidirectional")
+# Math of fp32 layers: exact fp32, or TF32 tensor cores on CUDA (operands rounded to a 10-bit mantissa; opt-in).
+PRECISIONS = ("exact", "tf32")
 # Optional inputs by position, per op (ONNX input order).
 INPUT_NAMES = {
     "LSTM": ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"),
@@ -53,6 +55,7 @@ class RNNLayerSpec:
     present: frozenset[str] = field(default_factory=frozenset)
     num_outputs: int = 1  # how many ONNX outputs the node lists (Y, Y_h, Y_c), empty names included
     dtype: str = "float32"
+    precision: str = "exact"  # fp32 layers: "tf32" lets the CUDA kernels run on TF32 tensor cores (PRECISIONS)
 
     @property
     def gates(self) -> int:
@@ -69,3 +72,13 @@ class RNNLayerSpec:
 
     def has(self, input_name: str) -> bool:
         return input_name in self.present
+
+    def compiled_as(self, storage: str | None = None, precision: str = "exact") -> RNNLayerSpec:
+        """The layer as `compile(dtype=storage, precision=...)` runs it: an fp32 layer takes the storage dtype,
+        and fp32 math the precision."""
+        spec = self
+        if storage not in (None, "float32") and spec.dtype == "float32":
+            spec = replace(spec, dtype=storage)
+        if spec.dtype == "float32" and precision != "exact":
+            spec = replace(spec, precision=precision)
+        return spec

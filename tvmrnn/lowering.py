@@ -44,21 +44,21 @@ def _f32(x):
     return x if str(x.ty.dtype) == "float32" else bb.emit(op.astype(x, "float32"))
 
 
-def _projection(bb, X, w, bias, cols, In, target):
-    """XW = X @ w^T + bias for all steps at once, fp32 results. On CUDA our GEMMs: tensor cores for fp16/bf16
-    (projection_mma), exact-fp32 SIMT for fp32 (projection_cuda); TVM's default matmul for shapes they do not
-    cover; our register-blocked GEMM on CPUs."""
+def _projection(bb, X, w, bias, cols, In, target, mode):
+    """XW = X @ w^T + bias for all steps at once, fp32 results. On CUDA our GEMMs: tensor cores in the layer's
+    mode (projection_mma: fp16/bf16 layers, fp32 ones with precision="tf32"), else exact-fp32 SIMT
+    (projection_cuda); TVM's default matmul for shapes they do not cover. Our register-blocked GEMM on CPUs."""
     from schedules import projection_cuda, projection_mma
 
-    cuda, dtype = target.kind.name == "cuda", str(X.ty.dtype)
-    half = dtype != "float32"
-    if cuda and not (projection_mma.supported(dtype, In, cols) if half else projection_cuda.supported(In, cols)):
+    cuda, half = target.kind.name == "cuda", str(X.ty.dtype) != "float32"
+    tensor = cuda and projection_mma.supported(mode, In, cols)
+    if cuda and not tensor and (half or not projection_cuda.supported(In, cols)):
         xw = bb.emit(op.matmul(X, op.permute_dims(w), out_dtype="float32"))  # fp32 results whatever the inputs
         return bb.emit(op.add(xw, bias)) if bias is not None else xw
     if bias is None:
         bias = relax.const(np.zeros(cols, "float32"))
-    if cuda and half:
-        func, weight, name = projection_mma.projection_mma(dtype, In, cols), bb.emit(op.astype(w, dtype)), f"projection_{dtype}"
+    if tensor:
+        func, weight, name = projection_mma.projection_mma(mode, In, cols), bb.emit(op.astype(w, str(X.ty.dtype))), f"projection_{mode}"
     elif cuda:
         X = _f32(X)
         func, weight, name = projection_cuda.projection_cuda(In, cols), _f32(w), "projection"  # W as ONNX stacks it: [cols, In]
@@ -95,7 +95,10 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
     G, H, D, In = cell.gates, spec.hidden_size, spec.num_directions, spec.input_size
 
     bias, rb_cell = _split_bias(B, spec, cell) if B is not None else (None, None)
-    xw = _projection(bb, X, op.reshape(W, [D * G * H, In]), bias, D * G * H, In, target)
+    from schedules.recurrent_mma import mode
+
+    tensor_mode = mode(spec) if target.kind.name == "cuda" else None  # tensor cores for the projection, if any
+    xw = _projection(bb, X, op.reshape(W, [D * G * H, In]), bias, D * G * H, In, target, tensor_mode)
     kernel = _recurrent_kernel(spec, cell, target, kernel_choice, tuned)
     args = [xw, bb.emit(op.permute_dims(R, [0, 2, 1])) if kernel.transposed_r else R]
     for name in ("sequence_lens", "initial_h", "initial_c"):

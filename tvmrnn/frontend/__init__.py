@@ -118,10 +118,11 @@ def _fill_output_shapes(outputs: list[TensorInfo], ret_ty):
             info.dtype = str(ty.dtype)
 
 
-def import_onnx(model, target: tvm.target.Target, kernel: str = "auto", storage: str | None = None, tuned=None) -> ImportedModel:
+def import_onnx(model, target: tvm.target.Target, kernel: str = "auto", storage: str | None = None, tuned=None,
+                precision: str = "exact") -> ImportedModel:
     model = load_onnx(model)
     opset = model_opset(model)
-    ctx = ImportContext(opset=opset, target=target, kernel=kernel, storage=storage, tuned=tuned)
+    ctx = ImportContext(opset=opset, target=target, kernel=kernel, storage=storage, tuned=tuned, precision=precision)
     initializers = {i.name for i in model.graph.initializer}
     inputs = [_value_info(v) for v in model.graph.input if v.name not in initializers]
     outputs = [_value_info(v) for v in model.graph.output]

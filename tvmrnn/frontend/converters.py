@@ -8,7 +8,6 @@ importer passes them through a context variable.
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 from dataclasses import dataclass, field
 
 from tvm import relax
@@ -25,6 +24,7 @@ class ImportContext:
     target: object
     kernel: str = "auto"  # recurrent schedule: auto | stepwise | persistent
     storage: str | None = None  # convert fp32 layers to this storage dtype (float16 | bfloat16)
+    precision: str = "exact"  # math of fp32 layers (layer.PRECISIONS)
     layers: list = field(default_factory=list)
     tuned: object = None  # spec -> {batch: [KernelConfig, best first]} from the tuning logs (tvmrnn.tuning.logs)
     kernels: dict = field(default_factory=dict)  # layer name -> its recurrent kernel's plan (schedules.KernelPlan)
@@ -50,8 +50,8 @@ def _convert(op_type, bb, inputs, attr):
         shapes[f"input #{len(inputs) - 1}"] = UNKNOWN  # rnn_spec names the extra input in its error
     spec = spec_from_node(op_type, name, normalize_attrs(attr), shapes, custom.get("num_outputs", 1), ctx.opset, dtype)
     convert = ctx.storage is not None and spec.dtype == "float32"
+    spec = spec.compiled_as(ctx.storage, ctx.precision)
     if convert:  # the layer runs in the storage dtype; the graph around it stays fp32
-        spec = dataclasses.replace(spec, dtype=ctx.storage)
         inputs = [bb.emit(relax.op.astype(x, ctx.storage)) if x is not None and i < 3 else x for i, x in enumerate(inputs)]
     ctx.layers.append(spec)
     # graph inputs that feed the layer directly: the runtime checks sequence_lens values against X's length

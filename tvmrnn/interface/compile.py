@@ -18,6 +18,7 @@ class CompileArgs:
     logs: str | None = None  # tuning logs folder (None: the default one)
     tune_trials: int = 0  # > 0: tune first (tvmrnn tune), then compile with the fresh logs
     time_budget_min: float | None = None
+    precision: str = "exact"  # math of fp32 layers on CUDA (exact | tf32)
 
     def show(self) -> str:
         return "\n".join(f"  {k:<7} {v}" for k, v in vars(self).items())
@@ -34,8 +35,9 @@ def compile_command(args: CompileArgs, echo=print) -> CompileArgs:
         from .tune import TuneArgs, tune_command
 
         tune_command(TuneArgs(args.model, args.target, args.tune_trials, args.logs, args.time_budget_min,
-                              dtype=args.dtype, kernel=args.kernel), echo=echo)
-    module = compile_model(args.model, target=args.target, log=echo, kernel=args.kernel, dtype=args.dtype, logs=args.logs)
+                              dtype=args.dtype, kernel=args.kernel, precision=args.precision), echo=echo)
+    module = compile_model(args.model, target=args.target, log=echo, kernel=args.kernel, dtype=args.dtype, logs=args.logs,
+                           precision=args.precision)
     for layer in module.metadata["layers"]:
         tuned = [b["up_to_batch"] for b in layer["schedule"] if b["tuned"]]
         echo(f"      {layer['name']}: " + (f"tuned for batch buckets {tuned} (larger batches: default)" if tuned
