@@ -10,10 +10,9 @@ pool; each keeps an MR x NR accumulator tile in registers while k streams over r
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from .recurrent_common import i64
+from .recurrent_common import i64, projection_prim_func
 
 F32 = "float32"
 # rows x columns per tile: 8 x 32 fp32 accumulators, 16 AVX-512 registers. On this VM (znver5) 8 x 32 beat 4 x 64
@@ -24,32 +23,26 @@ MR, NR = 8, 32
 def projection_cpu(K: int, Ncols: int) -> tirx.PrimFunc:
     """PrimFunc(X [M, K], WT [K, Ncols], bias [Ncols], XW [M, Ncols]) with M symbolic."""
     nr = NR if Ncols % NR == 0 else next(c for c in (32, 16, 8, 4, 2, 1) if Ncols % c == 0)
-    M = tirx.Var("M", "int64")
-    with IRBuilder() as ib:
-        with T.prim_func():
-            T.func_name("projection")
-            T.func_attr({"tirx.noalias": True})
-            X = T.arg("X", T.Buffer((M, K), F32))
-            WT = T.arg("WT", T.Buffer((K, Ncols), F32))
-            bias = T.arg("bias", T.Buffer((Ncols,), F32))
-            XW = T.arg("XW", T.Buffer((M, Ncols), F32))
-            col_tiles = Ncols // nr
-            row_tiles = tirx.ceildiv(M, i64(MR))
-            # rows vary fastest: a thread's consecutive items reuse one K x nr panel of W^T from its L2
-            with T.parallel(0, row_tiles * i64(col_tiles)) as item:
-                m0, j0 = item % row_tiles * i64(MR), item // row_tiles * i64(nr)
-                acc = T.alloc_buffer((MR, nr), F32, scope="local")
+
+    def body(X, WT, bias, XW, M):
+        col_tiles = Ncols // nr
+        row_tiles = tirx.ceildiv(M, i64(MR))
+        # rows vary fastest: a thread's consecutive items reuse one K x nr panel of W^T from its L2
+        with T.parallel(0, row_tiles * i64(col_tiles)) as item:
+            m0, j0 = item % row_tiles * i64(MR), item // row_tiles * i64(nr)
+            acc = T.alloc_buffer((MR, nr), F32, scope="local")
+            for r in range(MR):
+                with T.vectorized(0, i64(nr)) as v:
+                    T.buffer_store(acc, bias[j0 + v], [i64(r), v])
+            with T.serial(0, i64(K)) as k:
                 for r in range(MR):
+                    xv = X[tirx.min(m0 + i64(r), M - i64(1)), k]  # the M tail recomputes the last row, never stored
                     with T.vectorized(0, i64(nr)) as v:
-                        T.buffer_store(acc, bias[j0 + v], [i64(r), v])
-                with T.serial(0, i64(K)) as k:
-                    for r in range(MR):
-                        xv = X[tirx.min(m0 + i64(r), M - i64(1)), k]  # the M tail recomputes the last row, never stored
+                        T.buffer_store(acc, acc[i64(r), v] + xv * WT[k, j0 + v], [i64(r), v])
+            for r in range(MR):
+                with T.If(m0 + i64(r) < M):
+                    with T.Then():
                         with T.vectorized(0, i64(nr)) as v:
-                            T.buffer_store(acc, acc[i64(r), v] + xv * WT[k, j0 + v], [i64(r), v])
-                for r in range(MR):
-                    with T.If(m0 + i64(r) < M):
-                        with T.Then():
-                            with T.vectorized(0, i64(nr)) as v:
-                                T.buffer_store(XW, acc[i64(r), v], [m0 + i64(r), j0 + v])
-    return ib.get().with_attrs({"tirx.is_scheduled": True})
+                            T.buffer_store(XW, acc[i64(r), v], [m0 + i64(r), j0 + v])
+
+    return projection_prim_func("projection", F32, K, Ncols, (K, Ncols), body)

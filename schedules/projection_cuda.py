@@ -19,10 +19,9 @@ pipeline's tensor-core path.
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from .recurrent_common import block_sync, i64
+from .recurrent_common import block_sync, i64, projection_prim_func
 from .warp_gemv import warp_gates
 
 F32 = "float32"
@@ -42,21 +41,15 @@ def supported(K: int, cols: int) -> bool:
 def projection_cuda(K: int, cols: int) -> tirx.PrimFunc:
     """PrimFunc(X [M, K], W [cols, K], bias [cols], XW [M, cols]), all fp32, M symbolic."""
     assert supported(K, cols), (K, cols)
-    M = tirx.Var("M", "int64")
-    with IRBuilder() as ib:
-        with T.prim_func():
-            T.func_name("projection")
-            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-            X = T.arg("X", T.Buffer((M, K), F32))
-            W = T.arg("W", T.Buffer((cols, K), F32))
-            bias = T.arg("bias", T.Buffer((cols,), F32))
-            XW = T.arg("XW", T.Buffer((M, cols), F32))
-            with T.If(M < i64(SKINNY_M)):
-                with T.Then():
-                    _skinny(X, W, bias, XW, M, K, cols)
-                with T.Else():
-                    _tiled(X, W, bias, XW, M, K, cols)
-    return ib.get()
+
+    def body(X, W, bias, XW, M):
+        with T.If(M < i64(SKINNY_M)):
+            with T.Then():
+                _skinny(X, W, bias, XW, M, K, cols)
+            with T.Else():
+                _tiled(X, W, bias, XW, M, K, cols)
+
+    return projection_prim_func("projection", F32, K, cols, (cols, K), body)
 
 
 def _skinny(X, W, bias, XW, M, K, cols):

@@ -14,11 +14,10 @@ M = seq * batch is a runtime size; rows and columns past the edges are clamped o
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC, MODES, WarpTiles, chunk_rounds
-from .recurrent_common import i64
+from .recurrent_common import i64, projection_prim_func
 
 F32 = "float32"
 MT, NT = 4, 4  # a warp's tile: 4 m16 tiles of X rows by 4 n8 tiles of W rows (64 x 32)
@@ -35,35 +34,30 @@ def projection_mma(mode: str, K: int, cols: int) -> tirx.PrimFunc:
     """PrimFunc(X [M, K], W [cols, K] in the mode's storage dtype, bias [cols] fp32, XW [M, cols] fp32), M symbolic."""
     assert supported(mode, K, cols), (mode, K, cols)
     dtype = MODES[mode].storage
-    M = tirx.Var("M", "int64")
     bm, bn = WARPS_M * MT * 16, WARPS_N * NT * 8
-    with IRBuilder() as ib:
-        with T.prim_func():
-            T.func_name("projection_mma")
-            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-            X = T.arg("X", T.Buffer((M, K), dtype))
-            W = T.arg("W", T.Buffer((cols, K), dtype))
-            bias = T.arg("bias", T.Buffer((cols,), F32))
-            XW = T.arg("XW", T.Buffer((M, cols), F32))
-            with T.thread_binding(0, tirx.ceildiv(M, i64(bm)), "blockIdx.x") as bx:
-                with T.thread_binding(0, i64(-(-cols // bn)), "blockIdx.y") as by:
-                    with T.thread_binding(0, i64(WARPS_M * WARPS_N), "threadIdx.y") as wy:
-                        with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
-                            m0 = bx * i64(bm) + wy // i64(WARPS_N) * i64(MT * 16)
-                            n0 = by * i64(bn) + wy % i64(WARPS_N) * i64(NT * 8)
-                            tiles = WarpTiles(lane, MT, NT, mode, dtype, dtype, DEPTH)
-                            def load(ck, slot):
-                                k = ck * i64(KC)
-                                tiles.load(lambda mt, half, kk: X[tirx.min(m0 + i64(mt * 16 + 8 * half) + tiles.g, M - i64(1)), k + kk],
-                                           lambda nt, kk: W[tirx.min(n0 + i64(nt * 8) + tiles.g, i64(cols - 1)), k + kk], True, slot)
 
-                            chunk_rounds(K // KC, 1, DEPTH, i64(0), load, tiles.multiply)
-                            for ci in tiles.accumulators():
-                                if int(ci[2]) % 2:
-                                    continue  # stored with its left neighbour
-                                m, n = m0 + tiles.row(ci), n0 + tiles.col(ci)
-                                with T.If(tirx.all(m < M, n < i64(cols))):
-                                    with T.Then():
-                                        with T.vectorized(0, i64(2)) as v:
-                                            T.buffer_store(XW, tiles.c[ci[0], ci[1], ci[2] + v] + bias[n + v], [m, n + v])
-    return ib.get()
+    def body(X, W, bias, XW, M):
+        with T.thread_binding(0, tirx.ceildiv(M, i64(bm)), "blockIdx.x") as bx:
+            with T.thread_binding(0, i64(-(-cols // bn)), "blockIdx.y") as by:
+                with T.thread_binding(0, i64(WARPS_M * WARPS_N), "threadIdx.y") as wy:
+                    with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
+                        m0 = bx * i64(bm) + wy // i64(WARPS_N) * i64(MT * 16)
+                        n0 = by * i64(bn) + wy % i64(WARPS_N) * i64(NT * 8)
+                        tiles = WarpTiles(lane, MT, NT, mode, dtype, dtype, DEPTH)
+
+                        def load(ck, slot):
+                            k = ck * i64(KC)
+                            tiles.load(lambda mt, half, kk: X[tirx.min(m0 + i64(mt * 16 + 8 * half) + tiles.g, M - i64(1)), k + kk],
+                                       lambda nt, kk: W[tirx.min(n0 + i64(nt * 8) + tiles.g, i64(cols - 1)), k + kk], True, slot)
+
+                        chunk_rounds(K // KC, 1, DEPTH, i64(0), load, tiles.multiply)
+                        for ci in tiles.accumulators():
+                            if int(ci[2]) % 2:
+                                continue  # stored with its left neighbour
+                            m, n = m0 + tiles.row(ci), n0 + tiles.col(ci)
+                            with T.If(tirx.all(m < M, n < i64(cols))):
+                                with T.Then():
+                                    with T.vectorized(0, i64(2)) as v:
+                                        T.buffer_store(XW, tiles.c[ci[0], ci[1], ci[2] + v] + bias[n + v], [m, n + v])
+
+    return projection_prim_func("projection_mma", dtype, K, cols, (cols, K), body)

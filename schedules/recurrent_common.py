@@ -178,6 +178,22 @@ def recurrent_prim_func(spec: RNNLayerSpec, cell: Cell, transposed_r: bool, emit
     return ib.get()
 
 
+def projection_prim_func(name: str, x_dtype: str, K: int, cols: int, w_shape: tuple, emit_body) -> tirx.PrimFunc:
+    """The input projection's PrimFunc(X [M, K], W w_shape, bias [cols] fp32, XW [M, cols] fp32), M = seq * batch
+    symbolic, X and W in `x_dtype`; the body from emit_body(X, W, bias, XW, M). Every target's GEMM has this signature."""
+    M = tirx.Var("M", I64)
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name(name)
+            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+            X = T.arg("X", T.Buffer((M, K), x_dtype))
+            W = T.arg("W", T.Buffer(w_shape, x_dtype))
+            bias = T.arg("bias", T.Buffer((cols,), "float32"))
+            XW = T.arg("XW", T.Buffer((M, cols), "float32"))
+            emit_body(X, W, bias, XW, M)
+    return ib.get()
+
+
 def block_sync():
     """__syncthreads(): the block's shared-memory writes are visible to all its threads."""
     T.evaluate(tirx.op.tvm_storage_sync("shared"))

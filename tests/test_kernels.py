@@ -127,29 +127,14 @@ def _check_kernel(kind, case, spec, func, transposed_r, batches, note=""):
 @pytest.mark.parametrize("M, K, cols", [(1, 8, 4), (333, 40, 2400), (1100, 64, 1020), (6000, 800, 3200)])
 def test_projection_cuda_matches_float64(M, K, cols):
     """Our fp32 projection GEMM, skinny (M < 1024) and tiled, partial row and column tiles included, output poisoned first."""
-    target = _target("cuda")
-    lib = tvm.compile(tvm.IRModule({"main": projection_cuda(K, cols)}), target=target)
-    rng = np.random.default_rng(M)
-    x, w, b = (rng.standard_normal(s).astype("f4") for s in ((M, K), (cols, K), (cols,)))
-    dev = tvm.cuda(0)
-    out = tvm.runtime.tensor(np.full((M, cols), np.nan, "f4"), dev)
-    lib["main"](*[tvm.runtime.tensor(v, dev) for v in (x, w, b)], out)
-    expected = x.astype("f8") @ w.astype("f8").T + b
-    got = out.numpy()
-    assert not np.isnan(got).any(), f"{np.isnan(got).sum()} elements never written"
-    assert np.abs(got - expected).max() / np.abs(expected).max() < 1e-5
+    _check_projection(projection_cuda(K, cols), M, K, cols, "f4", 1e-5)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode, tol", [("float16", 1e-5), ("tf32", 3e-3)])
-@pytest.mark.parametrize("M, K, cols", [(1, 32, 2), (333, 64, 2400), (1100, 800, 1022), (6400, 1024, 4096)])
-def test_projection_mma_matches_float64(M, K, cols, mode, tol):
-    """Our tensor-core projection against float64: fp16 on the same fp16 inputs (fp32 accumulation: exact to
-    rounding), TF32 on fp32 inputs (operands rounded to 10 bits); output poisoned first; partial tiles included."""
-    target = _target("cuda")
-    lib = tvm.compile(tvm.IRModule({"main": projection_mma(mode, K, cols)}), target=target)
+def _check_projection(func, M, K, cols, dtype, tol):
+    """Run a projection PrimFunc(X [M, K], W [cols, K], bias, XW) on fresh inputs, output poisoned first, against float64."""
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=_target("cuda"))
     rng = np.random.default_rng(M)
-    x, w = (rng.standard_normal(s).astype("f2" if mode == "float16" else "f4") for s in ((M, K), (cols, K)))
+    x, w = (rng.standard_normal(s).astype(dtype) for s in ((M, K), (cols, K)))
     b = rng.standard_normal(cols).astype("f4")
     dev = tvm.cuda(0)
     out = tvm.runtime.tensor(np.full((M, cols), np.nan, "f4"), dev)
@@ -158,6 +143,15 @@ def test_projection_mma_matches_float64(M, K, cols, mode, tol):
     got = out.numpy()
     assert not np.isnan(got).any(), f"{np.isnan(got).sum()} elements never written"
     assert np.abs(got - expected).max() / np.abs(expected).max() < tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode, tol", [("float16", 1e-5), ("tf32", 3e-3)])
+@pytest.mark.parametrize("M, K, cols", [(1, 32, 2), (333, 64, 2400), (1100, 800, 1022), (6400, 1024, 4096)])
+def test_projection_mma_matches_float64(M, K, cols, mode, tol):
+    """Our tensor-core projection against float64: fp16 on the same fp16 inputs (fp32 accumulation: exact to
+    rounding), TF32 on fp32 inputs (operands rounded to 10 bits); output poisoned first; partial tiles included."""
+    _check_projection(projection_mma(mode, K, cols), M, K, cols, "f2" if mode == "float16" else "f4", tol)
 
 
 @pytest.mark.parametrize("mode, shape", [("float16", "m16n8k16"), ("bfloat16", "m16n8k16"), ("tf32", "m16n8k8")])
