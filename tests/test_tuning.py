@@ -89,3 +89,29 @@ def test_foreign_log_is_reported_and_skipped(tuned, tmp_path):
     shutil.copytree(logs / target_name(here), tmp_path / target_name(other))
     found = TuningLogs.load(tmp_path, other)
     assert found.records == 0 and any("skipped" in p and target_name(here) in p for p in found.problems)
+
+
+def test_tuned_point_needs_the_default_measured_beside_it():
+    """A logged point replaces the default only when the same logs timed the default and it beat it by TUNED_MARGIN;
+    logs that never timed today's default (older than a kernel kind) leave the default in place."""
+    import tvm
+
+    from schedules import TUNED_MARGIN, plan_kernel
+    from schedules.space import KernelConfig, default_config
+    from tvmrnn.cells import cell_for
+    from tvmrnn.frontend.inspect import find_rnn_layers
+
+    spec = find_rnn_layers(CASE.model())[0].spec
+    cell, target = cell_for(spec), tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    default = plan_kernel(spec, cell, target).branches[-1].config  # what batch 64 runs untuned
+    other = KernelConfig.of("stepwise", warps=8, units_per_warp=2, batch_tile=4)
+    assert other != default and default == default_config(default.kind, spec, cell, target)
+
+    def picked(points):
+        plan = plan_kernel(spec, cell, target, tuned={64: points})
+        return next(b for b in plan.branches if b.up_to is None or b.up_to >= 64)
+
+    assert not picked([(other, 1.0)]).tuned  # the default never measured: kept
+    assert picked([(other, 1.0), (default, 1.0 / (1 - TUNED_MARGIN) + 0.01)]).config == other  # clearly faster: taken
+    kept = picked([(other, 1.0), (default, 1.01)])  # within the margin: the default stays
+    assert kept.config == default
