@@ -85,6 +85,7 @@ def _mma_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     H, N, D = a.spec.hidden_size, a.batch, a.spec.num_directions
     dt = a.spec.dtype
     UB, NT, NW, KW = cfg.units, cfg.n_tiles, cfg.n_warps, cfg.k_warps
+    assert UB in (8, 16) and KW & (KW - 1) == 0, cfg  # gate-aligned m-tiles; the partial-sum tree halves k_warps
     gp = len(phase.gates)
     MT, NB = m_tiles(gp, UB), cfg.rows
     chunks = -(-H // KC)

@@ -172,3 +172,26 @@ def test_tf32_is_opt_in():
     assert "mma(" in tf32.metadata["layers"][0]["kernel"] and tf32.metadata["layers"][0]["precision"] == "tf32"
     with pytest.raises(tvmrnn.UnsupportedModelError, match="precision='fp8' is not supported"):
         tvmrnn.compile(model, target="cuda", precision="fp8")
+
+
+@pytest.mark.parametrize("kind", ["tiled", "mma"])
+def test_every_point_fits_a_block(kind):
+    """What the tuner may sample launches: at most 1024 threads and 48 KB of static shared memory per block, for
+    the most gates a phase has (LSTM's four)."""
+    import itertools
+
+    from schedules.recurrent_mma import MmaConfig
+    from schedules.recurrent_tiled import TiledConfig
+
+    case = Case(op="LSTM", hidden=64, input_size=8, dtype="float16" if kind == "mma" else "float32")
+    spec = find_rnn_layers(case.model())[0].spec
+    space = knob_space(kind, spec, cell_for(spec), tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
+    for values in itertools.product(*space.values()):
+        knobs = dict(zip(space, values))
+        if kind == "mma":
+            cfg = MmaConfig(**knobs)
+            threads = 32 * cfg.n_warps * cfg.k_warps
+        else:
+            cfg = TiledConfig(**knobs)
+            threads = cfg.units * cfg.row_threads
+        assert threads <= 1024 and cfg.smem_bytes(4) <= 48 * 1024, knobs
