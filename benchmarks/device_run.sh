@@ -4,6 +4,7 @@
 #   bash benchmarks/device_run.sh bench    the benchmark table against cuDNN
 #   bash benchmarks/device_run.sh sanitize compute-sanitizer racecheck/synccheck on one small layer
 #   bash benchmarks/device_run.sh tune     MetaSchedule over the benchmark rows and the zoo (logs to $OUT/tuning_logs)
+#   bash benchmarks/device_run.sh variants KIND [ROW ...]   points of one kernel kind (tiled | mma) against the defaults
 # Results go to $OUT (the device tool brings them back); commit the ones that matter under benchmarks/results/.
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -19,6 +20,8 @@ case "${1:-tests}" in
   tune)
     timeout 570 python3 benchmarks/tune_suite.py --trials "${TRIALS:-400}" --time-budget "${BUDGET:-7}" --logs "$OUT/tuning_logs" 2>&1 \
       | grep -v Warning | tee "$OUT/tune_log.txt" | tail -70 ;;
+  variants)
+    timeout 560 python3 benchmarks/kernel_variants.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -40 ;;
   sanitize)
     for tool in racecheck synccheck memcheck; do
       timeout 180 compute-sanitizer --tool $tool python3 benchmarks/sanitize_case.py persistent LSTM 2>&1 | grep -v Warning | tail -8 | tee "$OUT/sanitizer_$tool.txt"
