@@ -3,8 +3,10 @@
 TVM 0.27 has no CPU matmul schedule (dlight's CPU rules cover GEMV and reductions), and the
 legalized matmul runs as naive loops, 10x slower than the recurrence it feeds. This kernel
 is a small register-blocked GEMM: work items of MR rows x NR columns run on TVM's thread
-pool; each keeps an MR x NR accumulator tile in registers while k streams over rows of W^T
-(contiguous, so the NR-wide update vectorizes). M = seq * batch is a runtime size.
+pool; each keeps an MR x NR accumulator tile in registers while k streams over W, packed at
+compile time as panels [cols / NR, K, NR] so a work item reads its columns as one contiguous run
+(W^T's rows were `cols` floats apart: at power-of-two widths those reads alias in the cache, and
+lat-b1-h512's and b64-h1024's shapes ran 1.6-1.8x slower). M = seq * batch is a runtime size.
 """
 
 from __future__ import annotations
@@ -20,16 +22,23 @@ F32 = "float32"
 MR, NR = 8, 32
 
 
-def projection_cpu(K: int, Ncols: int) -> tirx.PrimFunc:
-    """PrimFunc(X [M, K], WT [K, Ncols], bias [Ncols], XW [M, Ncols]) with M symbolic."""
-    nr = NR if Ncols % NR == 0 else next(c for c in (32, 16, 8, 4, 2, 1) if Ncols % c == 0)
+def panel_width(Ncols: int) -> int:
+    """Columns per packed panel of W (and per work item): NR, or the widest power of two dividing Ncols."""
+    return NR if Ncols % NR == 0 else next(c for c in (32, 16, 8, 4, 2, 1) if Ncols % c == 0)
 
-    def body(X, WT, bias, XW, M):
+
+def projection_cpu(K: int, Ncols: int) -> tirx.PrimFunc:
+    """PrimFunc(X [M, K], WP [Ncols / nr, K, nr] (W packed in panels, nr = panel_width), bias [Ncols], XW [M, Ncols]),
+    M symbolic."""
+    nr = panel_width(Ncols)
+
+    def body(X, WP, bias, XW, M):
         col_tiles = Ncols // nr
         row_tiles = tirx.ceildiv(M, i64(MR))
-        # rows vary fastest: a thread's consecutive items reuse one K x nr panel of W^T from its L2
+        # rows vary fastest: a thread's consecutive items reuse one K x nr panel of W from its L2
         with T.parallel(0, row_tiles * i64(col_tiles)) as item:
-            m0, j0 = item % row_tiles * i64(MR), item // row_tiles * i64(nr)
+            m0, jt = item % row_tiles * i64(MR), item // row_tiles
+            j0 = jt * i64(nr)
             acc = T.alloc_buffer((MR, nr), F32, scope="local")
             for r in range(MR):
                 with T.vectorized(0, i64(nr)) as v:
@@ -38,11 +47,11 @@ def projection_cpu(K: int, Ncols: int) -> tirx.PrimFunc:
                 for r in range(MR):
                     xv = X[tirx.min(m0 + i64(r), M - i64(1)), k]  # the M tail recomputes the last row, never stored
                     with T.vectorized(0, i64(nr)) as v:
-                        T.buffer_store(acc, acc[i64(r), v] + xv * WT[k, j0 + v], [i64(r), v])
+                        T.buffer_store(acc, acc[i64(r), v] + xv * WP[jt, k, v], [i64(r), v])
             for r in range(MR):
                 with T.If(m0 + i64(r) < M):
                     with T.Then():
                         with T.vectorized(0, i64(nr)) as v:
                             T.buffer_store(XW, acc[i64(r), v], [m0 + i64(r), j0 + v])
 
-    return projection_prim_func("projection", F32, K, Ncols, (K, Ncols), body)
+    return projection_prim_func("projection", F32, K, Ncols, (Ncols // nr, K, nr), body)

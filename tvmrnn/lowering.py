@@ -63,10 +63,11 @@ def _projection(bb, X, w, bias, cols, In, target, mode):
         X = _f32(X)
         func, weight, name = projection_cuda.projection_cuda(In, cols), _f32(w), "projection"  # W as ONNX stacks it: [cols, In]
     else:
-        from schedules.projection_cpu import projection_cpu
+        from schedules.projection_cpu import panel_width, projection_cpu
 
-        X = _f32(X)
-        func, weight, name = projection_cpu(In, cols), bb.emit(op.permute_dims(_f32(w))), "projection"  # W^T: rows of k contiguous
+        X, nr = _f32(X), panel_width(cols)
+        panels = op.permute_dims(op.reshape(_f32(w), [cols // nr, nr, In]), [0, 2, 1])  # [cols/nr, In, nr]
+        func, weight, name = projection_cpu(In, cols), bb.emit(panels), "projection"
     name = f"{name}_{In}x{cols}"  # same shape, same function: add_func shares it between layers
     gv = bb.add_func(func.with_attr("global_symbol", name), name)
     shape = X.ty.shape
