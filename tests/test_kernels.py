@@ -172,6 +172,8 @@ def test_tf32_is_opt_in():
     assert "mma(" in tf32.metadata["layers"][0]["kernel"] and tf32.metadata["layers"][0]["precision"] == "tf32"
     with pytest.raises(tvmrnn.UnsupportedModelError, match="precision='fp8' is not supported"):
         tvmrnn.compile(model, target="cuda", precision="fp8")
+    cpu = tvmrnn.compile(model, target="llvm", logs=False, precision="tf32")  # CPU kernels have no TF32: exact
+    assert cpu.metadata["layers"][0]["precision"] == "exact"
 
 
 @pytest.mark.parametrize("kind", ["tiled", "mma"])
