@@ -120,12 +120,13 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
     """ONNX model -> runnable (or, for CUDA without a GPU, exportable) module. `log` gets one line per stage.
 
     kernel: the recurrent schedule on CUDA: "auto" (persistent where R fits on chip and the batch is
-    small, stepwise at moderate batches, tiled (fp32) or mma (fp16/bf16, tensor cores) above), or one kind.
+    small; above that stepwise, and tiled at large batch, for exact fp32; mma on tensor cores for fp16/bf16
+    and TF32), or one kind.
     dtype: "float16" or "bfloat16" runs the fp32 model's recurrent layers with that storage
     (weights and projection in half precision, fp32 accumulation and state); None keeps each layer's.
-    precision: math of fp32 layers on CUDA (CPU kernels are always exact): "exact" fp32 (the default), or "tf32" (opt-in): the projection and
-    the recurrent step (mma kernel, above persistent's batches) on TF32 tensor cores, operands rounded to a
-    10-bit mantissa, accumulation and state in fp32 (errors near 1e-3 instead of 1e-6).
+    precision: math of fp32 layers on CUDA (CPU kernels are always exact): "exact" fp32 (the default), or
+    "tf32" (opt-in): the projection and the recurrent step above persistent's batches on TF32 tensor cores,
+    operands rounded to a 10-bit mantissa, accumulation and state in fp32 (errors near 1e-3, not 1e-6).
     logs: tuning logs folder (None: tvmrnn.tuning.logs.default_logs_dir(); False: untuned defaults);
     each layer runs its tuned points where the logs have its shape for this target.
     """
