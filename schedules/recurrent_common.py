@@ -99,18 +99,19 @@ class KernelArgs:
         return self.cell.params.index(name)
 
 
-def unit_results(args: KernelArgs, phase, d, n, t, j, rec, state, value) -> dict:
+def unit_results(args: KernelArgs, phase, d, n, t, j, rec, state, value, activation=apply_activation) -> dict:
     """Evaluate one phase program for hidden unit j: returns name -> PrimExpr (nothing stored yet).
 
-    rec(gi): the recurrent term of the phase's gi-th gate; state/value: name -> PrimExpr.
+    rec(gi): the recurrent term of the phase's gi-th gate; state/value: name -> PrimExpr;
+    activation(act, x): cells.apply_activation or a target's own formulation of it.
     """
     per_dir = args.spec.activations
 
     def activate(k, pre):
         if len(per_dir) == 1 or per_dir[0][k] == per_dir[1][k]:
-            return apply_activation(per_dir[0][k], pre)
+            return activation(per_dir[0][k], pre)
         # a bidirectional node may give each direction its own functions: pick by slot
-        return tirx.Select(d == i64(0), apply_activation(per_dir[0][k], pre), apply_activation(per_dir[1][k], pre))
+        return tirx.Select(d == i64(0), activation(per_dir[0][k], pre), activation(per_dir[1][k], pre))
 
     gate_pos = {g: gi for gi, g in enumerate(phase.gates)}
     terms = Terms(
@@ -125,23 +126,33 @@ def unit_results(args: KernelArgs, phase, d, n, t, j, rec, state, value) -> dict
     return phase.program(terms)
 
 
-def unit_step(a: KernelArgs, phase, hbuf, scratch, cur, nxt, d, n, t, j, rec):
-    """Run one phase program for unit j of batch row n at position t and store its results.
-
-    Everything is evaluated into registers before the first store, since the results read
-    the old cell state that the stores overwrite.
-    """
+def unit_values(a: KernelArgs, phase, hbuf, scratch, cur, d, n, t, j, rec, temps=None) -> dict:
+    """The results of one phase program for unit j that get stored: name -> PrimExpr (nothing stored yet)."""
     state = {"h": hbuf[cur, d, n, j]}
     if a.Yc is not None:
         state["c"] = a.Yc[tuple(a.state_index(d, n, j))]
     value = {v: buf[d, n, j] for v, buf in scratch.items()}
-    res = unit_results(a, phase, d, n, t, j, rec, state, value)
-    names = [k for k in res if k in phase.stores or k in ("h", "c")]
-    tmp = T.alloc_buffer((len(names),), "float32", scope="local")
-    for i, k in enumerate(names):
-        T.buffer_store(tmp, res[k], [i64(i)])
-    for i, k in enumerate(names):
-        v = tmp[i64(i)]
+    res = unit_results(a, phase, d, n, t, j, rec, state, value, apply_activation if temps is None else temps.activation)
+    return {k: v for k, v in res.items() if k in phase.stores or k in ("h", "c")}
+
+
+def unit_step(a: KernelArgs, phase, hbuf, scratch, cur, nxt, d, n, t, j, rec, temps=None):
+    """Run one phase program for unit j of batch row n at position t and store its results.
+
+    Everything is evaluated into registers before the first store, since the results read
+    the old cell state that the stores overwrite. temps: None, or what a vectorized caller
+    gives instead of a local buffer per call: temps.bind(value) stores value in the lane's own
+    slot and returns its load; temps.activation(act, x) replaces cells.apply_activation.
+    """
+    res = unit_values(a, phase, hbuf, scratch, cur, d, n, t, j, rec, temps)
+    if temps is None:
+        tmp = T.alloc_buffer((len(res),), "float32", scope="local")
+        for i, v in enumerate(res.values()):
+            T.buffer_store(tmp, v, [i64(i)])
+        loaded = [tmp[i64(i)] for i in range(len(res))]
+    else:
+        loaded = [temps.bind(v) for v in res.values()]
+    for k, v in zip(res, loaded):
         if k == "h":
             T.buffer_store(hbuf, v, [nxt, d, n, j])
             T.buffer_store(a.Y, v, a.y_index(d, n, t, j))

@@ -2,8 +2,9 @@
 
 Per step and phase, work items are (direction, batch row, chunk of JC hidden units) and run on
 TVM's thread pool. An item accumulates all gates of its chunk with the inner loop running over
-contiguous rows of R^T (axpy form, so it vectorizes without fast-math), then applies the cell's
-gate program to each unit. Hidden state is double-buffered across steps; the cell state stays
+contiguous rows of R^T (axpy form, so it vectorizes without fast-math), then runs the cell's
+gate program on the chunk's units as one vectorized loop (sigmoid and tanh from vector_math:
+libm calls would stay scalar). Hidden state is double-buffered across steps; the cell state stays
 in the Yc output, which only its own unit reads.
 """
 
@@ -17,7 +18,8 @@ from tvm.script.ir_builder import tirx as T
 from tvmrnn.cells import Cell
 from tvmrnn.layer import RNNLayerSpec
 
-from .recurrent_common import KernelArgs, i64, recurrent_prim_func, unit_padding, unit_step
+from . import vector_math
+from .recurrent_common import KernelArgs, i64, recurrent_prim_func, unit_padding, unit_step, unit_values
 
 F32 = "float32"
 TRANSPOSED_R = True  # the inner loop runs along units: R^T rows are contiguous there
@@ -89,7 +91,8 @@ def cpu_steps(a: KernelArgs, cfg: CpuConfig):
 
 
 def _phase_tile(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, d, n0, rows, j0, JC):
-    """Gates of units j0..j0+JC for batch rows n0..n0+rows, then each valid row's gate program (or padding)."""
+    """Gates of units j0..j0+JC for batch rows n0..n0+rows, then each valid row's gate program (or padding),
+    vectorized over the units."""
     H, N = a.spec.hidden_size, a.batch
     gp = len(phase.gates)
     acc = T.alloc_buffer((rows, gp, JC), F32, scope="local")
@@ -105,16 +108,56 @@ def _phase_tile(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
                 with T.vectorized(0, i64(JC)) as jj:
                     idx = [i64(r), i64(gi), jj]
                     T.buffer_store(acc, acc[tuple(idx)] + a.RT[d, k, i64(g * H) + j0 + jj] * hk, idx)
-    for r in range(rows):
-        n = n0 + i64(r)
+    # a loop, not one copy per row: unrolled, the vectorized gate program took 1.7x as long to build
+    # (ds2-lstm's kernel, 0.87 -> 0.51 s) and ran no faster
+    with T.serial(0, i64(rows)) as r:
+        n = n0 + r
         with T.If(n < N):
             with T.Then():
                 with T.If(s < a.length(n)):
                     with T.Then():
                         t = a.time_index(d, n, s)
-                        with T.serial(0, i64(JC)) as jj:
-                            unit_step(a, phase, hbuf, scratch, cur, nxt, d, n, t, j0 + jj, lambda gi, r=r: acc[i64(r), i64(gi), jj])
+                        rec = lambda gi, jj: acc[r, i64(gi), jj]  # noqa: E731
+                        temps = LaneTemps(JC, lambda temps: unit_values(
+                            a, phase, hbuf, scratch, cur, d, n, t, j0, lambda gi: rec(gi, i64(0)), temps))
+                        with T.vectorized(0, i64(JC)) as jj:
+                            unit_step(a, phase, hbuf, scratch, cur, nxt, d, n, t, j0 + jj, lambda gi: rec(gi, jj), temps.at(jj))
                     if last:
                         with T.Else():  # padding: Y is zero there, the state carries over
-                            with T.serial(0, i64(JC)) as jj:
+                            with T.vectorized(0, i64(JC)) as jj:
                                 unit_padding(a, hbuf, cur, nxt, d, n, s, j0 + jj)
+
+
+class LaneTemps:
+    """Temporaries of a gate program run as a vectorized loop over units: slot i of lane jj is buf[i, jj].
+
+    The vectorized epilogue needs each value it reuses (vector_math's intermediates, the results
+    held until the stores) in a temporary of its own lane. A local buffer allocated inside the
+    loop is one buffer for all lanes (two units came out equal); tirx.Let bindings vectorize
+    correctly, but took TVM's LLVM codegen of ds2-lstm's kernel from 0.1 to 2.7 s. So the buffer
+    is allocated before the loop, sized by a dry run of the program.
+    """
+
+    def __init__(self, lanes: int, values):
+        """values(temps): the program's stored results, built with temps (the dry run: bind() only counts)."""
+        self.buf, self.jj, self.used = None, None, 0
+        results = values(self)
+        # unit_step binds each result too
+        self.buf = T.alloc_buffer((self.used + len(results), lanes), F32, scope="local")
+
+    def at(self, jj) -> LaneTemps:
+        """Ready to emit the program for lane jj (inside the vectorized loop)."""
+        self.jj, self.used = jj, 0
+        return self
+
+    def bind(self, value):
+        if self.buf is None:  # dry run: count, and hand out a stand-in
+            self.used += 1
+            return tirx.Var("dry_run", F32)
+        slot = [i64(self.used), self.jj]
+        self.used += 1
+        T.buffer_store(self.buf, value, slot)
+        return self.buf[tuple(slot)]
+
+    def activation(self, act, x):
+        return vector_math.activation(act, x, self.bind)
