@@ -1,6 +1,7 @@
 """Our hand-written kernel schedules, one module per kernel and target, and the choice between them.
 
 recurrent_cpu         the recurrent layer for LLVM targets
+vector_math           sigmoid/tanh/exp as fp32 polynomials, so the CPU gate program vectorizes
 recurrent_cuda        CUDA, stepwise: one fused launch per step and phase (weights from L2/HBM)
 recurrent_persistent  CUDA, persistent: one cooperative launch for the whole sequence, R in shared memory
 recurrent_tiled       CUDA, large batch: per step one tiled GEMM launch (R and h staged in shared memory)
