@@ -10,6 +10,7 @@ in the Yc output, which only its own unit reads.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -25,7 +26,20 @@ F32 = "float32"
 TRANSPOSED_R = True  # the inner loop runs along units: R^T rows are contiguous there
 ROW_TILE = 4  # batch rows per R^T load at batch >= ROW_TILE (8 ran no faster and compiled 6x slower)
 ROW_TILE_UNITS = 16  # units per work item in the row-tiled path (ROW_TILE x gates x this accumulators)
-ROW_UNITS = 64  # units per work item at small batch: measured 1.5x faster than 32 at H=512 (longer R^T streams)
+# units per work item at small batch, at most: longer R^T streams run faster (on this VM at H=512, batch 1: 64 was
+# 1.5x faster than 32 with one thread, and tuning with two found 128 1.29x faster than 64,
+# benchmarks/results/2026-11-23-cpu-tune-log.txt), as long as every thread of the pool still gets an item
+ROW_UNITS = 128
+
+
+def small_batch_units(hidden: int, directions: int) -> int:
+    """The default units per work item at small batch: the widest chunk (up to ROW_UNITS) that still gives each of
+    TVM's threads (runtime.use_every_core sets their count) at least one item per step."""
+    threads = int(os.environ.get("TVM_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+    widest = ROW_UNITS
+    while widest > 8 and directions * (hidden // chunk_size(hidden, widest)) < threads:
+        widest //= 2
+    return chunk_size(hidden, widest)
 
 
 def chunk_size(hidden: int, widest: int = 32) -> int:

@@ -197,3 +197,13 @@ def test_every_point_fits_a_block(kind):
             cfg = TiledConfig(**knobs)
             threads = cfg.units * cfg.row_threads
         assert threads <= 1024 and cfg.smem_bytes(4) <= 48 * 1024, knobs
+
+
+@pytest.mark.parametrize("threads, hidden, directions, units", [("2", 512, 1, 128), ("16", 512, 1, 32), ("16", 512, 2, 64),
+                                                                ("2", 24, 1, 8), ("64", 512, 1, 8)])
+def test_small_batch_units_keep_every_thread_busy(monkeypatch, threads, hidden, directions, units):
+    """The CPU kernel's default work item at batch < 4: as wide as ROW_UNITS while each thread still gets one."""
+    from schedules.recurrent_cpu import small_batch_units
+
+    monkeypatch.setenv("TVM_NUM_THREADS", threads)
+    assert small_batch_units(hidden, directions) == units
