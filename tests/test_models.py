@@ -63,6 +63,16 @@ def test_zoo_model_compiles_for_cuda_and_exports(entry, target, tmp_path):
     assert all(layer["kernel"].startswith("cuda: ") for layer in info["layers"])
 
 
+@pytest.mark.parametrize("options", [{"dtype": "float16"}, {"dtype": "bfloat16"}, {"precision": "tf32"}], ids=lambda o: str(*o.values()))
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_zoo_model_builds_tensor_core_kernels(entry, options):
+    """Half storage and TF32 build for CUDA without a GPU (NVRTC), every layer's large-batch branch on the mma kernel."""
+    module = tvmrnn.compile(os.path.join(MODELS, entry.filename), target="nvidia/nvidia-h100", logs=False, **options)
+    for layer in module.metadata["layers"]:
+        assert layer["schedule"][-1]["config"]["kind"] == "mma", layer["kernel"]
+        assert layer["dtype"] == options.get("dtype", "float32") and layer["precision"] == options.get("precision", "exact")
+
+
 @pytest.mark.parametrize("cell", ["LSTM", "GRU"])
 def test_torch_export_matches_pytorch(cell, tmp_path):
     torch = pytest.importorskip("torch")
