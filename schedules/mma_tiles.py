@@ -128,13 +128,6 @@ class WarpTiles:
                                               self.c.data, i64((mt * self.NT + nt) * 4), False))
 
 
-def guarded(k, size: int, exact: bool, load, dtype):
-    """load(k), or zero past `size` (a partial last chunk; k clamped so the address stays in bounds)."""
-    if exact:
-        return load(k)
-    return tirx.if_then_else(k < i64(size), load(tirx.min(k, i64(size - 1))), tirx.const(0, dtype))
-
-
 def chunk_rounds(chunks: int, ways: int, depth: int, lane_way, load, multiply):
     """The reduction loop: `ways` warps split `chunks` chunks (warp w takes w, w + ways, ...), each staging `depth`
     chunks per round, then multiplying them. load(chunk, slot) / multiply(slot) emit one chunk's part."""

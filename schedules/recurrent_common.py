@@ -205,6 +205,13 @@ def projection_prim_func(name: str, x_dtype: str, K: int, cols: int, w_shape: tu
     return ib.get()
 
 
+def guarded(k, size: int, exact: bool, load, dtype):
+    """load(k), or zero past `size` (a partial last chunk; k clamped so the address stays in bounds)."""
+    if exact:
+        return load(k)
+    return tirx.if_then_else(k < i64(size), load(tirx.min(k, i64(size - 1))), tirx.const(0, dtype))
+
+
 def block_sync():
     """__syncthreads(): the block's shared-memory writes are visible to all its threads."""
     T.evaluate(tirx.op.tvm_storage_sync("shared"))

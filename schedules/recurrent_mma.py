@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .mma_tiles import KC, MODES, WarpTiles, chunk_rounds, guarded
-from .recurrent_common import KernelArgs, block_sync, i64
+from .mma_tiles import KC, MODES, WarpTiles, chunk_rounds
+from .recurrent_common import KernelArgs, block_sync, guarded, i64
 from .recurrent_cuda import epilogue, operand_at, step_launches
 
 F32 = "float32"

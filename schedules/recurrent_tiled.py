@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .recurrent_common import KernelArgs, block_sync, i64
+from .recurrent_common import KernelArgs, block_sync, guarded, i64
 from .recurrent_cuda import epilogue, operand_at, step_launches
 
 F32 = "float32"
@@ -95,9 +95,6 @@ def _tile_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt
                             for b in range(TB):
                                 T.buffer_store(acc, tirx.const(0.0, F32), [i64(gi), i64(b)])
 
-                        def in_h(k, load):
-                            return load(k) if exact else tirx.if_then_else(k < i64(H), load(tirx.min(k, i64(H - 1))), tirx.const(0.0, F32))
-
                         def r_item(e):
                             return e // i64(gp * KC // V), e // i64(KC // V) % i64(gp), e % i64(KC // V)
 
@@ -110,7 +107,7 @@ def _tile_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt
                                 row = row + tirx.min(u0 + u, i64(H - 1))
                                 with T.vectorized(0, i64(V)) as v:
                                     k = kc * i64(KC) + kv * i64(V) + v
-                                    T.buffer_store(r_next, in_h(k, lambda k: a.R[d, row, k].astype(F32)), [i64(slot), v])
+                                    T.buffer_store(r_next, guarded(k, H, exact, lambda k: a.R[d, row, k].astype(F32), F32), [i64(slot), v])
                             _strided(r_items, threads, tid, body)
 
                         def load_h(kc):
@@ -119,7 +116,7 @@ def _tile_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt
                                 n = tirx.min(n0 + r, N - 1)  # rows past N compute garbage, never stored
                                 with T.vectorized(0, i64(V)) as v:
                                     k = kc * i64(KC) + kv * i64(V) + v
-                                    T.buffer_store(h_next, in_h(k, lambda k: operand_at(operand, phase, cur, d, n, k)), [i64(slot), v])
+                                    T.buffer_store(h_next, guarded(k, H, exact, lambda k: operand_at(operand, phase, cur, d, n, k), F32), [i64(slot), v])
                             _strided(h_items, threads, tid, body)
 
                         def store_r(slot, e):

@@ -73,12 +73,12 @@ class RNNLayerSpec:
     def has(self, input_name: str) -> bool:
         return input_name in self.present
 
-    def compiled_as(self, storage: str | None = None, precision: str = "exact") -> RNNLayerSpec:
-        """The layer as `compile(dtype=storage, precision=...)` runs it: an fp32 layer takes the storage dtype,
-        and fp32 math the precision."""
+    def compiled_as(self, storage: str | None = None, precision: str = "exact", cuda: bool = True) -> RNNLayerSpec:
+        """The layer as `compile(dtype=storage, precision=...)` runs it on CUDA (cuda=True) or a CPU: an fp32 layer
+        takes the storage dtype, and fp32 math the precision where the target has it (CPU kernels are exact fp32)."""
         spec = self
         if storage not in (None, "float32") and spec.dtype == "float32":
             spec = replace(spec, dtype=storage)
-        if spec.dtype == "float32" and precision != "exact":
+        if spec.dtype == "float32" and precision != "exact" and cuda:
             spec = replace(spec, precision=precision)
         return spec

@@ -96,10 +96,9 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
     G, H, D, In = cell.gates, spec.hidden_size, spec.num_directions, spec.input_size
 
     bias, rb_cell = _split_bias(B, spec, cell) if B is not None else (None, None)
-    from schedules.recurrent_mma import mode
+    from schedules.recurrent_mma import mode  # the layer's tensor-core mode, if any (_projection uses it on CUDA only)
 
-    tensor_mode = mode(spec) if target.kind.name == "cuda" else None  # tensor cores for the projection, if any
-    xw = _projection(bb, X, op.reshape(W, [D * G * H, In]), bias, D * G * H, In, target, tensor_mode)
+    xw = _projection(bb, X, op.reshape(W, [D * G * H, In]), bias, D * G * H, In, target, mode(spec))
     kernel = _recurrent_kernel(spec, cell, target, kernel_choice, tuned)
     args = [xw, bb.emit(op.permute_dims(R, [0, 2, 1])) if kernel.transposed_r else R]
     for name in ("sequence_lens", "initial_h", "initial_c"):

@@ -50,7 +50,7 @@ def _convert(op_type, bb, inputs, attr):
         shapes[f"input #{len(inputs) - 1}"] = UNKNOWN  # rnn_spec names the extra input in its error
     spec = spec_from_node(op_type, name, normalize_attrs(attr), shapes, custom.get("num_outputs", 1), ctx.opset, dtype)
     convert = ctx.storage is not None and spec.dtype == "float32"
-    spec = spec.compiled_as(ctx.storage, ctx.precision if ctx.target.kind.name == "cuda" else "exact")  # CPUs: exact fp32
+    spec = spec.compiled_as(ctx.storage, ctx.precision, cuda=ctx.target.kind.name == "cuda")
     if convert:  # the layer runs in the storage dtype; the graph around it stays fp32
         inputs = [bb.emit(relax.op.astype(x, ctx.storage)) if x is not None and i < 3 else x for i, x in enumerate(inputs)]
     ctx.layers.append(spec)

@@ -51,8 +51,8 @@ def tune_command(args: TuneArgs, echo=print, stream=None, tasks=None):
         raise UnsupportedModelError("tuning for CUDA measures on the GPU, and there is none here; tune on the GPU machine "
                                     "(the logs then serve compiles anywhere)")
     if tasks is None:
-        precision = args.precision if target.kind.name == "cuda" else "exact"  # CPU kernels are exact fp32
-        tasks = extract_tasks(args.model, batches=args.batches or None, seq=args.seq, dtype=args.dtype, precision=precision)
+        tasks = extract_tasks(args.model, batches=args.batches or None, seq=args.seq, dtype=args.dtype, precision=args.precision,
+                              cuda=target.kind.name == "cuda")
     echo(f"[1/3] {len(tasks)} task(s):")
     for t in tasks:
         echo(f"      {t.name}  (layers: {', '.join(t.layers)}; {tuner.space_size(t, target, args.kernel)} points)")

@@ -84,18 +84,18 @@ def task_of(mod: tvm.IRModule) -> RecurrentTask | None:
     return RecurrentTask(spec_from_key(d["layer"]), int(d["seq"]), int(d["batch"]))
 
 
-def extract_tasks(model, batches=None, seq=None, dtype=None, precision="exact") -> list[RecurrentTask]:
+def extract_tasks(model, batches=None, seq=None, dtype=None, precision="exact", cuda=True) -> list[RecurrentTask]:
     """The model's tuning tasks: each distinct recurrent layer at each batch bucket.
 
     batches: the buckets to tune (default: the model's batch if static, else DEFAULT_BATCHES);
     seq: steps to measure (default: the model's if static, else DEFAULT_SEQ);
-    dtype, precision: tune the layers as `compile --dtype --precision` would run them.
+    dtype, precision, cuda: tune the layers as `compile --dtype --precision` would run them on that target.
     """
     tasks: dict[str, RecurrentTask] = {}
     for layer in find_rnn_layers(model):
         if not layer.supported:
             raise UnsupportedModelError(layer.problem)
-        spec = layer.spec.compiled_as(dtype, precision)
+        spec = layer.spec.compiled_as(dtype, precision, cuda)
         x = layer.x_shape
         seq_dim, batch_dim = (x[0], x[1]) if len(x) == 3 and spec.layout == 0 else (x[1], x[0]) if len(x) == 3 else (None, None)
         steps = seq or (seq_dim if isinstance(seq_dim, int) and seq_dim > 0 else DEFAULT_SEQ)
