@@ -6,7 +6,8 @@ is a small register-blocked GEMM: work items of MR rows x NR columns run on TVM'
 pool; each keeps an MR x NR accumulator tile in registers while k streams over W, packed at
 compile time as panels [cols / NR, K, NR] so a work item reads its columns as one contiguous run
 (W^T's rows were `cols` floats apart: at power-of-two widths those reads alias in the cache, and
-lat-b1-h512's and b64-h1024's shapes ran 1.6-1.8x slower). M = seq * batch is a runtime size.
+the projections of lat-b1-h512, lat-b1-h1024 and b64-h1024 ran 1.3-1.8x slower,
+benchmarks/results/2026-11-23-cpu-projection-panels.txt). M = seq * batch is a runtime size.
 """
 
 from __future__ import annotations

@@ -1,0 +1,62 @@
+"""The CPU projection GEMM of this checkout against the one at an earlier git revision, side by side in one process.
+
+    PYTHONPATH=. python3 benchmarks/cpu_projection_ab.py [REV]     (default REV: eb4de3a, W as W^T rows)
+
+Each shape of the CPU benchmark rows' projections runs both kernels in turns (7 rounds, the minimum
+reported), after checking both against float64. The earlier kernel is read with `git show REV:...`;
+its W layout is told by its docstring (W^T [K, cols] before the packed panels).
+"""
+
+import subprocess
+import sys
+import time
+import types
+
+import numpy as np
+import tvm
+
+from schedules.projection_cpu import panel_width, projection_cpu
+from tvmrnn.build import resolve_target
+from tvmrnn.runtime import use_every_core
+
+REV = sys.argv[1] if len(sys.argv) > 1 else "eb4de3a"
+SHAPES = [(6000, 800, 3200), (100, 512, 2048), (6400, 1024, 4096), (100, 1024, 4096)]  # ds2, lat-b1-h512, b64, lat-b1-h1024
+
+
+def earlier_kernel():
+    src = subprocess.run(["git", "show", f"{REV}:schedules/projection_cpu.py"], capture_output=True, text=True, check=True).stdout
+    mod = types.ModuleType("projection_cpu_earlier")
+    exec(compile(src.replace("from .recurrent_common", "from schedules.recurrent_common"), "projection_cpu_earlier", "exec"), mod.__dict__)
+    packed = "panel_width" in mod.__dict__
+    return mod.projection_cpu, packed
+
+
+def weights(w, packed):
+    n, k = w.shape
+    if not packed:
+        return np.ascontiguousarray(w.T)
+    nr = panel_width(n)
+    return np.ascontiguousarray(w.reshape(n // nr, nr, k).transpose(0, 2, 1))
+
+
+use_every_core()  # TVM's thread pool as tvmrnn runs it (importing tvmrnn.runtime already did)
+target = resolve_target("llvm")
+old_kernel, old_packed = earlier_kernel()
+rng = np.random.default_rng(0)
+for M, K, N in SHAPES:
+    x, w, b = rng.standard_normal((M, K)).astype("f4"), rng.standard_normal((N, K)).astype("f4"), rng.standard_normal(N).astype("f4")
+    ref = x.astype("f8") @ w.T.astype("f8") + b
+    runs = {}
+    for name, kernel, packed in ((f"{REV}", old_kernel, old_packed), ("this checkout", projection_cpu, True)):
+        lib = tvm.compile(tvm.IRModule({"main": kernel(K, N)}), target=target)
+        args = [tvm.runtime.tensor(v) for v in (x, weights(w, packed), b, np.full((M, N), np.nan, "f4"))]
+        lib["main"](*args)
+        assert np.abs(args[3].numpy() - ref).max() / np.abs(ref).max() < 1e-5, name
+        runs[name] = (lib["main"], args, [])
+    for _ in range(7):
+        for fn, args, times in runs.values():
+            t = time.perf_counter()
+            fn(*args)
+            times.append(time.perf_counter() - t)
+    print(f"M={M} K={K} N={N}: " + ", ".join(f"{name} {min(t) * 1e3:.2f} ms ({2 * M * K * N / min(t) / 1e9:.0f} GFLOP/s)"
+                                          for name, (_, _, t) in runs.items()), flush=True)
