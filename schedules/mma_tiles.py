@@ -2,9 +2,12 @@
 
 Both tensor-core kernels are built from it: the recurrent step (recurrent_mma: A = gate rows of R,
 B = batch rows of h) and the input projection (projection_mma: A = rows of X, B = rows of W).
-Two instruction shapes, by the layer's math (MODES):
+Two instruction shapes, three kinds of math (MODES):
     fp16 / bf16   m16n8k16, operands in half precision (fp32 h is rounded to it)
     tf32          m16n8k8, fp32 operands rounded to TF32 (10-bit mantissa): the opt-in precision="tf32"
+    tf32x3        m16n8k8 three times: each fp32 operand split into a TF32 high part and a TF32 low part
+                  (x - high), and a*b = al*bh + ah*bl + ah*bh; the dropped al*bl is 2^-22 relative,
+                  so the result is as accurate as SIMT fp32 (exact fp32 layers on tensor cores)
 
 Per 32-column chunk of the reduction a lane loads 8 consecutive k of each of its A rows (g and g+8
 of every m-tile, g = lane / 4) and of its B row (g of every n-tile): 16-byte loads. Those 8 k are
@@ -38,17 +41,20 @@ class Mode:
     shape: str
     per_lane: int  # k of one row per lane per mma
     a_slots: tuple
+    split: bool = False  # 3xTF32: high and low parts, three mma's per tile
 
     @property
     def mmas(self) -> int:
         return 8 // self.per_lane  # per chunk
 
 
+_TF32_SLOTS = ((0, 0), (1, 0), (0, 1), (1, 1))  # a0..a3: (g, t), (g+8, t), (g, t+4), (g+8, t+4)
 _HALF_SLOTS = ((0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3), (1, 2), (1, 3))  # rows g, g+8; k pairs {2t,2t+1}, {2t+8,2t+9}
 MODES = {
     "float16": Mode("float16", "fp16", "m16n8k16", 4, _HALF_SLOTS),
     "bfloat16": Mode("bfloat16", "bf16", "m16n8k16", 4, _HALF_SLOTS),
-    "tf32": Mode(F32, "tf32", "m16n8k8", 2, ((0, 0), (1, 0), (0, 1), (1, 1))),  # a0..a3: (g, t), (g+8, t), (g, t+4), (g+8, t+4)
+    "tf32": Mode(F32, "tf32", "m16n8k8", 2, _TF32_SLOTS),
+    "tf32x3": Mode(F32, "tf32", "m16n8k8", 2, _TF32_SLOTS, split=True),
 }
 
 
@@ -73,6 +79,9 @@ class WarpTiles:
         self.rb = T.alloc_buffer((depth, nt, 8), b_dtype, scope="local")  # B: chunk, tile, 8 k
         self.fa = T.alloc_buffer((mt, m.mmas, 2 * m.per_lane), m.storage, scope="local")  # A fragments: tile, mma, registers
         self.fb = T.alloc_buffer((nt, m.mmas, m.per_lane), m.storage, scope="local")  # B fragments
+        if m.split:  # the low parts (x - high) of both operands
+            self.fa_lo = T.alloc_buffer((mt, m.mmas, 2 * m.per_lane), m.storage, scope="local")
+            self.fb_lo = T.alloc_buffer((nt, m.mmas, m.per_lane), m.storage, scope="local")
         self.c = T.alloc_buffer((mt, nt, 4), F32, scope="local")
         for idx in self.accumulators():
             T.buffer_store(self.c, tirx.const(0.0, F32), idx)
@@ -91,41 +100,63 @@ class WarpTiles:
     def load(self, a_at, b_at, vector: bool, slot: int = 0):
         """Stage one chunk in staging slot `slot`: a_at(mt, half, k) / b_at(nt, k) give A's row g + 8*half of m-tile mt
         and B's row g of n-tile nt at k = 8t + (0..7) of the chunk, or None for an A row that is padding (zeros)."""
-        lanes = T.vectorized if vector else T.unroll  # CUDA has no half8 select: a guarded tail loads scalars
         k0 = self.t * i64(8)
+        self.load_a(lambda mt, half, v0, v: a_at(mt, half, k0 + i64(v0) + v), vector, slot)
+        self.load_b(b_at, vector, slot)
 
-        def width(dtype):
-            return 16 // (4 if dtype == F32 else 2)  # 16-byte loads (float4 is the widest fp32 vector)
+    @staticmethod
+    def width(dtype) -> int:
+        return 16 // (4 if dtype == F32 else 2)  # elements per 16-byte load (float4 is the widest fp32 vector)
 
+    def load_a(self, a_at, vector: bool, slot: int = 0):
+        """Stage A's part of one chunk: a_at(mt, half, v0, v) gives element v0 + v (v0 a multiple of width(a_dtype),
+        v the vector lane) of the lane's 8 k of row g + 8*half of m-tile mt, or None for a padding row (zeros)."""
+        lanes = T.vectorized if vector else T.unroll  # CUDA has no half8 select: a guarded tail loads scalars
+        w = self.width(self.a_dtype)
         for mt in range(self.MT):
             for half in range(2):
-                for v0 in range(0, 8, width(self.a_dtype)):
-                    with lanes(0, i64(width(self.a_dtype))) as v:
-                        val = a_at(mt, half, k0 + i64(v0) + v)
+                for v0 in range(0, 8, w):
+                    with lanes(0, i64(w)) as v:
+                        val = a_at(mt, half, v0, v)
                         T.buffer_store(self.ra, tirx.const(0, self.a_dtype) if val is None else val, [i64(slot), i64(mt), i64(half), i64(v0) + v])
+
+    def load_b(self, b_at, vector: bool, slot: int = 0):
+        """Stage B's part of one chunk: b_at(nt, k), k = 8t + (0..7) of the chunk."""
+        lanes = T.vectorized if vector else T.unroll
+        k0, w = self.t * i64(8), self.width(self.b_dtype)
         for nt in range(self.NT):
-            for v0 in range(0, 8, width(self.b_dtype)):
-                with lanes(0, i64(width(self.b_dtype))) as v:
+            for v0 in range(0, 8, w):
+                with lanes(0, i64(w)) as v:
                     T.buffer_store(self.rb, b_at(nt, k0 + i64(v0) + v), [i64(slot), i64(nt), i64(v0) + v])
 
     def multiply(self, slot: int = 0):
         """The mma's of the chunk in staging slot `slot` (per_lane of each lane's 8 k each), on every tile."""
         m = self.mode
         convert = to_tf32 if m.ptx == "tf32" else (lambda x: x.astype(m.storage))
+
+        def fragment(hi, lo, x, idx):
+            T.buffer_store(hi, convert(x), idx)
+            if m.split:  # x - high is exact in fp32; its TF32 rounding leaves 2^-22 of x
+                T.buffer_store(lo, convert(x - hi[tuple(idx)]), idx)
+
         for j in range(m.mmas):
             for mt in range(self.MT):
                 for i, (half, kk) in enumerate(m.a_slots):
-                    T.buffer_store(self.fa, convert(self.ra[i64(slot), i64(mt), i64(half), i64(j * m.per_lane + kk)]), [i64(mt), i64(j), i64(i)])
+                    fragment(self.fa, getattr(self, "fa_lo", None), self.ra[i64(slot), i64(mt), i64(half), i64(j * m.per_lane + kk)],
+                             [i64(mt), i64(j), i64(i)])
             for nt in range(self.NT):
                 for i in range(m.per_lane):
-                    T.buffer_store(self.fb, convert(self.rb[i64(slot), i64(nt), i64(j * m.per_lane + i)]), [i64(nt), i64(j), i64(i)])
+                    fragment(self.fb, getattr(self, "fb_lo", None), self.rb[i64(slot), i64(nt), i64(j * m.per_lane + i)], [i64(nt), i64(j), i64(i)])
+        # 3xTF32: the small products first, so the large one does not swamp them in the accumulator
+        pairs = [(self.fa_lo, self.fb), (self.fa, self.fb_lo), (self.fa, self.fb)] if m.split else [(self.fa, self.fb)]
         for j in range(m.mmas):
             for mt in range(self.MT):
                 for nt in range(self.NT):
-                    T.evaluate(ptx_legacy_mma(m.shape, "row", "col", m.ptx, m.ptx, "fp32",
-                                              self.fa.data, i64((mt * m.mmas + j) * 2 * m.per_lane),
-                                              self.fb.data, i64((nt * m.mmas + j) * m.per_lane),
-                                              self.c.data, i64((mt * self.NT + nt) * 4), False))
+                    for fa, fb in pairs:
+                        T.evaluate(ptx_legacy_mma(m.shape, "row", "col", m.ptx, m.ptx, "fp32",
+                                                  fa.data, i64((mt * m.mmas + j) * 2 * m.per_lane),
+                                                  fb.data, i64((nt * m.mmas + j) * m.per_lane),
+                                                  self.c.data, i64((mt * self.NT + nt) * 4), False))
 
 
 def chunk_rounds(chunks: int, ways: int, depth: int, lane_way, load, multiply):

@@ -83,77 +83,96 @@ def mma_body(a: KernelArgs, cfg: MmaConfig):
 
 def _mma_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg: MmaConfig):
     H, N, D = a.spec.hidden_size, a.batch, a.spec.num_directions
-    dt = a.spec.dtype
-    UB, NT, NW, KW = cfg.units, cfg.n_tiles, cfg.n_warps, cfg.k_warps
-    assert UB in (8, 16) and KW & (KW - 1) == 0, cfg  # gate-aligned m-tiles; the partial-sum tree halves k_warps
-    gp = len(phase.gates)
-    MT, NB = m_tiles(gp, UB), cfg.rows
-    chunks = -(-H // KC)
+    UB, NB = cfg.units, cfg.rows
     exact = H % KC == 0  # else the last chunk is partial: scalar loads, zero-filled past H
-    stride = NB + 1  # shared row stride: the epilogue's threads read down a column without bank conflicts
     with T.thread_binding(0, i64(-(-H // UB)), "blockIdx.x") as bx:
         with T.thread_binding(0, i64(D), "blockIdx.y") as d:
             with T.thread_binding(0, tirx.ceildiv(N, i64(NB)), "blockIdx.z") as bz:
-                with T.thread_binding(0, i64(NW * KW), "threadIdx.y") as wy:
+                with T.thread_binding(0, i64(cfg.n_warps * cfg.k_warps), "threadIdx.y") as wy:
                     with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
-                        u0, n0 = bx * i64(UB), bz * i64(NB)
-                        wn, wk = wy % i64(NW), wy // i64(NW)
-                        # flat (keeps the padded stride): max(1, k_warps/2) slots of the block's tile
-                        acc_s = T.alloc_buffer((slots(KW) * MT * 16 * stride,), F32, scope="shared")
-                        tiles = WarpTiles(lane, MT, NT, mode(a.spec), dt, F32, cfg.depth)
+                        u0 = bx * i64(UB)
+                        acc_s = partial_sums(cfg, len(phase.gates))
 
-                        def r_row(mt, half):
-                            """R's row for fragment row g + 8*half of m-tile mt, or None for padding rows past the gates."""
-                            r = mt * 16 + 8 * half  # + g: tile rows are gate-major, units along them
-                            gi = r // UB
-                            if gi >= gp:
-                                return None
-                            return i64(phase.gates[gi] * H) + tirx.min(u0 + i64(r % UB) + tiles.g, i64(H - 1))
+                        def a_at(tiles, ck, mt, half, v0, v):
+                            row = r_row(phase, UB, H, u0, tiles.g, mt, half)
+                            k = ck * i64(KC) + tiles.t * i64(8) + i64(v0) + v
+                            return None if row is None else guarded(k, H, exact, lambda k: a.R[d, row, k], a.spec.dtype)
 
-                        def load_chunk(ck, slot):
-                            def a_at(mt, half, k):
-                                row = r_row(mt, half)
-                                return None if row is None else guarded(ck * i64(KC) + k, H, exact, lambda k: a.R[d, row, k], dt)
+                        block_phase(a, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg, d, u0, bz * i64(NB), wy, lane,
+                                    acc_s, a_at, exact)
 
-                            def b_at(nt, k):
-                                n = tirx.min(n0 + (wn * i64(NT) + i64(nt)) * i64(8) + tiles.g, N - 1)  # rows past N: never stored
-                                return guarded(ck * i64(KC) + k, H, exact, lambda k: operand_at(operand, phase, cur, d, n, k), F32)
 
-                            tiles.load(a_at, b_at, exact, slot)
+def r_row(phase, units, H, u0, g, mt, half):
+    """R's row for fragment row g + 8*half of m-tile mt (tile rows are gate-major, `units` units along them),
+    or None for padding rows past the phase's gates."""
+    r = mt * 16 + 8 * half
+    gi = r // units
+    if gi >= len(phase.gates):
+        return None
+    return i64(phase.gates[gi] * H) + tirx.min(u0 + i64(r % units) + g, i64(H - 1))
 
-                        chunk_rounds(chunks, KW, cfg.depth, wk, load_chunk, tiles.multiply)
 
-                        # the k_warps' partial sums meet in shared memory as a tree: each round the upper half of the
-                        # k-slices hands its tiles to the lower half (a write, a barrier, a read: TVM's sync planner
-                        # refuses a read-modify-write of shared memory inside a branch), in a fixed order, so runs are bit-identical
-                        def tile_slots(slot):
-                            for ci in tiles.accumulators():
-                                col = wn * i64(NT * 8) + tiles.col(ci)
-                                yield ci, (slot * i64(MT * 16) + tiles.row(ci)) * i64(stride) + col
+def partial_sums(cfg: MmaConfig, gates: int):
+    """The shared buffer the k_warps' partial sums meet in (flat: keeps the padded stride)."""
+    return T.alloc_buffer((slots(cfg.k_warps) * m_tiles(gates, cfg.units) * 16 * (cfg.rows + 1),), F32, scope="shared")
 
-                        def when(cond, body):
-                            with T.If(cond):
-                                with T.Then():
-                                    body()
 
-                        half = KW
-                        while half > 1:
-                            half //= 2
-                            when(tirx.all(wk >= i64(half), wk < i64(2 * half)),
-                                 lambda: [T.buffer_store(acc_s, tiles.c[ci], [si]) for ci, si in tile_slots(wk - i64(half))])
-                            block_sync()
-                            when(wk < i64(half), lambda: [T.buffer_store(tiles.c, tiles.c[ci] + acc_s[si], ci) for ci, si in tile_slots(wk)])
-                            block_sync()
-                        when(wk == i64(0), lambda: [T.buffer_store(acc_s, tiles.c[ci], [si]) for ci, si in tile_slots(i64(0))])
-                        block_sync()
+def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg: MmaConfig, d, u0, n0, wy, lane,
+                acc_s, a_at, a_vector: bool):
+    """One block's part of a phase: the gate rows of units u0.. by batch rows n0.. on tensor cores, then the gate
+    program for each (unit, row). a_at(tiles, chunk, mt, half, v0, v): A's element (WarpTiles.load_a) or None
+    for a padding row; B (h or an earlier phase's value) comes from global memory. Both kernels run it."""
+    H, N = a.spec.hidden_size, a.batch
+    UB, NT, NW, KW = cfg.units, cfg.n_tiles, cfg.n_warps, cfg.k_warps
+    assert UB % 8 == 0 and KW & (KW - 1) == 0, cfg  # gate-aligned m-tiles; the partial-sum tree halves k_warps
+    MT, NB = m_tiles(len(phase.gates), UB), cfg.rows
+    chunks = -(-H // KC)
+    exact = H % KC == 0
+    stride = NB + 1  # shared row stride: the epilogue's threads read down a column without bank conflicts
+    wn, wk = wy % i64(NW), wy // i64(NW)
+    tiles = WarpTiles(lane, MT, NT, mode(a.spec), a.spec.dtype, F32, cfg.depth)
 
-                        threads = 32 * NW * KW
-                        tid = wy * i64(32) + lane
-                        for it in range(-(-UB * NB // threads)):
-                            e = i64(it * threads) + tid
-                            u, b = e % i64(UB), e // i64(UB)  # consecutive threads: consecutive units (coalesced Y stores)
-                            n, j = n0 + b, u0 + u
-                            with T.If(tirx.all(e < i64(UB * NB), n < N, j < i64(H))):
-                                with T.Then():
-                                    epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j,
-                                             lambda gi, u=u, b=b: acc_s[(i64(gi * UB) + u) * i64(stride) + b])
+    def load_chunk(ck, slot):
+        def b_at(nt, k):
+            n = tirx.min(n0 + (wn * i64(NT) + i64(nt)) * i64(8) + tiles.g, N - 1)  # rows past N: never stored
+            return guarded(ck * i64(KC) + k, H, exact, lambda k: operand_at(operand, phase, cur, d, n, k), F32)
+
+        tiles.load_a(lambda mt, half, v0, v: a_at(tiles, ck, mt, half, v0, v), a_vector, slot)
+        tiles.load_b(b_at, exact, slot)
+
+    chunk_rounds(chunks, KW, cfg.depth, wk, load_chunk, tiles.multiply)
+
+    # the k_warps' partial sums meet in shared memory as a tree: each round the upper half of the
+    # k-slices hands its tiles to the lower half (a write, a barrier, a read: TVM's sync planner
+    # refuses a read-modify-write of shared memory inside a branch), in a fixed order, so runs are bit-identical
+    def tile_slots(slot):
+        for ci in tiles.accumulators():
+            col = wn * i64(NT * 8) + tiles.col(ci)
+            yield ci, (slot * i64(MT * 16) + tiles.row(ci)) * i64(stride) + col
+
+    def when(cond, body):
+        with T.If(cond):
+            with T.Then():
+                body()
+
+    half = KW
+    while half > 1:
+        half //= 2
+        when(tirx.all(wk >= i64(half), wk < i64(2 * half)),
+             lambda: [T.buffer_store(acc_s, tiles.c[ci], [si]) for ci, si in tile_slots(wk - i64(half))])
+        block_sync()
+        when(wk < i64(half), lambda: [T.buffer_store(tiles.c, tiles.c[ci] + acc_s[si], ci) for ci, si in tile_slots(wk)])
+        block_sync()
+    when(wk == i64(0), lambda: [T.buffer_store(acc_s, tiles.c[ci], [si]) for ci, si in tile_slots(i64(0))])
+    block_sync()
+
+    threads = 32 * NW * KW
+    tid = wy * i64(32) + lane
+    for it in range(-(-UB * NB // threads)):
+        e = i64(it * threads) + tid
+        u, b = e % i64(UB), e // i64(UB)  # consecutive threads: consecutive units (coalesced Y stores)
+        n, j = n0 + b, u0 + u
+        with T.If(tirx.all(e < i64(UB * NB), n < N, j < i64(H))):
+            with T.Then():
+                epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j,
+                         lambda gi, u=u, b=b: acc_s[(i64(gi * UB) + u) * i64(stride) + b])
