@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # What we run on the lent GPU, in stages that fit one call each (10 minutes):
-#   bash benchmarks/device_run.sh tests    pytest -m gpu (+ a persistent-kernel smoke run first)
+#   bash benchmarks/device_run.sh tests [PYTEST ARGS]   pytest -m gpu (+ persistent-kernel smoke runs first)
 #   bash benchmarks/device_run.sh bench    the benchmark table against cuDNN
-#   bash benchmarks/device_run.sh sanitize compute-sanitizer racecheck/synccheck on one small layer
+#   bash benchmarks/device_run.sh sanitize [KERNEL]   compute-sanitizer racecheck/synccheck/memcheck on one small layer
 #   bash benchmarks/device_run.sh tune     MetaSchedule over the benchmark rows and the zoo (logs to $OUT/tuning_logs)
-#   bash benchmarks/device_run.sh variants KIND [ROW ...]   points of one kernel kind (tiled | mma) against the defaults
+#   bash benchmarks/device_run.sh variants KIND [ROW ...]   points of one kernel kind (tiled | mma | persistent_mma) against the defaults
 # Results go to $OUT (the device tool brings them back); commit the ones that matter under benchmarks/results/.
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -13,8 +13,10 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 case "${1:-tests}" in
   tests)
-    timeout 120 python3 benchmarks/sanitize_case.py persistent LSTM 2>&1 | grep -v Warning | tee "$OUT/smoke.txt"
-    timeout 420 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/ 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -60 ;;
+    for k in "persistent LSTM" "persistent_mma LSTM" "persistent_mma GRU"; do
+      timeout 120 python3 benchmarks/sanitize_case.py $k 2>&1 | grep -v Warning | tee -a "$OUT/smoke.txt"
+    done
+    timeout 540 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/ "${@:2}" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -60 ;;
   bench)
     timeout 560 python3 -m tvmrnn.cli bench --repeats 20 --out "$OUT" "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/bench_log.txt" | tail -40 ;;
   tune)
@@ -24,6 +26,6 @@ case "${1:-tests}" in
     timeout 560 python3 benchmarks/kernel_variants.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -40 ;;
   sanitize)
     for tool in racecheck synccheck memcheck; do
-      timeout 180 compute-sanitizer --tool $tool python3 benchmarks/sanitize_case.py persistent LSTM 2>&1 | grep -v Warning | tail -8 | tee "$OUT/sanitizer_$tool.txt"
+      timeout 180 compute-sanitizer --tool $tool python3 benchmarks/sanitize_case.py "${2:-persistent}" LSTM 2>&1 | grep -v Warning | tail -8 | tee "$OUT/sanitizer_${2:-persistent}_$tool.txt"
     done ;;
 esac

@@ -1,11 +1,12 @@
 """Points of one kernel kind side by side with the untuned defaults and cuDNN, and where a step's time goes.
 
-    PYTHONPATH=. python3 benchmarks/kernel_variants.py tiled|mma [ROW ...]
+    PYTHONPATH=. python3 benchmarks/kernel_variants.py tiled|mma|persistent_mma [ROW ...]
 
-For each row and dtype (mma: fp16 only): cuDNN once, the stepwise and auto defaults, then each point
-of the kind (POINTS, as knob dicts); every result checked against cuDNN's output. Then a CUDA-kernel
-profile (torch.profiler) of the kind's default on the first row: the projection GEMM against the
-recurrent launches. Writes $OUT/<kind>_variants.json after every point.
+For each row and dtype (mma: fp16 only): cuDNN once, the defaults (BASELINES: the kind each dtype ran
+before this one, and auto), then each point of the kind (POINTS, as knob dicts; persistent_mma: those
+that fit the row); every result checked against cuDNN's output. Then (not for persistent_mma) a
+CUDA-kernel profile (torch.profiler) of the kind's default on the first row: the projection GEMM
+against the recurrent launches. Writes $OUT/<kind>_variants.json after every point.
 """
 
 import json
@@ -15,21 +16,42 @@ import sys
 import torch
 
 import tvmrnn
-from schedules import recurrent_mma, recurrent_tiled
+from schedules import recurrent_mma, recurrent_persistent_mma, recurrent_tiled
 from tvmrnn import bench
+from tvmrnn.cells import cell_for
+from tvmrnn.layer import RNNLayerSpec
 
 KIND = sys.argv[1]
 NAMES = sys.argv[2:] or ["b64-h1024-l2", "blog-a", "b8-h1024-l2", "ds2-lstm"]
 ROWS = [next(r for r in bench.ROWS if r.name == name) for name in NAMES]
-MODULE, CONFIG = {"tiled": (recurrent_tiled, recurrent_tiled.TiledConfig), "mma": (recurrent_mma, recurrent_mma.MmaConfig)}[KIND]
+MODULE, CONFIG = {"tiled": (recurrent_tiled, recurrent_tiled.TiledConfig), "mma": (recurrent_mma, recurrent_mma.MmaConfig),
+                  "persistent_mma": (recurrent_persistent_mma, recurrent_mma.MmaConfig)}[KIND]
 POINTS = {
     "tiled": [dict(units=u, row_threads=rg, rows_per_thread=tb, k_chunk=kc)
               for u, rg, tb, kc in [(8, 16, 4, 32), (8, 16, 2, 32), (4, 16, 2, 32), (16, 16, 2, 32), (8, 8, 2, 32), (8, 16, 1, 32)]],
     "mma": [dict(units=u, n_tiles=nt, n_warps=nw, k_warps=kw, depth=dp)
             for u, nt, nw, kw, dp in [(8, 2, 2, 4, 1), (8, 2, 2, 4, 2), (8, 2, 2, 4, 4), (8, 4, 1, 2, 2), (8, 4, 1, 2, 4),
                                       (8, 2, 2, 2, 4), (8, 4, 2, 2, 2)]],
+    "persistent_mma": [dict(units=u, n_tiles=nt, n_warps=nw, k_warps=kw, depth=dp)
+                       for u, nt, nw, kw, dp in [(8, 1, 1, 4, 2), (8, 2, 1, 8, 1), (8, 2, 2, 4, 2), (8, 4, 1, 4, 1),
+                                                 (16, 1, 1, 8, 2), (16, 2, 1, 8, 2)]],
 }[KIND]
 DTYPES = ("float16",) if KIND == "mma" else ("float32", "float16")
+
+
+def baselines(row, dtype):
+    if KIND != "persistent_mma":
+        return ("stepwise", "auto")
+    before = "mma" if dtype != "float32" else "tiled" if row.N > 32 else "stepwise"  # the default before persistent_mma
+    return (before, "auto")
+
+
+def fits(row, dtype, knobs):
+    if KIND != "persistent_mma":
+        return True
+    spec = RNNLayerSpec(name="x", op=row.cell, hidden_size=row.H, input_size=row.I, dtype=dtype,
+                        direction="bidirectional" if row.bidirectional else "forward")
+    return recurrent_persistent_mma.fits(spec, cell_for(spec), "sm_90", CONFIG(**knobs))
 base = MODULE.default_config
 out = os.environ.get("OUT", "/tmp")
 results = []
@@ -61,12 +83,14 @@ def profile(row, dtype):
 
 for row in ROWS:
     for dtype in DTYPES:
-        first = bench.bench_gpu_row(row, kernels=("stepwise", "auto"), repeats=10, warmup=3, dtype=dtype)
+        first = bench.bench_gpu_row(row, kernels=baselines(row, dtype), repeats=10, warmup=3, dtype=dtype)
         keep(first, point="defaults")
         for knobs in POINTS:
-            MODULE.default_config = lambda batch=None, c=CONFIG(**knobs): c
+            if not fits(row, dtype, knobs):
+                continue
+            MODULE.default_config = lambda *_, c=CONFIG(**knobs), **__: c
             res = bench.bench_gpu_row(row, kernels=(KIND,), repeats=10, warmup=3, dtype=dtype, cudnn=first)
             keep(res, point=f"{KIND} " + " ".join(f"{k}={v}" for k, v in knobs.items()))
         MODULE.default_config = base
-for dtype in DTYPES:
+for dtype in DTYPES if KIND != "persistent_mma" else ():
     profile(ROWS[0], dtype)

@@ -5,15 +5,18 @@ vector_math           sigmoid/tanh/exp as fp32 polynomials, so the CPU gate prog
 recurrent_cuda        CUDA, stepwise: one fused launch per step and phase (weights from L2/HBM)
 recurrent_persistent  CUDA, persistent: one cooperative launch for the whole sequence, R in shared memory
 recurrent_tiled       CUDA, large batch: per step one tiled GEMM launch (R and h staged in shared memory)
-recurrent_mma         CUDA, large batch, fp16/bf16: per step one launch of tensor-core mma tiles
+recurrent_mma         CUDA, large batch: per step one launch of tensor-core mma tiles
+recurrent_persistent_mma  CUDA, batch above 4: one cooperative launch, R in shared memory, tensor-core steps
+mma_tiles             the warp's mma.sync tiles (fp16/bf16, TF32, 3xTF32) the tensor-core kernels are built from
 warp_gemv             the warp-level gate GEMV both CUDA kernels are built from
 cooperative           the TIR pipeline that tags grid-barrier kernels for cooperative launch
 space                 the tunable knobs of each kernel kind, their default points, the body a point emits
 
 A layer's kernel is a dispatch over batch buckets (`if batch <= b0: ... elif ...`), each bucket
 running one point of one space: the tuned point where the tuning logs have one for this shape
-and target, else the default (on CUDA: persistent up to PERSISTENT_MAX_BATCH when R fits on chip,
-then for fp32 stepwise up to STEPWISE_MAX_BATCH and tiled above, for fp16/bf16 mma). So a dynamic-batch module runs each batch on the kernel tuned for it.
+and target, else the default (on CUDA: persistent up to PERSISTENT_MAX_BATCH when R fits on chip, then
+persistent_mma where R fits in shared memory across one wave; else for fp32 stepwise up to STEPWISE_MAX_BATCH
+and tiled above, for fp16/bf16 mma). So a dynamic-batch module runs each batch on the kernel tuned for it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from tvm import tirx
 from .recurrent_common import batch_dispatch
 from .space import KernelConfig, default_config, emitter, kinds
 
-KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma")
+KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma", "persistent_mma")
 # Batch up to which the persistent kernel beats the stepwise one when untuned. Measured on the H100
 # (benchmarks/results/2026-11-22-h100-persistent-small-batch.md): 2-2.3x faster at batch 1,
 # 1.4x slower at batch 8. Tuning logs replace this guess per shape.
@@ -37,6 +40,13 @@ PERSISTENT_MAX_BATCH = 4
 # fp16/bf16 layers run the tensor-core kind (mma) above PERSISTENT_MAX_BATCH instead of stepwise and tiled:
 # 1.4-3.4x faster than stepwise on every batch-8..64 row, H = 256..2560 (benchmarks/results/2026-11-23-h100-mma-fp16.md).
 STEPWISE_MAX_BATCH = 32
+# persistent_mma's default has one batch tile up to RESIDENT_SMALL_BATCH rows, four above. In half precision
+# (and TF32) it gives way to the per-step mma kernel above RESIDENT_MAX_BATCH: on the H100 it ran ds2-lstm
+# (batch 20) in 1.68 ms against mma's 2.01, b64-h1024-l2 in 2.96 against 2.67; in exact fp32 (3xTF32) it
+# beat the SIMT kinds at every batch tried: 1.43 vs 2.51 ms (b8), 3.25 vs 4.66 (ds2), 6.04 vs tiled's 9.89 (b64)
+# (benchmarks/results/2026-11-23-h100-persistent-mma-variants.md)
+RESIDENT_SMALL_BATCH = 8
+RESIDENT_MAX_BATCH = 32
 TILED_MIN_HIDDEN = 1024
 # A tuned point replaces the default only when it measured this much faster: a kernel timed alone
 # (R left in L2 between repeats) can win by a hair yet lose inside a model, as persistent did at
@@ -114,14 +124,21 @@ def _default_branches(spec, cell, target, allowed) -> list[Branch]:
         return [Branch(ROW_TILE - 1, default_config("cpu", spec, cell, target, 1), False),
                 Branch(None, default_config("cpu", spec, cell, target), False)]
     # persistent at small batch, stepwise at moderate ones, tiled above; the last kind takes the rest.
-    # Half precision: the tensor-core kind takes every batch above persistent's
-    if len(allowed) > 1 and "mma" in allowed:
+    # Where R fits in shared memory the persistent tensor-core kernel follows persistent: to any batch in exact fp32,
+    # up to RESIDENT_MAX_BATCH where the per-step tensor-core kind (mma) exists; else mma replaces stepwise and tiled
+    if len(allowed) > 1 and "persistent_mma" in allowed:
+        allowed = tuple(k for k in allowed if k in ("persistent", "persistent_mma", "mma"))
+    elif len(allowed) > 1 and "mma" in allowed:
         allowed = tuple(k for k in allowed if k != "stepwise")
     elif len(allowed) > 1 and spec.hidden_size < TILED_MIN_HIDDEN:
         allowed = tuple(k for k in allowed if k != "tiled")
-    limits = {"persistent": PERSISTENT_MAX_BATCH, "stepwise": STEPWISE_MAX_BATCH}
-    return [Branch(None if i == len(allowed) - 1 else limits[k], default_config(k, spec, cell, target), False)
-            for i, k in enumerate(allowed)]
+    limits = {"persistent": PERSISTENT_MAX_BATCH, "stepwise": STEPWISE_MAX_BATCH, "persistent_mma": RESIDENT_MAX_BATCH}
+    branches = []
+    for i, k in enumerate(allowed):
+        if k == "persistent_mma":  # its default depends on the batch
+            branches.append(Branch(RESIDENT_SMALL_BATCH, default_config(k, spec, cell, target, RESIDENT_SMALL_BATCH), False))
+        branches.append(Branch(None if i == len(allowed) - 1 else limits[k], default_config(k, spec, cell, target), False))
+    return branches
 
 
 def plan_kernel(spec, cell, target, choice: str = "auto", tuned: dict | None = None) -> KernelPlan:

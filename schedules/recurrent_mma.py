@@ -59,16 +59,19 @@ def m_tiles(gates: int, units: int) -> int:
     return -(-gates * units // 16)
 
 
-def mode(spec) -> str | None:
-    """The tensor-core mode a layer may use (mma_tiles.MODES): its half storage dtype, or tf32 where the user allowed
-    it for an fp32 layer; None for exact fp32."""
+def mode(spec, exact: bool = True) -> str | None:
+    """The tensor-core mode a layer uses (mma_tiles.MODES): its half storage dtype, tf32 where the user allowed it for
+    an fp32 layer, and for exact fp32 3xTF32 (as accurate as SIMT fp32), or None when `exact` is False."""
     if spec.dtype in MODES:
         return spec.dtype
-    return "tf32" if spec.precision == "tf32" else None
+    if spec.precision == "tf32":
+        return "tf32"
+    return "tf32x3" if exact else None
 
 
-def supported(spec) -> bool:
-    return mode(spec) is not None
+def supported(spec, exact: bool = True) -> bool:
+    """Whether the layer runs on tensor cores (exact=False: only in a rounding mode, not through 3xTF32)."""
+    return mode(spec, exact) is not None
 
 
 def default_config(batch: int | None = None) -> MmaConfig:
@@ -112,16 +115,18 @@ def r_row(phase, units, H, u0, g, mt, half):
     return i64(phase.gates[gi] * H) + tirx.min(u0 + i64(r % units) + g, i64(H - 1))
 
 
-def partial_sums(cfg: MmaConfig, gates: int):
+def partial_sums(cfg: MmaConfig, gates: int, scope: str = "shared"):
     """The shared buffer the k_warps' partial sums meet in (flat: keeps the padded stride)."""
-    return T.alloc_buffer((slots(cfg.k_warps) * m_tiles(gates, cfg.units) * 16 * (cfg.rows + 1),), F32, scope="shared")
+    return T.alloc_buffer((slots(cfg.k_warps) * m_tiles(gates, cfg.units) * 16 * (cfg.rows + 1),), F32, scope=scope)
 
 
 def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg: MmaConfig, d, u0, n0, wy, lane,
-                acc_s, a_at, a_vector: bool):
+                acc_s, a_at, a_vector: bool, shared_a: bool = False):
     """One block's part of a phase: the gate rows of units u0.. by batch rows n0.. on tensor cores, then the gate
     program for each (unit, row). a_at(tiles, chunk, mt, half, v0, v): A's element (WarpTiles.load_a) or None
-    for a padding row; B (h or an earlier phase's value) comes from global memory. Both kernels run it."""
+    for a padding row; B (h or an earlier phase's value) comes from global memory. Both kernels run it.
+    shared_a: A comes from the same dynamic shared memory as acc_s (one merged buffer to TVM's sync planner), so the
+    reads of A must be fenced from the first writes of partial sums here, outside the tree's branches."""
     H, N = a.spec.hidden_size, a.batch
     UB, NT, NW, KW = cfg.units, cfg.n_tiles, cfg.n_warps, cfg.k_warps
     assert UB % 8 == 0 and KW & (KW - 1) == 0, cfg  # gate-aligned m-tiles; the partial-sum tree halves k_warps
@@ -141,6 +146,8 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
         tiles.load_b(b_at, exact, slot)
 
     chunk_rounds(chunks, KW, cfg.depth, wk, load_chunk, tiles.multiply)
+    if shared_a:
+        block_sync()
 
     # the k_warps' partial sums meet in shared memory as a tree: each round the upper half of the
     # k-slices hands its tiles to the lower half (a write, a barrier, a read: TVM's sync planner

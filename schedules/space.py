@@ -6,9 +6,10 @@ A point of a space is a `KernelConfig`: a schedule kind and a value for each of 
     stepwise    warps per block, units_per_warp, batch_tile (rows reusing each weight read)
     persistent  blocks (one co-resident wave), warps, batch_tile, stage_h (h staged in shared memory)
     tiled       units per block, row_threads x rows_per_thread batch rows per block, k_chunk staged per round
-    mma         (fp16/bf16 only) units per block, n_tiles x n_warps batch tiles of 8 rows, k_warps splitting the reduction, depth chunks in flight
+    mma         (tensor cores) units per block, n_tiles x n_warps batch tiles of 8 rows, k_warps splitting the reduction, depth chunks in flight
+    persistent_mma  the same knobs, for the persistent tensor-core kernel (one wave of blocks, R in shared memory)
 
-The kind is itself a knob: persistent, stepwise, tiled and mma are design spaces of one CUDA tuning task.
+The kind is itself a knob: persistent, stepwise, tiled, mma and persistent_mma are design spaces of one CUDA tuning task.
 MetaSchedule samples the knobs (tvmrnn/tuning/search.py); compile builds each layer's kernel as a
 dispatch over batch buckets, each bucket running its tuned point or the default one
 (schedules/__init__.py). Every point of every space is a correct kernel: the tests run sampled points.
@@ -24,7 +25,7 @@ CPU_UNITS = (8, 16, 32, 64, 128)
 
 @dataclass(frozen=True)
 class KernelConfig:
-    kind: str  # "cpu" | "stepwise" | "persistent" | "tiled" | "mma"
+    kind: str  # "cpu" | "stepwise" | "persistent" | "tiled" | "mma" | "persistent_mma"
     knobs: tuple[tuple[str, int], ...]  # (name, value), sorted by name
 
     @staticmethod
@@ -74,7 +75,30 @@ def knob_space(kind: str, spec, cell, target) -> dict[str, tuple[int, ...]]:
         return {"units": (4, 8, 16, 32), "row_threads": (4, 8, 16, 32), "rows_per_thread": (1, 2, 4), "k_chunk": (16, 32)}
     if kind == "mma":  # at most 8 warps and 33 KB of shared memory
         return {"units": (8, 16), "n_tiles": (1, 2, 4), "n_warps": (1, 2), "k_warps": (1, 2, 4), "depth": (1, 2, 4)}
+    if kind == "persistent_mma":
+        return _persistent_mma_space(spec, cell, _arch(target))
     raise ValueError(f"unknown kernel kind {kind!r}")
+
+
+def _persistent_mma_space(spec, cell, arch) -> dict[str, tuple[int, ...]]:
+    """Units per block that fit one wave with R in shared memory, and batch tiles whose partial sums still fit
+    beside R at the largest of those units with the most warps (so every combination fits)."""
+    from .recurrent_mma import MmaConfig
+    from .recurrent_persistent_mma import UNITS, fits
+
+    units = [u for u in UNITS if fits(spec, cell, arch, MmaConfig(units=u, n_tiles=1, n_warps=1, k_warps=2))]
+    while units:
+        n_tiles = tuple(nt for nt in (1, 2, 4) if fits(spec, cell, arch, MmaConfig(units=units[-1], n_tiles=nt, n_warps=2, k_warps=8)))
+        if n_tiles:
+            return {"units": tuple(units), "n_tiles": n_tiles, "n_warps": (1, 2), "k_warps": (2, 4, 8), "depth": (1, 2)}
+        units.pop()
+    return {}
+
+
+def persistent_mma_fits(spec, cell, target) -> bool:
+    from .recurrent_mma import supported
+
+    return supported(spec) and bool(_persistent_mma_space(spec, cell, _arch(target)))
 
 
 def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
@@ -86,15 +110,17 @@ def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
     from .recurrent_mma import supported
 
     fits = persistent.fits(spec, cell, _arch(target))
-    large = ("mma",) if supported(spec) else ("tiled",)  # tensor cores where the dtype or precision allows them
-    if choice == "mma" and not supported(spec):
+    resident = persistent_mma_fits(spec, cell, target)
+    large = ("mma",) if supported(spec, exact=False) else ("tiled",)  # tensor cores where the dtype or precision allows them
+    if choice == "persistent_mma" and not resident:
         from tvmrnn.errors import UnsupportedModelError
 
-        raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel 'mma' runs fp16/bf16 layers on tensor cores, and "
-                                    f"fp32 ones compiled with precision='tf32'; this layer is exact {spec.dtype} "
-                                    f"(compile with dtype='float16' or precision='tf32', or pick another kernel)")
-    return {"auto": (("persistent",) if fits else ()) + ("stepwise",) + large,
-            "stepwise": ("stepwise",), "persistent": ("persistent",), "tiled": ("tiled",), "mma": ("mma",)}[choice]
+        raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel 'persistent_mma' needs R in shared memory across one wave "
+                                    f"of blocks, and hidden size {spec.hidden_size} x {spec.num_directions} direction(s) in "
+                                    f"{spec.dtype} does not fit on {_arch(target)}; use auto, mma or stepwise")
+    return {"auto": (("persistent",) if fits else ()) + (("persistent_mma",) if resident else ()) + ("stepwise",) + large,
+            "stepwise": ("stepwise",), "persistent": ("persistent",), "tiled": ("tiled",), "mma": ("mma",),
+            "persistent_mma": ("persistent_mma",)}[choice]
 
 
 def default_config(kind: str, spec, cell, target, batch: int | None = None) -> KernelConfig:
@@ -115,11 +141,12 @@ def default_config(kind: str, spec, cell, target, batch: int | None = None) -> K
 
         c = tiled_default(batch)
         return KernelConfig.of("tiled", units=c.units, row_threads=c.row_threads, rows_per_thread=c.rows_per_thread, k_chunk=c.k_chunk)
-    if kind == "mma":
+    if kind in ("mma", "persistent_mma"):
         from .recurrent_mma import default_config as mma_default
+        from .recurrent_persistent_mma import default_config as resident_default
 
-        c = mma_default(batch)
-        return KernelConfig.of("mma", units=c.units, n_tiles=c.n_tiles, n_warps=c.n_warps, k_warps=c.k_warps, depth=c.depth)
+        c = mma_default(batch) if kind == "mma" else resident_default(spec, cell, _arch(target), batch)
+        return KernelConfig.of(kind, units=c.units, n_tiles=c.n_tiles, n_warps=c.n_warps, k_warps=c.k_warps, depth=c.depth)
     from . import recurrent_persistent as persistent
 
     c = persistent.default_config(spec, _arch(target))
@@ -147,6 +174,12 @@ def emitter(config: KernelConfig, spec, cell):
 
         cfg = MmaConfig(**dict(config.knobs))
         return lambda a: mma_body(a, cfg)
+    if config.kind == "persistent_mma":
+        from .recurrent_mma import MmaConfig
+        from .recurrent_persistent_mma import persistent_mma_body
+
+        cfg = MmaConfig(**dict(config.knobs))
+        return lambda a: persistent_mma_body(a, cfg)
     from .recurrent_persistent import PersistentConfig, persistent_body
 
     cfg = PersistentConfig(blocks=config["blocks"], warps=config["warps"], batch_tile=config["batch_tile"], stage_h=bool(config["stage_h"]))

@@ -64,10 +64,10 @@ def test_zoo_model_on_cuda_matches_onnxruntime(entry):
             np.testing.assert_allclose(ours[name], ref[name], rtol=1e-4, atol=1e-5, err_msg=f"{entry.name}: {name} batch {batch}")
 
 
-@pytest.mark.parametrize("kernel", ["stepwise", "persistent", "tiled", "mma"])
+@pytest.mark.parametrize("kernel", ["stepwise", "persistent", "tiled", "mma", "persistent_mma"])
 def test_repeated_runs_are_stable(kernel):
     """A race shows as results that move between runs; ours must repeat to the bit on the same inputs."""
-    dtype = "float16" if kernel == "mma" else "float32"  # mma runs half-precision layers only
+    dtype = "float16" if kernel == "mma" else "float32"  # persistent_mma in exact fp32: 3xTF32
     case = Case(op="LSTM", direction="bidirectional", optional=("B", "sequence_lens"), hidden=200, input_size=64, dtype=dtype)
     module = tvmrnn.compile(case.model(), target="cuda", kernel=kernel)
     feeds = case.feeds(np.random.default_rng(5), 30, 4)
@@ -85,7 +85,7 @@ HALF_CASES = [
 ]
 
 
-@pytest.mark.parametrize("kernel", ["stepwise", "persistent", "tiled", "mma"])
+@pytest.mark.parametrize("kernel", ["stepwise", "persistent", "tiled", "mma", "persistent_mma"])
 @pytest.mark.parametrize("case", HALF_CASES, ids=lambda c: f"{c.op}-{c.direction}-H{c.hidden}")
 def test_cuda_float16_models(case, kernel):
     module = tvmrnn.compile(case.model(), target="cuda", kernel=kernel)
@@ -96,6 +96,20 @@ def test_cuda_float16_models(case, kernel):
         for name, value in ours.items():
             assert value.dtype == np.float16
             np.testing.assert_allclose(value.astype("f8"), ref[name], rtol=1e-2, atol=1e-2, err_msg=f"{name} T={T} N={N}")
+
+
+def test_exact_fp32_on_tensor_cores_is_fp32_accurate():
+    """Exact fp32 on tensor cores (3xTF32: high and low TF32 parts, per-step mma and persistent_mma) against the
+    float64 reference: relative error under 1e-5, and no worse than twice the SIMT kernel's on the same inputs."""
+    case = Case(op="LSTM", optional=("B", "initial_h", "initial_c"), hidden=512, input_size=64)
+    feeds = case.feeds(np.random.default_rng(9), 12, 24)
+    ref = case.reference(feeds)
+    errors = {}
+    for kernel in ("stepwise", "mma", "persistent_mma"):
+        ours = tvmrnn.compile(case.model(), target="cuda", kernel=kernel).run(feeds)
+        errors[kernel] = max(np.abs(v - ref[k]).max() / np.abs(ref[k]).max() for k, v in ours.items())
+    assert max(errors.values()) < 1e-5, errors
+    assert errors["mma"] <= 2 * errors["stepwise"] and errors["persistent_mma"] <= 2 * errors["stepwise"], errors
 
 
 def test_cuda_tf32_precision():

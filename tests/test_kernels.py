@@ -22,7 +22,8 @@ from tvmrnn.cells import cell_for
 from tvmrnn.frontend.inspect import find_rnn_layers
 
 TARGETS = [pytest.param(("llvm", "auto"), id="llvm")] + [
-    pytest.param(("cuda", choice), id=f"cuda-{choice}", marks=pytest.mark.gpu) for choice in ("stepwise", "persistent", "tiled", "auto")]
+    pytest.param(("cuda", choice), id=f"cuda-{choice}", marks=pytest.mark.gpu)
+    for choice in ("stepwise", "persistent", "tiled", "persistent_mma", "auto")]
 CASES = [
     Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h", "initial_c"), hidden=24, input_size=7),
     Case(op="GRU", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=33, input_size=5, layout=1),
@@ -48,15 +49,28 @@ def test_kernel_writes_every_element(kind, case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
-@pytest.mark.parametrize("kind", ["stepwise", "persistent", "tiled", "mma", "mma-tf32"])
+def _kind_and_spec(kind, spec):
+    """'mma-fp16' -> ("mma", the layer in fp16); '-tf32': fp32 with precision tf32; no suffix: as the case has it
+    (exact fp32: the tensor-core kinds run 3xTF32)."""
+    kind, _, math = kind.partition("-")
+    if math == "fp16":
+        spec = dataclasses.replace(spec, dtype="float16")
+    elif math == "tf32":
+        spec = dataclasses.replace(spec, dtype="float32", precision="tf32")
+    return kind, spec
+
+
+TENSOR_KINDS = ["mma", "mma-fp16", "mma-tf32", "persistent_mma", "persistent_mma-fp16", "persistent_mma-tf32"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
+@pytest.mark.parametrize("kind", ["stepwise", "persistent", "tiled"] + TENSOR_KINDS)
 def test_sampled_points_are_correct(kind, case):
     """Every point of a space must be a correct kernel (the tuner may pick any): three per kind, fixed seed."""
     target = _target("cuda")
-    if kind == "mma":  # tensor cores take the half-precision layers, and fp32 ones allowed TF32
-        case = dataclasses.replace(case, dtype="float16")
-    spec = find_rnn_layers(case.model())[0].spec
-    if kind == "mma-tf32":
-        kind, spec = "mma", dataclasses.replace(spec, precision="tf32")
+    kind, spec = _kind_and_spec(kind, find_rnn_layers(case.model())[0].spec)
+    case = dataclasses.replace(case, dtype=spec.dtype)
     cell = cell_for(spec)
     space = knob_space(kind, spec, cell, target)
     rng = np.random.default_rng(len(kind) * 7 + spec.hidden_size)
@@ -71,20 +85,18 @@ def test_cuda_points_build_without_a_gpu(case):
     """What the tuner may pick compiles for CUDA through NVRTC (no GPU needed): each CUDA kind's default
     point and two sampled ones, with odd hidden sizes (partial k-chunks, unit and row tiles)."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    spec = find_rnn_layers(case.model())[0].spec
-    cell = cell_for(spec)
     rng = np.random.default_rng(11)
-    for kind in ("stepwise", "persistent", "tiled", "mma", "mma-tf32"):
-        if kind == "mma":
-            spec = dataclasses.replace(spec, dtype="float16")
-        if kind == "mma-tf32":
-            kind, spec = "mma", dataclasses.replace(spec, dtype="float32", precision="tf32")
+    for kind in ["stepwise", "persistent", "tiled"] + TENSOR_KINDS:
+        kind, spec = _kind_and_spec(kind, find_rnn_layers(case.model())[0].spec)
+        cell = cell_for(spec)
         space = knob_space(kind, spec, cell, target)
         configs = [default_config(kind, spec, cell, target, 6)]
         configs += [KernelConfig.of(kind, **{k: int(rng.choice(v)) for k, v in space.items()}) for _ in range(2)]
         for config in configs:
-            lib = tvm.tirx.build(point_kernel(spec, cell, target, config), target=target, pipeline=cooperative.register())
-            assert "__global__" in lib.imports[0].inspect_source(), config.describe()
+            src = tvm.tirx.build(point_kernel(spec, cell, target, config), target=target, pipeline=cooperative.register()).imports[0].inspect_source()
+            assert "__global__" in src, config.describe()
+            if "mma" in kind:  # 3xTF32 issues three TF32 mma's per tile: exact fp32 never runs plain TF32
+                assert ("m16n8k16" in src) == (spec.dtype == "float16"), config.describe()
 
 
 def _check_kernel(kind, case, spec, func, transposed_r, batches, note=""):
@@ -162,18 +174,23 @@ def test_projection_mma_builds_without_a_gpu(mode, shape):
 
 
 def test_tf32_is_opt_in():
-    """fp32 layers stay exact fp32 unless the user asks for TF32; then the large-batch kernel is the tensor-core one."""
+    """fp32 layers stay exact fp32 unless the user asks for TF32 (exact ones reach tensor cores only as 3xTF32)."""
+    from schedules.recurrent_mma import mode
+
     import tvmrnn
 
     model = Case(op="LSTM", hidden=64, input_size=32).model()
     exact = tvmrnn.compile(model, target="cuda", logs=False)
     tf32 = tvmrnn.compile(model, target="cuda", logs=False, precision="tf32")
-    assert "mma" not in exact.metadata["layers"][0]["kernel"] and exact.metadata["layers"][0]["precision"] == "exact"
-    assert "mma(" in tf32.metadata["layers"][0]["kernel"] and tf32.metadata["layers"][0]["precision"] == "tf32"
+    assert exact.metadata["layers"][0]["precision"] == "exact" and tf32.metadata["layers"][0]["precision"] == "tf32"
+    assert "mma(" in tf32.metadata["layers"][0]["kernel"]
     with pytest.raises(tvmrnn.UnsupportedModelError, match="precision='fp8' is not supported"):
         tvmrnn.compile(model, target="cuda", precision="fp8")
     cpu = tvmrnn.compile(model, target="llvm", logs=False, precision="tf32")  # CPU kernels have no TF32: exact
     assert cpu.metadata["layers"][0]["precision"] == "exact"
+    spec = find_rnn_layers(model)[0].spec
+    assert mode(spec) == "tf32x3" and mode(dataclasses.replace(spec, precision="tf32")) == "tf32"
+    assert mode(spec, exact=False) is None  # what picks the projection and the per-step kind: SIMT for exact fp32
 
 
 @pytest.mark.parametrize("kind", ["tiled", "mma"])
@@ -197,6 +214,26 @@ def test_every_point_fits_a_block(kind):
             cfg = TiledConfig(**knobs)
             threads = cfg.units * cfg.row_threads
         assert threads <= 1024 and cfg.smem_bytes(4) <= 48 * 1024, knobs
+
+
+@pytest.mark.parametrize("op, hidden, directions, dtype", [("LSTM", 64, 1, "float32"), ("LSTM", 1024, 1, "float32"), ("LSTM", 800, 2, "float32"),
+                                                          ("GRU", 800, 2, "float16"), ("LSTM", 2560, 1, "float16")])
+def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype):
+    """Every point of the persistent tensor-core space launches cooperatively: one block per SM at most, R and the
+    partial sums within shared memory, at most 16 warps; an empty space where R cannot fit (H=2560 fp16: 52 MB)."""
+    import itertools
+
+    from schedules.recurrent_mma import MmaConfig
+    from schedules.recurrent_persistent_mma import blocks, smem_bytes
+
+    case = Case(op=op, hidden=hidden, input_size=8, dtype=dtype, direction="bidirectional" if directions == 2 else "forward")
+    spec = find_rnn_layers(case.model())[0].spec
+    cell = cell_for(spec)
+    space = knob_space("persistent_mma", spec, cell, tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
+    assert bool(space) == (hidden < 2560)
+    for values in itertools.product(*space.values()) if space else ():
+        cfg = MmaConfig(**dict(zip(space, values)))
+        assert blocks(spec, cfg.units) <= 132 and smem_bytes(spec, cell, cfg) <= 227 * 1024 and cfg.n_warps * cfg.k_warps <= 16, cfg
 
 
 @pytest.mark.parametrize("threads, hidden, directions, units", [("2", 512, 1, 128), ("16", 512, 1, 32), ("16", 512, 2, 64),

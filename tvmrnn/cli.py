@@ -9,7 +9,7 @@ import click
 from .errors import InputError, UnsupportedModelError
 
 # schedules.KERNEL_CHOICES and tvmrnn.layer.PRECISIONS, spelled out so `--help` need not import TVM (tests/test_cli.py checks they agree)
-KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma")
+KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma", "persistent_mma")
 PRECISIONS = ("exact", "tf32")  # tvmrnn.layer.PRECISIONS, likewise
 
 

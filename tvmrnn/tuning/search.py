@@ -42,7 +42,7 @@ def config_of(mod: tvm.IRModule):
 
 
 def design_spaces(task: RecurrentTask, target, choice: str = "auto") -> ms.space_generator.ScheduleFn:
-    """One design space per kernel kind the layer may run (on CUDA: stepwise, tiled or mma, and persistent when R fits)."""
+    """One design space per kernel kind the layer may run (on CUDA: stepwise, tiled or mma, and the persistent kinds when R fits)."""
     from schedules.space import kinds, knob_space
 
     def sample(sch: Schedule):
@@ -134,7 +134,7 @@ class KernelFeatures(ms.feature_extractor.PyFeatureExtractor):
         return [tvm.runtime.tensor(point_features(cand.sch.mod)) for cand in candidates]
 
 
-KINDS = ("cpu", "stepwise", "persistent", "tiled", "mma")
+KINDS = ("cpu", "stepwise", "persistent", "tiled", "mma", "persistent_mma")
 KNOB_NAMES = ("rows", "units", "warps", "units_per_warp", "batch_tile", "blocks", "stage_h", "row_threads", "rows_per_thread", "k_chunk",
               "n_tiles", "n_warps", "k_warps", "depth")
 

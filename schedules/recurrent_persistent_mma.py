@@ -1,0 +1,180 @@
+"""The persistent recurrent kernel on tensor cores: one cooperative launch runs the whole sequence, R resident in shared memory.
+
+At batch 8-64 a step is a small GEMM (G*H x N x H), too much work for the SIMT persistent kernel
+(each R element read from shared memory per batch row) and too little to hide the launch and the
+L2/HBM reads of R that the per-step kernels (stepwise, mma) pay every step. Here one wave of
+blocks (launched cooperatively, at most one per SM) each own `units` hidden units of one
+direction, with all their gates. A block copies its rows of R into shared memory once, in the
+order its warps' mma fragments read them, then per step and phase runs recurrent_mma.block_phase
+(mma.sync tiles: A from shared memory, B = batch rows of h from L2; the k_warps' partial sums
+meet in shared memory; the gate program as the epilogue) over its batch rows, and the grid meets
+at a barrier before the next phase.
+
+Shared layout of R, per phase and 8-row group (one gate's 8 units) and 32-column chunk: the 8 rows
+of 32 columns one after another, so a warp's 16-byte fragment loads (row g, columns 8t..8t+7)
+cover 512 consecutive bytes in half precision. In fp32 (TF32, 3xTF32) a row is 128 bytes, and
+odd rows swap their two 16-byte halves of each lane's 32 bytes (an XOR swizzle), so the eight
+lanes of each quarter-warp hit distinct banks.
+
+Math by dtype (recurrent_mma.mode): fp16/bf16 on m16n8k16, fp32 with precision="tf32" on TF32, and
+exact fp32 as 3xTF32 (mma_tiles: high and low TF32 parts, as accurate as SIMT fp32).
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.backend.cuda import op as cuda_op
+from tvm.script.ir_builder import tirx as T
+
+from .mma_tiles import KC
+from .recurrent_common import KernelArgs, block_sync, i64
+from .recurrent_cuda import cuda_prim_func
+from .recurrent_mma import MmaConfig, block_phase, partial_sums
+from .recurrent_persistent import SM_COUNT, SMEM_DEFAULT, SMEM_LIMIT
+
+F32 = "float32"
+TRANSPOSED_R = False
+# hidden units per block (whole 8-row groups of one gate). 32 would never be needed to fit: where R's slice
+# for 32 units fits in shared memory, 16 units make few enough blocks for one wave
+UNITS = (8, 16)
+
+
+def blocks(spec, units: int) -> int:
+    return spec.num_directions * -(-spec.hidden_size // units)
+
+
+def r_bytes(spec, cell, units: int) -> int:
+    """Shared memory for one block's rows of R (whole 32-column chunks, zeros past H)."""
+    size = 4 if spec.dtype == F32 else 2
+    return cell.gates * units * -(-spec.hidden_size // KC) * KC * size
+
+
+def smem_bytes(spec, cell, cfg: MmaConfig) -> int:
+    return r_bytes(spec, cell, cfg.units) + cfg.smem_bytes(cell.gates)
+
+
+def fits(spec, cell, arch: str, cfg: MmaConfig) -> bool:
+    """One wave of blocks (one per SM) holds all of R (every direction) in shared memory."""
+    return (blocks(spec, cfg.units) <= SM_COUNT.get(arch, 108)
+            and smem_bytes(spec, cell, cfg) <= SMEM_LIMIT.get(arch, SMEM_DEFAULT)
+            and cfg.n_warps * cfg.k_warps <= 16)
+
+
+def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig | None:
+    """The fewest units per block (most SMs at work) that fit. Up to batch 8 one 8-row tile with the reduction split
+    8 ways; above, 2 x 2 tiles (32 rows per pass) split 4 ways: the best of the points tried at batch 8 and 20-64 on
+    the H100 (benchmarks/results/2026-11-23-h100-persistent-mma-variants.md). None if nothing fits."""
+    small = batch is not None and batch <= 8
+    for units in UNITS:
+        cfg = MmaConfig(units=units, n_tiles=1, n_warps=1, k_warps=8, depth=2) if small else \
+            MmaConfig(units=units, n_tiles=2, n_warps=2, k_warps=4, depth=2)
+        if fits(spec, cell, arch, cfg):
+            return cfg
+    return None
+
+
+def _grid_sync():
+    T.evaluate(cuda_op.cuda_grid_sync())
+
+
+def persistent_mma_kernel(spec, cell, cfg: MmaConfig) -> tirx.PrimFunc:
+    return cuda_prim_func(spec, cell, lambda a: persistent_mma_body(a, cfg))
+
+
+def _strided(count: int, threads: int, tid, body):
+    with T.serial(0, i64(-(-count // threads))) as it:
+        e = it * i64(threads) + tid
+        with T.If(e < i64(count)):
+            with T.Then():
+                body(e)
+
+
+def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
+    from .recurrent_mma import supported
+
+    assert supported(a.spec), a.spec.dtype
+    spec, cell = a.spec, a.cell
+    H, D, UB, N = spec.hidden_size, spec.num_directions, cfg.units, a.batch
+    chunks, NB = -(-H // KC), cfg.rows
+    swizzle = spec.dtype == F32  # 32-byte lane spans: odd rows swap their 16-byte halves
+    threads = 32 * cfg.n_warps * cfg.k_warps
+    per_dir = -(-H // UB)
+    # each phase's 8-row groups: (phase index, first group); its rows are gate-major, units along them
+    group0, total = [], 0
+    for phase in cell.phases:
+        group0.append(total)
+        total += len(phase.gates) * UB // 8
+    hbuf = T.alloc_buffer((2, D, N, H), F32)
+    scratch = {v: T.alloc_buffer((D, N, H), F32) for v in cell.stored_values}
+    with T.thread_binding(0, i64(D * per_dir), "blockIdx.x") as bx:
+        with T.thread_binding(0, i64(threads // 32), "threadIdx.y") as wy:
+            with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
+                tid = wy * i64(32) + lane
+                d, u0 = bx // i64(per_dir), bx % i64(per_dir) * i64(UB)
+                wsm = T.alloc_buffer((total * chunks * 8 * KC,), spec.dtype, scope="shared.dyn")
+                # dynamic too: the launch asks for static + dynamic bytes above 48 KB only through the dynamic size
+                acc_s = partial_sums(cfg, cell.gates, "shared.dyn")
+
+                def position(g, lane_k):
+                    """Where column lane_k (0..31 of a chunk) of row g sits in its 32-element row: the XOR swizzle in fp32."""
+                    return tirx.bitwise_xor(lane_k, (g % i64(2)) * i64(4)) if swizzle else lane_k
+
+                for pi, phase in enumerate(cell.phases):
+                    count = len(phase.gates) * UB // 8 * chunks * 8 * KC
+
+                    def load_weights(e, pi=pi, phase=phase):
+                        p, g, ck, grp = e % i64(KC), e // i64(KC) % i64(8), e // i64(8 * KC) % i64(chunks), e // i64(8 * KC * chunks)
+                        r = grp * i64(8) + g  # row of the phase's tile: gate r // UB, unit r % UB
+                        k = ck * i64(KC) + position(g, p)  # the inverse of position: the XOR is its own inverse
+                        gate = tirx.const(phase.gates[-1], "int64")
+                        for gi in reversed(range(len(phase.gates) - 1)):
+                            gate = tirx.Select(r // i64(UB) == i64(gi), i64(phase.gates[gi]), gate)
+                        row = gate * i64(H) + tirx.min(u0 + r % i64(UB), i64(H - 1))
+                        val = tirx.if_then_else(k < i64(H), a.R[d, row, tirx.min(k, i64(H - 1))], tirx.const(0, spec.dtype))
+                        T.buffer_store(wsm, val, [i64(group0[pi] * chunks * 8 * KC) + e])
+
+                    _strided(count, threads, tid, load_weights)
+
+                def init_state(e):
+                    j, n = u0 + e // N, e % N
+                    with T.If(tirx.all(e < i64(UB) * N, j < i64(H))):
+                        with T.Then():
+                            T.buffer_store(hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
+                            if a.Yc is not None:
+                                T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j))
+
+                with T.serial(0, tirx.ceildiv(i64(UB) * N, i64(threads))) as it:
+                    init_state(it * i64(threads) + tid)
+                block_sync()
+                _grid_sync()
+
+                with T.serial(0, a.seq) as s:
+                    cur, nxt = s % 2, (s + 1) % 2
+                    for pi, phase in enumerate(cell.phases):
+                        last = pi == len(cell.phases) - 1
+                        operand = hbuf if phase.operand == "h" else scratch[phase.operand]
+                        groups = len(phase.gates) * UB // 8
+
+                        def a_at(tiles, ck, mt, half, v0, v, pi=pi, groups=groups):
+                            grp = 2 * mt + half
+                            if grp >= groups:
+                                return None  # padding rows of the last m-tile
+                            flip = (tiles.g % i64(2)) * i64(4)  # v0 XOR flip, spelled affine so the load stays one vector
+                            col = tiles.t * i64(8) + ((flip if v0 == 0 else i64(4) - flip) if swizzle else i64(v0))
+                            return wsm[((i64((group0[pi] + grp) * chunks) + ck) * i64(8) + tiles.g) * i64(KC) + col + v]
+
+                        with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
+                            block_phase(a, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg, d, u0, chunk * i64(NB),
+                                        wy, lane, acc_s, a_at, True, shared_a=True)
+                            block_sync()  # the next chunk's partial sums reuse acc_s
+                        _grid_sync()
+
+                def final_state(e):
+                    j, n = u0 + e // N, e % N
+                    with T.If(tirx.all(e < i64(UB) * N, j < i64(H))):
+                        with T.Then():
+                            T.buffer_store(a.Yh, hbuf[a.seq % 2, d, n, j], a.state_index(d, n, j))
+
+                with T.serial(0, tirx.ceildiv(i64(UB) * N, i64(threads))) as it:
+                    final_state(it * i64(threads) + tid)
+
