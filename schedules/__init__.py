@@ -114,7 +114,10 @@ def _fit_note(spec, cell, target, choice) -> str:
 
         raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel 'persistent' needs R on chip, and hidden size "
                                     f"{spec.hidden_size} x {spec.num_directions} direction(s) does not fit ({where}); use auto or stepwise")
-    return f"{where}: " + ("asked for" if choice != "auto" else "fits" if fits else "does not fit")
+    from .space import persistent_mma_fits
+
+    resident = "; persistent_mma: R fits in shared memory across one wave" if persistent_mma_fits(spec, cell, target) else ""
+    return f"{where}: " + ("asked for" if choice != "auto" else "fits" if fits else "does not fit") + resident
 
 
 def _default_branches(spec, cell, target, allowed) -> list[Branch]:
