@@ -51,6 +51,13 @@ def _arch(target) -> str:
     return str(target.attrs.get("arch", "sm_90a")) if target.attrs is not None else "sm_90a"
 
 
+def tensor_cores(target) -> bool:
+    """Whether the CUDA target has the mma.sync shapes our tensor-core kernels issue (m16n8k16 fp16/bf16, m16n8k8
+    TF32: sm_80 and newer)."""
+    digits = "".join(c for c in _arch(target).removeprefix("sm_") if c.isdigit())
+    return target.kind.name == "cuda" and int(digits or 0) >= 80
+
+
 def _divisors(hidden: int, options) -> tuple[int, ...]:
     return tuple(u for u in options if hidden % u == 0) or (1,)
 
@@ -98,7 +105,7 @@ def _persistent_mma_space(spec, cell, arch) -> dict[str, tuple[int, ...]]:
 def persistent_mma_fits(spec, cell, target) -> bool:
     from .recurrent_mma import supported
 
-    return supported(spec) and bool(_persistent_mma_space(spec, cell, _arch(target)))
+    return tensor_cores(target) and supported(spec) and bool(_persistent_mma_space(spec, cell, _arch(target)))
 
 
 def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
@@ -111,7 +118,13 @@ def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
 
     fits = persistent.fits(spec, cell, _arch(target))
     resident = persistent_mma_fits(spec, cell, target)
-    large = ("mma",) if supported(spec, exact=False) else ("tiled",)  # tensor cores where the dtype or precision allows them
+    tc = tensor_cores(target)
+    large = ("mma",) if tc and supported(spec, exact=False) else ("tiled",)  # tensor cores where the dtype or precision allows them
+    if choice in ("mma", "persistent_mma") and not tc:
+        from tvmrnn.errors import UnsupportedModelError
+
+        raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel '{choice}' issues tensor-core mma.sync shapes of sm_80 "
+                                    f"and newer; the target is {_arch(target)} (use auto, stepwise or tiled)")
     if choice == "persistent_mma" and not resident:
         from tvmrnn.errors import UnsupportedModelError
 

@@ -236,22 +236,28 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
         assert blocks(spec, cfg.units) <= 132 and smem_bytes(spec, cell, cfg) <= 227 * 1024 and cfg.n_warps * cfg.k_warps <= 16, cfg
 
 
-@pytest.mark.parametrize("dtype, hidden, directions, plan", [
-    ("float32", 1024, 1, [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", None)]),
-    ("float16", 1024, 1, [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 32), ("mma", None)]),
-    ("float32", 800, 2, [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", None)]),
-    ("float32", 1100, 1, [("persistent", 4), ("stepwise", 32), ("tiled", None)]),  # 138 blocks of 8 units: no wave
-    ("float16", 2560, 1, [("mma", None)]),  # R is 52 MB
+@pytest.mark.parametrize("dtype, hidden, directions, arch, plan", [
+    ("float32", 1024, 1, "sm_90", [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", None)]),
+    ("float16", 1024, 1, "sm_90", [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 32), ("mma", None)]),
+    ("float32", 800, 2, "sm_90", [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", None)]),
+    ("float32", 1100, 1, "sm_90", [("persistent", 4), ("stepwise", 32), ("tiled", None)]),  # 138 blocks of 8 units: no wave
+    ("float16", 2560, 1, "sm_90", [("mma", None)]),  # R is 52 MB
+    ("float16", 1024, 1, "sm_75", [("persistent", 4), ("stepwise", 32), ("tiled", None)]),  # no m16n8k16 / TF32 mma before sm_80
 ])
-def test_default_kernel_per_batch(dtype, hidden, directions, plan):
+def test_default_kernel_per_batch(dtype, hidden, directions, arch, plan):
     """The untuned rule on the H100: persistent up to batch 4, persistent_mma where R fits in shared memory across
     one wave (handing over to mma above batch 32 in half precision), else the per-step kinds."""
+    import tvmrnn
     from schedules import plan_kernel
 
     case = Case(op="LSTM", hidden=hidden, input_size=8, dtype=dtype, direction="bidirectional" if directions == 2 else "forward")
     spec = find_rnn_layers(case.model())[0].spec
-    got = plan_kernel(spec, cell_for(spec), tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
+    target = tvm.target.Target({"kind": "cuda", "arch": arch})
+    got = plan_kernel(spec, cell_for(spec), target)
     assert [(b.config.kind, b.up_to) for b in got.branches] == plan, got.describe()
+    if arch == "sm_75":
+        with pytest.raises(tvmrnn.UnsupportedModelError, match="sm_80 and newer; the target is sm_75"):
+            plan_kernel(spec, cell_for(spec), target, "mma")
 
 
 @pytest.mark.parametrize("threads, hidden, directions, units", [("2", 512, 1, 128), ("16", 512, 1, 32), ("16", 512, 2, 64),
