@@ -108,6 +108,13 @@ def persistent_mma_fits(spec, cell, target) -> bool:
     return tensor_cores(target) and supported(spec) and bool(_persistent_mma_space(spec, cell, _arch(target)))
 
 
+def in_space(config: KernelConfig, spec, cell, target) -> bool:
+    """Whether a point is one of its kind's space for this layer. A default may not be: persistent_mma's space keeps only
+    knob values whose every combination fits beside R, and a default may fit where its neighbours do not."""
+    space = knob_space(config.kind, spec, cell, target)
+    return all(k in space and v in space[k] for k, v in config.knobs)
+
+
 def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
     """The schedule kinds a layer may run on `target` under the user's kernel choice."""
     if target.kind.name != "cuda":

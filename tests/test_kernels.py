@@ -229,8 +229,14 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
     case = Case(op=op, hidden=hidden, input_size=8, dtype=dtype, direction="bidirectional" if directions == 2 else "forward")
     spec = find_rnn_layers(case.model())[0].spec
     cell = cell_for(spec)
-    space = knob_space("persistent_mma", spec, cell, tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    space = knob_space("persistent_mma", spec, cell, target)
     assert bool(space) == (hidden < 2560)
+    if space:  # the defaults the tuner measures first are points of the space, but where R leaves little room (bi-800 fp32)
+        from schedules.space import default_config, in_space
+
+        in_it = [in_space(default_config("persistent_mma", spec, cell, target, b), spec, cell, target) for b in (8, 64)]
+        assert in_it == [True, not (hidden == 800 and dtype == "float32")], in_it  # bi-800 fp32: only n_tiles=1 fits every way
     for values in itertools.product(*space.values()) if space else ():
         cfg = MmaConfig(**dict(zip(space, values)))
         assert blocks(spec, cfg.units) <= 132 and smem_bytes(spec, cell, cfg) <= 227 * 1024 and cfg.n_warps * cfg.k_warps <= 16, cfg

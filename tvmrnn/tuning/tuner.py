@@ -57,7 +57,7 @@ def _seed_defaults(ctxs, tasks, target, db, builder, runner) -> tuple[list[float
     """Measure each task's default point of each kind and store them as records.
 
     Returns each task's best default seconds and the number of trials run."""
-    from schedules.space import default_config
+    from schedules.space import default_config, in_space
 
     pending, best = [], [None] * len(tasks)  # (task index, workload, schedule, args_info)
     for ti, (ctx, task) in enumerate(zip(ctxs, tasks)):
@@ -66,6 +66,8 @@ def _seed_defaults(ctxs, tasks, target, db, builder, runner) -> tuple[list[float
         args_info = ms.arg_info.ArgInfo.from_prim_func(ctx.mod["main"])
         for space in ctx.generate_design_space():
             point = default_config(search.config_of(space.mod).kind, task.spec, task.cell, target, task.batch)
+            if not in_space(point, task.spec, task.cell, target):
+                continue  # not a point the search can reach: unmeasured, so compile keeps this default for the bucket
             if point in measured:
                 secs = [float(s) for s in measured[point].run_secs]
                 best[ti] = min(x for x in (best[ti], sum(secs) / len(secs)) if x is not None)
