@@ -63,15 +63,16 @@ def test_zoo_model_compiles_for_cuda_and_exports(entry, target, tmp_path):
     assert all(layer["kernel"].startswith("cuda: ") for layer in info["layers"])
 
 
-@pytest.mark.parametrize("options", [{"dtype": "float16"}, {"dtype": "bfloat16"}, {"precision": "tf32"}], ids=lambda o: str(*o.values()))
+@pytest.mark.parametrize("options", [{"dtype": "float16"}, {"dtype": "bfloat16"}, {"precision": "tf32"}, {}], ids=lambda o: str(*o.values()) or "exact")
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_zoo_model_builds_tensor_core_kernels(entry, options):
-    """Half storage and TF32 build for CUDA without a GPU (NVRTC), every layer's large-batch branch on a tensor-core
-    kernel (the zoo's layers all fit in shared memory: the persistent one up to batch 32, the per-step one above)."""
+    """Half storage, TF32 and exact fp32 (3xTF32) build for CUDA without a GPU (NVRTC), every layer's large-batch
+    branches on tensor-core kernels (the zoo's layers all fit in shared memory: the persistent one, up to batch 32
+    where a rounding mode has the per-step one above)."""
     module = tvmrnn.compile(os.path.join(MODELS, entry.filename), target="nvidia/nvidia-h100", logs=False, **options)
     for layer in module.metadata["layers"]:
         kinds = [branch["config"]["kind"] for branch in layer["schedule"]]
-        assert kinds[-2:] == ["persistent_mma", "mma"], layer["kernel"]
+        assert kinds[-2:] == (["persistent_mma", "mma"] if options else ["persistent_mma", "persistent_mma"]), layer["kernel"]
         assert layer["dtype"] == options.get("dtype", "float32") and layer["precision"] == options.get("precision", "exact")
 
 
