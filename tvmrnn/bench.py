@@ -236,7 +236,8 @@ def environment(gpu: bool) -> dict:
     return env
 
 
-GPU_COLUMNS = [("row", "row"), ("dtype", "dtype"), ("stepwise_ms", "stepwise ms"), ("persistent_ms", "persistent ms"), ("tiled_ms", "tiled ms"), ("mma_ms", "mma ms"), ("auto_ms", "auto ms"),
+GPU_COLUMNS = [("row", "row"), ("dtype", "dtype"), ("stepwise_ms", "stepwise ms"), ("persistent_ms", "persistent ms"), ("tiled_ms", "tiled ms"), ("mma_ms", "mma ms"),
+               ("persistent_mma_ms", "persistent_mma ms"), ("auto_ms", "auto ms"),
                ("tuned_ms", "tuned ms"), ("tuned_speedup", "tuned ÷ auto"),
                ("cudnn_tf32_ms", "cuDNN TF32 ms"), ("cudnn_fp32_ms", "cuDNN fp32 ms"), ("speedup", "speed-up"),
                ("us_per_step_layer", "µs/step/layer"), ("tflops", "TFLOP/s"), ("auto_rel_err", "rel. err"),
