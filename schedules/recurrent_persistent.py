@@ -29,8 +29,16 @@ from .warp_gemv import warp_gates
 
 F32 = "float32"
 TRANSPOSED_R = False
-# streaming multiprocessors per architecture: the grid must be one co-resident wave
+# streaming multiprocessors per architecture: the grid must be one co-resident wave. The table holds each arch's
+# flagship (H100 SXM, A100, ...); parts of the same arch have fewer (H100 PCIe 114, A30 56, L4 58), so compiling for
+# the local GPU records its own count (LOCAL_SM_COUNT, set by tvmrnn.build.resolve_target), and a module records the
+# grid it needs (model.json "cooperative_blocks"), which loading checks against the GPU it runs on
 SM_COUNT = {"sm_90": 132, "sm_90a": 132, "sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_87": 16}
+LOCAL_SM_COUNT: dict[str, int] = {}
+
+
+def sm_count(arch: str) -> int:
+    return LOCAL_SM_COUNT.get(arch) or SM_COUNT.get(arch, 108)
 # dynamic shared memory one block may use: 227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86/89
 SMEM_LIMIT = {"sm_90": 227 * 1024, "sm_90a": 227 * 1024, "sm_80": 163 * 1024, "sm_87": 163 * 1024}
 SMEM_DEFAULT = 99 * 1024
@@ -45,6 +53,9 @@ class PersistentConfig:
     # on the H100 it costs more than it saves at batch 1 (6.8 vs 3.5 µs per step at H=1024): off by default
     stage_h: bool = False
 
+    def grid(self, spec: RNNLayerSpec) -> int:
+        return spec.num_directions * self.blocks_per_direction(spec)
+
     def blocks_per_direction(self, spec: RNNLayerSpec) -> int:
         return max(1, min(self.blocks // spec.num_directions, spec.hidden_size))
 
@@ -57,7 +68,7 @@ class PersistentConfig:
 
 
 def default_config(spec: RNNLayerSpec, arch: str) -> PersistentConfig:
-    return PersistentConfig(blocks=SM_COUNT.get(arch, 108))
+    return PersistentConfig(blocks=sm_count(arch))
 
 
 def fits(spec: RNNLayerSpec, cell: Cell, arch: str, blocks: int | None = None) -> bool:

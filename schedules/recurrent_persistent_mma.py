@@ -30,7 +30,7 @@ from .mma_tiles import KC
 from .recurrent_common import KernelArgs, block_sync, i64
 from .recurrent_cuda import cuda_prim_func
 from .recurrent_mma import MmaConfig, block_phase, partial_sums
-from .recurrent_persistent import SM_COUNT, SMEM_DEFAULT, SMEM_LIMIT
+from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, sm_count
 
 F32 = "float32"
 TRANSPOSED_R = False
@@ -55,7 +55,7 @@ def smem_bytes(spec, cell, cfg: MmaConfig) -> int:
 
 def fits(spec, cell, arch: str, cfg: MmaConfig) -> bool:
     """One wave of blocks (one per SM) holds all of R (every direction) in shared memory."""
-    return (blocks(spec, cfg.units) <= SM_COUNT.get(arch, 108)
+    return (blocks(spec, cfg.units) <= sm_count(arch)
             and smem_bytes(spec, cell, cfg) <= SMEM_LIMIT.get(arch, SMEM_DEFAULT)
             and cfg.n_warps * cfg.k_warps <= 16)
 

@@ -74,7 +74,7 @@ def knob_space(kind: str, spec, cell, target) -> dict[str, tuple[int, ...]]:
     if kind == "persistent":
         from . import recurrent_persistent as persistent
 
-        sms = persistent.SM_COUNT.get(_arch(target), 108)
+        sms = persistent.sm_count(_arch(target))
         blocks = tuple(b for b in sorted({sms, sms * 3 // 4, sms // 2}, reverse=True)
                        if persistent.fits(spec, cell, _arch(target), blocks=b))
         return {"blocks": blocks or (sms,), "warps": (4, 8, 16), "batch_tile": (1, 2, 4), "stage_h": (0, 1)}
@@ -106,6 +106,19 @@ def persistent_mma_fits(spec, cell, target) -> bool:
     from .recurrent_mma import supported
 
     return tensor_cores(target) and supported(spec) and bool(_persistent_mma_space(spec, cell, _arch(target)))
+
+
+def cooperative_blocks(config: KernelConfig, spec) -> int:
+    """The grid a point launches cooperatively (all blocks resident at once, one per SM), or 0 for a kind that does not."""
+    if config.kind == "persistent":
+        from .recurrent_persistent import PersistentConfig
+
+        return PersistentConfig(blocks=config["blocks"]).grid(spec)
+    if config.kind == "persistent_mma":
+        from .recurrent_persistent_mma import blocks
+
+        return blocks(spec, config["units"])
+    return 0
 
 
 def in_space(config: KernelConfig, spec, cell, target) -> bool:

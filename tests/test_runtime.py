@@ -26,3 +26,42 @@ def test_thread_pool_uses_every_physical_core():
 def test_user_thread_settings_win():
     assert _threads_after_import(OMP_NUM_THREADS="1") == "None"
     assert _threads_after_import(TVM_NUM_THREADS="3") == "3"
+
+
+def test_module_records_its_cooperative_grid_and_a_smaller_gpu_is_refused_by_name():
+    """A CUDA module says how many co-resident blocks its persistent kernels launch (one per SM); loading it on a GPU
+    with fewer SMs (an H100 PCIe has 114, the SXM 132) is a clear error, not CUDA's failed launch at the first call."""
+    import pytest
+
+    import tvmrnn
+    from onnx_cases import Case
+    from tvmrnn.runtime import check_grid_fits
+
+    model = Case(op="LSTM", hidden=1024, input_size=16, dtype="float16").model()
+    meta = tvmrnn.compile(model, target="nvidia/nvidia-h100", logs=False).metadata
+    assert meta["layers"][0]["cooperative_blocks"] == 132  # persistent: one block per SM of the H100 SXM
+    check_grid_fits(meta, 132, "H100 SXM")
+    with pytest.raises(tvmrnn.UnsupportedModelError, match="132 co-resident blocks, and this GPU \\(H100 PCIe\\) has 114 SMs"):
+        check_grid_fits(meta, 114, "H100 PCIe")
+    stepwise = tvmrnn.compile(model, target="nvidia/nvidia-h100", logs=False, kernel="stepwise").metadata
+    assert stepwise["layers"][0]["cooperative_blocks"] == 0
+    check_grid_fits(stepwise, 8, "a small GPU")
+
+
+def test_local_gpu_sm_count_sizes_the_persistent_grids(monkeypatch):
+    """Compiling for the local GPU sizes persistent grids to its SM count: with 114 SMs an H=1024 fp32 layer's
+    persistent kernel takes 114 blocks, and persistent_mma (128 blocks of 8 units) no longer fits a wave."""
+    import tvm
+
+    from onnx_cases import Case
+    from schedules import plan_kernel
+    from schedules.recurrent_persistent import LOCAL_SM_COUNT
+    from tvmrnn.cells import cell_for
+    from tvmrnn.frontend.inspect import find_rnn_layers
+
+    spec = find_rnn_layers(Case(op="LSTM", hidden=1024, input_size=16).model())[0].spec
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    monkeypatch.setitem(LOCAL_SM_COUNT, "sm_90", 114)
+    plan = plan_kernel(spec, cell_for(spec), target)
+    assert [b.config.kind for b in plan.branches] == ["persistent", "stepwise", "tiled"], plan.describe()
+    assert plan.branches[0].config["blocks"] == 114

@@ -48,7 +48,12 @@ def resolve_target(target=None) -> tvm.target.Target:
         return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
     if target in TARGET_ALIASES:
         if gpu_present():
-            return tvm.target.Target.from_device(tvm.cuda(0))
+            from schedules.recurrent_persistent import LOCAL_SM_COUNT
+
+            target = tvm.target.Target.from_device(tvm.cuda(0))
+            # this GPU's own SM count for its arch: persistent grids sized to it, not to the arch's flagship
+            LOCAL_SM_COUNT[str(target.attrs["arch"])] = tvm.cuda(0).multi_processor_count
+            return target
         target = TARGET_ALIASES[target]
     try:
         return tvm.target.Target(target)
@@ -64,6 +69,10 @@ def _layer_dict(spec, imported) -> dict:
     d["kernel"] = plan.describe()
     d["tuned"] = plan.tuned  # some batch bucket runs a point from the tuning logs (schedule says which)
     d["schedule"] = [b.as_dict() for b in plan.branches]
+    from schedules.space import cooperative_blocks
+
+    # the grid its persistent kernels launch with every block resident: a GPU with fewer SMs cannot run them
+    d["cooperative_blocks"] = max(cooperative_blocks(b.config, spec) for b in plan.branches)
     d["graph_inputs"] = imported.graph_inputs.get(spec.name, {})
     return d
 

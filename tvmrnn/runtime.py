@@ -15,7 +15,7 @@ import numpy as np
 import tvm.runtime
 from tvm.runtime.vm import VirtualMachine
 
-from .errors import InputError
+from .errors import InputError, UnsupportedModelError
 
 FORMAT = "tvmrnn-module/1"
 
@@ -136,6 +136,17 @@ class ModuleInputs:
                                  f"each length must be in [1, {seq}], the sequence length of {sl.x!r}")
 
 
+def check_grid_fits(metadata: dict, sms: int, gpu: str) -> None:
+    """A module's persistent kernels launch one block per SM, all resident at once: refuse, by name, a GPU with fewer
+    SMs than the largest grid (CUDA would fail the launch with COOPERATIVE_LAUNCH_TOO_LARGE at the first call)."""
+    for layer in metadata.get("layers", []):
+        need = layer.get("cooperative_blocks", 0)
+        if need > sms:
+            raise UnsupportedModelError(f"layer '{layer['name']}' was compiled for {metadata['target']} with a persistent kernel of "
+                                        f"{need} co-resident blocks, and this GPU ({gpu}) has {sms} SMs; compile on this GPU "
+                                        f"(target 'cuda' sizes the kernels to it) or with kernel='stepwise'")
+
+
 class Module(ModuleInputs):
     """A compiled model ready to run: `.run({input name: array}) -> {output name: array}`."""
 
@@ -143,6 +154,9 @@ class Module(ModuleInputs):
         super().__init__(metadata)
         kind = device or ("cuda" if metadata["target_kind"] == "cuda" else "cpu")
         self.device = _device(kind)
+        sms = self.device.multi_processor_count if kind == "cuda" else None
+        if sms:  # None where the driver does not say: the launch itself reports it then
+            check_grid_fits(metadata, sms, self.device.device_name)
         self._vm = VirtualMachine(executable, self.device)
         self._main = self._vm["main"]
 
