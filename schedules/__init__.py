@@ -101,7 +101,8 @@ def _arch(target) -> str:
 
 
 def _fit_note(spec, cell, target, choice) -> str:
-    """Why persistent is or is not among the kinds; raises when the user asked for it and R does not fit."""
+    """Whether R fits on chip for the persistent kinds (why they are or are not among auto's); raises when the user
+    asked for persistent and R does not fit."""
     from . import recurrent_persistent as persistent
 
     arch = _arch(target)
@@ -117,7 +118,7 @@ def _fit_note(spec, cell, target, choice) -> str:
     from .space import persistent_mma_fits
 
     resident = "; persistent_mma: R fits in shared memory across one wave" if persistent_mma_fits(spec, cell, target) else ""
-    return f"{where}: " + ("asked for" if choice != "auto" else "fits" if fits else "does not fit") + resident
+    return f"persistent: {where}: " + ("fits" if fits else "does not fit") + resident
 
 
 def _default_branches(spec, cell, target, allowed) -> list[Branch]:
