@@ -193,6 +193,20 @@ def test_tf32_is_opt_in():
     assert mode(spec, exact=False) is None  # what picks the projection and the per-step kind: SIMT for exact fp32
 
 
+@pytest.mark.parametrize("kind", ["mma", "persistent_mma"])
+def test_exact_fp32_issues_three_tf32_mmas_per_tile(kind):
+    """Exact fp32 on tensor cores is 3xTF32: the same point issues three times the TF32 mma's of precision='tf32'
+    (high x high, and both high x low cross terms), never a single rounded product."""
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    spec = find_rnn_layers(Case(op="LSTM", hidden=64, input_size=8).model())[0].spec
+    counts = {}
+    for s in (spec, dataclasses.replace(spec, precision="tf32")):
+        config = default_config(kind, s, cell_for(s), target, 16)
+        src = tvm.tirx.build(point_kernel(s, cell_for(s), target, config), target=target, pipeline=cooperative.register()).imports[0].inspect_source()
+        counts[s.precision] = src.count("mma.sync.aligned.m16n8k8")
+    assert counts["tf32"] > 0 and counts["exact"] == 3 * counts["tf32"], counts
+
+
 @pytest.mark.parametrize("kind", ["tiled", "mma"])
 def test_every_point_fits_a_block(kind):
     """What the tuner may sample launches: at most 1024 threads and 48 KB of static shared memory per block, for
