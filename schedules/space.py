@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CPU_ROWS = (1, 2, 4, 8)
-CPU_UNITS = (8, 16, 32, 64, 128)
+CPU_UNITS = (8, 16, 32, 64, 128, 256)
 
 
 @dataclass(frozen=True)
