@@ -23,14 +23,13 @@ exact fp32 as 3xTF32 (mma_tiles: high and low TF32 parts, as accurate as SIMT fp
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.backend.cuda import op as cuda_op
 from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC
 from .recurrent_common import KernelArgs, block_sync, i64
 from .recurrent_cuda import cuda_prim_func
 from .recurrent_mma import MmaConfig, block_phase, partial_sums
-from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, sm_count
+from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, sm_count
 
 F32 = "float32"
 TRANSPOSED_R = False
@@ -71,10 +70,6 @@ def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig
         if fits(spec, cell, arch, cfg):
             return cfg
     return None
-
-
-def _grid_sync():
-    T.evaluate(cuda_op.cuda_grid_sync())
 
 
 def persistent_mma_kernel(spec, cell, cfg: MmaConfig) -> tirx.PrimFunc:
