@@ -133,3 +133,18 @@ def test_cuda_fp32_model_in_half_storage(storage, kernel):
     tol = 1e-2 if storage == "float16" else 3e-2
     for name, value in ours.items():
         np.testing.assert_allclose(value, ref[name], rtol=tol, atol=tol, err_msg=name)
+
+
+def test_module_needing_more_sms_than_the_gpu_is_refused_at_load(monkeypatch):
+    """A persistent grid larger than this GPU's SM count (as a module built for a bigger part of the same arch has)
+    is refused by name when the module is loaded, instead of CUDA failing the cooperative launch at the first call."""
+    import tvm
+
+    from schedules.recurrent_persistent import LOCAL_SM_COUNT
+
+    sms = tvm.cuda(0).multi_processor_count
+    target = tvm.target.Target.from_device(tvm.cuda(0))  # a Target as given: compile keeps the count patched below
+    monkeypatch.setitem(LOCAL_SM_COUNT, str(target.attrs["arch"]), sms + 8)
+    model = Case(op="LSTM", hidden=256, input_size=16).model()
+    with pytest.raises(tvmrnn.UnsupportedModelError, match=f"{sms + 8} co-resident blocks, and this GPU .* has {sms} SMs"):
+        tvmrnn.compile(model, target=target, kernel="persistent", logs=False)
