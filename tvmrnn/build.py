@@ -129,8 +129,9 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
     """ONNX model -> runnable (or, for CUDA without a GPU, exportable) module. `log` gets one line per stage.
 
     kernel: the recurrent schedule on CUDA: "auto" (persistent where R fits on chip and the batch is
-    small; above that stepwise, and tiled at large batch, for exact fp32; mma on tensor cores for fp16/bf16
-    and TF32), or one kind.
+    small; above that persistent_mma where R fits in shared memory across one wave, in half precision and
+    TF32 up to batch 32; otherwise mma on tensor cores for fp16/bf16 and TF32, stepwise and at large batch
+    tiled for exact fp32), or one kind.
     dtype: "float16" or "bfloat16" runs the fp32 model's recurrent layers with that storage
     (weights and projection in half precision, fp32 accumulation and state); None keeps each layer's.
     precision: math of fp32 layers on CUDA (CPU kernels are always exact): "exact" fp32 (the default), or

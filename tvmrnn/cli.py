@@ -49,7 +49,8 @@ def main():
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="the module to write (.so; its .json goes beside it)")
 @click.option("--target", default=None, help="llvm, cuda, or a TVM target tag such as nvidia/nvidia-h100 (default: cuda if a GPU is here, else llvm)")
 @click.option("--kernel", default="auto", show_default=True, type=click.Choice(KERNEL_CHOICES),
-              help="the recurrent schedule on CUDA (auto: persistent where R fits on chip and the batch is small)")
+              help="the recurrent schedule on CUDA (auto: persistent at batch <= 4 and persistent_mma above where R fits on "
+                   "chip; else per-step kernels: mma on tensor cores in half precision, stepwise or tiled in fp32)")
 @click.option("--dtype", default=None, type=click.Choice(["float32", "float16", "bfloat16"]),
               help="storage of the recurrent layers (float16/bfloat16: half-precision weights, fp32 state)")
 @click.option("--precision", default="exact", show_default=True, type=click.Choice(PRECISIONS),
