@@ -32,9 +32,10 @@ POINTS = {
     "mma": [dict(units=u, n_tiles=nt, n_warps=nw, k_warps=kw, depth=dp)
             for u, nt, nw, kw, dp in [(8, 2, 2, 4, 1), (8, 2, 2, 4, 2), (8, 2, 2, 4, 4), (8, 4, 1, 2, 2), (8, 4, 1, 2, 4),
                                       (8, 2, 2, 2, 4), (8, 4, 2, 2, 2)]],
-    "persistent_mma": [dict(units=u, n_tiles=nt, n_warps=nw, k_warps=kw, depth=dp)
-                       for u, nt, nw, kw, dp in [(8, 1, 1, 4, 2), (8, 2, 1, 8, 1), (8, 2, 2, 4, 2), (8, 4, 1, 4, 1),
-                                                 (16, 1, 1, 8, 2), (16, 2, 1, 8, 2)]],
+    "persistent_mma": [dict(units=u, n_tiles=nt, n_warps=nw, k_warps=kw, depth=dp, prefetch=pf)
+                       for u, nt, nw, kw, dp, pf in [(8, 1, 1, 8, 2, 1), (8, 2, 2, 4, 2, 1), (8, 1, 1, 4, 2, 0), (8, 2, 1, 8, 1, 0),
+                                                     (8, 4, 1, 4, 1, 0), (16, 1, 1, 8, 2, 0), (16, 2, 1, 8, 2, 0),
+                                                     (16, 2, 2, 4, 2, 0), (16, 2, 2, 4, 2, 1)]],
 }[KIND]
 DTYPES = ("float16",) if KIND == "mma" else ("float32", "float16")
 

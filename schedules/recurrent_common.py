@@ -99,11 +99,12 @@ class KernelArgs:
         return self.cell.params.index(name)
 
 
-def unit_results(args: KernelArgs, phase, d, n, t, j, rec, state, value, activation=apply_activation) -> dict:
+def unit_results(args: KernelArgs, phase, d, n, t, j, rec, state, value, activation=apply_activation, x=None) -> dict:
     """Evaluate one phase program for hidden unit j: returns name -> PrimExpr (nothing stored yet).
 
     rec(gi): the recurrent term of the phase's gi-th gate; state/value: name -> PrimExpr;
-    activation(act, x): cells.apply_activation or a target's own formulation of it.
+    activation(act, x): cells.apply_activation or a target's own formulation of it;
+    x(gi): the input projection of the phase's gi-th gate where a kernel loaded it ahead (default: read XW here).
     """
     per_dir = args.spec.activations
 
@@ -115,7 +116,7 @@ def unit_results(args: KernelArgs, phase, d, n, t, j, rec, state, value, activat
 
     gate_pos = {g: gi for gi, g in enumerate(phase.gates)}
     terms = Terms(
-        x=lambda g: args.XW[tuple(args.xw_index(d, n, t, g, j))],
+        x=(lambda g: args.XW[tuple(args.xw_index(d, n, t, g, j))]) if x is None else (lambda g: x(gate_pos[g])),
         rec=lambda g: rec(gate_pos[g]),
         state=state,
         param=lambda name: args.params[d, i64(args.param_index(name)), j],
@@ -126,17 +127,17 @@ def unit_results(args: KernelArgs, phase, d, n, t, j, rec, state, value, activat
     return phase.program(terms)
 
 
-def unit_values(a: KernelArgs, phase, hbuf, scratch, cur, d, n, t, j, rec, temps=None) -> dict:
+def unit_values(a: KernelArgs, phase, hbuf, scratch, cur, d, n, t, j, rec, temps=None, x=None) -> dict:
     """The results of one phase program for unit j that get stored: name -> PrimExpr (nothing stored yet)."""
     state = {"h": hbuf[cur, d, n, j]}
     if a.Yc is not None:
         state["c"] = a.Yc[tuple(a.state_index(d, n, j))]
     value = {v: buf[d, n, j] for v, buf in scratch.items()}
-    res = unit_results(a, phase, d, n, t, j, rec, state, value, apply_activation if temps is None else temps.activation)
+    res = unit_results(a, phase, d, n, t, j, rec, state, value, apply_activation if temps is None else temps.activation, x)
     return {k: v for k, v in res.items() if k in phase.stores or k in ("h", "c")}
 
 
-def unit_step(a: KernelArgs, phase, hbuf, scratch, cur, nxt, d, n, t, j, rec, temps=None):
+def unit_step(a: KernelArgs, phase, hbuf, scratch, cur, nxt, d, n, t, j, rec, temps=None, x=None):
     """Run one phase program for unit j of batch row n at position t and store its results.
 
     Everything is evaluated into registers before the first store, since the results read
@@ -144,7 +145,7 @@ def unit_step(a: KernelArgs, phase, hbuf, scratch, cur, nxt, d, n, t, j, rec, te
     gives instead of a local buffer per call: temps.bind(value) stores value in the lane's own
     slot and returns its load; temps.activation(act, x) replaces cells.apply_activation.
     """
-    res = unit_values(a, phase, hbuf, scratch, cur, d, n, t, j, rec, temps)
+    res = unit_values(a, phase, hbuf, scratch, cur, d, n, t, j, rec, temps, x)
     if temps is None:
         tmp = T.alloc_buffer((len(res),), "float32", scope="local")
         for i, v in enumerate(res.values()):

@@ -139,11 +139,12 @@ def operand_at(operand, phase, cur, d, n, k):
     return operand[cur, d, n, k] if phase.operand == "h" else operand[d, n, k]
 
 
-def epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec):
-    """The gate program for a valid step, or (after the last phase) the padding rule past the sequence's end."""
+def epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec, x=None):
+    """The gate program for a valid step, or (after the last phase) the padding rule past the sequence's end.
+    x(gi): the gates' input projections where the kernel loaded them ahead (recurrent_common.unit_results)."""
     with T.If(s < a.length(n)):
         with T.Then():
-            unit_step(a, phase, hbuf, scratch, cur, nxt, d, n, a.time_index(d, n, s), j, rec)
+            unit_step(a, phase, hbuf, scratch, cur, nxt, d, n, a.time_index(d, n, s), j, rec, x=x)
         if last:
             with T.Else():
                 unit_padding(a, hbuf, cur, nxt, d, n, s, j)

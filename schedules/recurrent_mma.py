@@ -41,6 +41,9 @@ class MmaConfig:
     n_warps: int = 2  # warps along the batch
     k_warps: int = 4  # warps splitting the reduction
     depth: int = 2  # 32-column chunks a warp loads at once (loads in flight per round trip to L2/HBM)
+    # 1: the epilogue's threads load their gates' input projections (XW) before the reduction, so that read's latency
+    # hides behind the mma's instead of following them (a knob of persistent_mma's space; not yet measured)
+    prefetch: int = 0
 
     @property
     def rows(self) -> int:
@@ -136,6 +139,9 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     stride = NB + 1  # shared row stride: the epilogue's threads read down a column without bank conflicts
     wn, wk = wy % i64(NW), wy // i64(NW)
     tiles = WarpTiles(lane, MT, NT, mode(a.spec), a.spec.dtype, F32, cfg.depth)
+    threads = 32 * NW * KW
+    tid = wy * i64(32) + lane
+    xw = _prefetch_xw(a, phase, s, d, u0, n0, UB, NB, threads, tid) if cfg.prefetch else None
 
     def load_chunk(ck, slot):
         def b_at(nt, k):
@@ -173,8 +179,6 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     when(wk == i64(0), lambda: [T.buffer_store(acc_s, tiles.c[ci], [si]) for ci, si in tile_slots(i64(0))])
     block_sync()
 
-    threads = 32 * NW * KW
-    tid = wy * i64(32) + lane
     for it in range(-(-UB * NB // threads)):
         e = i64(it * threads) + tid
         u, b = e % i64(UB), e // i64(UB)  # consecutive threads: consecutive units (coalesced Y stores)
@@ -182,4 +186,20 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
         with T.If(tirx.all(e < i64(UB * NB), n < N, j < i64(H))):
             with T.Then():
                 epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j,
-                         lambda gi, u=u, b=b: acc_s[(i64(gi * UB) + u) * i64(stride) + b])
+                         lambda gi, u=u, b=b: acc_s[(i64(gi * UB) + u) * i64(stride) + b],
+                         **({} if xw is None else {"x": lambda gi, it=it: xw[i64(it), i64(gi)]}))
+
+
+def _prefetch_xw(a: KernelArgs, phase, s, d, u0, n0, UB, NB, threads, tid):
+    """The XW values each epilogue thread will need (its (unit, row) pairs, the phase's gates), loaded into registers
+    now. Pairs past the edges load a clamped element they never use."""
+    H, N = a.spec.hidden_size, a.batch
+    items = -(-UB * NB // threads)
+    xw = T.alloc_buffer((items, len(phase.gates)), F32, scope="local")
+    for it in range(items):
+        e = i64(it * threads) + tid
+        n, j = tirx.min(n0 + e // i64(UB), N - 1), tirx.min(u0 + e % i64(UB), i64(H - 1))
+        t = tirx.max(a.time_index(d, n, s), i64(0))  # a padded step of a reverse row points before the start: unused
+        for gi, g in enumerate(phase.gates):
+            T.buffer_store(xw, a.XW[tuple(a.xw_index(d, n, t, g, j))], [i64(it), i64(gi)])
+    return xw

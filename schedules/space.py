@@ -7,7 +7,8 @@ A point of a space is a `KernelConfig`: a schedule kind and a value for each of 
     persistent  blocks (one co-resident wave), warps, batch_tile, stage_h (h staged in shared memory)
     tiled       units per block, row_threads x rows_per_thread batch rows per block, k_chunk staged per round
     mma         (tensor cores) units per block, n_tiles x n_warps batch tiles of 8 rows, k_warps splitting the reduction, depth chunks in flight
-    persistent_mma  the same knobs, for the persistent tensor-core kernel (one wave of blocks, R in shared memory)
+    persistent_mma  the same knobs and prefetch (XW loaded before the reduction), for the persistent tensor-core kernel
+                (one wave of blocks, R in shared memory)
 
 The kind is itself a knob: persistent, stepwise, tiled, mma and persistent_mma are design spaces of one CUDA tuning task.
 MetaSchedule samples the knobs (tvmrnn/tuning/search.py); compile builds each layer's kernel as a
@@ -97,7 +98,8 @@ def _persistent_mma_space(spec, cell, arch) -> dict[str, tuple[int, ...]]:
     while units:
         n_tiles = tuple(nt for nt in (1, 2, 4) if fits(spec, cell, arch, MmaConfig(units=units[-1], n_tiles=nt, n_warps=2, k_warps=8)))
         if n_tiles:
-            return {"units": tuple(units), "n_tiles": n_tiles, "n_warps": (1, 2), "k_warps": (2, 4, 8), "depth": (1, 2)}
+            return {"units": tuple(units), "n_tiles": n_tiles, "n_warps": (1, 2), "k_warps": (2, 4, 8), "depth": (1, 2),
+                    "prefetch": (0, 1)}
         units.pop()
     return {}
 
@@ -179,7 +181,10 @@ def default_config(kind: str, spec, cell, target, batch: int | None = None) -> K
         from .recurrent_persistent_mma import default_config as resident_default
 
         c = mma_default(batch) if kind == "mma" else resident_default(spec, cell, _arch(target), batch)
-        return KernelConfig.of(kind, units=c.units, n_tiles=c.n_tiles, n_warps=c.n_warps, k_warps=c.k_warps, depth=c.depth)
+        knobs = dict(units=c.units, n_tiles=c.n_tiles, n_warps=c.n_warps, k_warps=c.k_warps, depth=c.depth)
+        if kind == "persistent_mma":
+            knobs["prefetch"] = c.prefetch
+        return KernelConfig.of(kind, **knobs)
     from . import recurrent_persistent as persistent
 
     c = persistent.default_config(spec, _arch(target))

@@ -193,6 +193,35 @@ def test_tf32_is_opt_in():
     assert mode(spec, exact=False) is None  # what picks the projection and the per-step kind: SIMT for exact fp32
 
 
+def _prefetch_points(case, dtype):
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    spec = dataclasses.replace(find_rnn_layers(case.model())[0].spec, dtype=dtype)
+    base = default_config("persistent_mma", spec, cell_for(spec), target, 16)
+    return target, spec, [KernelConfig.of("persistent_mma", **{**dict(base.knobs), "prefetch": p}) for p in (0, 1)]
+
+
+@pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
+def test_prefetch_loads_xw_before_the_reduction(case):
+    """persistent_mma's prefetch knob: the epilogue's XW values are read before the first mma (else after), and the
+    kernel builds through NVRTC."""
+    target, spec, points = _prefetch_points(case, "float16")
+    order = []
+    for config in points:
+        src = tvm.tirx.build(point_kernel(spec, cell_for(spec), target, config), target=target, pipeline=cooperative.register()).imports[0].inspect_source()
+        body = src[src.index("{", src.index("__global__")):]
+        order.append(body.index("XW_ptr[") < body.index("mma.sync"))
+    assert order == [False, True]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
+def test_prefetch_point_is_correct(case, dtype):
+    target, spec, points = _prefetch_points(case, dtype)
+    _check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec, point_kernel(spec, cell_for(spec), _target("cuda"), points[1]),
+                  False, batches=(6, 37), note=points[1].describe())
+
+
 @pytest.mark.parametrize("kind", ["mma", "persistent_mma"])
 def test_exact_fp32_issues_three_tf32_mmas_per_tile(kind):
     """Exact fp32 on tensor cores is 3xTF32: the same point issues three times the TF32 mma's of precision='tf32'
