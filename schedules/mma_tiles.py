@@ -69,7 +69,7 @@ class WarpTiles:
     """MT x NT accumulator tiles of one warp, and the registers one chunk of A and B pass through.
     mode: a MODES key; a_dtype / b_dtype: the dtypes A and B are loaded in (fp32 h is converted)."""
 
-    def __init__(self, lane, mt: int, nt: int, mode: str, a_dtype: str, b_dtype: str, depth: int = 1):
+    def __init__(self, lane, mt: int, nt: int, mode: str, a_dtype: str, b_dtype: str, depth: int = 1, split_acc: bool = False):
         self.MT, self.NT, self.mode, self.a_dtype, self.b_dtype = mt, nt, MODES[mode], a_dtype, b_dtype
         m = self.mode
         self.g, self.t = lane // i64(4), lane % i64(4)
@@ -83,8 +83,13 @@ class WarpTiles:
             self.fa_lo = T.alloc_buffer((mt, m.mmas, 2 * m.per_lane), m.storage, scope="local")
             self.fb_lo = T.alloc_buffer((nt, m.mmas, m.per_lane), m.storage, scope="local")
         self.c = T.alloc_buffer((mt, nt, 4), F32, scope="local")
+        # 3xTF32 with split_acc: the two cross products go to accumulators of their own, so each tile runs two
+        # dependent mma chains instead of one three times as long; finish() adds them in
+        self.c_lo = T.alloc_buffer((mt, nt, 4), F32, scope="local") if m.split and split_acc else None
         for idx in self.accumulators():
             T.buffer_store(self.c, tirx.const(0.0, F32), idx)
+            if self.c_lo is not None:
+                T.buffer_store(self.c_lo, tirx.const(0.0, F32), idx)
 
     def accumulators(self):
         return [[i64(m), i64(n), i64(i)] for m in range(self.MT) for n in range(self.NT) for i in range(4)]
@@ -148,15 +153,22 @@ class WarpTiles:
                 for i in range(m.per_lane):
                     fragment(self.fb, getattr(self, "fb_lo", None), self.rb[i64(slot), i64(nt), i64(j * m.per_lane + i)], [i64(nt), i64(j), i64(i)])
         # 3xTF32: the small products first, so the large one does not swamp them in the accumulator
-        pairs = [(self.fa_lo, self.fb), (self.fa, self.fb_lo), (self.fa, self.fb)] if m.split else [(self.fa, self.fb)]
+        lo = self.c if self.c_lo is None else self.c_lo
+        pairs = [(self.fa_lo, self.fb, lo), (self.fa, self.fb_lo, lo), (self.fa, self.fb, self.c)] if m.split else [(self.fa, self.fb, self.c)]
         for j in range(m.mmas):
             for mt in range(self.MT):
                 for nt in range(self.NT):
-                    for fa, fb in pairs:
+                    for fa, fb, c in pairs:
                         T.evaluate(ptx_legacy_mma(m.shape, "row", "col", m.ptx, m.ptx, "fp32",
                                                   fa.data, i64((mt * m.mmas + j) * 2 * m.per_lane),
                                                   fb.data, i64((nt * m.mmas + j) * m.per_lane),
-                                                  self.c.data, i64((mt * self.NT + nt) * 4), False))
+                                                  c.data, i64((mt * self.NT + nt) * 4), False))
+
+    def finish(self):
+        """After the last chunk: the cross-product accumulators (split_acc) added into c."""
+        if self.c_lo is not None:
+            for idx in self.accumulators():
+                T.buffer_store(self.c, self.c[tuple(idx)] + self.c_lo[tuple(idx)], idx)
 
 
 def chunk_rounds(chunks: int, ways: int, depth: int, lane_way, load, multiply):

@@ -44,6 +44,8 @@ class MmaConfig:
     # 1: the epilogue's threads load their gates' input projections (XW) before the reduction, so that read's latency
     # hides behind the mma's instead of following them (a knob of persistent_mma's space; not yet measured)
     prefetch: int = 0
+    # 1 (3xTF32 only): the cross products accumulate apart from the main product (mma_tiles.WarpTiles; not yet measured)
+    split_acc: int = 0
 
     @property
     def rows(self) -> int:
@@ -138,7 +140,7 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     exact = H % KC == 0
     stride = NB + 1  # shared row stride: the epilogue's threads read down a column without bank conflicts
     wn, wk = wy % i64(NW), wy // i64(NW)
-    tiles = WarpTiles(lane, MT, NT, mode(a.spec), a.spec.dtype, F32, cfg.depth)
+    tiles = WarpTiles(lane, MT, NT, mode(a.spec), a.spec.dtype, F32, cfg.depth, bool(cfg.split_acc))
     threads = 32 * NW * KW
     tid = wy * i64(32) + lane
     xw = _prefetch_xw(a, phase, s, d, u0, n0, UB, NB, threads, tid) if cfg.prefetch else None
@@ -152,6 +154,7 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
         tiles.load_b(b_at, exact, slot)
 
     chunk_rounds(chunks, KW, cfg.depth, wk, load_chunk, tiles.multiply)
+    tiles.finish()
     if shared_a:
         block_sync()
 

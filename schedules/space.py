@@ -7,8 +7,8 @@ A point of a space is a `KernelConfig`: a schedule kind and a value for each of 
     persistent  blocks (one co-resident wave), warps, batch_tile, stage_h (h staged in shared memory)
     tiled       units per block, row_threads x rows_per_thread batch rows per block, k_chunk staged per round
     mma         (tensor cores) units per block, n_tiles x n_warps batch tiles of 8 rows, k_warps splitting the reduction, depth chunks in flight
-    persistent_mma  the same knobs and prefetch (XW loaded before the reduction), for the persistent tensor-core kernel
-                (one wave of blocks, R in shared memory)
+    persistent_mma  the same knobs, prefetch (XW loaded before the reduction) and in exact fp32 split_acc (3xTF32's
+                cross products in accumulators of their own), for the persistent tensor-core kernel (one wave, R in shared memory)
 
 The kind is itself a knob: persistent, stepwise, tiled, mma and persistent_mma are design spaces of one CUDA tuning task.
 MetaSchedule samples the knobs (tvmrnn/tuning/search.py); compile builds each layer's kernel as a
@@ -89,6 +89,18 @@ def knob_space(kind: str, spec, cell, target) -> dict[str, tuple[int, ...]]:
 
 
 def _persistent_mma_space(spec, cell, arch) -> dict[str, tuple[int, ...]]:
+    """The persistent tensor-core kernel's knobs: tile shapes that fit beside R, prefetch, and in 3xTF32 split_acc."""
+    space = _resident_tiles(spec, cell, arch)
+    if space:
+        from .recurrent_mma import mode
+
+        space["prefetch"] = (0, 1)
+        if mode(spec) == "tf32x3":
+            space["split_acc"] = (0, 1)
+    return space
+
+
+def _resident_tiles(spec, cell, arch) -> dict[str, tuple[int, ...]]:
     """Units per block that fit one wave with R in shared memory, and batch tiles whose partial sums still fit
     beside R at the largest of those units with the most warps (so every combination fits)."""
     from .recurrent_mma import MmaConfig
@@ -98,8 +110,7 @@ def _persistent_mma_space(spec, cell, arch) -> dict[str, tuple[int, ...]]:
     while units:
         n_tiles = tuple(nt for nt in (1, 2, 4) if fits(spec, cell, arch, MmaConfig(units=units[-1], n_tiles=nt, n_warps=2, k_warps=8)))
         if n_tiles:
-            return {"units": tuple(units), "n_tiles": n_tiles, "n_warps": (1, 2), "k_warps": (2, 4, 8), "depth": (1, 2),
-                    "prefetch": (0, 1)}
+            return {"units": tuple(units), "n_tiles": n_tiles, "n_warps": (1, 2), "k_warps": (2, 4, 8), "depth": (1, 2)}
         units.pop()
     return {}
 
@@ -178,12 +189,15 @@ def default_config(kind: str, spec, cell, target, batch: int | None = None) -> K
         return KernelConfig.of("tiled", units=c.units, row_threads=c.row_threads, rows_per_thread=c.rows_per_thread, k_chunk=c.k_chunk)
     if kind in ("mma", "persistent_mma"):
         from .recurrent_mma import default_config as mma_default
+        from .recurrent_mma import mode as mma_mode
         from .recurrent_persistent_mma import default_config as resident_default
 
         c = mma_default(batch) if kind == "mma" else resident_default(spec, cell, _arch(target), batch)
         knobs = dict(units=c.units, n_tiles=c.n_tiles, n_warps=c.n_warps, k_warps=c.k_warps, depth=c.depth)
         if kind == "persistent_mma":
             knobs["prefetch"] = c.prefetch
+            if mma_mode(spec) == "tf32x3":
+                knobs["split_acc"] = c.split_acc
         return KernelConfig.of(kind, **knobs)
     from . import recurrent_persistent as persistent
 

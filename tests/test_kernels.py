@@ -193,33 +193,50 @@ def test_tf32_is_opt_in():
     assert mode(spec, exact=False) is None  # what picks the projection and the per-step kind: SIMT for exact fp32
 
 
-def _prefetch_points(case, dtype):
+def _with_knobs(case, dtype, **knobs):
+    """persistent_mma's default point for the case's layer in `dtype`, and the same point with `knobs` set."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     spec = dataclasses.replace(find_rnn_layers(case.model())[0].spec, dtype=dtype)
     base = default_config("persistent_mma", spec, cell_for(spec), target, 16)
-    return target, spec, [KernelConfig.of("persistent_mma", **{**dict(base.knobs), "prefetch": p}) for p in (0, 1)]
+    return target, spec, [base, KernelConfig.of("persistent_mma", **{**dict(base.knobs), **knobs})]
+
+
+def _source(target, spec, config):
+    return tvm.tirx.build(point_kernel(spec, cell_for(spec), target, config), target=target, pipeline=cooperative.register()).imports[0].inspect_source()
 
 
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
 def test_prefetch_loads_xw_before_the_reduction(case):
     """persistent_mma's prefetch knob: the epilogue's XW values are read before the first mma (else after), and the
     kernel builds through NVRTC."""
-    target, spec, points = _prefetch_points(case, "float16")
+    target, spec, points = _with_knobs(case, "float16", prefetch=1)
     order = []
     for config in points:
-        src = tvm.tirx.build(point_kernel(spec, cell_for(spec), target, config), target=target, pipeline=cooperative.register()).imports[0].inspect_source()
+        src = _source(target, spec, config)
         body = src[src.index("{", src.index("__global__")):]
         order.append(body.index("XW_ptr[") < body.index("mma.sync"))
     assert order == [False, True]
 
 
+def test_split_accumulators_keep_three_mmas_per_tile():
+    """split_acc (exact fp32's 3xTF32 only): the cross products accumulate apart, so the same number of mma's, but
+    not all into one accumulator set; the knob is not offered where there is no 3xTF32."""
+    target, spec, (base, split) = _with_knobs(CASES[0], "float32", split_acc=1)
+    one, two = _source(target, spec, base), _source(target, spec, split)
+    assert one != two and one.count("mma.sync.aligned.m16n8k8") == two.count("mma.sync.aligned.m16n8k8") > 0
+    half = dataclasses.replace(spec, dtype="float16")
+    assert "split_acc" not in knob_space("persistent_mma", half, cell_for(half), target)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype, knobs", [("float32", {"prefetch": 1}), ("float16", {"prefetch": 1}), ("float32", {"split_acc": 1}),
+                                          ("float32", {"prefetch": 1, "split_acc": 1})], ids=str)
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
-def test_prefetch_point_is_correct(case, dtype):
-    target, spec, points = _prefetch_points(case, dtype)
-    _check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec, point_kernel(spec, cell_for(spec), _target("cuda"), points[1]),
-                  False, batches=(6, 37), note=points[1].describe())
+def test_persistent_mma_knobs_are_correct(case, dtype, knobs):
+    """The knobs no default sets yet (prefetch, split_acc) against float64 on poisoned outputs."""
+    _, spec, (_, point) = _with_knobs(case, dtype, **knobs)
+    _check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec, point_kernel(spec, cell_for(spec), _target("cuda"), point),
+                  False, batches=(6, 37), note=point.describe())
 
 
 @pytest.mark.parametrize("kind", ["mma", "persistent_mma"])
