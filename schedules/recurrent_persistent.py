@@ -96,6 +96,36 @@ def _strided(count, threads, tid, body):
                 body(e)
 
 
+def _each_unit_row(a: KernelArgs, j0, units: int, threads: int, tid, body):
+    """body(n, j) for the block's units j0.. below H and every batch row, spread over the block's threads."""
+    N, H = a.batch, a.spec.hidden_size
+
+    def item(e):
+        j, n = j0 + e // N, e % N
+        with T.If(j < i64(H)):
+            with T.Then():
+                body(n, j)
+
+    _strided(i64(units) * N, threads, tid, item)
+
+
+def initial_states(a: KernelArgs, hbuf, d, j0, units: int, threads: int, tid):
+    """The block's units j0..: h0 into hbuf[0], c0 into Yc (zeros where the node has none)."""
+
+    def init(n, j):
+        T.buffer_store(hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
+        if a.Yc is not None:
+            T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j))
+
+    _each_unit_row(a, j0, units, threads, tid, init)
+
+
+def final_states(a: KernelArgs, hbuf, d, j0, units: int, threads: int, tid):
+    """The block's units j0..: the last hidden state into Yh."""
+    _each_unit_row(a, j0, units, threads, tid,
+                   lambda n, j: T.buffer_store(a.Yh, hbuf[a.seq % 2, d, n, j], a.state_index(d, n, j)))
+
+
 def persistent_body(a: KernelArgs, cfg: PersistentConfig):
     """One cooperative launch: R slices into shared memory, initial states, then steps separated by grid barriers."""
     spec, cell = a.spec, a.cell
@@ -122,15 +152,7 @@ def persistent_body(a: KernelArgs, cfg: PersistentConfig):
                 # written here, not left to the sync planner, which cannot place barriers under the batch dispatch
                 block_sync()
 
-                def init_state(e):
-                    j, n = j0 + e // N, e % N
-                    with T.If(j < i64(H)):
-                        with T.Then():
-                            T.buffer_store(hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
-                            if a.Yc is not None:
-                                T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j))
-
-                _strided(i64(UPB) * N, threads, tid, init_state)
+                initial_states(a, hbuf, d, j0, UPB, threads, tid)
                 _grid_sync()
 
                 with T.serial(0, a.seq) as s:
@@ -155,13 +177,7 @@ def persistent_body(a: KernelArgs, cfg: PersistentConfig):
                                 block_sync()  # hs is restaged by the next chunk
                         _grid_sync()
 
-                def final_state(e):
-                    j, n = j0 + e // N, e % N
-                    with T.If(j < i64(H)):
-                        with T.Then():
-                            T.buffer_store(a.Yh, hbuf[a.seq % 2, d, n, j], a.state_index(d, n, j))
-
-                _strided(i64(UPB) * N, threads, tid, final_state)
+                final_states(a, hbuf, d, j0, UPB, threads, tid)
 
 
 def _stage_row(hs, operand, phase, cur, d, n, b, H, threads, tid):

@@ -27,9 +27,8 @@ from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC
 from .recurrent_common import KernelArgs, block_sync, i64
-from .recurrent_cuda import cuda_prim_func
 from .recurrent_mma import MmaConfig, block_phase, partial_sums
-from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, sm_count
+from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, _strided, final_states, initial_states, sm_count
 
 F32 = "float32"
 TRANSPOSED_R = False
@@ -70,18 +69,6 @@ def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig
         if fits(spec, cell, arch, cfg):
             return cfg
     return None
-
-
-def persistent_mma_kernel(spec, cell, cfg: MmaConfig) -> tirx.PrimFunc:
-    return cuda_prim_func(spec, cell, lambda a: persistent_mma_body(a, cfg))
-
-
-def _strided(count: int, threads: int, tid, body):
-    with T.serial(0, i64(-(-count // threads))) as it:
-        e = it * i64(threads) + tid
-        with T.If(e < i64(count)):
-            with T.Then():
-                body(e)
 
 
 def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
@@ -130,16 +117,7 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
 
                     _strided(count, threads, tid, load_weights)
 
-                def init_state(e):
-                    j, n = u0 + e // N, e % N
-                    with T.If(tirx.all(e < i64(UB) * N, j < i64(H))):
-                        with T.Then():
-                            T.buffer_store(hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
-                            if a.Yc is not None:
-                                T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j))
-
-                with T.serial(0, tirx.ceildiv(i64(UB) * N, i64(threads))) as it:
-                    init_state(it * i64(threads) + tid)
+                initial_states(a, hbuf, d, u0, UB, threads, tid)
                 block_sync()
                 _grid_sync()
 
@@ -164,12 +142,4 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                             block_sync()  # the next chunk's partial sums reuse acc_s
                         _grid_sync()
 
-                def final_state(e):
-                    j, n = u0 + e // N, e % N
-                    with T.If(tirx.all(e < i64(UB) * N, j < i64(H))):
-                        with T.Then():
-                            T.buffer_store(a.Yh, hbuf[a.seq % 2, d, n, j], a.state_index(d, n, j))
-
-                with T.serial(0, tirx.ceildiv(i64(UB) * N, i64(threads))) as it:
-                    final_state(it * i64(threads) + tid)
-
+                final_states(a, hbuf, d, u0, UB, threads, tid)

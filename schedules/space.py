@@ -59,6 +59,14 @@ def tensor_cores(target) -> bool:
     return target.kind.name == "cuda" and int(digits or 0) >= 80
 
 
+def rounding_mode(spec, target) -> str | None:
+    """The tensor-core mode of the per-step mma kernel and the projection GEMM on this target: the layer's half
+    dtype or its opt-in TF32, None for exact fp32 (those run SIMT) or a target without tensor cores."""
+    from .recurrent_mma import mode
+
+    return mode(spec, exact=False) if tensor_cores(target) else None
+
+
 def _divisors(hidden: int, options) -> tuple[int, ...]:
     return tuple(u for u in options if hidden % u == 0) or (1,)
 
@@ -147,20 +155,15 @@ def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
         return ("cpu",)
     from . import recurrent_persistent as persistent
 
-    from .recurrent_mma import supported
+    from tvmrnn.errors import UnsupportedModelError
 
     fits = persistent.fits(spec, cell, _arch(target))
     resident = persistent_mma_fits(spec, cell, target)
-    tc = tensor_cores(target)
-    large = ("mma",) if tc and supported(spec, exact=False) else ("tiled",)  # tensor cores where the dtype or precision allows them
-    if choice in ("mma", "persistent_mma") and not tc:
-        from tvmrnn.errors import UnsupportedModelError
-
+    large = ("mma",) if rounding_mode(spec, target) else ("tiled",)  # tensor cores where the dtype or precision allows them
+    if choice in ("mma", "persistent_mma") and not tensor_cores(target):
         raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel '{choice}' issues tensor-core mma.sync shapes of sm_80 "
                                     f"and newer; the target is {_arch(target)} (use auto, stepwise or tiled)")
     if choice == "persistent_mma" and not resident:
-        from tvmrnn.errors import UnsupportedModelError
-
         raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel 'persistent_mma' needs R in shared memory across one wave "
                                     f"of blocks, and hidden size {spec.hidden_size} x {spec.num_directions} direction(s) in "
                                     f"{spec.dtype} does not fit on {_arch(target)}; use auto, mma or stepwise")

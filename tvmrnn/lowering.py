@@ -96,11 +96,9 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
     G, H, D, In = cell.gates, spec.hidden_size, spec.num_directions, spec.input_size
 
     bias, rb_cell = _split_bias(B, spec, cell) if B is not None else (None, None)
-    from schedules.recurrent_mma import mode  # the layer's tensor-core mode, if any (_projection uses it on CUDA only)
-    from schedules.space import tensor_cores
+    from schedules.space import rounding_mode  # the layer's tensor-core mode on this target, if any
 
-    tensor_mode = mode(spec, exact=False) if tensor_cores(target) else None
-    xw = _projection(bb, X, op.reshape(W, [D * G * H, In]), bias, D * G * H, In, target, tensor_mode)
+    xw = _projection(bb, X, op.reshape(W, [D * G * H, In]), bias, D * G * H, In, target, rounding_mode(spec, target))
     kernel = _recurrent_kernel(spec, cell, target, kernel_choice, tuned)
     args = [xw, bb.emit(op.permute_dims(R, [0, 2, 1])) if kernel.transposed_r else R]
     for name in ("sequence_lens", "initial_h", "initial_c"):
