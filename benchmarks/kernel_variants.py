@@ -29,15 +29,16 @@ MODULE, CONFIG = {"tiled": (recurrent_tiled, recurrent_tiled.TiledConfig), "mma"
 POINTS = {
     "tiled": [dict(units=u, row_threads=rg, rows_per_thread=tb, k_chunk=kc)
               for u, rg, tb, kc in [(8, 16, 4, 32), (8, 16, 2, 32), (4, 16, 2, 32), (16, 16, 2, 32), (8, 8, 2, 32), (8, 16, 1, 32)]],
-    "mma": [dict(units=u, n_tiles=nt, n_warps=nw, k_warps=kw, depth=dp)
-            for u, nt, nw, kw, dp in [(8, 2, 2, 4, 1), (8, 2, 2, 4, 2), (8, 2, 2, 4, 4), (8, 4, 1, 2, 2), (8, 4, 1, 2, 4),
-                                      (8, 2, 2, 2, 4), (8, 4, 2, 2, 2)]],
-    # prefetch and split_acc (3xTF32's cross products apart: exact fp32 only, a no-op in fp16) are not yet measured
-    "persistent_mma": [dict(units=u, n_tiles=nt, n_warps=nw, k_warps=kw, depth=dp, prefetch=pf, split_acc=sa)
-                       for u, nt, nw, kw, dp, pf, sa in [(8, 1, 1, 8, 2, 1, 0), (8, 1, 1, 8, 2, 0, 1), (8, 1, 1, 8, 2, 1, 1),
-                                                         (8, 2, 2, 4, 2, 1, 0), (8, 2, 2, 4, 2, 1, 1), (8, 1, 1, 4, 2, 0, 0),
-                                                         (8, 2, 1, 8, 1, 0, 0), (16, 1, 1, 8, 2, 0, 0), (16, 2, 2, 4, 2, 0, 0),
-                                                         (16, 2, 2, 4, 2, 1, 1)]],
+    # half_operand=0: B from the fp32 state (the kernels before it); units=16 halves the blocks that each read all of h;
+    # 64-row batch tiles (n_tiles x n_warps = 8) read R once per step at batch 64
+    "mma": [dict(units=u, n_tiles=nt, n_warps=nw, k_warps=kw, depth=dp, half_operand=ho)
+            for u, nt, nw, kw, dp, ho in [(8, 2, 2, 4, 2, 0), (8, 4, 1, 2, 4, 1), (8, 4, 1, 2, 4, 0), (16, 2, 2, 4, 2, 1),
+                                          (16, 4, 1, 4, 2, 1), (16, 4, 2, 2, 2, 1), (8, 4, 2, 2, 2, 1)]],
+    # the two default tile shapes (batch <= 8 and above) with each knob no default sets yet; meaningful() drops the
+    # points a dtype makes a copy of the default (split_acc outside 3xTF32, half_operand in fp32)
+    "persistent_mma": [dict(units=8, n_tiles=nt, n_warps=nw, k_warps=kw, depth=2, prefetch=pf, split_acc=sa, half_operand=ho)
+                       for nt, nw, kw in [(1, 1, 8), (2, 2, 4)]
+                       for pf, sa, ho in [(0, 0, 0), (1, 0, 1), (0, 1, 1), (1, 1, 1)]],
 }[KIND]
 DTYPES = ("float16",) if KIND == "mma" else ("float32", "float16")
 
@@ -49,7 +50,16 @@ def baselines(row, dtype):
     return (before, "auto")
 
 
+def meaningful(dtype, knobs):
+    """Whether a point differs from the default point of its tile shape in this dtype."""
+    if dtype == "float32" and knobs.get("half_operand", 1) == 0 and not knobs.get("prefetch") and not knobs.get("split_acc"):
+        return False
+    return dtype == "float32" or not knobs.get("split_acc")
+
+
 def fits(row, dtype, knobs):
+    if not meaningful(dtype, knobs):
+        return False
     if KIND != "persistent_mma":
         return True
     spec = RNNLayerSpec(name="x", op=row.cell, hidden_size=row.H, input_size=row.I, dtype=dtype,

@@ -47,6 +47,8 @@ class KernelArgs:
     cell: Cell
     seq: tirx.Var = field(default_factory=lambda: tirx.Var("seq", I64))
     batch: tirx.Var = field(default_factory=lambda: tirx.Var("batch", I64))
+    # operand name ("h" or a stored value) -> its copy in half precision (half_operands), written beside the fp32 one
+    mirrors: dict = field(default_factory=dict)
 
     def declare(self, transposed_r: bool, weight_dtype: str = "float32"):
         """Everything is fp32 but R, which keeps the storage dtype (fp16/bf16 halve its bytes)."""
@@ -155,18 +157,35 @@ def unit_step(a: KernelArgs, phase, hbuf, scratch, cur, nxt, d, n, t, j, rec, te
         loaded = [temps.bind(v) for v in res.values()]
     for k, v in zip(res, loaded):
         if k == "h":
-            T.buffer_store(hbuf, v, [nxt, d, n, j])
+            store_operand(a, "h", hbuf, v, [nxt, d, n, j])
             T.buffer_store(a.Y, v, a.y_index(d, n, t, j))
         elif k == "c":
             T.buffer_store(a.Yc, v, a.state_index(d, n, j))
         else:
-            T.buffer_store(scratch[k], v, [d, n, j])
+            store_operand(a, k, scratch[k], v, [d, n, j])
 
 
 def unit_padding(a: KernelArgs, hbuf, cur, nxt, d, n, s, j):
     """Step s is past row n's sequence: Y there is zero and the hidden state carries over."""
-    T.buffer_store(hbuf, hbuf[cur, d, n, j], [nxt, d, n, j])
+    store_operand(a, "h", hbuf, hbuf[cur, d, n, j], [nxt, d, n, j])
     T.buffer_store(a.Y, tirx.const(0.0, "float32"), a.y_index(d, n, s, j))
+
+
+def half_operands(a: KernelArgs, dtype: str):
+    """Copies in `dtype` of the vectors the phases multiply (h, double-buffered, and stored values such as GRU's r*h),
+    which store_operand writes beside the fp32 ones. A tensor-core kernel in half precision rounds its B operand to
+    `dtype` anyway, so reading these is bit-identical and moves half the bytes: at batch 20-64 every block reads all
+    of h each step, the L2 traffic that bounds a step (64 x 1024 fp32 rows x 128 blocks = 33 MB per step)."""
+    D, N, H = a.spec.num_directions, a.batch, a.spec.hidden_size
+    for name in dict.fromkeys(p.operand for p in a.cell.phases):
+        a.mirrors[name] = T.alloc_buffer((2, D, N, H) if name == "h" else (D, N, H), dtype)
+
+
+def store_operand(a: KernelArgs, name: str, buf, value, idx):
+    """Store an operand value (h or a stored value) and its half-precision copy where the kernel keeps one."""
+    T.buffer_store(buf, value, idx)
+    if name in a.mirrors:
+        T.buffer_store(a.mirrors[name], value.astype(a.mirrors[name].dtype), idx)
 
 
 def recurrent_prim_func(spec: RNNLayerSpec, cell: Cell, transposed_r: bool, emit_body, weight_dtype="float32",

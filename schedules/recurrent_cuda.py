@@ -19,7 +19,7 @@ from tvm.script.ir_builder import tirx as T
 from tvmrnn.cells import Cell
 from tvmrnn.layer import RNNLayerSpec
 
-from .recurrent_common import KernelArgs, i64, recurrent_prim_func, unit_padding, unit_step
+from .recurrent_common import KernelArgs, i64, recurrent_prim_func, store_operand, unit_padding, unit_step
 from .warp_gemv import warp_gates
 
 F32 = "float32"
@@ -83,7 +83,7 @@ def step_launches(a: KernelArgs, launch):
 
     def init(idx):
         d, n, j = split(idx)
-        T.buffer_store(hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
+        store_operand(a, "h", hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
         if a.Yc is not None:
             T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j))
 

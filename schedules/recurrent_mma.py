@@ -24,10 +24,11 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC, MODES, WarpTiles, chunk_rounds
-from .recurrent_common import KernelArgs, block_sync, guarded, i64
+from .recurrent_common import KernelArgs, block_sync, guarded, half_operands, i64
 from .recurrent_cuda import epilogue, operand_at, step_launches
 
 F32 = "float32"
+HALF = ("float16", "bfloat16")
 TRANSPOSED_R = False  # lanes read R's rows along k: ONNX's layout
 
 
@@ -46,6 +47,9 @@ class MmaConfig:
     prefetch: int = 0
     # 1 (3xTF32 only): the cross products accumulate apart from the main product (mma_tiles.WarpTiles; not yet measured)
     split_acc: int = 0
+    # 1 (fp16/bf16 only): B (h, GRU's r*h) read from a copy in the storage dtype (recurrent_common.half_operands), half
+    # the L2 bytes of the fp32 state for the same bits, since the mma rounds B to that dtype anyway
+    half_operand: int = 1
 
     @property
     def rows(self) -> int:
@@ -86,6 +90,7 @@ def default_config(batch: int | None = None) -> MmaConfig:
 
 def mma_body(a: KernelArgs, cfg: MmaConfig):
     assert supported(a.spec), a.spec.dtype
+    operand_copies(a, cfg)
     step_launches(a, lambda *args: _mma_launch(*args, cfg))
 
 
@@ -108,6 +113,12 @@ def _mma_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
 
                         block_phase(a, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg, d, u0, bz * i64(NB), wy, lane,
                                     acc_s, a_at, exact)
+
+
+def operand_copies(a: KernelArgs, cfg: MmaConfig):
+    """Allocate the half-precision copies of the phases' operands where the config reads B from them."""
+    if cfg.half_operand and a.spec.dtype in HALF:
+        half_operands(a, a.spec.dtype)
 
 
 def r_row(phase, units, H, u0, g, mt, half):
@@ -140,7 +151,9 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     exact = H % KC == 0
     stride = NB + 1  # shared row stride: the epilogue's threads read down a column without bank conflicts
     wn, wk = wy % i64(NW), wy // i64(NW)
-    tiles = WarpTiles(lane, MT, NT, mode(a.spec), a.spec.dtype, F32, cfg.depth, bool(cfg.split_acc))
+    b_src = a.mirrors.get(phase.operand, operand)  # the half-precision copy where the kernel keeps one
+    b_dtype = str(b_src.dtype)
+    tiles = WarpTiles(lane, MT, NT, mode(a.spec), a.spec.dtype, b_dtype, cfg.depth, bool(cfg.split_acc))
     threads = 32 * NW * KW
     tid = wy * i64(32) + lane
     xw = _prefetch_xw(a, phase, s, d, u0, n0, UB, NB, threads, tid) if cfg.prefetch else None
@@ -148,7 +161,7 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     def load_chunk(ck, slot):
         def b_at(nt, k):
             n = tirx.min(n0 + (wn * i64(NT) + i64(nt)) * i64(8) + tiles.g, N - 1)  # rows past N: never stored
-            return guarded(ck * i64(KC) + k, H, exact, lambda k: operand_at(operand, phase, cur, d, n, k), F32)
+            return guarded(ck * i64(KC) + k, H, exact, lambda k: operand_at(b_src, phase, cur, d, n, k), b_dtype)
 
         tiles.load_a(lambda mt, half, v0, v: a_at(tiles, ck, mt, half, v0, v), a_vector, slot)
         tiles.load_b(b_at, exact, slot)

@@ -23,7 +23,7 @@ from tvm.script.ir_builder import tirx as T
 from tvmrnn.cells import Cell
 from tvmrnn.layer import RNNLayerSpec
 
-from .recurrent_common import KernelArgs, block_sync, i64
+from .recurrent_common import KernelArgs, block_sync, i64, store_operand
 from .recurrent_cuda import cuda_prim_func, epilogue, operand_at, vector_width, weight_bytes
 from .warp_gemv import warp_gates
 
@@ -113,7 +113,7 @@ def initial_states(a: KernelArgs, hbuf, d, j0, units: int, threads: int, tid):
     """The block's units j0..: h0 into hbuf[0], c0 into Yc (zeros where the node has none)."""
 
     def init(n, j):
-        T.buffer_store(hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
+        store_operand(a, "h", hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
         if a.Yc is not None:
             T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j))
 

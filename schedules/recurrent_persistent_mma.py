@@ -27,7 +27,7 @@ from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC
 from .recurrent_common import KernelArgs, block_sync, i64
-from .recurrent_mma import MmaConfig, block_phase, partial_sums
+from .recurrent_mma import MmaConfig, block_phase, operand_copies, partial_sums
 from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, _strided, final_states, initial_states, sm_count
 
 F32 = "float32"
@@ -88,6 +88,7 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
         total += len(phase.gates) * UB // 8
     hbuf = T.alloc_buffer((2, D, N, H), F32)
     scratch = {v: T.alloc_buffer((D, N, H), F32) for v in cell.stored_values}
+    operand_copies(a, cfg)
     with T.thread_binding(0, i64(D * per_dir), "blockIdx.x") as bx:
         with T.thread_binding(0, i64(threads // 32), "threadIdx.y") as wy:
             with T.thread_binding(0, i64(32), "threadIdx.x") as lane:

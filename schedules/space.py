@@ -6,7 +6,8 @@ A point of a space is a `KernelConfig`: a schedule kind and a value for each of 
     stepwise    warps per block, units_per_warp, batch_tile (rows reusing each weight read)
     persistent  blocks (one co-resident wave), warps, batch_tile, stage_h (h staged in shared memory)
     tiled       units per block, row_threads x rows_per_thread batch rows per block, k_chunk staged per round
-    mma         (tensor cores) units per block, n_tiles x n_warps batch tiles of 8 rows, k_warps splitting the reduction, depth chunks in flight
+    mma         (tensor cores) units per block, n_tiles x n_warps batch tiles of 8 rows, k_warps splitting the reduction, depth chunks in flight,
+                and in fp16/bf16 half_operand (B read from a half-precision copy of h)
     persistent_mma  the same knobs, prefetch (XW loaded before the reduction) and in exact fp32 split_acc (3xTF32's
                 cross products in accumulators of their own), for the persistent tensor-core kernel (one wave, R in shared memory)
 
@@ -90,7 +91,7 @@ def knob_space(kind: str, spec, cell, target) -> dict[str, tuple[int, ...]]:
     if kind == "tiled":  # every combination stays within 1024 threads and 48 KB of shared memory
         return {"units": (4, 8, 16, 32), "row_threads": (4, 8, 16, 32), "rows_per_thread": (1, 2, 4), "k_chunk": (16, 32)}
     if kind == "mma":  # at most 8 warps and 33 KB of shared memory
-        return {"units": (8, 16), "n_tiles": (1, 2, 4), "n_warps": (1, 2), "k_warps": (1, 2, 4), "depth": (1, 2, 4)}
+        return {"units": (8, 16), "n_tiles": (1, 2, 4), "n_warps": (1, 2), "k_warps": (1, 2, 4), "depth": (1, 2, 4)} | _half_operand(spec)
     if kind == "persistent_mma":
         return _persistent_mma_space(spec, cell, _arch(target))
     raise ValueError(f"unknown kernel kind {kind!r}")
@@ -105,7 +106,15 @@ def _persistent_mma_space(spec, cell, arch) -> dict[str, tuple[int, ...]]:
         space["prefetch"] = (0, 1)
         if mode(spec) == "tf32x3":
             space["split_acc"] = (0, 1)
+        space |= _half_operand(spec)
     return space
+
+
+def _half_operand(spec) -> dict[str, tuple[int, ...]]:
+    """fp16/bf16 layers on tensor cores: B from the half-precision copy of h (bit-identical, half the bytes) or not."""
+    from .recurrent_mma import HALF
+
+    return {"half_operand": (0, 1)} if spec.dtype in HALF else {}
 
 
 def _resident_tiles(spec, cell, arch) -> dict[str, tuple[int, ...]]:
@@ -201,6 +210,8 @@ def default_config(kind: str, spec, cell, target, batch: int | None = None) -> K
             knobs["prefetch"] = c.prefetch
             if mma_mode(spec) == "tf32x3":
                 knobs["split_acc"] = c.split_acc
+        if _half_operand(spec):
+            knobs["half_operand"] = c.half_operand
         return KernelConfig.of(kind, **knobs)
     from . import recurrent_persistent as persistent
 

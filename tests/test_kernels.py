@@ -47,8 +47,6 @@ def test_kernel_writes_every_element(kind, case):
     _check_kernel(kind, case, spec, kernel.func, kernel.transposed_r, batches=(5, 40, 3))
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
 def _kind_and_spec(kind, spec):
     """'mma-fp16' -> ("mma", the layer in fp16); '-tf32': fp32 with precision tf32; no suffix: as the case has it
     (exact fp32: the tensor-core kinds run 3xTF32)."""
@@ -100,7 +98,10 @@ def test_cuda_points_build_without_a_gpu(case):
 
 
 def _check_kernel(kind, case, spec, func, transposed_r, batches, note=""):
+    """Run a recurrent PrimFunc on fresh inputs per batch (seeded: the same every call), outputs poisoned, twice each;
+    check against float64 and return the outputs of every batch."""
     cell = cell_for(spec)
+    runs = []
     target = _target(kind)
     lib = tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline=cooperative.register())
     dev = tvm.device("cpu" if kind == "llvm" else "cuda", 0)
@@ -123,6 +124,7 @@ def _check_kernel(kind, case, spec, func, transposed_r, batches, note=""):
         outs += [np.full(state_shape, np.nan, "f4") for _ in cell.states]
         dev_args = [tvm.runtime.tensor(np.ascontiguousarray(v), dev) for v in args + outs]
         results = []
+        runs.append(results)
         for _ in range(2):
             lib["main"](*dev_args)
             results.append([t.numpy() for t in dev_args[len(args):]])
@@ -133,6 +135,7 @@ def _check_kernel(kind, case, spec, func, transposed_r, batches, note=""):
             exact = spec.dtype == "float32" and spec.precision == "exact"
             tol = (1e-4, 1e-5) if exact else (1e-2, 1e-2)  # half storage or TF32: h rounds to it on tensor cores
             np.testing.assert_allclose(got, expected[name], rtol=tol[0], atol=tol[1], err_msg=f"{name}, batch {N} {note}")
+    return [r[0] for r in runs]
 
 
 @pytest.mark.gpu
@@ -237,6 +240,40 @@ def test_persistent_mma_knobs_are_correct(case, dtype, knobs):
     _, spec, (_, point) = _with_knobs(case, dtype, **knobs)
     _check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec, point_kernel(spec, cell_for(spec), _target("cuda"), point),
                   False, batches=(6, 37), note=point.describe())
+
+
+@pytest.mark.parametrize("kind", ["mma", "persistent_mma"])
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_half_operand_reads_a_half_copy_of_b(op, kind):
+    """half_operand (fp16/bf16 on tensor cores): B (h; GRU's r*h too) loads 8 halves at a time from a half-precision
+    copy, not 4 floats at a time from the fp32 state; the knob is only offered where the mma rounds B to half anyway."""
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    spec = find_rnn_layers(Case(op=op, hidden=64, input_size=8, dtype="float16").model())[0].spec  # whole chunks: vector loads
+    cell = cell_for(spec)
+    base = default_config(kind, spec, cell, target, 16)
+    assert base["half_operand"] == 1
+    on, off = (_source(target, spec, c) for c in (base, KernelConfig.of(kind, **{**dict(base.knobs), "half_operand": 0})))
+    # loads into registers: R's name R_ptr or shared memory; the state buffers are the unnamed _ptr's
+    assert "= *(uint4*)(_ptr" in on and "= *(float4*)(_ptr" not in on
+    assert "= *(uint4*)(_ptr" not in off and "= *(float4*)(_ptr" in off
+    for s in (dataclasses.replace(spec, dtype="float32"), dataclasses.replace(spec, dtype="float32", precision="tf32")):
+        assert "half_operand" not in knob_space(kind, s, cell_for(s), target)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["mma", "persistent_mma"])
+@pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
+def test_half_operand_gives_the_same_bits(case, kind):
+    """B from the half copy or rounded from the fp32 state: both correct against float64, and bit-identical."""
+    target = _target("cuda")
+    spec = dataclasses.replace(find_rnn_layers(case.model())[0].spec, dtype="float16")
+    case = dataclasses.replace(case, dtype="float16")
+    base = default_config(kind, spec, cell_for(spec), target, 16)
+    outs = [_check_kernel("cuda", case, spec, point_kernel(spec, cell_for(spec), target, c), False, batches=(6, 37), note=c.describe())
+            for c in (base, KernelConfig.of(kind, **{**dict(base.knobs), "half_operand": 0}))]
+    for batch_a, batch_b in zip(*outs):
+        for got_a, got_b in zip(batch_a, batch_b):
+            np.testing.assert_array_equal(got_a, got_b)
 
 
 @pytest.mark.parametrize("kind", ["mma", "persistent_mma"])
