@@ -60,11 +60,12 @@ def fits(spec, cell, arch: str, cfg: MmaConfig) -> bool:
 
 def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig | None:
     """The fewest units per block (most SMs at work) that fit. Up to batch 8 one 8-row tile with the reduction split
-    8 ways; above, 2 x 2 tiles (32 rows per pass) split 4 ways: the best of the points tried at batch 8 and 20-64 on
-    the H100 (benchmarks/results/2026-11-23-h100-persistent-mma-variants.md). None if nothing fits."""
+    8 ways, with XW prefetched (b8-h1024-l2: 1.38 against 1.40 ms in fp32, 0.725 against 0.755 in fp16); above, 2 x 2
+    tiles (32 rows per pass) split 4 ways: the best of the points tried at batch 8 and 20-64 on the H100
+    (benchmarks/results/2026-11-23-h100-persistent-mma-variants.md, 2026-11-23-h100-knob-variants.md). None if nothing fits."""
     small = batch is not None and batch <= 8
     for units in UNITS:
-        cfg = MmaConfig(units=units, n_tiles=1, n_warps=1, k_warps=8, depth=2) if small else \
+        cfg = MmaConfig(units=units, n_tiles=1, n_warps=1, k_warps=8, depth=2, prefetch=1) if small else \
             MmaConfig(units=units, n_tiles=2, n_warps=2, k_warps=4, depth=2)
         if fits(spec, cell, arch, cfg):
             return cfg
