@@ -62,11 +62,14 @@ def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig
     """The fewest units per block (most SMs at work) that fit. Up to batch 8 one 8-row tile with the reduction split
     8 ways, with XW prefetched (b8-h1024-l2: 1.38 against 1.40 ms in fp32, 0.725 against 0.755 in fp16); above, 2 x 2
     tiles (32 rows per pass) split 4 ways: the best of the points tried at batch 8 and 20-64 on the H100
-    (benchmarks/results/2026-11-23-h100-persistent-mma-variants.md, 2026-11-23-h100-knob-variants.md). None if nothing fits."""
+    (benchmarks/results/2026-11-23-h100-persistent-mma-variants.md, 2026-11-23-h100-knob-variants.md), prefetching XW
+    there too in cells of several phases, each of which waits on its XW read after its reduction (GRU h800 batch 20 fp16,
+    the tuner's measurements in tuning_logs/cuda-sm_90: 3.38 against 4.63 us per step). None if nothing fits."""
     small = batch is not None and batch <= 8
+    phases = len(cell.phases)
     for units in UNITS:
         cfg = MmaConfig(units=units, n_tiles=1, n_warps=1, k_warps=8, depth=2, prefetch=1) if small else \
-            MmaConfig(units=units, n_tiles=2, n_warps=2, k_warps=4, depth=2)
+            MmaConfig(units=units, n_tiles=2, n_warps=2, k_warps=4, depth=2, prefetch=int(phases > 1))
         if fits(spec, cell, arch, cfg):
             return cfg
     return None

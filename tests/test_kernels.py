@@ -212,9 +212,9 @@ def _source(target, spec, config):
 def test_prefetch_loads_xw_before_the_reduction(case):
     """persistent_mma's prefetch knob: the epilogue's XW values are read before the first mma (else after), and the
     kernel builds through NVRTC."""
-    target, spec, points = _with_knobs(case, "float16", prefetch=1)
+    target, spec, (base, _) = _with_knobs(case, "float16")
     order = []
-    for config in points:
+    for config in [KernelConfig.of("persistent_mma", **{**dict(base.knobs), "prefetch": p}) for p in (0, 1)]:
         src = _source(target, spec, config)
         body = src[src.index("{", src.index("__global__")):]
         order.append(body.index("XW_ptr[") < body.index("mma.sync"))
@@ -236,7 +236,8 @@ def test_split_accumulators_keep_three_mmas_per_tile():
                                           ("float32", {"prefetch": 1, "split_acc": 1})], ids=str)
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
 def test_persistent_mma_knobs_are_correct(case, dtype, knobs):
-    """The knobs no default sets yet (prefetch, split_acc) against float64 on poisoned outputs."""
+    """The knobs against float64 on poisoned outputs (prefetch: set by the batch <= 8 default and GRU's above; split_acc:
+    by no default)."""
     _, spec, (_, point) = _with_knobs(case, dtype, **knobs)
     _check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec, point_kernel(spec, cell_for(spec), _target("cuda"), point),
                   False, batches=(6, 37), note=point.describe())
