@@ -5,6 +5,7 @@
 #   bash benchmarks/device_run.sh sanitize [KERNEL]   compute-sanitizer racecheck/synccheck/memcheck on one small layer
 #   bash benchmarks/device_run.sh tune     MetaSchedule over the benchmark rows and the zoo (logs to $OUT/tuning_logs)
 #   bash benchmarks/device_run.sh variants KIND [ROW ...]   points of one kernel kind (tiled | mma | persistent_mma) against the defaults
+#   bash benchmarks/device_run.sh projection [SHAPE ...]   the staged tensor-core projection against today's GEMMs and cuBLAS
 # Results go to $OUT (the device tool brings them back); commit the ones that matter under benchmarks/results/.
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -27,6 +28,8 @@ case "$1" in
       | grep -v Warning | tee "$OUT/tune_log.txt" | tail -70 ;;
   variants)
     timeout 560 python3 benchmarks/kernel_variants.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -40 ;;
+  projection)
+    timeout 560 python3 benchmarks/projection_staged.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/projection_log.txt" | tail -40 ;;
   sanitize)
     for tool in racecheck synccheck memcheck; do
       timeout 180 compute-sanitizer --tool $tool python3 benchmarks/sanitize_case.py "${2:-persistent}" LSTM 2>&1 | grep -v Warning | tail -8 | tee "$OUT/sanitizer_${2:-persistent}_$tool.txt"

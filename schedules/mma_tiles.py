@@ -127,12 +127,18 @@ class WarpTiles:
 
     def load_b(self, b_at, vector: bool, slot: int = 0):
         """Stage B's part of one chunk: b_at(nt, k), k = 8t + (0..7) of the chunk."""
+        k0 = self.t * i64(8)
+        self.load_b_parts(lambda nt, v0, v: b_at(nt, k0 + i64(v0) + v), vector, slot)
+
+    def load_b_parts(self, b_at, vector: bool, slot: int = 0):
+        """Stage B's part of one chunk: b_at(nt, v0, v) gives element v0 + v (v0 a multiple of width(b_dtype), v the
+        vector lane) of the lane's 8 k of row g of n-tile nt (the form a swizzled shared layout needs, as load_a's)."""
         lanes = T.vectorized if vector else T.unroll
-        k0, w = self.t * i64(8), self.width(self.b_dtype)
+        w = self.width(self.b_dtype)
         for nt in range(self.NT):
             for v0 in range(0, 8, w):
                 with lanes(0, i64(w)) as v:
-                    T.buffer_store(self.rb, b_at(nt, k0 + i64(v0) + v), [i64(slot), i64(nt), i64(v0) + v])
+                    T.buffer_store(self.rb, b_at(nt, v0, v), [i64(slot), i64(nt), i64(v0) + v])
 
     def multiply(self, slot: int = 0):
         """The mma's of the chunk in staging slot `slot` (per_lane of each lane's 8 k each), on every tile."""

@@ -51,13 +51,18 @@ def projection_mma(mode: str, K: int, cols: int) -> tirx.PrimFunc:
                                        lambda nt, kk: W[tirx.min(n0 + i64(nt * 8) + tiles.g, i64(cols - 1)), k + kk], True, slot)
 
                         chunk_rounds(K // KC, 1, DEPTH, i64(0), load, tiles.multiply)
-                        for ci in tiles.accumulators():
-                            if int(ci[2]) % 2:
-                                continue  # stored with its left neighbour
-                            m, n = m0 + tiles.row(ci), n0 + tiles.col(ci)
-                            with T.If(tirx.all(m < M, n < i64(cols))):
-                                with T.Then():
-                                    with T.vectorized(0, i64(2)) as v:
-                                        T.buffer_store(XW, tiles.c[ci[0], ci[1], ci[2] + v] + bias[n + v], [m, n + v])
+                        store_xw(tiles, XW, bias, M, cols, m0, n0)
 
     return projection_prim_func("projection_mma", dtype, K, cols, (cols, K), body)
+
+
+def store_xw(tiles: WarpTiles, XW, bias, M, cols: int, m0, n0):
+    """A warp's accumulators plus the bias into XW (rows m0.., columns n0..), two columns per store, edges skipped."""
+    for ci in tiles.accumulators():
+        if int(ci[2]) % 2:
+            continue  # stored with its left neighbour
+        m, n = m0 + tiles.row(ci), n0 + tiles.col(ci)
+        with T.If(tirx.all(m < M, n < i64(cols))):
+            with T.Then():
+                with T.vectorized(0, i64(2)) as v:
+                    T.buffer_store(XW, tiles.c[ci[0], ci[1], ci[2] + v] + bias[n + v], [m, n + v])

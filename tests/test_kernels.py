@@ -17,6 +17,8 @@ from onnx_cases import Case
 from schedules import cooperative, point_kernel, recurrent_kernel
 from schedules.projection_cuda import projection_cuda
 from schedules.projection_mma import projection_mma
+from schedules.projection_staged import StagedConfig, projection_staged
+from schedules.projection_staged import supported as projection_staged_supported
 from schedules.space import KernelConfig, default_config, knob_space
 from tvmrnn.cells import cell_for
 from tvmrnn.frontend.inspect import find_rnn_layers
@@ -167,6 +169,31 @@ def test_projection_mma_matches_float64(M, K, cols, mode, tol):
     """Our tensor-core projection against float64: fp16 on the same fp16 inputs (fp32 accumulation: exact to
     rounding), TF32 on fp32 inputs (operands rounded to 10 bits); output poisoned first; partial tiles included."""
     _check_projection(projection_mma(mode, K, cols), M, K, cols, "f2" if mode == "float16" else "f4", tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode, tol, config", [(m, tol, c) for m, tol in [("float16", 1e-5), ("tf32", 3e-3), ("tf32x3", 1e-5)]
+                                               for c in (StagedConfig(), StagedConfig(mt=2), StagedConfig(warps_m=4, warps_n=2, mt=2))
+                                               if projection_staged_supported(m, 32, 2, c)], ids=str)  # fp32's 128 x 128 is over 48 KB
+@pytest.mark.parametrize("M, K, cols", [(1, 32, 2), (333, 64, 2400), (1100, 800, 1022), (6400, 1024, 4096)])
+def test_projection_staged_matches_float64(M, K, cols, mode, tol, config):
+    """The shared-memory-staged tensor-core projection against float64, output poisoned first, partial row and column
+    tiles and odd chunk counts (K = 800: 25 chunks) included; 3xTF32 as accurate as fp32."""
+    _check_projection(projection_staged(mode, K, cols, config), M, K, cols, "f2" if mode == "float16" else "f4", tol)
+
+
+@pytest.mark.parametrize("mode, shape", [("float16", "m16n8k16"), ("bfloat16", "m16n8k16"), ("tf32", "m16n8k8"), ("tf32x3", "m16n8k8")])
+def test_projection_staged_builds_without_a_gpu(mode, shape):
+    """It compiles through NVRTC with one barrier per 32-column chunk (no extra one between a chunk's reads of one shared
+    buffer and its stores into the other), and 3xTF32 issues three TF32 mma's per tile."""
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    src = tvm.compile(tvm.IRModule({"main": projection_staged(mode, 800, 3200)}), target=target).mod.imports[0].inspect_source()
+    assert f"mma.sync.aligned.{shape}" in src
+    # 25 chunks: one barrier after the first copy, two in the loop (two chunks per iteration), one for the odd last chunk
+    assert src.count("__syncthreads()") == 4
+    if mode == "tf32x3":
+        single = tvm.compile(tvm.IRModule({"main": projection_staged("tf32", 800, 3200)}), target=target).mod.imports[0].inspect_source()
+        assert src.count("mma.sync") == 3 * single.count("mma.sync")
 
 
 @pytest.mark.parametrize("mode, shape", [("float16", "m16n8k16"), ("bfloat16", "m16n8k16"), ("tf32", "m16n8k8")])

@@ -1,0 +1,92 @@
+"""The staged tensor-core projection (schedules/projection_staged.py) beside the kernels the build uses and cuBLAS.
+
+    PYTHONPATH=. python3 benchmarks/projection_staged.py [SHAPE ...]
+
+Per benchmark row's projection shape (M = T*N, K, cols): in fp16, projection_mma (what fp16 layers
+build with) against projection_staged's configs and cuBLAS (torch.matmul, fp16); in fp32,
+projection_cuda (the exact SIMT GEMM fp32 layers build with) against projection_staged in 3xTF32
+(exact fp32 on tensor cores) and TF32, and cuBLAS with TF32 off and on. Every result is checked
+against float64 before it is timed (TVM time_evaluator, median of 5 x 3; cuBLAS: CUDA events,
+median of 10). Writes $OUT/projection_staged.json.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import tvm
+
+from schedules.projection_cuda import projection_cuda
+from schedules.projection_mma import projection_mma
+from schedules.projection_staged import StagedConfig, projection_staged, supported
+
+SHAPES = {"lat-b1-h1024": (100, 1024, 4096), "b8-h1024": (800, 1024, 4096), "ds2-lstm": (6000, 800, 3200),
+          "b64-h1024": (6400, 1024, 4096), "ds2-5l-bi l1+": (6000, 1600, 6400), "blog-a": (12800, 2560, 10240)}
+STAGED = {"128x128 (2x4 warps, 4x4 tiles)": StagedConfig(), "64x128 (2x4 warps, 2x4 tiles)": StagedConfig(mt=2),
+          "128x64 (4x2 warps, 2x4 tiles)": StagedConfig(warps_m=4, warps_n=2, mt=2), "128x128 (4x2 warps, 2x8 tiles)": StagedConfig(warps_m=4, warps_n=2, mt=2, nt=8)}
+OUT = os.environ.get("OUT", "/tmp")
+dev, target = tvm.cuda(0), tvm.target.Target.from_device(tvm.cuda(0))
+results = []
+
+
+def cublas_ms(fn):
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(np.median(times))
+
+
+def ours(func, x, w, b, expected, tol):
+    """(ms, rel. err) of one PrimFunc, output poisoned first; None where it does not build or is wrong."""
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=target)
+    args = [tvm.runtime.tensor(v, dev) for v in (x, w, b)] + [tvm.runtime.tensor(np.full(expected.shape, np.nan, "f4"), dev)]
+    lib["main"](*args)
+    got = args[-1].numpy()
+    err = float(np.abs(got - expected).max() / np.abs(expected).max())
+    if np.isnan(got).any() or err > tol:
+        return None, err
+    timer = lib.time_evaluator("main", dev, number=5, repeat=3)
+    return float(np.median(timer(*args).results)) * 1e3, err
+
+
+def keep(shape, dtype, name, ms, err, flop):
+    results.append({"shape": shape, "dtype": dtype, "kernel": name, "ms": ms, "rel_err": err,
+                    "tflops": None if ms is None else flop / ms / 1e9})
+    print(results[-1], flush=True)
+    with open(os.path.join(OUT, "projection_staged.json"), "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(0), "results": results}, f, indent=1)
+
+
+for shape, (M, K, cols) in SHAPES.items():
+    if sys.argv[1:] and shape not in sys.argv[1:]:
+        continue
+    rng = np.random.default_rng(M + K)
+    flop = 2 * M * K * cols
+    for dtype in ("float16", "float32"):
+        x = rng.standard_normal((M, K)).astype(dtype)
+        w = (rng.standard_normal((cols, K)) / K**0.5).astype(dtype)
+        b = rng.standard_normal(cols).astype("f4")
+        expected = x.astype("f8") @ w.astype("f8").T + b
+        tx, tw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
+        if dtype == "float16":
+            keep(shape, dtype, "cuBLAS fp16", cublas_ms(lambda: tx @ tw.T), None, flop)
+            keep(shape, dtype, "projection_mma (built today)", *ours(projection_mma("float16", K, cols), x, w, b, expected, 1e-5), flop)
+            variants = [(f"staged {n}", "float16", c) for n, c in STAGED.items()]
+        else:
+            for tf32 in (False, True):
+                torch.backends.cuda.matmul.allow_tf32 = tf32
+                keep(shape, dtype, f"cuBLAS fp32 (TF32 {'on' if tf32 else 'off'})", cublas_ms(lambda: tx @ tw.T), None, flop)
+            keep(shape, dtype, "projection_cuda SIMT (built today)", *ours(projection_cuda(K, cols), x, w, b, expected, 1e-5), flop)
+            variants = [(f"staged {mode} {n}", mode, c) for mode in ("tf32x3", "tf32") for n, c in STAGED.items()]
+        for name, mode, cfg in variants:
+            if supported(mode, K, cols, cfg):
+                keep(shape, dtype, name, *ours(projection_staged(mode, K, cols, cfg), x, w, b, expected, 3e-3 if mode == "tf32" else 1e-5), flop)

@@ -1,0 +1,154 @@
+"""The input projection on tensor cores with block tiles staged through shared memory: XW = X @ W^T + bias, fp32 results.
+
+projection_mma streams each warp's rows of X and W from global memory into registers and relies on
+L1 for the reuse between the 2 x 2 warps of a block (a 128 x 64 block tile). On the H100 that ran
+blog-a's GEMM (12800 x 2560 x 10240, fp16) at 125 TFLOP/s, 5.3 of the model's 15.8 ms
+(benchmarks/results/2026-11-23-h100-knob-variants.md's profile): every 16-byte load serves 42 MACs of
+the block, and L2 cannot feed more. Here a block of warps_m x warps_n warps owns a larger tile
+(128 x 128 by default: 64 MACs per element loaded) and copies each 32-column chunk of its rows of X
+and W into shared memory once; its warps read their fragments from there (the same WarpTiles
+registers and mma.sync shapes as every tensor-core kernel of ours, so fp16, bf16, TF32 and 3xTF32,
+the exact fp32 mode, all work). Two shared buffers: while the warps multiply chunk c, each thread's
+16-byte loads of chunk c+1 are in flight into registers, stored to the other buffer after the
+mma's; one barrier per chunk.
+
+Shared layout: rows of 32 elements, X's BM rows then W's BN rows. In half precision a row is 64
+bytes, so the 8 lanes of a quarter-warp (rows g, g+1; their 16 bytes at 8t) cover 128 consecutive
+bytes: no bank conflict. In fp32 a row is 128 bytes and odd rows swap the 16-byte halves of each
+lane's 32 bytes (the XOR swizzle of recurrent_persistent_mma), so those lanes hit distinct banks.
+
+Not yet run on a GPU (written when the session's device time was spent): built in CI through NVRTC,
+with a float64 GPU test and a side-by-side benchmark (benchmarks/projection_staged.py) ready; the
+model build keeps projection_mma and the SIMT fp32 GEMM until this has been measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from .mma_tiles import KC, MODES, WarpTiles
+from .projection_mma import store_xw
+from .recurrent_common import block_sync, i64, projection_prim_func
+
+F32 = "float32"
+
+
+@dataclass(frozen=True)
+class StagedConfig:
+    warps_m: int = 2  # warps along X's rows
+    warps_n: int = 4  # warps along W's rows (XW's columns)
+    mt: int = 4  # m16 tiles per warp
+    nt: int = 4  # n8 tiles per warp
+
+    @property
+    def block(self) -> tuple[int, int]:
+        return self.warps_m * self.mt * 16, self.warps_n * self.nt * 8
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    def smem_bytes(self, dtype: str) -> int:
+        """Both buffers: static shared memory, at most 48 KB a block."""
+        bm, bn = self.block
+        return 2 * (bm + bn) * KC * (4 if dtype == F32 else 2)
+
+
+def default_config(mode: str) -> StagedConfig:
+    """128 x 128 block tiles; in fp32 (TF32, 3xTF32) 64 x 128, whose warps' fragments (twice the registers per element,
+    and 3xTF32's low parts) fit the register file without spilling."""
+    return StagedConfig(mt=2) if MODES[mode].storage == F32 else StagedConfig()
+
+
+def supported(mode: str | None, K: int, cols: int, cfg: StagedConfig | None = None) -> bool:
+    """A tensor-core mode, whole 32-column chunks, column pairs (8-byte stores), and a block whose 16-byte copies split
+    evenly between its threads with X's and W's rows apart (so each copy's source is known at compile time)."""
+    if mode not in MODES or K % KC or cols % 2:
+        return False
+    cfg = cfg or default_config(mode)
+    segs = KC // WarpTiles.width(MODES[mode].storage)
+    bm, bn = cfg.block
+    return bm * segs % cfg.threads == 0 and bn * segs % cfg.threads == 0 and cfg.smem_bytes(MODES[mode].storage) <= 48 * 1024
+
+
+def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = None) -> tirx.PrimFunc:
+    """PrimFunc(X [M, K], W [cols, K] in the mode's storage dtype, bias [cols] fp32, XW [M, cols] fp32), M symbolic."""
+    cfg = cfg or default_config(mode)
+    assert supported(mode, K, cols, cfg), (mode, K, cols, cfg)
+    dtype = MODES[mode].storage
+    BM, BN = cfg.block
+    vec = WarpTiles.width(dtype)  # elements per 16-byte copy
+    segs = KC // vec  # copies per 32-element row
+    copies = (BM + BN) * segs // cfg.threads  # per thread per chunk
+    swizzle = dtype == F32
+    chunks = K // KC
+    size = (BM + BN) * KC  # one buffer
+
+    def body(X, W, bias, XW, M):
+        with T.thread_binding(0, tirx.ceildiv(M, i64(BM)), "blockIdx.x") as bx:
+            with T.thread_binding(0, i64(-(-cols // BN)), "blockIdx.y") as by:
+                with T.thread_binding(0, i64(cfg.warps_m * cfg.warps_n), "threadIdx.y") as wy:
+                    with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
+                        tid = wy * i64(32) + lane
+                        mb, nb = bx * i64(BM), by * i64(BN)
+                        wm, wn = wy // i64(cfg.warps_n), wy % i64(cfg.warps_n)
+                        # two buffers, not halves of one: TVM's sync planner tells accesses apart by buffer, so a step's
+                        # stores into one after reading the other need no barrier between them
+                        sm = [T.alloc_buffer((size,), dtype, scope="shared") for _ in range(2)]
+                        staged = T.alloc_buffer((copies, vec), dtype, scope="local")
+                        tiles = WarpTiles(lane, cfg.mt, cfg.nt, mode, dtype, dtype, 1)
+
+                        def copy_at(i):
+                            """Row (X's rows first, then W's) and 16-byte segment of this thread's i-th copy."""
+                            e = i64(i * cfg.threads) + tid
+                            return e // i64(segs), e % i64(segs)
+
+                        def fetch(ck):
+                            for i in range(copies):
+                                row, seg = copy_at(i)
+                                k = ck * i64(KC) + seg * i64(vec)
+                                from_x = i * cfg.threads // segs < BM  # the same for every thread (supported())
+                                with T.vectorized(0, i64(vec)) as v:
+                                    val = X[tirx.min(mb + row, M - i64(1)), k + v] if from_x else \
+                                        W[tirx.min(nb + row - i64(BM), i64(cols - 1)), k + v]
+                                    T.buffer_store(staged, val, [i64(i), v])
+
+                        def store(buf):
+                            for i in range(copies):
+                                row, seg = copy_at(i)
+                                pos = tirx.bitwise_xor(seg, row % i64(2)) if swizzle else seg  # odd rows: halves swapped
+                                with T.vectorized(0, i64(vec)) as v:
+                                    T.buffer_store(sm[buf], staged[i64(i), v], [row * i64(KC) + pos * i64(vec) + v])
+
+                        def element(buf, row, v0, v):
+                            """Element v0 + v of the lane's 8 k (8t..8t+7) of shared row `row` (row % 2 == g % 2)."""
+                            flip = (tiles.g % i64(2)) * i64(4)  # v0 XOR flip, spelled affine so the load stays one vector
+                            col = tiles.t * i64(8) + ((flip if v0 == 0 else i64(4) - flip) if swizzle else i64(v0))
+                            return sm[buf][row * i64(KC) + col + v]
+
+                        def step(ck, cur: int):
+                            """Multiply chunk ck from buffer `cur` while chunk ck + 1 is fetched, then store that in the other
+                            buffer (the one every warp finished reading before the last barrier)."""
+                            fetch(tirx.min(ck + i64(1), i64(chunks - 1)))  # in flight during the mma's (the last one idle)
+                            tiles.load_a(lambda mt, half, v0, v: element(cur, wm * i64(cfg.mt * 16) + i64(mt * 16 + 8 * half) + tiles.g, v0, v), True)
+                            tiles.load_b_parts(lambda nt, v0, v: element(cur, i64(BM) + wn * i64(cfg.nt * 8) + i64(nt * 8) + tiles.g, v0, v), True)
+                            tiles.multiply()
+                            store(1 - cur)
+                            block_sync()
+
+                        fetch(i64(0))
+                        store(0)
+                        block_sync()
+                        # two chunks per iteration, so each step names its buffers at compile time
+                        with T.serial(0, i64(chunks // 2)) as pair:
+                            step(pair * i64(2), 0)
+                            step(pair * i64(2) + i64(1), 1)
+                        if chunks % 2:
+                            step(i64(chunks - 1), 0)
+                        tiles.finish()
+                        store_xw(tiles, XW, bias, M, cols, mb + wm * i64(cfg.mt * 16), nb + wn * i64(cfg.nt * 8))
+
+    return projection_prim_func(f"projection_staged_{mode}", dtype, K, cols, (cols, K), body)
