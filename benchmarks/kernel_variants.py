@@ -16,7 +16,7 @@ import sys
 import torch
 
 import tvmrnn
-from schedules import recurrent_mma, recurrent_persistent_mma, recurrent_tiled
+from schedules import recurrent_mma, recurrent_persistent_mma, recurrent_tiled, space
 from tvmrnn import bench
 from tvmrnn.cells import cell_for
 from tvmrnn.layer import RNNLayerSpec
@@ -38,7 +38,11 @@ POINTS = {
     # points a dtype makes a copy of the default (split_acc outside 3xTF32, half_operand in fp32)
     "persistent_mma": [dict(units=8, n_tiles=nt, n_warps=nw, k_warps=kw, depth=2, prefetch=pf, split_acc=sa, half_operand=ho)
                        for nt, nw, kw in [(1, 1, 8), (2, 2, 4)]
-                       for pf, sa, ho in [(0, 0, 0), (1, 0, 1), (0, 1, 1), (1, 1, 1)]],
+                       for pf, sa, ho in [(0, 0, 0), (1, 0, 1), (0, 1, 1), (1, 1, 1)]]
+    # rows whose R does not fit on chip (blog-a): more units per block for one wave, the fewest chunks of R streamed
+    # from L2 each step ("fewest": resolved per row and dtype; skipped where all of R fits)
+    + [dict(units=u, n_tiles=nt, n_warps=nw, k_warps=kw, depth=dp, prefetch=1, streamed="fewest")
+       for u, nt, nw, kw, dp in [(24, 2, 2, 4, 1), (24, 4, 2, 4, 1), (24, 2, 2, 4, 2), (24, 1, 2, 8, 1), (32, 2, 2, 4, 1), (32, 4, 2, 2, 1)]],
 }[KIND]
 DTYPES = ("float16",) if KIND == "mma" else ("float32", "float16")
 
@@ -57,15 +61,22 @@ def meaningful(dtype, knobs):
     return dtype == "float32" or not knobs.get("split_acc")
 
 
-def fits(row, dtype, knobs):
+def resolve(row, dtype, knobs):
+    """The point for this row and dtype (streamed="fewest" resolved), or None where it does not apply or fit."""
     if not meaningful(dtype, knobs):
-        return False
+        return None
     if KIND != "persistent_mma":
-        return True
+        return knobs
     spec = RNNLayerSpec(name="x", op=row.cell, hidden_size=row.H, input_size=row.I, dtype=dtype,
                         direction="bidirectional" if row.bidirectional else "forward")
-    return recurrent_persistent_mma.fits(spec, cell_for(spec), "sm_90", CONFIG(**knobs))
+    if knobs.get("streamed") == "fewest":
+        n = recurrent_persistent_mma.fewest_streamed(spec, cell_for(spec), "sm_90", CONFIG(**{**knobs, "streamed": 0}))
+        if not n:  # no wave of blocks, or all of R fits (the points above cover that)
+            return None
+        knobs = {**knobs, "streamed": n}
+    return knobs if recurrent_persistent_mma.fits(spec, cell_for(spec), "sm_90", CONFIG(**knobs)) else None
 base = MODULE.default_config
+fits_all = space.persistent_mma_fits
 out = os.environ.get("OUT", "/tmp")
 results = []
 
@@ -99,11 +110,14 @@ for row in ROWS:
         first = bench.bench_gpu_row(row, kernels=baselines(row, dtype), repeats=10, warmup=3, dtype=dtype)
         keep(first, point="defaults")
         for knobs in POINTS:
-            if not fits(row, dtype, knobs):
+            knobs = resolve(row, dtype, knobs)
+            if knobs is None:
                 continue
             MODULE.default_config = lambda *_, c=CONFIG(**knobs), **__: c
+            # a streaming point runs where the build's rule (all of R on chip) refuses persistent_mma: let it
+            space.persistent_mma_fits = (lambda *_: True) if knobs.get("streamed") else fits_all
             res = bench.bench_gpu_row(row, kernels=(KIND,), repeats=10, warmup=3, dtype=dtype, cudnn=first)
             keep(res, point=f"{KIND} " + " ".join(f"{k}={v}" for k, v in knobs.items()))
-        MODULE.default_config = base
+        MODULE.default_config, space.persistent_mma_fits = base, fits_all
 for dtype in DTYPES if KIND != "persistent_mma" else ():
     profile(ROWS[0], dtype)

@@ -50,6 +50,9 @@ class MmaConfig:
     # 1 (fp16/bf16 only): B (h, GRU's r*h) read from a copy in the storage dtype (recurrent_common.half_operands), half
     # the L2 bytes of the fp32 state for the same bits, since the mma rounds B to that dtype anyway
     half_operand: int = 1
+    # persistent_mma: the last `streamed` 32-column chunks of R are read from L2 every step instead of kept in shared
+    # memory, for layers whose R does not fit on chip (blog-a: H=2560); 0 keeps all of R resident
+    streamed: int = 0
 
     @property
     def rows(self) -> int:
@@ -105,20 +108,26 @@ def _mma_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
                     with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
                         u0 = bx * i64(UB)
                         acc_s = partial_sums(cfg, len(phase.gates))
-
-                        def a_at(tiles, ck, mt, half, v0, v):
-                            row = r_row(phase, UB, H, u0, tiles.g, mt, half)
-                            k = ck * i64(KC) + tiles.t * i64(8) + i64(v0) + v
-                            return None if row is None else guarded(k, H, exact, lambda k: a.R[d, row, k], a.spec.dtype)
-
                         block_phase(a, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg, d, u0, bz * i64(NB), wy, lane,
-                                    acc_s, a_at, exact)
+                                    acc_s, global_a(a, phase, UB, d, u0), exact)
 
 
 def operand_copies(a: KernelArgs, cfg: MmaConfig):
     """Allocate the half-precision copies of the phases' operands where the config reads B from them."""
     if cfg.half_operand and a.spec.dtype in HALF:
         half_operands(a, a.spec.dtype)
+
+
+def global_a(a: KernelArgs, phase, units: int, d, u0):
+    """block_phase's a_at for A straight from R in global memory (L2): the gate rows of units u0.. (zeros past H)."""
+    H = a.spec.hidden_size
+
+    def a_at(tiles, ck, mt, half, v0, v):
+        row = r_row(phase, units, H, u0, tiles.g, mt, half)
+        k = ck * i64(KC) + tiles.t * i64(8) + i64(v0) + v
+        return None if row is None else guarded(k, H, H % KC == 0, lambda k: a.R[d, row, k], a.spec.dtype)
+
+    return a_at
 
 
 def r_row(phase, units, H, u0, g, mt, half):
@@ -137,12 +146,14 @@ def partial_sums(cfg: MmaConfig, gates: int, scope: str = "shared"):
 
 
 def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg: MmaConfig, d, u0, n0, wy, lane,
-                acc_s, a_at, a_vector: bool, shared_a: bool = False):
+                acc_s, a_at, a_vector: bool, shared_a: bool = False, streamed=None):
     """One block's part of a phase: the gate rows of units u0.. by batch rows n0.. on tensor cores, then the gate
     program for each (unit, row). a_at(tiles, chunk, mt, half, v0, v): A's element (WarpTiles.load_a) or None
     for a padding row; B (h or an earlier phase's value) comes from global memory. Both kernels run it.
     shared_a: A comes from the same dynamic shared memory as acc_s (one merged buffer to TVM's sync planner), so the
-    reads of A must be fenced from the first writes of partial sums here, outside the tree's branches."""
+    reads of A must be fenced from the first writes of partial sums here, outside the tree's branches.
+    streamed: None, or (resident chunks, a_at for the chunks from there on): those chunks' A comes from the second
+    accessor (global_a), in a reduction loop of their own ahead of the resident ones."""
     H, N = a.spec.hidden_size, a.batch
     UB, NT, NW, KW = cfg.units, cfg.n_tiles, cfg.n_warps, cfg.k_warps
     assert UB % 8 == 0 and KW & (KW - 1) == 0, cfg  # gate-aligned m-tiles; the partial-sum tree halves k_warps
@@ -158,15 +169,27 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     tid = wy * i64(32) + lane
     xw = _prefetch_xw(a, phase, s, d, u0, n0, UB, NB, threads, tid) if cfg.prefetch else None
 
-    def load_chunk(ck, slot):
-        def b_at(nt, k):
-            n = tirx.min(n0 + (wn * i64(NT) + i64(nt)) * i64(8) + tiles.g, N - 1)  # rows past N: never stored
-            return guarded(ck * i64(KC) + k, H, exact, lambda k: operand_at(b_src, phase, cur, d, n, k), b_dtype)
+    def loader(a_at, a_vector, first=0):
+        def load_chunk(ck, slot):
+            ck = ck + i64(first) if first else ck
 
-        tiles.load_a(lambda mt, half, v0, v: a_at(tiles, ck, mt, half, v0, v), a_vector, slot)
-        tiles.load_b(b_at, exact, slot)
+            def b_at(nt, k):
+                n = tirx.min(n0 + (wn * i64(NT) + i64(nt)) * i64(8) + tiles.g, N - 1)  # rows past N: never stored
+                return guarded(ck * i64(KC) + k, H, exact, lambda k: operand_at(b_src, phase, cur, d, n, k), b_dtype)
 
-    chunk_rounds(chunks, KW, cfg.depth, wk, load_chunk, tiles.multiply)
+            tiles.load_a(lambda mt, half, v0, v: a_at(tiles, ck, mt, half, v0, v), a_vector, slot)
+            tiles.load_b(b_at, exact, slot)
+
+        return load_chunk
+
+    if streamed is None:
+        chunk_rounds(chunks, KW, cfg.depth, wk, loader(a_at, a_vector), tiles.multiply)
+    else:
+        resident, a_global = streamed
+        # the L2 chunks first: their loads wait longest, and the shared-memory ones then run back to back
+        chunk_rounds(chunks - resident, KW, cfg.depth, wk, loader(a_global, exact, resident), tiles.multiply)
+        if resident:
+            chunk_rounds(resident, KW, cfg.depth, wk, loader(a_at, a_vector), tiles.multiply)
     tiles.finish()
     if shared_a:
         block_sync()

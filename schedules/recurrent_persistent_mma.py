@@ -16,6 +16,12 @@ cover 512 consecutive bytes in half precision. In fp32 (TF32, 3xTF32) a row is 1
 odd rows swap their two 16-byte halves of each lane's 32 bytes (an XOR swizzle), so the eight
 lanes of each quarter-warp hit distinct banks.
 
+Layers whose R does not fit on chip (blog-a: H=2560, 52 MB in fp16): a block keeps its rows' first
+chunks in shared memory and reads the last `streamed` chunks from R in global memory every step
+(L2 holds them across steps), in a reduction loop of their own before the resident ones
+(fewest_streamed picks the least that fits). Built and tested in CI; not yet run on a GPU, so no
+default streams and the build's rule still requires all of R on chip.
+
 Math by dtype (recurrent_mma.mode): fp16/bf16 on m16n8k16, fp32 with precision="tf32" on TF32, and
 exact fp32 as 3xTF32 (mma_tiles: high and low TF32 parts, as accurate as SIMT fp32).
 """
@@ -27,7 +33,7 @@ from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC
 from .recurrent_common import KernelArgs, block_sync, i64
-from .recurrent_mma import MmaConfig, block_phase, operand_copies, partial_sums
+from .recurrent_mma import MmaConfig, block_phase, global_a, operand_copies, partial_sums
 from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, _strided, final_states, initial_states, sm_count
 
 F32 = "float32"
@@ -41,14 +47,28 @@ def blocks(spec, units: int) -> int:
     return spec.num_directions * -(-spec.hidden_size // units)
 
 
-def r_bytes(spec, cell, units: int) -> int:
-    """Shared memory for one block's rows of R (whole 32-column chunks, zeros past H)."""
+def resident_chunks(spec, cfg: MmaConfig) -> int:
+    """32-column chunks of R a block keeps in shared memory (the rest, cfg.streamed, it reads from L2 every step)."""
+    return max(0, -(-spec.hidden_size // KC) - cfg.streamed)
+
+
+def r_bytes(spec, cell, units: int, chunks: int | None = None) -> int:
+    """Shared memory for one block's rows of R (whole 32-column chunks, zeros past H; `chunks` of them, default all)."""
     size = 4 if spec.dtype == F32 else 2
-    return cell.gates * units * -(-spec.hidden_size // KC) * KC * size
+    return cell.gates * units * (-(-spec.hidden_size // KC) if chunks is None else chunks) * KC * size
 
 
 def smem_bytes(spec, cell, cfg: MmaConfig) -> int:
-    return r_bytes(spec, cell, cfg.units) + cfg.smem_bytes(cell.gates)
+    return r_bytes(spec, cell, cfg.units, resident_chunks(spec, cfg)) + cfg.smem_bytes(cell.gates)
+
+
+def fewest_streamed(spec, cell, arch: str, cfg: MmaConfig) -> int | None:
+    """The fewest chunks of R to stream from L2 so that the rest fits in shared memory beside cfg's partial sums, or
+    None where the blocks do not fit one wave."""
+    if blocks(spec, cfg.units) > sm_count(arch):
+        return None
+    room = SMEM_LIMIT.get(arch, SMEM_DEFAULT) - cfg.smem_bytes(cell.gates)
+    return max(0, -(-spec.hidden_size // KC) - max(0, room // r_bytes(spec, cell, cfg.units, 1)))
 
 
 def fits(spec, cell, arch: str, cfg: MmaConfig) -> bool:
@@ -82,6 +102,7 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
     spec, cell = a.spec, a.cell
     H, D, UB, N = spec.hidden_size, spec.num_directions, cfg.units, a.batch
     chunks, NB = -(-H // KC), cfg.rows
+    CR = resident_chunks(spec, cfg)  # the first CR chunks in shared memory, the rest read from L2 each step
     swizzle = spec.dtype == F32  # 32-byte lane spans: odd rows swap their 16-byte halves
     threads = 32 * cfg.n_warps * cfg.k_warps
     per_dir = -(-H // UB)
@@ -98,7 +119,7 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
             with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
                 tid = wy * i64(32) + lane
                 d, u0 = bx // i64(per_dir), bx % i64(per_dir) * i64(UB)
-                wsm = T.alloc_buffer((total * chunks * 8 * KC,), spec.dtype, scope="shared.dyn")
+                wsm = T.alloc_buffer((max(1, total * CR * 8 * KC),), spec.dtype, scope="shared.dyn")
                 # dynamic too: the launch asks for static + dynamic bytes above 48 KB only through the dynamic size
                 acc_s = partial_sums(cfg, cell.gates, "shared.dyn")
 
@@ -107,10 +128,10 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                     return tirx.bitwise_xor(lane_k, (g % i64(2)) * i64(4)) if swizzle else lane_k
 
                 for pi, phase in enumerate(cell.phases):
-                    count = len(phase.gates) * UB // 8 * chunks * 8 * KC
+                    count = len(phase.gates) * UB // 8 * CR * 8 * KC
 
                     def load_weights(e, pi=pi, phase=phase):
-                        p, g, ck, grp = e % i64(KC), e // i64(KC) % i64(8), e // i64(8 * KC) % i64(chunks), e // i64(8 * KC * chunks)
+                        p, g, ck, grp = e % i64(KC), e // i64(KC) % i64(8), e // i64(8 * KC) % i64(CR), e // i64(8 * KC * CR)
                         r = grp * i64(8) + g  # row of the phase's tile: gate r // UB, unit r % UB
                         k = ck * i64(KC) + position(g, p)  # the inverse of position: the XOR is its own inverse
                         gate = tirx.const(phase.gates[-1], "int64")
@@ -118,9 +139,10 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                             gate = tirx.Select(r // i64(UB) == i64(gi), i64(phase.gates[gi]), gate)
                         row = gate * i64(H) + tirx.min(u0 + r % i64(UB), i64(H - 1))
                         val = tirx.if_then_else(k < i64(H), a.R[d, row, tirx.min(k, i64(H - 1))], tirx.const(0, spec.dtype))
-                        T.buffer_store(wsm, val, [i64(group0[pi] * chunks * 8 * KC) + e])
+                        T.buffer_store(wsm, val, [i64(group0[pi] * CR * 8 * KC) + e])
 
-                    _strided(count, threads, tid, load_weights)
+                    if count:
+                        _strided(count, threads, tid, load_weights)
 
                 initial_states(a, hbuf, d, u0, UB, threads, tid)
                 block_sync()
@@ -139,11 +161,12 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                                 return None  # padding rows of the last m-tile
                             flip = (tiles.g % i64(2)) * i64(4)  # v0 XOR flip, spelled affine so the load stays one vector
                             col = tiles.t * i64(8) + ((flip if v0 == 0 else i64(4) - flip) if swizzle else i64(v0))
-                            return wsm[((i64((group0[pi] + grp) * chunks) + ck) * i64(8) + tiles.g) * i64(KC) + col + v]
+                            return wsm[((i64((group0[pi] + grp) * CR) + ck) * i64(8) + tiles.g) * i64(KC) + col + v]
 
+                        streamed = None if CR == chunks else (CR, global_a(a, phase, UB, d, u0))
                         with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
                             block_phase(a, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg, d, u0, chunk * i64(NB),
-                                        wy, lane, acc_s, a_at, True, shared_a=True)
+                                        wy, lane, acc_s, a_at, True, shared_a=True, streamed=streamed)
                             block_sync()  # the next chunk's partial sums reuse acc_s
                         _grid_sync()
 

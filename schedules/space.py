@@ -212,6 +212,8 @@ def default_config(kind: str, spec, cell, target, batch: int | None = None) -> K
                 knobs["split_acc"] = c.split_acc
         if _half_operand(spec):
             knobs["half_operand"] = c.half_operand
+        if c.streamed:  # no default streams yet; a point that does (kernel_variants) keeps it
+            knobs["streamed"] = c.streamed
         return KernelConfig.of(kind, **knobs)
     from . import recurrent_persistent as persistent
 

@@ -66,6 +66,17 @@ def test_missing_and_unreadable_files(tmp_path):
         tvmrnn.compile(junk, target="llvm")
     with pytest.raises(tvmrnn.UnsupportedModelError, match="not a TVM target"):
         tvmrnn.compile(Case().model(), target="nosuchtarget")
+    with pytest.raises(tvmrnn.UnsupportedModelError, match="not a TVM target"):
+        tvmrnn.compile(Case().model(), target={"kind": "nosuchkind"})
+
+
+def test_target_as_a_json_dict():
+    """TVM 0.27 targets are JSON dicts too: one is taken as it is (it was once looked up in the alias table and crashed)."""
+    from tvmrnn.build import resolve_target
+
+    target = resolve_target({"kind": "cuda", "arch": "sm_80"})
+    assert target.kind.name == "cuda" and str(target.attrs["arch"]) == "sm_80"
+    assert tvmrnn.compile(Case().model(), target={"kind": "llvm"}, logs=False).metadata["target"]
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ and directions, R as ONNX lays it out (or transposed, as the kernel asks). Padde
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -260,14 +261,45 @@ def test_split_accumulators_keep_three_mmas_per_tile():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, knobs", [("float32", {"prefetch": 1}), ("float16", {"prefetch": 1}), ("float32", {"split_acc": 1}),
-                                          ("float32", {"prefetch": 1, "split_acc": 1})], ids=str)
+                                          ("float32", {"prefetch": 1, "split_acc": 1}), ("float16", {"streamed": 1}),
+                                          ("float32", {"streamed": 1}), ("float32", {"streamed": 9})], ids=str)
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
 def test_persistent_mma_knobs_are_correct(case, dtype, knobs):
-    """The knobs against float64 on poisoned outputs (prefetch: set by the batch <= 8 default and GRU's above; split_acc:
-    by no default)."""
+    """The knobs against float64 on poisoned outputs (prefetch: set by the batch <= 8 default and GRU's above; split_acc
+    and streamed: by no default). streamed=1 reads the last chunk of R from L2 (GRU h33: the partial one; LSTM h24: its
+    only one), 9 all of them."""
     _, spec, (_, point) = _with_knobs(case, dtype, **knobs)
     _check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec, point_kernel(spec, cell_for(spec), _target("cuda"), point),
                   False, batches=(6, 37), note=point.describe())
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_streamed_chunks_read_r_from_global_memory(dtype):
+    """persistent_mma with `streamed` chunks: a layer whose R does not fit on chip (blog-a's H=2560 LSTM) fits one wave
+    with the fewest chunks streamed, and builds; streamed chunks are read from R in global memory inside the step loop,
+    the resident ones from shared memory; 0 streamed is the all-resident kernel."""
+    from schedules.recurrent_mma import MmaConfig
+    from schedules.recurrent_persistent_mma import fewest_streamed, fits, resident_chunks
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    big = find_rnn_layers(Case(op="LSTM", hidden=2560, input_size=8, dtype=dtype).model())[0].spec
+    cfg = MmaConfig(units=24, n_tiles=2, n_warps=2, k_warps=4, depth=1)
+    assert not fits(big, cell_for(big), "sm_90", cfg)
+    n = fewest_streamed(big, cell_for(big), "sm_90", cfg)
+    assert 0 < n < 80 and fits(big, cell_for(big), "sm_90", dataclasses.replace(cfg, streamed=n))
+    assert not fits(big, cell_for(big), "sm_90", dataclasses.replace(cfg, streamed=n - 1))
+    assert fewest_streamed(big, cell_for(big), "sm_90", dataclasses.replace(cfg, units=8)) is None  # 320 blocks: no wave
+    spec = find_rnn_layers(Case(op="LSTM", hidden=72, input_size=8, dtype=dtype).model())[0].spec  # 3 chunks, the last partial
+    sources = {}
+    for streamed in (0, 1, 3):
+        config = KernelConfig.of("persistent_mma", units=8, n_tiles=2, n_warps=2, k_warps=4, depth=1, streamed=streamed)
+        assert resident_chunks(spec, MmaConfig(**dict(config.knobs))) == 3 - streamed
+        src = _source(target, spec, config)
+        loop = src[re.search(r"for \(int64_t \w+ = \(int64_t\)0; \w+ < seq;", src).start():]  # the step loop
+        sources[streamed] = (loop.count("R_ptr"), loop.count("mma.sync"))
+    assert sources[0][0] == 0 and sources[1][0] > 0 and sources[3][0] > 0, sources
+    # a reduction loop for the L2 chunks, one for the shared ones: two with 1 of 3 chunks streamed, one with all
+    assert sources[1][1] == 2 * sources[0][1] == 2 * sources[3][1] > 0, sources
 
 
 @pytest.mark.parametrize("kind", ["mma", "persistent_mma"])

@@ -35,7 +35,8 @@ def gpu_present() -> bool:
 
 def resolve_target(target=None) -> tvm.target.Target:
     """None: the local GPU if there is one, else this CPU. "llvm": this CPU's instruction set.
-    "cuda": the local GPU's arch, or the H100 tag without a GPU."""
+    "cuda": the local GPU's arch, or the H100 tag without a GPU. Anything else TVM reads as a target: a tag, a target
+    string or a JSON dict such as {"kind": "cuda", "arch": "sm_90"}."""
     if isinstance(target, tvm.target.Target):
         return target
     if target is None:
@@ -46,7 +47,7 @@ def resolve_target(target=None) -> tvm.target.Target:
         from tvm.target import codegen
 
         return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
-    if target in TARGET_ALIASES:
+    if isinstance(target, str) and target in TARGET_ALIASES:
         if gpu_present():
             from schedules.recurrent_persistent import LOCAL_SM_COUNT
 
