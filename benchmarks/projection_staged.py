@@ -22,10 +22,12 @@ from schedules.projection_cuda import projection_cuda
 from schedules.projection_mma import projection_mma
 from schedules.projection_staged import StagedConfig, projection_staged, supported
 
-SHAPES = {"lat-b1-h1024": (100, 1024, 4096), "b8-h1024": (800, 1024, 4096), "ds2-lstm": (6000, 800, 3200),
+SHAPES = {"lat-b1-h512": (100, 512, 2048), "lat-b1-h1024": (100, 1024, 4096), "b8-h1024": (800, 1024, 4096), "ds2-lstm": (6000, 800, 3200),
           "b64-h1024": (6400, 1024, 4096), "ds2-5l-bi l1+": (6000, 1600, 6400), "blog-a": (12800, 2560, 10240)}
 STAGED = {"128x128 (2x4 warps, 4x4 tiles)": StagedConfig(), "64x128 (2x4 warps, 2x4 tiles)": StagedConfig(mt=2),
-          "128x64 (4x2 warps, 2x4 tiles)": StagedConfig(warps_m=4, warps_n=2, mt=2), "128x128 (4x2 warps, 2x8 tiles)": StagedConfig(warps_m=4, warps_n=2, mt=2, nt=8)}
+          "128x64 (4x2 warps, 2x4 tiles)": StagedConfig(warps_m=4, warps_n=2, mt=2), "128x128 (4x2 warps, 2x8 tiles)": StagedConfig(warps_m=4, warps_n=2, mt=2, nt=8),
+          # for few rows (batch 1-8: M = 100-800), where 128-row tiles leave most SMs idle
+          "32x128 (1x8 warps, 2x2 tiles)": StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2), "16x128 (1x4 warps, 1x4 tiles)": StagedConfig(warps_m=1, warps_n=4, mt=1, nt=4)}
 OUT = os.environ.get("OUT", "/tmp")
 dev, target = tvm.cuda(0), tvm.target.Target.from_device(tvm.cuda(0))
 results = []

@@ -5,8 +5,8 @@ L1 for the reuse between the 2 x 2 warps of a block (a 128 x 64 block tile). On 
 blog-a's GEMM (12800 x 2560 x 10240, fp16) at 125 TFLOP/s, 5.3 of the model's 15.8 ms
 (benchmarks/results/2026-11-23-h100-knob-variants.md's profile): every 16-byte load serves 42 MACs of
 the block, and L2 cannot feed more. Here a block of warps_m x warps_n warps owns a larger tile
-(128 x 128 by default: 64 MACs per element loaded) and copies each 32-column chunk of its rows of X
-and W into shared memory once; its warps read their fragments from there (the same WarpTiles
+(128 x 128 by default: 64 MACs per element loaded; 16-32 rows for the few rows of batch 1-8, where
+128-row tiles leave SMs idle) and copies each 32-column chunk of its rows of X and W into shared memory once; its warps read their fragments from there (the same WarpTiles
 registers and mma.sync shapes as every tensor-core kernel of ours, so fp16, bf16, TF32 and 3xTF32,
 the exact fp32 mode, all work). Two shared buffers: while the warps multiply chunk c, each thread's
 16-byte loads of chunk c+1 are in flight into registers, stored to the other buffer after the
@@ -64,14 +64,10 @@ def default_config(mode: str) -> StagedConfig:
 
 
 def supported(mode: str | None, K: int, cols: int, cfg: StagedConfig | None = None) -> bool:
-    """A tensor-core mode, whole 32-column chunks, column pairs (8-byte stores), and a block whose 16-byte copies split
-    evenly between its threads with X's and W's rows apart (so each copy's source is known at compile time)."""
+    """A tensor-core mode, whole 32-column chunks, column pairs (8-byte stores), both buffers in 48 KB."""
     if mode not in MODES or K % KC or cols % 2:
         return False
-    cfg = cfg or default_config(mode)
-    segs = KC // WarpTiles.width(MODES[mode].storage)
-    bm, bn = cfg.block
-    return bm * segs % cfg.threads == 0 and bn * segs % cfg.threads == 0 and cfg.smem_bytes(MODES[mode].storage) <= 48 * 1024
+    return (cfg or default_config(mode)).smem_bytes(MODES[mode].storage) <= 48 * 1024
 
 
 def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = None) -> tirx.PrimFunc:
@@ -82,7 +78,9 @@ def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = N
     BM, BN = cfg.block
     vec = WarpTiles.width(dtype)  # elements per 16-byte copy
     segs = KC // vec  # copies per 32-element row
-    copies = (BM + BN) * segs // cfg.threads  # per thread per chunk
+    # 16-byte copies per thread per chunk: X's rows, then W's (a copy past the rows is skipped where the block's threads
+    # do not divide them evenly)
+    plan = [(i, rows, first) for rows, first in ((BM, 0), (BN, BM)) for i in range(-(-rows * segs // cfg.threads))]
     swizzle = dtype == F32
     chunks = K // KC
     size = (BM + BN) * KC  # one buffer
@@ -98,30 +96,38 @@ def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = N
                         # two buffers, not halves of one: TVM's sync planner tells accesses apart by buffer, so a step's
                         # stores into one after reading the other need no barrier between them
                         sm = [T.alloc_buffer((size,), dtype, scope="shared") for _ in range(2)]
-                        staged = T.alloc_buffer((copies, vec), dtype, scope="local")
+                        staged = T.alloc_buffer((len(plan), vec), dtype, scope="local")
                         tiles = WarpTiles(lane, cfg.mt, cfg.nt, mode, dtype, dtype, 1)
 
-                        def copy_at(i):
-                            """Row (X's rows first, then W's) and 16-byte segment of this thread's i-th copy."""
-                            e = i64(i * cfg.threads) + tid
-                            return e // i64(segs), e % i64(segs)
+                        def each_copy(body):
+                            """body(slot, row in the shared tile, 16-byte segment, source row index) for this thread's copies."""
+                            for slot, (i, rows, first) in enumerate(plan):
+                                e = i64(i * cfg.threads) + tid
+                                r, seg = e // i64(segs), e % i64(segs)
+                                if (i + 1) * cfg.threads <= rows * segs:
+                                    body(slot, i64(first) + r, seg, r)
+                                else:
+                                    with T.If(r < i64(rows)):
+                                        with T.Then():
+                                            body(slot, i64(first) + r, seg, r)
 
                         def fetch(ck):
-                            for i in range(copies):
-                                row, seg = copy_at(i)
+                            def copy(slot, row, seg, r):
                                 k = ck * i64(KC) + seg * i64(vec)
-                                from_x = i * cfg.threads // segs < BM  # the same for every thread (supported())
                                 with T.vectorized(0, i64(vec)) as v:
-                                    val = X[tirx.min(mb + row, M - i64(1)), k + v] if from_x else \
-                                        W[tirx.min(nb + row - i64(BM), i64(cols - 1)), k + v]
-                                    T.buffer_store(staged, val, [i64(i), v])
+                                    val = X[tirx.min(mb + r, M - i64(1)), k + v] if plan[slot][2] == 0 else \
+                                        W[tirx.min(nb + r, i64(cols - 1)), k + v]
+                                    T.buffer_store(staged, val, [i64(slot), v])
+
+                            each_copy(copy)
 
                         def store(buf):
-                            for i in range(copies):
-                                row, seg = copy_at(i)
+                            def copy(slot, row, seg, r):
                                 pos = tirx.bitwise_xor(seg, row % i64(2)) if swizzle else seg  # odd rows: halves swapped
                                 with T.vectorized(0, i64(vec)) as v:
-                                    T.buffer_store(sm[buf], staged[i64(i), v], [row * i64(KC) + pos * i64(vec) + v])
+                                    T.buffer_store(sm[buf], staged[i64(slot), v], [row * i64(KC) + pos * i64(vec) + v])
+
+                            each_copy(copy)
 
                         def element(buf, row, v0, v):
                             """Element v0 + v of the lane's 8 k (8t..8t+7) of shared row `row` (row % 2 == g % 2)."""

@@ -174,7 +174,8 @@ def test_projection_mma_matches_float64(M, K, cols, mode, tol):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode, tol, config", [(m, tol, c) for m, tol in [("float16", 1e-5), ("tf32", 3e-3), ("tf32x3", 1e-5)]
-                                               for c in (StagedConfig(), StagedConfig(mt=2), StagedConfig(warps_m=4, warps_n=2, mt=2))
+                                               for c in (StagedConfig(), StagedConfig(mt=2), StagedConfig(warps_m=4, warps_n=2, mt=2),
+                                                         StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2))  # 32 rows: guarded copies
                                                if projection_staged_supported(m, 32, 2, c)], ids=str)  # fp32's 128 x 128 is over 48 KB
 @pytest.mark.parametrize("M, K, cols", [(1, 32, 2), (333, 64, 2400), (1100, 800, 1022), (6400, 1024, 4096)])
 def test_projection_staged_matches_float64(M, K, cols, mode, tol, config):
