@@ -40,7 +40,8 @@ def main():
     for path in ([] if a.no_zoo else sorted(glob.glob("models/*.onnx"))):
         for t in extract_tasks(path, batches=(1, 8)):  # dynamic batch: a streaming and a batched bucket
             tasks.setdefault(t.key(), t)
-    args = TuneArgs("benchmark rows + models/", str(target), a.trials, a.logs, a.time_budget)
+    label = f"benchmark rows ({a.rows or 'all'})" + ("" if a.no_zoo else " + models/")
+    args = TuneArgs(label, str(target), a.trials, a.logs, a.time_budget)
     # tune_command extracts from one model; for the suite we hand the union of tasks over directly
     tune_command(args, tasks=list(tasks.values()), stream=sys.stdout)
 
