@@ -160,11 +160,14 @@ def in_space(config: KernelConfig, spec, cell, target) -> bool:
 
 def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
     """The schedule kinds a layer may run on `target` under the user's kernel choice."""
+    from tvmrnn.errors import UnsupportedModelError
+
     if target.kind.name != "cuda":
+        if choice != "auto":  # a GPU kernel asked of a CPU build would otherwise be dropped without a word
+            raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel '{choice}' is a CUDA kernel and the target is "
+                                        f"{target.kind.name}, whose layers run the CPU kernel; use kernel='auto' (or a cuda target)")
         return ("cpu",)
     from . import recurrent_persistent as persistent
-
-    from tvmrnn.errors import UnsupportedModelError
 
     fits = persistent.fits(spec, cell, _arch(target))
     resident = persistent_mma_fits(spec, cell, target)

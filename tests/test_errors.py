@@ -70,6 +70,12 @@ def test_missing_and_unreadable_files(tmp_path):
         tvmrnn.compile(Case().model(), target={"kind": "nosuchkind"})
 
 
+def test_cuda_kernel_asked_of_a_cpu_build():
+    """kernel='persistent_mma' (or any CUDA kind) with an llvm target is refused by name, not silently dropped."""
+    with pytest.raises(tvmrnn.UnsupportedModelError, match="kernel 'persistent_mma' is a CUDA kernel and the target is llvm"):
+        tvmrnn.compile(Case(op="LSTM").model(), target="llvm", kernel="persistent_mma", logs=False)
+
+
 def test_target_as_a_json_dict():
     """TVM 0.27 targets are JSON dicts too: one is taken as it is (it was once looked up in the alias table and crashed)."""
     from tvmrnn.build import resolve_target
@@ -99,6 +105,7 @@ def _feeds(T=4, N=2):
     (lambda f: f.update(initial_h=np.zeros((1, 3, 8), "f4")), ["initial_h", "batch"]),
     (lambda f: f.update(sequence_lens=np.array([4, 9], "i4")), ["sequence_lens", "9", "row 1", "[1, 4]"]),
     (lambda f: f.update(sequence_lens=np.array([0, 1], "i4")), ["sequence_lens", "0", "row 0"]),
+    (lambda f: f.update(X=f["X"][:0]), ["'X' has no time steps", "sequence_lens"]),
 ])
 def test_bad_run_input_names_it(lstm_module, change, words):
     feeds = _feeds()

@@ -132,6 +132,9 @@ class ModuleInputs:
             lens, seq = feeds[sl.lens], feeds[sl.x].shape[sl.seq_axis]
             bad = np.flatnonzero((lens < 1) | (lens > seq))
             if bad.size:
+                if seq == 0:
+                    raise InputError(f"input {sl.x!r} has no time steps, so {sl.lens!r} (sequence_lens of {sl.layer}) cannot be "
+                                     f"met: each length must be in [1, the sequence length of {sl.x!r}]")
                 raise InputError(f"input {sl.lens!r} (sequence_lens of {sl.layer}) has {int(lens[bad[0]])} at row {int(bad[0])}; "
                                  f"each length must be in [1, {seq}], the sequence length of {sl.x!r}")
 
