@@ -57,7 +57,7 @@ TUNED_MARGIN = 0.05
 @dataclass(frozen=True)
 class RecurrentKernel:
     func: tirx.PrimFunc
-    transposed_r: bool  # whether the kernel reads R^T [D, H, G*H] instead of ONNX's R [D, G*H, H]
+    r_layout: str  # how the kernel reads R: "rows" (ONNX's [D, G*H, H]), "transposed" or "panels" (recurrent_common)
     plan: KernelPlan
 
     @property
@@ -185,12 +185,12 @@ def kernel_plan(spec, cell, target, choice: str = "auto", tuned: dict | None = N
 def _prim_func(spec, cell, target, branches, seq=None, batch=None):
     pairs = [(b.up_to, emitter(b.config, spec, cell)) for b in branches]
     if target.kind.name == "cuda":
-        from .recurrent_cuda import TRANSPOSED_R, cuda_prim_func
+        from .recurrent_cuda import R_LAYOUT, cuda_prim_func
 
-        return cuda_prim_func(spec, cell, lambda a: batch_dispatch(a, pairs), seq, batch), TRANSPOSED_R
-    from .recurrent_cpu import TRANSPOSED_R, cpu_prim_func
+        return cuda_prim_func(spec, cell, lambda a: batch_dispatch(a, pairs), seq, batch), R_LAYOUT
+    from .recurrent_cpu import cpu_prim_func, r_layout
 
-    return cpu_prim_func(spec, cell, lambda a: batch_dispatch(a, pairs), seq, batch), TRANSPOSED_R
+    return cpu_prim_func(spec, cell, lambda a: batch_dispatch(a, pairs), seq, batch), r_layout(spec)
 
 
 def signature_kernel(spec, cell, target, emit_body, seq: int, batch: int) -> tirx.PrimFunc:
@@ -202,17 +202,17 @@ def signature_kernel(spec, cell, target, emit_body, seq: int, batch: int) -> tir
         from .recurrent_cuda import cuda_prim_func
 
         return cuda_prim_func(spec, cell, emit_body, seq, batch)
-    from .recurrent_cpu import TRANSPOSED_R
+    from .recurrent_cpu import r_layout
 
-    return recurrent_prim_func(spec, cell, TRANSPOSED_R, emit_body, seq=seq, batch=batch)
+    return recurrent_prim_func(spec, cell, r_layout(spec), emit_body, seq=seq, batch=batch)
 
 
 def recurrent_kernel(spec, cell, target, choice: str = "auto", tuned: dict | None = None) -> RecurrentKernel:
     """The recurrent kernel of one layer for `target`, marked scheduled so generic schedulers leave it alone."""
     plan = plan_kernel(spec, cell, target, choice, tuned)
-    func, transposed = _prim_func(spec, cell, target, plan.branches)
+    func, layout = _prim_func(spec, cell, target, plan.branches)
     # op_pattern 8 (opaque): FuseOps must not merge it with neighbours
-    return RecurrentKernel(func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8}), transposed, plan)
+    return RecurrentKernel(func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8}), layout, plan)
 
 
 def point_kernel(spec, cell, target, config: KernelConfig, seq: int | None = None, batch: int | None = None) -> tirx.PrimFunc:

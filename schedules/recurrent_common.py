@@ -5,7 +5,9 @@ One kernel runs a whole layer (all directions, the whole sequence). Its argument
     XW        [seq, batch, D*G*H]   input projection of all steps, foldable biases added
               ([batch, seq, ...] for layout 1)
     R         [D, G*H, H]           recurrent weights, ONNX's layout (GPU kernels: lanes read along k)
-      or RT   [D, H, G*H]           transposed, gate rows contiguous (CPU kernel: vectorizes along units)
+      or RT   [D, H, G*H]           transposed, gate rows contiguous
+      or RP   [D, H/16, H, G, 16]   panels of 16 units (CPU kernel: vectorizes along units, and a work item's
+                                    weights are 16-unit streams running straight through memory)
     seq_lens  [batch] int32         when the node has sequence_lens
     h0, c0    [D, batch, H]         when the node has initial_h / initial_c ([batch, D, H] for layout 1)
     params    [D, NP, H]            the cell's per-unit vectors (peepholes, GRU's Rb_h)
@@ -31,6 +33,7 @@ from tvmrnn.cells import Cell, Terms, apply_activation
 from tvmrnn.layer import RNNLayerSpec
 
 I64 = "int64"
+PANEL = 16  # units per panel of the "panels" R layout: one 64-byte line of fp32
 
 
 def i64(v) -> PrimExpr:
@@ -50,14 +53,18 @@ class KernelArgs:
     # operand name ("h" or a stored value) -> its copy in half precision (half_operands), written beside the fp32 one
     mirrors: dict = field(default_factory=dict)
 
-    def declare(self, transposed_r: bool, weight_dtype: str = "float32"):
-        """Everything is fp32 but R, which keeps the storage dtype (fp16/bf16 halve its bytes)."""
+    def declare(self, r_layout: str, weight_dtype: str = "float32"):
+        """Everything is fp32 but R, which keeps the storage dtype (fp16/bf16 halve its bytes); R in r_layout
+        ("rows", "transposed" or "panels", as the module docstring lays them out)."""
         dtype = "float32"
         s, H, G, D = self.spec, self.spec.hidden_size, self.cell.gates, self.spec.num_directions
         seq, n = self.seq, self.batch
         state_shape = (D, n, H) if s.layout == 0 else (n, D, H)
         self.XW = T.arg("XW", T.Buffer((seq, n, D * G * H) if s.layout == 0 else (n, seq, D * G * H), dtype))
-        if transposed_r:
+        self.r_layout = r_layout
+        if r_layout == "panels":
+            self.RP = T.arg("RP", T.Buffer((D, H // PANEL, H, G, PANEL), weight_dtype))
+        elif r_layout == "transposed":
             self.RT = T.arg("RT", T.Buffer((D, H, G * H), weight_dtype))
         else:
             self.R = T.arg("R", T.Buffer((D, G * H, H), weight_dtype))
@@ -188,7 +195,7 @@ def store_operand(a: KernelArgs, name: str, buf, value, idx):
         T.buffer_store(a.mirrors[name], value.astype(a.mirrors[name].dtype), idx)
 
 
-def recurrent_prim_func(spec: RNNLayerSpec, cell: Cell, transposed_r: bool, emit_body, weight_dtype="float32",
+def recurrent_prim_func(spec: RNNLayerSpec, cell: Cell, r_layout: str, emit_body, weight_dtype="float32",
                         seq: int | None = None, batch: int | None = None) -> tirx.PrimFunc:
     """The recurrent PrimFunc every schedule builds: arguments as KernelArgs declares them, body from emit_body(a).
 
@@ -204,7 +211,7 @@ def recurrent_prim_func(spec: RNNLayerSpec, cell: Cell, transposed_r: bool, emit
         with T.prim_func():
             T.func_name("rnn_recurrent")
             T.func_attr({"tirx.noalias": True})
-            a.declare(transposed_r=transposed_r, weight_dtype=weight_dtype)
+            a.declare(r_layout, weight_dtype=weight_dtype)
             emit_body(a)
     return ib.get()
 

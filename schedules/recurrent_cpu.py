@@ -1,8 +1,8 @@
 """The recurrent kernel for CPUs (LLVM): the whole sequence in one function, steps as parallel loops.
 
 Per step and phase, work items are (direction, batch row, chunk of JC hidden units) and run on
-TVM's thread pool. An item accumulates all gates of its chunk with the inner loop running over
-contiguous rows of R^T (axpy form, so it vectorizes without fast-math), then runs the cell's
+TVM's thread pool. An item accumulates all gates of its chunk with the inner loop running along
+units (axpy form, so it vectorizes without fast-math; R in panels of 16 units, r_layout), then runs the cell's
 gate program on the chunk's units as one vectorized loop (sigmoid and tanh from vector_math:
 libm calls would stay scalar). Hidden state is double-buffered across steps; the cell state stays
 in the Yc output, which only its own unit reads.
@@ -20,10 +20,17 @@ from tvmrnn.cells import Cell
 from tvmrnn.layer import RNNLayerSpec
 
 from . import vector_math
-from .recurrent_common import KernelArgs, i64, recurrent_prim_func, unit_padding, unit_step, unit_values
+from .recurrent_common import PANEL, KernelArgs, i64, recurrent_prim_func, unit_padding, unit_step, unit_values
 
 F32 = "float32"
-TRANSPOSED_R = True  # the inner loop runs along units: R^T rows are contiguous there
+def r_layout(spec: RNNLayerSpec) -> str:
+    """R as the kernel reads it: panels of 16 units where they divide H, else R^T (rows along the units, what the
+    inner loop vectorizes over). In panels a work item's weights stream straight through memory, where R^T puts each
+    of its gates' rows k on a page of its own. Whole models on this project's 2-core VM, interleaved in one process
+    (benchmarks/cpu_layout_ab.py, benchmarks/results/2026-11-23-cpu-r-panels-ab.txt): batch 1 ran 1.13x (lat-b1-h512-l2)
+    and 1.48x (lat-b1-h1024) faster, batch 20 (rows of 4) 6-7% slower (ds2-lstm, ds2-gru). The layout is one per
+    layer while batch is a runtime size, so it follows the small batches that latency-bound CPU serving runs."""
+    return "panels" if spec.hidden_size % PANEL == 0 else "transposed"
 ROW_TILE = 4  # batch rows per R^T load at batch >= ROW_TILE (8 ran no faster and compiled 6x slower)
 ROW_TILE_UNITS = 16  # units per work item in the row-tiled path (ROW_TILE x gates x this accumulators)
 # units per work item at small batch, at most: longer R^T streams run faster (on this VM at H=512, batch 1: 64 was
@@ -81,7 +88,7 @@ def cpu_prim_func(spec: RNNLayerSpec, cell: Cell, emit_steps, seq=None, batch=No
             with T.serial(0, i64(H)) as j:
                 T.buffer_store(a.Yh, a.hbuf[final, d, n, j], a.state_index(d, n, j))
 
-    return recurrent_prim_func(spec, cell, TRANSPOSED_R, body, seq=seq, batch=batch)
+    return recurrent_prim_func(spec, cell, r_layout(spec), body, seq=seq, batch=batch)
 
 
 def cpu_steps(a: KernelArgs, cfg: CpuConfig):
@@ -119,9 +126,17 @@ def _phase_tile(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
             n = tirx.min(n0 + i64(r), N - 1)  # rows past the batch compute a copy, never stored
             hk = operand[cur, d, n, k] if phase.operand == "h" else operand[d, n, k]
             for gi, g in enumerate(phase.gates):
-                with T.vectorized(0, i64(JC)) as jj:
-                    idx = [i64(r), i64(gi), jj]
-                    T.buffer_store(acc, acc[tuple(idx)] + a.RT[d, k, i64(g * H) + j0 + jj] * hk, idx)
+                if a.r_layout == "panels":  # a vector per panel (JC a multiple of 16, or 8: half of one)
+                    assert JC % PANEL == 0 or PANEL % JC == 0, JC
+                    for p0 in range(0, JC, PANEL):
+                        with T.vectorized(0, i64(min(JC, PANEL))) as jj:
+                            idx = [i64(r), i64(gi), i64(p0) + jj]
+                            j = j0 + i64(p0) + jj
+                            T.buffer_store(acc, acc[tuple(idx)] + a.RP[d, j // i64(PANEL), k, i64(g), j % i64(PANEL)] * hk, idx)
+                else:
+                    with T.vectorized(0, i64(JC)) as jj:
+                        idx = [i64(r), i64(gi), jj]
+                        T.buffer_store(acc, acc[tuple(idx)] + a.RT[d, k, i64(g * H) + j0 + jj] * hk, idx)
     # a loop, not one copy per row: unrolled, the vectorized gate program took 1.7x as long to build
     # (ds2-lstm's kernel, 0.87 -> 0.51 s) and ran no faster
     with T.serial(0, i64(rows)) as r:

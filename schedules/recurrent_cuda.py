@@ -23,7 +23,7 @@ from .recurrent_common import KernelArgs, i64, recurrent_prim_func, store_operan
 from .warp_gemv import warp_gates
 
 F32 = "float32"
-TRANSPOSED_R = False  # lanes of a warp read along k: ONNX's row-major R is coalesced
+R_LAYOUT = "rows"  # lanes of a warp read along k: ONNX's row-major R is coalesced
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def _elementwise(a: KernelArgs, total, body):
 
 
 def cuda_prim_func(spec: RNNLayerSpec, cell: Cell, emit_body, seq=None, batch=None) -> tirx.PrimFunc:
-    return recurrent_prim_func(spec, cell, TRANSPOSED_R, emit_body, weight_dtype=spec.dtype, seq=seq, batch=batch)
+    return recurrent_prim_func(spec, cell, R_LAYOUT, emit_body, weight_dtype=spec.dtype, seq=seq, batch=batch)
 
 
 def weight_bytes(spec: RNNLayerSpec) -> int:

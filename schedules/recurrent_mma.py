@@ -29,7 +29,7 @@ from .recurrent_cuda import epilogue, operand_at, step_launches
 
 F32 = "float32"
 HALF = ("float16", "bfloat16")
-TRANSPOSED_R = False  # lanes read R's rows along k: ONNX's layout
+R_LAYOUT = "rows"  # lanes read R's rows along k: ONNX's layout
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from .recurrent_cuda import cuda_prim_func, epilogue, operand_at, vector_width, 
 from .warp_gemv import warp_gates
 
 F32 = "float32"
-TRANSPOSED_R = False
+R_LAYOUT = "rows"
 # streaming multiprocessors per architecture: the grid must be one co-resident wave. The table holds each arch's
 # flagship (H100 SXM, A100, ...); parts of the same arch have fewer (H100 PCIe 114, A30 56, L4 58), so compiling for
 # the local GPU records its own count (LOCAL_SM_COUNT, set by tvmrnn.build.resolve_target), and a module records the

@@ -37,7 +37,7 @@ from .recurrent_mma import MmaConfig, block_phase, global_a, operand_copies, par
 from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, _strided, final_states, initial_states, sm_count
 
 F32 = "float32"
-TRANSPOSED_R = False
+R_LAYOUT = "rows"
 # hidden units per block (whole 8-row groups of one gate). 32 would never be needed to fit: where R's slice
 # for 32 units fits in shared memory, 16 units make few enough blocks for one wave
 UNITS = (8, 16)

@@ -22,7 +22,7 @@ from .recurrent_common import KernelArgs, block_sync, guarded, i64
 from .recurrent_cuda import epilogue, operand_at, step_launches
 
 F32 = "float32"
-TRANSPOSED_R = False
+R_LAYOUT = "rows"
 PAD = 4  # floats after each staged row of h: consecutive rows start 4 banks apart, 16-byte alignment kept
 
 

@@ -20,6 +20,7 @@ from schedules.projection_cuda import projection_cuda
 from schedules.projection_mma import projection_mma
 from schedules.projection_staged import StagedConfig, projection_staged
 from schedules.projection_staged import supported as projection_staged_supported
+from schedules.recurrent_common import PANEL
 from schedules.space import KernelConfig, default_config, knob_space
 from tvmrnn.cells import cell_for
 from tvmrnn.frontend.inspect import find_rnn_layers
@@ -35,6 +36,16 @@ CASES = [
 ]
 
 
+def _lay_out_r(R, layout, gates):
+    """ONNX's R [D, G*H, H] as a kernel of this layout reads it (schedules.recurrent_common's docstring)."""
+    if layout == "rows":
+        return R
+    if layout == "transposed":
+        return R.transpose(0, 2, 1).copy()
+    D, H = R.shape[0], R.shape[2]
+    return R.reshape(D, gates, H // PANEL, PANEL, H).transpose(0, 2, 4, 1, 3).copy()
+
+
 def _target(kind):
     return tvm.target.Target("llvm") if kind == "llvm" else tvm.target.Target.from_device(tvm.cuda(0))
 
@@ -47,7 +58,7 @@ def test_kernel_writes_every_element(kind, case):
     spec = find_rnn_layers(case.model())[0].spec
     kernel = recurrent_kernel(spec, cell_for(spec), target, choice)
     # batches 3 and 5/40 take auto's persistent and stepwise branches (these layers are below TILED_MIN_HIDDEN; cuda-tiled runs tiled)
-    _check_kernel(kind, case, spec, kernel.func, kernel.transposed_r, batches=(5, 40, 3))
+    _check_kernel(kind, case, spec, kernel.func, kernel.r_layout, batches=(5, 40, 3))
 
 
 def _kind_and_spec(kind, spec):
@@ -64,6 +75,19 @@ def _kind_and_spec(kind, spec):
 TENSOR_KINDS = ["mma", "mma-fp16", "mma-tf32", "persistent_mma", "persistent_mma-fp16", "persistent_mma-tf32"]
 
 
+@pytest.mark.parametrize("units, rows", [(8, 1), (16, 4), (32, 1), (64, 2)])
+def test_cpu_kernel_reads_r_in_panels(units, rows):
+    """Where 16 divides H the CPU kernel reads R in panels of 16 units (half a panel at 8 units a work item, several at
+    32 and 64), against float64 with poisoned outputs; elsewhere it reads R^T."""
+    from schedules.recurrent_cpu import r_layout
+
+    case = Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h"), hidden=64, input_size=5)
+    spec = find_rnn_layers(case.model())[0].spec
+    assert r_layout(spec) == "panels" and r_layout(find_rnn_layers(CASES[0].model())[0].spec) == "transposed"
+    func = point_kernel(spec, cell_for(spec), _target("llvm"), KernelConfig.of("cpu", rows=rows, units=units))
+    _check_kernel("llvm", case, spec, func, "panels", batches=(3, 5), note=f"units={units} rows={rows}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
 @pytest.mark.parametrize("kind", ["stepwise", "persistent", "tiled"] + TENSOR_KINDS)
@@ -78,7 +102,7 @@ def test_sampled_points_are_correct(kind, case):
     for _ in range(3):
         config = KernelConfig.of(kind, **{k: int(rng.choice(v)) for k, v in space.items()})
         func = point_kernel(spec, cell, target, config)  # symbolic seq and batch
-        _check_kernel("cuda", case, spec, func, False, batches=(6, 37), note=config.describe())
+        _check_kernel("cuda", case, spec, func, "rows", batches=(6, 37), note=config.describe())
 
 
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
@@ -100,7 +124,7 @@ def test_cuda_points_build_without_a_gpu(case):
                 assert ("m16n8k16" in src) == (spec.dtype == "float16"), config.describe()
 
 
-def _check_kernel(kind, case, spec, func, transposed_r, batches, note=""):
+def _check_kernel(kind, case, spec, func, r_layout, batches, note=""):
     """Run a recurrent PrimFunc on fresh inputs per batch (seeded: the same every call), outputs poisoned, twice each;
     check against float64 and return the outputs of every batch."""
     cell = cell_for(spec)
@@ -116,7 +140,7 @@ def _check_kernel(kind, case, spec, func, transposed_r, batches, note=""):
         feeds = case.feeds(rng, T, N)
         x = feeds["X"]
         xw = x.astype("f4") @ w["W"].astype("f4").reshape(D * cell.gates * H, -1).T
-        r = w["R"].transpose(0, 2, 1).copy() if transposed_r else w["R"]
+        r = _lay_out_r(w["R"], r_layout, cell.gates)
         args = [xw.astype("f4"), r]
         # the kernel's state inputs are fp32 whatever R's storage dtype
         args += [feeds[n] if n == "sequence_lens" else feeds[n].astype("f4")
@@ -271,7 +295,7 @@ def test_persistent_mma_knobs_are_correct(case, dtype, knobs):
     only one), 9 all of them."""
     _, spec, (_, point) = _with_knobs(case, dtype, **knobs)
     _check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec, point_kernel(spec, cell_for(spec), _target("cuda"), point),
-                  False, batches=(6, 37), note=point.describe())
+                  "rows", batches=(6, 37), note=point.describe())
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
@@ -330,7 +354,7 @@ def test_half_operand_gives_the_same_bits(case, kind):
     spec = dataclasses.replace(find_rnn_layers(case.model())[0].spec, dtype="float16")
     case = dataclasses.replace(case, dtype="float16")
     base = default_config(kind, spec, cell_for(spec), target, 16)
-    outs = [_check_kernel("cuda", case, spec, point_kernel(spec, cell_for(spec), target, c), False, batches=(6, 37), note=c.describe())
+    outs = [_check_kernel("cuda", case, spec, point_kernel(spec, cell_for(spec), target, c), "rows", batches=(6, 37), note=c.describe())
             for c in (base, KernelConfig.of(kind, **{**dict(base.knobs), "half_operand": 0}))]
     for batch_a, batch_b in zip(*outs):
         for got_a, got_b in zip(batch_a, batch_b):

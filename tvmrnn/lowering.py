@@ -36,6 +36,18 @@ def _split_bias(B, spec, cell):
     return op.reshape(folded, [D * G * H]), op.reshape(rb, [D, G, H])
 
 
+def _r_layout(bb, R, layout: str, D: int, G: int, H: int):
+    """ONNX's R [D, G*H, H] as the kernel reads it (schedules.recurrent_common): as it is, transposed, or in panels
+    RP[d, p, k, g, l] = R[d, g*H + p*PANEL + l, k]."""
+    if layout == "rows":
+        return R
+    if layout == "transposed":
+        return bb.emit(op.permute_dims(R, [0, 2, 1]))
+    from schedules.recurrent_common import PANEL
+
+    return bb.emit(op.permute_dims(op.reshape(R, [D, G, H // PANEL, PANEL, H]), [0, 2, 4, 1, 3]))
+
+
 def _f32(x):
     if x is None:
         return None
@@ -100,7 +112,7 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
 
     xw = _projection(bb, X, op.reshape(W, [D * G * H, In]), bias, D * G * H, In, target, rounding_mode(spec, target))
     kernel = _recurrent_kernel(spec, cell, target, kernel_choice, tuned)
-    args = [xw, bb.emit(op.permute_dims(R, [0, 2, 1])) if kernel.transposed_r else R]
+    args = [xw, _r_layout(bb, R, kernel.r_layout, D, G, H)]
     for name in ("sequence_lens", "initial_h", "initial_c"):
         if spec.has(name) and (name != "initial_c" or "c" in cell.states):
             args.append(named[name])
