@@ -27,9 +27,9 @@ def r_layout(spec: RNNLayerSpec) -> str:
     """R as the kernel reads it: panels of 16 units where they divide H, else R^T (rows along the units, what the
     inner loop vectorizes over). In panels a work item's weights stream straight through memory, where R^T puts each
     of its gates' rows k on a page of its own. Whole models on this project's 2-core VM, interleaved in one process
-    (benchmarks/cpu_layout_ab.py, benchmarks/results/2026-11-23-cpu-r-panels-ab.txt): batch 1 ran 1.13x (lat-b1-h512-l2)
-    and 1.48x (lat-b1-h1024) faster, batch 20 (rows of 4) 6-7% slower (ds2-lstm, ds2-gru). The layout is one per
-    layer while batch is a runtime size, so it follows the small batches that latency-bound CPU serving runs."""
+    (benchmarks/cpu_layout_ab.py, benchmarks/results/2026-11-23-cpu-r-panels-ab.txt): batch 1 ran 1.10-1.13x
+    (lat-b1-h512-l2, one run of three 0.97x) and 1.33-1.48x (lat-b1-h1024) faster; batch 20 (rows of 4) 6-7% slower
+    with chunks of units varying fastest across work items, even (1.01-1.03x) with batch tiles fastest."""
     return "panels" if spec.hidden_size % PANEL == 0 else "transposed"
 ROW_TILE = 4  # batch rows per R^T load at batch >= ROW_TILE (8 ran no faster and compiled 6x slower)
 ROW_TILE_UNITS = 16  # units per work item in the row-tiled path (ROW_TILE x gates x this accumulators)
@@ -104,10 +104,12 @@ def cpu_steps(a: KernelArgs, cfg: CpuConfig):
             last = pi == len(cell.phases) - 1
             operand = a.hbuf if phase.operand == "h" else a.scratch[phase.operand]
             tiles = tirx.ceildiv(a.batch, i64(rows))
+            # batch tiles vary fastest: the items of one chunk of units run back to back on a thread, so its rows of R
+            # (a panel) come from L2 for every tile after the first (at ds2-lstm's batch 20: 15% faster than chunks fastest)
             with T.parallel(0, i64(D * chunks) * tiles) as item:
                 d = item // (tiles * chunks)
-                n0 = item // chunks % tiles * i64(rows)
-                j0 = item % chunks * jc
+                n0 = item % tiles * i64(rows)
+                j0 = item // tiles % chunks * jc
                 _phase_tile(a, phase, last, operand, a.hbuf, a.scratch, s, cur, nxt, d, n0, rows, j0, jc)
 
 
