@@ -91,6 +91,18 @@ def test_foreign_log_is_reported_and_skipped(tuned, tmp_path):
     assert found.records == 0 and any("skipped" in p and target_name(here) in p for p in found.problems)
 
 
+def test_log_of_a_changed_kernel_is_reported_and_skipped(tuned, monkeypatch):
+    """Records timed on a kernel whose arguments have changed since (here R's layout: panels, as the small layer was
+    tuned, against R^T) are skipped and reported, not mixed with today's times: a layer's key names its shape only."""
+    from schedules import recurrent_cpu
+
+    _, logs, _ = tuned
+    assert TuningLogs.load(logs, resolve_target("llvm")).records >= 6
+    monkeypatch.setattr(recurrent_cpu, "r_layout", lambda spec: "transposed")
+    found = TuningLogs.load(logs, resolve_target("llvm"))
+    assert found.records == 0 and any("timed on kernels whose arguments have changed" in p for p in found.problems), found.problems
+
+
 def test_tuned_point_needs_the_default_measured_beside_it():
     """A logged point replaces the default only when the same logs timed the default and it beat it by TUNED_MARGIN;
     logs that never timed today's default (older than a kernel kind) leave the default in place."""

@@ -86,6 +86,18 @@ def open_database(folder: Path, prefix: str = "database_"):
     return ms.database.JSONDatabase(str(wl), str(rec), allow_missing=True)
 
 
+def _current(task, workload, target, templates: dict) -> bool:
+    """Whether a record's workload is today's template for its task: the kernel's arguments (R's layout among them) as
+    this version builds them. A layer's key names its shape, not its kernel, so without this a log timed on an older
+    kernel would mix its times with today's."""
+    import tvm_ffi
+
+    key = task.key()
+    if key not in templates:
+        templates[key] = task.template(target)
+    return tvm_ffi.structural_equal(workload, templates[key])
+
+
 def _same_target(a, b) -> bool:
     return target_name(a) == target_name(b)
 
@@ -109,6 +121,7 @@ class TuningLogs:
         from .tasks import layer_key, task_of
 
         logs = TuningLogs(target, target_dir(logs_dir, target))
+        templates: dict = {}
         if not logs.folder.is_dir():
             return logs
         for wl, rec in _pairs(logs.folder):
@@ -122,11 +135,14 @@ class TuningLogs:
             except Exception as err:  # TVM's parser: a row that is JSON but not a workload/record
                 logs.problems.append(f"tuning log {wl} skipped: MetaSchedule cannot read it ({str(err).splitlines()[-1]})")
                 continue
-            foreign = set()
+            foreign, changed = set(), 0
             for r in records:
                 task = task_of(r.workload.mod)
                 if task is None or not _same_target(r.target, target):
                     foreign.add(target_name(r.target) if task is not None else "a workload that is not a tvmrnn kernel")
+                    continue
+                if not _current(task, r.workload.mod, target, templates):
+                    changed += 1  # timed on a kernel whose arguments (say, R's layout) have changed since
                     continue
                 secs = [float(s) for s in (r.run_secs or [])]
                 if not secs or min(secs) >= FAILED:
@@ -137,6 +153,9 @@ class TuningLogs:
                 logs.records += 1
             if foreign:
                 logs.problems.append(f"tuning log {wl}: records for {', '.join(sorted(foreign))} skipped (this target is {target_name(target)})")
+            if changed:
+                logs.problems.append(f"tuning log {wl}: {changed} record(s) skipped, timed on kernels whose arguments have changed "
+                                     f"since (re-tune to replace them)")
         return logs
 
     def best(self, spec) -> dict:
