@@ -172,6 +172,17 @@ def unit_step(a: KernelArgs, phase, hbuf, scratch, cur, nxt, d, n, t, j, rec, te
             store_operand(a, k, scratch[k], v, [d, n, j])
 
 
+def step_phases(a: KernelArgs, hbuf, scratch, body):
+    """The time loop every recurrent kernel runs: for each step s (hbuf's half `cur` read, `nxt` written) and each phase
+    of the cell, body(pi, phase, last, operand, s, cur, nxt), `operand` the vector the phase multiplies."""
+    phases = a.cell.phases
+    with T.serial(0, a.seq) as s:
+        cur, nxt = s % 2, (s + 1) % 2
+        for pi, phase in enumerate(phases):
+            operand = hbuf if phase.operand == "h" else scratch[phase.operand]
+            body(pi, phase, pi == len(phases) - 1, operand, s, cur, nxt)
+
+
 def unit_padding(a: KernelArgs, hbuf, cur, nxt, d, n, s, j):
     """Step s is past row n's sequence: Y there is zero and the hidden state carries over."""
     store_operand(a, "h", hbuf, hbuf[cur, d, n, j], [nxt, d, n, j])

@@ -20,9 +20,17 @@ from tvmrnn.cells import Cell
 from tvmrnn.layer import RNNLayerSpec
 
 from . import vector_math
-from .recurrent_common import PANEL, KernelArgs, i64, recurrent_prim_func, unit_padding, unit_step, unit_values
+from .recurrent_common import PANEL, KernelArgs, i64, recurrent_prim_func, step_phases, unit_padding, unit_step, unit_values
 
 F32 = "float32"
+ROW_TILE = 4  # batch rows per R^T load at batch >= ROW_TILE (8 ran no faster and compiled 6x slower)
+ROW_TILE_UNITS = 16  # units per work item in the row-tiled path (ROW_TILE x gates x this accumulators)
+# units per work item at small batch, at most: longer R^T streams run faster (on this VM at H=512, batch 1: 64 was
+# 1.5x faster than 32 with one thread, and tuning with two found 128 1.29x faster than 64,
+# benchmarks/results/2026-11-23-cpu-tune-log.txt), as long as every thread of the pool still gets an item
+ROW_UNITS = 128
+
+
 def r_layout(spec: RNNLayerSpec) -> str:
     """R as the kernel reads it: panels of 16 units where they divide H, else R^T (rows along the units, what the
     inner loop vectorizes over). In panels a work item's weights stream straight through memory, where R^T puts each
@@ -31,12 +39,6 @@ def r_layout(spec: RNNLayerSpec) -> str:
     (lat-b1-h512-l2, one run of three 0.97x) and 1.33-1.48x (lat-b1-h1024) faster; batch 20 (rows of 4) 6-7% slower
     with chunks of units varying fastest across work items, even (1.01-1.03x) with batch tiles fastest."""
     return "panels" if spec.hidden_size % PANEL == 0 else "transposed"
-ROW_TILE = 4  # batch rows per R^T load at batch >= ROW_TILE (8 ran no faster and compiled 6x slower)
-ROW_TILE_UNITS = 16  # units per work item in the row-tiled path (ROW_TILE x gates x this accumulators)
-# units per work item at small batch, at most: longer R^T streams run faster (on this VM at H=512, batch 1: 64 was
-# 1.5x faster than 32 with one thread, and tuning with two found 128 1.29x faster than 64,
-# benchmarks/results/2026-11-23-cpu-tune-log.txt), as long as every thread of the pool still gets an item
-ROW_UNITS = 128
 
 
 def small_batch_units(hidden: int, directions: int) -> int:
@@ -93,24 +95,23 @@ def cpu_prim_func(spec: RNNLayerSpec, cell: Cell, emit_steps, seq=None, batch=No
 
 def cpu_steps(a: KernelArgs, cfg: CpuConfig):
     """The time loop: per step and phase, parallel work items of `cfg.units` units x `cfg.rows` batch rows."""
-    H, D, cell = a.spec.hidden_size, a.spec.num_directions, a.cell
+    H, D = a.spec.hidden_size, a.spec.num_directions
     rows, jc = cfg.rows, cfg.units
     if H % jc:
         raise ValueError(f"units={jc} must divide hidden size {H}")
     chunks = H // jc
-    with T.serial(0, a.seq) as s:
-        cur, nxt = s % 2, (s + 1) % 2
-        for pi, phase in enumerate(cell.phases):
-            last = pi == len(cell.phases) - 1
-            operand = a.hbuf if phase.operand == "h" else a.scratch[phase.operand]
-            tiles = tirx.ceildiv(a.batch, i64(rows))
-            # batch tiles vary fastest: the items of one chunk of units run back to back on a thread, so its rows of R
-            # (a panel) come from L2 for every tile after the first (at ds2-lstm's batch 20: 15% faster than chunks fastest)
-            with T.parallel(0, i64(D * chunks) * tiles) as item:
-                d = item // (tiles * chunks)
-                n0 = item % tiles * i64(rows)
-                j0 = item // tiles % chunks * jc
-                _phase_tile(a, phase, last, operand, a.hbuf, a.scratch, s, cur, nxt, d, n0, rows, j0, jc)
+
+    def phase_items(_pi, phase, last, operand, s, cur, nxt):
+        tiles = tirx.ceildiv(a.batch, i64(rows))
+        # batch tiles vary fastest: the items of one chunk of units run back to back on a thread, so its rows of R
+        # (a panel) come from L2 for every tile after the first (at ds2-lstm's batch 20: 15% faster than chunks fastest)
+        with T.parallel(0, i64(D * chunks) * tiles) as item:
+            d = item // (tiles * chunks)
+            n0 = item % tiles * i64(rows)
+            j0 = item // tiles % chunks * jc
+            _phase_tile(a, phase, last, operand, a.hbuf, a.scratch, s, cur, nxt, d, n0, rows, j0, jc)
+
+    step_phases(a, a.hbuf, a.scratch, phase_items)
 
 
 def _phase_tile(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, d, n0, rows, j0, JC):
@@ -118,6 +119,7 @@ def _phase_tile(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     vectorized over the units."""
     H, N = a.spec.hidden_size, a.batch
     gp = len(phase.gates)
+    assert a.r_layout != "panels" or JC % PANEL == 0 or PANEL % JC == 0, JC  # whole panels, or 8 units: half of one
     acc = T.alloc_buffer((rows, gp, JC), F32, scope="local")
     for r in range(rows):
         for gi in range(gp):
@@ -128,8 +130,7 @@ def _phase_tile(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
             n = tirx.min(n0 + i64(r), N - 1)  # rows past the batch compute a copy, never stored
             hk = operand[cur, d, n, k] if phase.operand == "h" else operand[d, n, k]
             for gi, g in enumerate(phase.gates):
-                if a.r_layout == "panels":  # a vector per panel (JC a multiple of 16, or 8: half of one)
-                    assert JC % PANEL == 0 or PANEL % JC == 0, JC
+                if a.r_layout == "panels":  # a vector per panel
                     for p0 in range(0, JC, PANEL):
                         with T.vectorized(0, i64(min(JC, PANEL))) as jj:
                             idx = [i64(r), i64(gi), i64(p0) + jj]

@@ -19,7 +19,7 @@ from tvm.script.ir_builder import tirx as T
 from tvmrnn.cells import Cell
 from tvmrnn.layer import RNNLayerSpec
 
-from .recurrent_common import KernelArgs, i64, recurrent_prim_func, store_operand, unit_padding, unit_step
+from .recurrent_common import KernelArgs, i64, recurrent_prim_func, step_phases, store_operand, unit_padding, unit_step
 from .warp_gemv import warp_gates
 
 F32 = "float32"
@@ -89,12 +89,8 @@ def step_launches(a: KernelArgs, launch):
 
     _elementwise(a, DNH, init)
 
-    with T.serial(0, a.seq) as s:
-        cur, nxt = s % 2, (s + 1) % 2
-        for pi, phase in enumerate(cell.phases):
-            last = pi == len(cell.phases) - 1
-            operand = hbuf if phase.operand == "h" else scratch[phase.operand]
-            launch(a, phase, last, operand, hbuf, scratch, s, cur, nxt)
+    step_phases(a, hbuf, scratch, lambda _pi, phase, last, operand, s, cur, nxt:
+                launch(a, phase, last, operand, hbuf, scratch, s, cur, nxt))
 
     def finish(idx):
         d, n, j = split(idx)

@@ -23,7 +23,7 @@ from tvm.script.ir_builder import tirx as T
 from tvmrnn.cells import Cell
 from tvmrnn.layer import RNNLayerSpec
 
-from .recurrent_common import KernelArgs, block_sync, i64, store_operand
+from .recurrent_common import KernelArgs, block_sync, i64, step_phases, store_operand
 from .recurrent_cuda import cuda_prim_func, epilogue, operand_at, vector_width, weight_bytes
 from .warp_gemv import warp_gates
 
@@ -155,27 +155,25 @@ def persistent_body(a: KernelArgs, cfg: PersistentConfig):
                 initial_states(a, hbuf, d, j0, UPB, threads, tid)
                 _grid_sync()
 
-                with T.serial(0, a.seq) as s:
-                    cur, nxt = s % 2, (s + 1) % 2
-                    for pi, phase in enumerate(cell.phases):
-                        last = pi == len(cell.phases) - 1
-                        operand = hbuf if phase.operand == "h" else scratch[phase.operand]
-                        with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
-                            n0 = chunk * i64(NB)
+                def phase_step(_pi, phase, last, operand, s, cur, nxt):
+                    with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
+                        n0 = chunk * i64(NB)
 
-                            if cfg.stage_h:  # only the rows that exist, float4 at a time, no index division
-                                for b in range(NB):
-                                    with T.If(n0 + i64(b) < N):
-                                        with T.Then():
-                                            _stage_row(hs, operand, phase, cur, d, n0 + i64(b), b, H, threads, tid)
-                                block_sync()
-                                h_at = lambda _u, b, k: hs[i64(b), k]  # noqa: E731
-                            else:
-                                h_at = lambda _u, b, k, n0=n0: operand_at(operand, phase, cur, d, tirx.min(n0 + i64(b), N - 1), k)  # noqa: E731
-                            _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, h_at, d, j0, n0, V)
-                            if cfg.stage_h:
-                                block_sync()  # hs is restaged by the next chunk
-                        _grid_sync()
+                        if cfg.stage_h:  # only the rows that exist, float4 at a time, no index division
+                            for b in range(NB):
+                                with T.If(n0 + i64(b) < N):
+                                    with T.Then():
+                                        _stage_row(hs, operand, phase, cur, d, n0 + i64(b), b, H, threads, tid)
+                            block_sync()
+                            h_at = lambda _u, b, k: hs[i64(b), k]  # noqa: E731
+                        else:
+                            h_at = lambda _u, b, k, n0=n0: operand_at(operand, phase, cur, d, tirx.min(n0 + i64(b), N - 1), k)  # noqa: E731
+                        _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, h_at, d, j0, n0, V)
+                        if cfg.stage_h:
+                            block_sync()  # hs is restaged by the next chunk
+                    _grid_sync()
+
+                step_phases(a, hbuf, scratch, phase_step)
 
                 final_states(a, hbuf, d, j0, UPB, threads, tid)
 

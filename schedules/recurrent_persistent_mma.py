@@ -32,7 +32,7 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC
-from .recurrent_common import KernelArgs, block_sync, i64
+from .recurrent_common import KernelArgs, block_sync, i64, step_phases
 from .recurrent_mma import MmaConfig, block_phase, global_a, operand_copies, partial_sums
 from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, _strided, final_states, initial_states, sm_count
 
@@ -148,26 +148,24 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                 block_sync()
                 _grid_sync()
 
-                with T.serial(0, a.seq) as s:
-                    cur, nxt = s % 2, (s + 1) % 2
-                    for pi, phase in enumerate(cell.phases):
-                        last = pi == len(cell.phases) - 1
-                        operand = hbuf if phase.operand == "h" else scratch[phase.operand]
-                        groups = len(phase.gates) * UB // 8
+                def phase_step(pi, phase, last, operand, s, cur, nxt):
+                    groups = len(phase.gates) * UB // 8
 
-                        def a_at(tiles, ck, mt, half, v0, v, pi=pi, groups=groups):
-                            grp = 2 * mt + half
-                            if grp >= groups:
-                                return None  # padding rows of the last m-tile
-                            flip = (tiles.g % i64(2)) * i64(4)  # v0 XOR flip, spelled affine so the load stays one vector
-                            col = tiles.t * i64(8) + ((flip if v0 == 0 else i64(4) - flip) if swizzle else i64(v0))
-                            return wsm[((i64((group0[pi] + grp) * CR) + ck) * i64(8) + tiles.g) * i64(KC) + col + v]
+                    def a_at(tiles, ck, mt, half, v0, v):
+                        grp = 2 * mt + half
+                        if grp >= groups:
+                            return None  # padding rows of the last m-tile
+                        flip = (tiles.g % i64(2)) * i64(4)  # v0 XOR flip, spelled affine so the load stays one vector
+                        col = tiles.t * i64(8) + ((flip if v0 == 0 else i64(4) - flip) if swizzle else i64(v0))
+                        return wsm[((i64((group0[pi] + grp) * CR) + ck) * i64(8) + tiles.g) * i64(KC) + col + v]
 
-                        streamed = None if CR == chunks else (CR, global_a(a, phase, UB, d, u0))
-                        with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
-                            block_phase(a, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg, d, u0, chunk * i64(NB),
-                                        wy, lane, acc_s, a_at, True, shared_a=True, streamed=streamed)
-                            block_sync()  # the next chunk's partial sums reuse acc_s
-                        _grid_sync()
+                    streamed = None if CR == chunks else (CR, global_a(a, phase, UB, d, u0))
+                    with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
+                        block_phase(a, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg, d, u0, chunk * i64(NB),
+                                    wy, lane, acc_s, a_at, True, shared_a=True, streamed=streamed)
+                        block_sync()  # the next chunk's partial sums reuse acc_s
+                    _grid_sync()
+
+                step_phases(a, hbuf, scratch, phase_step)
 
                 final_states(a, hbuf, d, u0, UB, threads, tid)
