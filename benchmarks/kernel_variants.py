@@ -44,7 +44,8 @@ POINTS = {
     + [dict(units=u, n_tiles=nt, n_warps=nw, k_warps=kw, depth=dp, prefetch=1, streamed="fewest")
        for u, nt, nw, kw, dp in [(24, 2, 2, 4, 1), (24, 4, 2, 4, 1), (24, 2, 2, 4, 2), (24, 1, 2, 8, 1), (32, 2, 2, 4, 1), (32, 4, 2, 2, 1)]],
 }[KIND]
-DTYPES = ("float16",) if KIND == "mma" else ("float32", "float16")
+# DTYPES=float16 (environment) runs one dtype, where both do not fit one device call
+DTYPES = tuple(os.environ["DTYPES"].split(",")) if os.environ.get("DTYPES") else ("float16",) if KIND == "mma" else ("float32", "float16")
 
 
 def baselines(row, dtype):

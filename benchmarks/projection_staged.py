@@ -7,11 +7,12 @@ build with) against projection_staged's configs and cuBLAS (torch.matmul, fp16);
 projection_cuda (the exact SIMT GEMM fp32 layers build with) against projection_staged in 3xTF32
 (exact fp32 on tensor cores) and TF32, and cuBLAS with TF32 off and on. Every result is checked
 against float64 before it is timed (TVM time_evaluator, median of 5 x 3; cuBLAS: CUDA events,
-median of 10). Writes $OUT/projection_staged.json.
+median of 10). DTYPES=float32 (environment) runs one dtype. Writes $OUT/projection_staged.json.
 """
 
 import json
 import os
+from dataclasses import replace
 import sys
 
 import numpy as np
@@ -49,7 +50,7 @@ def cublas_ms(fn):
 
 def ours(func, x, w, b, expected, tol):
     """(ms, rel. err) of one PrimFunc, output poisoned first; None where it does not build or is wrong."""
-    lib = tvm.compile(tvm.IRModule({"main": func}), target=target)
+    lib = tvm.tirx.build(tvm.IRModule({"main": func}), target=target)
     args = [tvm.runtime.tensor(v, dev) for v in (x, w, b)] + [tvm.runtime.tensor(np.full(expected.shape, np.nan, "f4"), dev)]
     lib["main"](*args)
     got = args[-1].numpy()
@@ -73,7 +74,7 @@ for shape, (M, K, cols) in SHAPES.items():
         continue
     rng = np.random.default_rng(M + K)
     flop = 2 * M * K * cols
-    for dtype in ("float16", "float32"):
+    for dtype in os.environ.get("DTYPES", "float16,float32").split(","):
         x = rng.standard_normal((M, K)).astype(dtype)
         w = (rng.standard_normal((cols, K)) / K**0.5).astype(dtype)
         b = rng.standard_normal(cols).astype("f4")
@@ -88,7 +89,8 @@ for shape, (M, K, cols) in SHAPES.items():
                 torch.backends.cuda.matmul.allow_tf32 = tf32
                 keep(shape, dtype, f"cuBLAS fp32 (TF32 {'on' if tf32 else 'off'})", cublas_ms(lambda: tx @ tw.T), None, flop)
             keep(shape, dtype, "projection_cuda SIMT (built today)", *ours(projection_cuda(K, cols), x, w, b, expected, 1e-5), flop)
-            variants = [(f"staged {mode} {n}", mode, c) for mode in ("tf32x3", "tf32") for n, c in STAGED.items()]
+            variants = [(f"staged {mode}{' chunk_acc' * ca} {n}", mode, replace(c, chunk_acc=bool(ca)))
+                        for mode in ("tf32x3", "tf32") for n, c in STAGED.items() for ca in range(1 + (mode == "tf32x3"))]
         for name, mode, cfg in variants:
             if supported(mode, K, cols, cfg):
                 keep(shape, dtype, name, *ours(projection_staged(mode, K, cols, cfg), x, w, b, expected, 3e-3 if mode == "tf32" else 1e-5), flop)

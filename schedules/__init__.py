@@ -16,7 +16,8 @@ A layer's kernel is a dispatch over batch buckets (`if batch <= b0: ... elif ...
 running one point of one space: the tuned point where the tuning logs have one for this shape
 and target, else the default (on CUDA: persistent up to PERSISTENT_MAX_BATCH when R fits on chip, then
 persistent_mma where R fits in shared memory across one wave; else for fp32 stepwise up to STEPWISE_MAX_BATCH
-and tiled above, for fp16/bf16 mma). So a dynamic-batch module runs each batch on the kernel tuned for it.
+and tiled above, for fp16/bf16 mma, with persistent_mma streaming part of R from L2 in between, up to
+STREAMED_MAX_BATCH). So a dynamic-batch module runs each batch on the kernel tuned for it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ STEPWISE_MAX_BATCH = 32
 # (benchmarks/results/2026-11-23-h100-persistent-mma-variants.md)
 RESIDENT_SMALL_BATCH = 8
 RESIDENT_MAX_BATCH = 32
+# Where R does not fit on chip, persistent_mma streaming part of R from L2 each step (streaming_config) runs batches
+# STEPWISE_MAX_BATCH+1 .. STREAMED_MAX_BATCH (its 64 rows per pass): on blog-a (H=2560, batch 64) on the H100 it ran
+# 31.3 ms in fp32 against tiled's 46.2, 13.6 in fp16 against mma's 15.8; smaller and larger batches keep their kinds
+# (unmeasured there) (benchmarks/results/2026-11-24-h100-streamed-blog-a.md)
+STREAMED_MAX_BATCH = 64
 TILED_MIN_HIDDEN = 1024
 # A tuned point replaces the default only when it measured this much faster: a kernel timed alone
 # (R left in L2 between repeats) can win by a hair yet lose inside a model, as persistent did at
@@ -115,13 +121,21 @@ def _fit_note(spec, cell, target, choice) -> str:
 
         raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel 'persistent' needs R on chip, and hidden size "
                                     f"{spec.hidden_size} x {spec.num_directions} direction(s) does not fit ({where}); use auto or stepwise")
-    from .space import persistent_mma_fits
+    from .space import persistent_mma_fits, persistent_mma_streams
 
-    resident = "; persistent_mma: R fits in shared memory across one wave" if persistent_mma_fits(spec, cell, target) else ""
+    resident = "; persistent_mma: R fits in shared memory across one wave" if persistent_mma_fits(spec, cell, target) else \
+        "; persistent_mma: part of R streamed from L2 each step" if persistent_mma_streams(spec, cell, target) else ""
     return f"persistent: {where}: " + ("fits" if fits else "does not fit") + resident
 
 
 def _default_branches(spec, cell, target, allowed) -> list[Branch]:
+    from .space import persistent_mma_streams
+
+    if len(allowed) > 1 and "persistent_mma" in allowed and persistent_mma_streams(spec, cell, target):
+        small, large = ("mma", "mma") if "mma" in allowed else ("stepwise", "tiled")
+        return [Branch(STEPWISE_MAX_BATCH, default_config(small, spec, cell, target, STEPWISE_MAX_BATCH), False),
+                Branch(STREAMED_MAX_BATCH, default_config("persistent_mma", spec, cell, target, STREAMED_MAX_BATCH), False),
+                Branch(None, default_config(large, spec, cell, target), False)]
     if allowed == ("cpu",):
         from .recurrent_cpu import ROW_TILE
 

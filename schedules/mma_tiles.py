@@ -69,7 +69,9 @@ class WarpTiles:
     """MT x NT accumulator tiles of one warp, and the registers one chunk of A and B pass through.
     mode: a MODES key; a_dtype / b_dtype: the dtypes A and B are loaded in (fp32 h is converted)."""
 
-    def __init__(self, lane, mt: int, nt: int, mode: str, a_dtype: str, b_dtype: str, depth: int = 1, split_acc: bool = False):
+    def __init__(self, lane, mt: int, nt: int, mode: str, a_dtype: str, b_dtype: str, depth: int = 1, split_acc: bool = False,
+                 chunk_acc: bool = False):
+        assert not (split_acc and chunk_acc), "one accumulator scheme at a time"
         self.MT, self.NT, self.mode, self.a_dtype, self.b_dtype = mt, nt, MODES[mode], a_dtype, b_dtype
         m = self.mode
         self.g, self.t = lane // i64(4), lane % i64(4)
@@ -86,6 +88,10 @@ class WarpTiles:
         # 3xTF32 with split_acc: the two cross products go to accumulators of their own, so each tile runs two
         # dependent mma chains instead of one three times as long; finish() adds them in
         self.c_lo = T.alloc_buffer((mt, nt, 4), F32, scope="local") if m.split and split_acc else None
+        # chunk_acc: each chunk's mma's run into a zeroed accumulator of their own, added into c with an fp32 add. The
+        # tensor cores add into their accumulator without rounding to nearest (their alignment drops low bits), and
+        # over a long reduction (K = 2560) that error grows with K; a chunk's 32 k keep it to one chunk's partial sum
+        self.c_chunk = T.alloc_buffer((mt, nt, 4), F32, scope="local") if chunk_acc else None
         for idx in self.accumulators():
             T.buffer_store(self.c, tirx.const(0.0, F32), idx)
             if self.c_lo is not None:
@@ -159,16 +165,23 @@ class WarpTiles:
                 for i in range(m.per_lane):
                     fragment(self.fb, getattr(self, "fb_lo", None), self.rb[i64(slot), i64(nt), i64(j * m.per_lane + i)], [i64(nt), i64(j), i64(i)])
         # 3xTF32: the small products first, so the large one does not swamp them in the accumulator
-        lo = self.c if self.c_lo is None else self.c_lo
-        pairs = [(self.fa_lo, self.fb, lo), (self.fa, self.fb_lo, lo), (self.fa, self.fb, self.c)] if m.split else [(self.fa, self.fb, self.c)]
+        c = self.c if self.c_chunk is None else self.c_chunk
+        if self.c_chunk is not None:
+            for idx in self.accumulators():
+                T.buffer_store(c, tirx.const(0.0, F32), idx)
+        lo = c if self.c_lo is None else self.c_lo
+        pairs = [(self.fa_lo, self.fb, lo), (self.fa, self.fb_lo, lo), (self.fa, self.fb, c)] if m.split else [(self.fa, self.fb, c)]
         for j in range(m.mmas):
             for mt in range(self.MT):
                 for nt in range(self.NT):
-                    for fa, fb, c in pairs:
+                    for fa, fb, acc in pairs:
                         T.evaluate(ptx_legacy_mma(m.shape, "row", "col", m.ptx, m.ptx, "fp32",
                                                   fa.data, i64((mt * m.mmas + j) * 2 * m.per_lane),
                                                   fb.data, i64((nt * m.mmas + j) * m.per_lane),
-                                                  c.data, i64((mt * self.NT + nt) * 4), False))
+                                                  acc.data, i64((mt * self.NT + nt) * 4), False))
+        if self.c_chunk is not None:
+            for idx in self.accumulators():
+                T.buffer_store(self.c, self.c[tuple(idx)] + c[tuple(idx)], idx)
 
     def finish(self):
         """After the last chunk: the cross-product accumulators (split_acc) added into c."""

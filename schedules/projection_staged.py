@@ -42,6 +42,7 @@ class StagedConfig:
     warps_n: int = 4  # warps along W's rows (XW's columns)
     mt: int = 4  # m16 tiles per warp
     nt: int = 4  # n8 tiles per warp
+    chunk_acc: bool = False  # each 32-k chunk into a zeroed accumulator, added in fp32 (mma_tiles.WarpTiles: 3xTF32's accuracy at large K)
 
     @property
     def block(self) -> tuple[int, int]:
@@ -57,22 +58,32 @@ class StagedConfig:
         return 2 * (bm + bn) * KC * (4 if dtype == F32 else 2)
 
 
-def default_config(mode: str) -> StagedConfig:
-    """128 x 128 block tiles; in fp32 (TF32, 3xTF32) 64 x 128, whose warps' fragments (twice the registers per element,
-    and 3xTF32's low parts) fit the register file without spilling."""
-    return StagedConfig(mt=2) if MODES[mode].storage == F32 else StagedConfig()
+SMALL_M = 512  # up to this many rows (batch 1-5 at T = 100) 32-row tiles, so more blocks share the few rows
 
 
-def supported(mode: str | None, K: int, cols: int, cfg: StagedConfig | None = None) -> bool:
+def default_config(mode: str, rows: int | None = None) -> StagedConfig:
+    """The measured best of StagedConfig's points on the H100 (benchmarks/results/2026-11-24-h100-projection-staged.md):
+    32 x 128 tiles up to SMALL_M rows; above, 64 x 128 in fp16/bf16 (blog-a 3.64 ms against 128 x 128's 5.42) and
+    3xTF32, 128 x 64 in TF32. 3xTF32 accumulates chunk by chunk (chunk_acc)."""
+    exact = mode == "tf32x3"
+    if rows is not None and rows <= SMALL_M:
+        return StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2, chunk_acc=exact)
+    if mode == "tf32":
+        return StagedConfig(warps_m=4, warps_n=2, mt=2)
+    return StagedConfig(mt=2, chunk_acc=exact)
+
+
+def supported(mode: str | None, K: int, cols: int, cfg: StagedConfig | None = None, rows: int | None = None) -> bool:
     """A tensor-core mode, whole 32-column chunks, column pairs (8-byte stores), both buffers in 48 KB."""
     if mode not in MODES or K % KC or cols % 2:
         return False
-    return (cfg or default_config(mode)).smem_bytes(MODES[mode].storage) <= 48 * 1024
+    return (cfg or default_config(mode, rows)).smem_bytes(MODES[mode].storage) <= 48 * 1024
 
 
-def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = None) -> tirx.PrimFunc:
-    """PrimFunc(X [M, K], W [cols, K] in the mode's storage dtype, bias [cols] fp32, XW [M, cols] fp32), M symbolic."""
-    cfg = cfg or default_config(mode)
+def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = None, rows: int | None = None) -> tirx.PrimFunc:
+    """PrimFunc(X [M, K], W [cols, K] in the mode's storage dtype, bias [cols] fp32, XW [M, cols] fp32), M symbolic
+    (rows: M where the model fixes it, for the default tile shape)."""
+    cfg = cfg or default_config(mode, rows)
     assert supported(mode, K, cols, cfg), (mode, K, cols, cfg)
     dtype = MODES[mode].storage
     BM, BN = cfg.block
@@ -97,7 +108,7 @@ def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = N
                         # stores into one after reading the other need no barrier between them
                         sm = [T.alloc_buffer((size,), dtype, scope="shared") for _ in range(2)]
                         staged = T.alloc_buffer((len(plan), vec), dtype, scope="local")
-                        tiles = WarpTiles(lane, cfg.mt, cfg.nt, mode, dtype, dtype, 1)
+                        tiles = WarpTiles(lane, cfg.mt, cfg.nt, mode, dtype, dtype, 1, chunk_acc=cfg.chunk_acc)
 
                         def each_copy(body):
                             """body(slot, row in the shared tile, 16-byte segment, source row index) for this thread's copies."""

@@ -19,14 +19,18 @@ lanes of each quarter-warp hit distinct banks.
 Layers whose R does not fit on chip (blog-a: H=2560, 52 MB in fp16): a block keeps its rows' first
 chunks in shared memory and reads the last `streamed` chunks from R in global memory every step
 (L2 holds them across steps), in a reduction loop of their own before the resident ones
-(fewest_streamed picks the least that fits). Built and tested in CI; not yet run on a GPU, so no
-default streams and the build's rule still requires all of R on chip.
+(fewest_streamed picks the least that fits). streaming_config is the default for such layers, which
+auto runs at batch 33-64 (schedules.STREAMED_MAX_BATCH): on the H100 blog-a ran 31.3 ms in exact fp32
+against the tiled kernel's 46.2, and 13.6 ms in fp16 against mma's 15.8
+(benchmarks/results/2026-11-24-h100-streamed-blog-a.md).
 
 Math by dtype (recurrent_mma.mode): fp16/bf16 on m16n8k16, fp32 with precision="tf32" on TF32, and
 exact fp32 as 3xTF32 (mma_tiles: high and low TF32 parts, as accurate as SIMT fp32).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
@@ -41,6 +45,8 @@ R_LAYOUT = "rows"
 # hidden units per block (whole 8-row groups of one gate). 32 would never be needed to fit: where R's slice
 # for 32 units fits in shared memory, 16 units make few enough blocks for one wave
 UNITS = (8, 16)
+# units per block where R streams: a wave of blocks must cover all of H (2560 / 24 = 107 blocks of the H100's 132)
+STREAM_UNITS = (24, 32, 48, 64)
 
 
 def blocks(spec, units: int) -> int:
@@ -84,7 +90,8 @@ def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig
     tiles (32 rows per pass) split 4 ways: the best of the points tried at batch 8 and 20-64 on the H100
     (benchmarks/results/2026-11-23-h100-persistent-mma-variants.md, 2026-11-23-h100-knob-variants.md), prefetching XW
     there too in cells of several phases, each of which waits on its XW read after its reduction (GRU h800 batch 20 fp16,
-    the tuner's measurements in tuning_logs/cuda-sm_90: 3.38 against 4.63 us per step). None if nothing fits."""
+    the tuner's measurements in tuning_logs/cuda-sm_90: 3.38 against 4.63 us per step). Where no point holds all of R,
+    streaming_config; None if that does not fit either."""
     small = batch is not None and batch <= 8
     phases = len(cell.phases)
     for units in UNITS:
@@ -92,6 +99,22 @@ def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig
             MmaConfig(units=units, n_tiles=2, n_warps=2, k_warps=4, depth=2, prefetch=int(phases > 1))
         if fits(spec, cell, arch, cfg):
             return cfg
+    return streaming_config(spec, cell, arch)
+
+
+def streaming_config(spec, cell, arch: str) -> MmaConfig | None:
+    """For a layer whose R does not fit on chip: the fewest units per block that make one wave, 4 x 2 batch tiles (64
+    rows per pass), the reduction split 4 ways, XW prefetched, and the fewest chunks streamed; the best of the points
+    tried on blog-a (H=2560, batch 64) in both fp32 and fp16. None where no wave of blocks holds H, or where R (every
+    direction) would fit in a wave's shared memory: there more units per block than UNITS would keep it all resident,
+    which is what tuning is for, and streaming has not been measured against that."""
+    if r_bytes(spec, cell, spec.hidden_size) * spec.num_directions <= sm_count(arch) * SMEM_LIMIT.get(arch, SMEM_DEFAULT):
+        return None
+    for units in STREAM_UNITS:
+        cfg = MmaConfig(units=units, n_tiles=4, n_warps=2, k_warps=4, depth=1, prefetch=1)
+        streamed = fewest_streamed(spec, cell, arch, cfg)
+        if streamed is not None:
+            return replace(cfg, streamed=streamed) if streamed else None
     return None
 
 

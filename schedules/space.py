@@ -138,6 +138,15 @@ def persistent_mma_fits(spec, cell, target) -> bool:
     return tensor_cores(target) and supported(spec) and bool(_persistent_mma_space(spec, cell, _arch(target)))
 
 
+def persistent_mma_streams(spec, cell, target) -> bool:
+    """R does not fit on chip, and persistent_mma runs with part of it read from L2 every step (streaming_config)."""
+    from .recurrent_mma import supported
+    from .recurrent_persistent_mma import streaming_config
+
+    return (tensor_cores(target) and supported(spec) and not persistent_mma_fits(spec, cell, target)
+            and streaming_config(spec, cell, _arch(target)) is not None)
+
+
 def cooperative_blocks(config: KernelConfig, spec) -> int:
     """The grid a point launches cooperatively (all blocks resident at once, one per SM), or 0 for a kind that does not."""
     if config.kind == "persistent":
@@ -170,15 +179,15 @@ def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
     from . import recurrent_persistent as persistent
 
     fits = persistent.fits(spec, cell, _arch(target))
-    resident = persistent_mma_fits(spec, cell, target)
+    resident = persistent_mma_fits(spec, cell, target) or persistent_mma_streams(spec, cell, target)
     large = ("mma",) if rounding_mode(spec, target) else ("tiled",)  # tensor cores where the dtype or precision allows them
     if choice in ("mma", "persistent_mma") and not tensor_cores(target):
         raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel '{choice}' issues tensor-core mma.sync shapes of sm_80 "
                                     f"and newer; the target is {_arch(target)} (use auto, stepwise or tiled)")
     if choice == "persistent_mma" and not resident:
-        raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel 'persistent_mma' needs R in shared memory across one wave "
-                                    f"of blocks, and hidden size {spec.hidden_size} x {spec.num_directions} direction(s) in "
-                                    f"{spec.dtype} does not fit on {_arch(target)}; use auto, mma or stepwise")
+        raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel 'persistent_mma' needs one wave of blocks with R in shared "
+                                    f"memory or part of it streamed from L2, and hidden size {spec.hidden_size} x {spec.num_directions} "
+                                    f"direction(s) in {spec.dtype} fits neither on {_arch(target)}; use auto, mma or stepwise")
     return {"auto": (("persistent",) if fits else ()) + (("persistent_mma",) if resident else ()) + ("stepwise",) + large,
             "stepwise": ("stepwise",), "persistent": ("persistent",), "tiled": ("tiled",), "mma": ("mma",),
             "persistent_mma": ("persistent_mma",)}[choice]
@@ -215,7 +224,7 @@ def default_config(kind: str, spec, cell, target, batch: int | None = None) -> K
                 knobs["split_acc"] = c.split_acc
         if _half_operand(spec):
             knobs["half_operand"] = c.half_operand
-        if c.streamed:  # no default streams yet; a point that does (kernel_variants) keeps it
+        if c.streamed:  # R does not fit on chip: the default streams part of it (streaming_config)
             knobs["streamed"] = c.streamed
         return KernelConfig.of(kind, **knobs)
     from . import recurrent_persistent as persistent

@@ -11,7 +11,7 @@ weights that arrive as graph inputs take the same path at run time.
 from __future__ import annotations
 
 import numpy as np
-from tvm import relax
+from tvm import relax, tirx
 
 from .cells import cell_for
 from .layer import RNNLayerSpec
@@ -57,33 +57,40 @@ def _f32(x):
 
 
 def _projection(bb, X, w, bias, cols, In, target, mode):
-    """XW = X @ w^T + bias for all steps at once, fp32 results. On CUDA our GEMMs: tensor cores in the layer's
-    mode (projection_mma: fp16/bf16 layers, fp32 ones with precision="tf32"), else exact-fp32 SIMT
-    (projection_cuda); TVM's default matmul for shapes they do not cover. Our register-blocked GEMM on CPUs."""
-    from schedules import projection_cuda, projection_mma
+    """XW = X @ w^T + bias for all steps at once, fp32 results. On CUDA our GEMMs: with tensor cores, the staged
+    tensor-core GEMM (projection_staged) in the layer's mode (fp16/bf16, TF32 with precision="tf32", 3xTF32 for exact
+    fp32), else projection_mma / the exact-fp32 SIMT GEMM (projection_cuda) where it does not apply; TVM's default
+    matmul for shapes none covers. Our register-blocked GEMM on CPUs. mode: schedules.space.rounding_mode's."""
+    from schedules import projection_cuda, projection_mma, projection_staged
+    from schedules.space import tensor_cores
 
     cuda, half = target.kind.name == "cuda", str(X.ty.dtype) != "float32"
-    tensor = cuda and projection_mma.supported(mode, In, cols)
-    if cuda and not tensor and (half or not projection_cuda.supported(In, cols)):
-        xw = bb.emit(op.matmul(X, op.permute_dims(w), out_dtype="float32"))  # fp32 results whatever the inputs
-        return bb.emit(op.add(xw, bias)) if bias is not None else xw
-    if bias is None:
-        bias = relax.const(np.zeros(cols, "float32"))
-    if tensor:
+    shape = X.ty.shape
+    m = shape[0] * shape[1]
+    rows = int(m) if isinstance(m, (int, tirx.IntImm)) else None  # a model of fixed shape picks the tile for its rows
+    staged = mode or ("tf32x3" if cuda and tensor_cores(target) else None)
+    if cuda and projection_staged.supported(staged, In, cols, rows=rows):
+        func = projection_staged.projection_staged(staged, In, cols, rows=rows)
+        X = X if half else _f32(X)
+        weight, name = bb.emit(op.astype(w, str(X.ty.dtype))), f"projection_staged_{staged}" + ("" if rows is None else f"_m{rows}")
+    elif cuda and projection_mma.supported(mode, In, cols):
         func, weight, name = projection_mma.projection_mma(mode, In, cols), bb.emit(op.astype(w, str(X.ty.dtype))), f"projection_{mode}"
-    elif cuda:
+    elif cuda and not half and projection_cuda.supported(In, cols):
         X = _f32(X)
         func, weight, name = projection_cuda.projection_cuda(In, cols), _f32(w), "projection"  # W as ONNX stacks it: [cols, In]
+    elif cuda:
+        xw = bb.emit(op.matmul(X, op.permute_dims(w), out_dtype="float32"))  # fp32 results whatever the inputs
+        return bb.emit(op.add(xw, bias)) if bias is not None else xw
     else:
         from schedules.projection_cpu import panel_width, projection_cpu
 
         X, nr = _f32(X), panel_width(cols)
         panels = op.permute_dims(op.reshape(_f32(w), [cols // nr, nr, In]), [0, 2, 1])  # [cols/nr, In, nr]
         func, weight, name = projection_cpu(In, cols), bb.emit(panels), "projection"
+    if bias is None:
+        bias = relax.const(np.zeros(cols, "float32"))
     name = f"{name}_{In}x{cols}"  # same shape, same function: add_func shares it between layers
     gv = bb.add_func(func.with_attr("global_symbol", name), name)
-    shape = X.ty.shape
-    m = shape[0] * shape[1]
     flat = bb.emit(relax.call_tir(gv, [bb.emit(op.reshape(X, [m, In])), weight, bias],
                                   relax.TensorType([m, cols], "float32")))
     return bb.emit(op.reshape(flat, [shape[0], shape[1], cols]))
