@@ -51,7 +51,7 @@ RESIDENT_MAX_BATCH = 32
 # Where R does not fit on chip, persistent_mma streaming part of R from L2 each step (streaming_config) runs batches
 # STEPWISE_MAX_BATCH+1 .. STREAMED_MAX_BATCH (its 64 rows per pass): on blog-a (H=2560, batch 64) on the H100 it ran
 # 31.3 ms in fp32 against tiled's 46.2, 13.6 in fp16 against mma's 15.8; smaller and larger batches keep their kinds
-# (unmeasured there) (benchmarks/results/2026-11-24-h100-streamed-blog-a.md)
+# (unmeasured there) (benchmarks/results/2026-11-23-h100-streamed-blog-a.md)
 STREAMED_MAX_BATCH = 64
 TILED_MIN_HIDDEN = 1024
 # A tuned point replaces the default only when it measured this much faster: a kernel timed alone

@@ -22,7 +22,7 @@ chunks in shared memory and reads the last `streamed` chunks from R in global me
 (fewest_streamed picks the least that fits). streaming_config is the default for such layers, which
 auto runs at batch 33-64 (schedules.STREAMED_MAX_BATCH): on the H100 blog-a ran 31.3 ms in exact fp32
 against the tiled kernel's 46.2, and 13.6 ms in fp16 against mma's 15.8
-(benchmarks/results/2026-11-24-h100-streamed-blog-a.md).
+(benchmarks/results/2026-11-23-h100-streamed-blog-a.md).
 
 Math by dtype (recurrent_mma.mode): fp16/bf16 on m16n8k16, fp32 with precision="tf32" on TF32, and
 exact fp32 as 3xTF32 (mma_tiles: high and low TF32 parts, as accurate as SIMT fp32).
