@@ -1,4 +1,10 @@
-"""One small persistent-kernel layer under compute-sanitizer (racecheck / synccheck): a few steps, batch 2."""
+"""One small persistent-kernel layer under compute-sanitizer (racecheck / synccheck): a few steps, batch 2.
+
+    python3 benchmarks/sanitize_case.py [KERNEL [LSTM|GRU [streamed]]]
+
+streamed (persistent_mma only): half of each block's R read from global memory every step (the path layers too large
+for shared memory run), instead of all of it resident.
+"""
 
 import sys
 
@@ -9,6 +15,12 @@ import tvmrnn  # noqa: E402
 from onnx_cases import Case  # noqa: E402
 
 kernel = sys.argv[1] if len(sys.argv) > 1 else "persistent"
+if sys.argv[3:] == ["streamed"]:
+    from schedules import recurrent_persistent_mma
+    from schedules.recurrent_mma import MmaConfig
+
+    # hidden 64: two 32-column chunks, the second streamed
+    recurrent_persistent_mma.default_config = lambda *_, **__: MmaConfig(units=8, n_tiles=1, n_warps=1, k_warps=2, depth=1, prefetch=1, streamed=1)
 case = Case(op=sys.argv[2] if len(sys.argv) > 2 else "LSTM", direction="bidirectional", optional=("B", "sequence_lens"), hidden=64, input_size=16)
 module = tvmrnn.compile(case.model(), target="cuda", kernel=kernel)
 feeds = case.feeds(np.random.default_rng(0), 4, 2)
