@@ -45,8 +45,9 @@ R_LAYOUT = "rows"
 # hidden units per block (whole 8-row groups of one gate). 32 would never be needed to fit: where R's slice
 # for 32 units fits in shared memory, 16 units make few enough blocks for one wave
 UNITS = (8, 16)
-# units per block where R streams: a wave of blocks must cover all of H (2560 / 24 = 107 blocks of the H100's 132)
-STREAM_UNITS = (24, 32, 48, 64)
+# units per block where R streams: a wave of blocks must cover all of H (2560 / 24 = 107 blocks of the H100's 132);
+# the two widths that have run on a GPU
+STREAM_UNITS = (24, 32)
 
 
 def blocks(spec, units: int) -> int:

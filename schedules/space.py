@@ -9,7 +9,8 @@ A point of a space is a `KernelConfig`: a schedule kind and a value for each of 
     mma         (tensor cores) units per block, n_tiles x n_warps batch tiles of 8 rows, k_warps splitting the reduction, depth chunks in flight,
                 and in fp16/bf16 half_operand (B read from a half-precision copy of h)
     persistent_mma  the same knobs, prefetch (XW loaded before the reduction) and in exact fp32 split_acc (3xTF32's
-                cross products in accumulators of their own), for the persistent tensor-core kernel (one wave, R in shared memory)
+                cross products in accumulators of their own), for the persistent tensor-core kernel (one wave, R in shared memory;
+                where R is larger than that, streamed: the chunks of R read from L2 every step)
 
 The kind is itself a knob: persistent, stepwise, tiled, mma and persistent_mma are design spaces of one CUDA tuning task.
 MetaSchedule samples the knobs (tvmrnn/tuning/search.py); compile builds each layer's kernel as a
@@ -98,8 +99,9 @@ def knob_space(kind: str, spec, cell, target) -> dict[str, tuple[int, ...]]:
 
 
 def _persistent_mma_space(spec, cell, arch) -> dict[str, tuple[int, ...]]:
-    """The persistent tensor-core kernel's knobs: tile shapes that fit beside R, prefetch, and in 3xTF32 split_acc."""
-    space = _resident_tiles(spec, cell, arch)
+    """The persistent tensor-core kernel's knobs: tile shapes that fit beside R (or, where R is larger than a wave's
+    shared memory, beside the part of it that stays resident), prefetch, and in 3xTF32 split_acc."""
+    space = _resident_tiles(spec, cell, arch) or _streaming_tiles(spec, cell, arch)
     if space:
         from .recurrent_mma import mode
 
@@ -132,10 +134,28 @@ def _resident_tiles(spec, cell, arch) -> dict[str, tuple[int, ...]]:
     return {}
 
 
+def _streaming_tiles(spec, cell, arch) -> dict[str, tuple[int, ...]]:
+    """Where streaming_config applies: its units and warps, batch tiles, reduction splits and depths around its point,
+    and one value of `streamed`, the most any combination needs (streaming_config's own), so every combination fits and
+    none streams far more than it must."""
+    import itertools
+
+    from .recurrent_mma import MmaConfig
+    from .recurrent_persistent_mma import fewest_streamed, streaming_config
+
+    point = streaming_config(spec, cell, arch)
+    if point is None:
+        return {}
+    space = {"units": (point.units,), "n_tiles": (2, 4), "n_warps": (point.n_warps,), "k_warps": (2, 4), "depth": (1, 2)}
+    need = [fewest_streamed(spec, cell, arch, MmaConfig(**dict(zip(space, values)))) for values in itertools.product(*space.values())]
+    return space | {"streamed": (max(need),)}
+
+
 def persistent_mma_fits(spec, cell, target) -> bool:
+    """All of R in shared memory across one wave of blocks."""
     from .recurrent_mma import supported
 
-    return tensor_cores(target) and supported(spec) and bool(_persistent_mma_space(spec, cell, _arch(target)))
+    return tensor_cores(target) and supported(spec) and bool(_resident_tiles(spec, cell, _arch(target)))
 
 
 def persistent_mma_streams(spec, cell, target) -> bool:

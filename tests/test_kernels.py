@@ -124,6 +124,22 @@ def test_cuda_points_build_without_a_gpu(case):
                 assert ("m16n8k16" in src) == (spec.dtype == "float16"), config.describe()
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_streaming_points_build_without_a_gpu(dtype):
+    """blog-a's layer (H=2560, R larger than the H100's shared memory): the default at batch 64 and two sampled points
+    of the streaming space compile through NVRTC as cooperative kernels that read part of R from global memory."""
+    case = Case(op="LSTM", hidden=2560, input_size=8, dtype=dtype)
+    spec = find_rnn_layers(case.model())[0].spec
+    cell, target, rng = cell_for(spec), tvm.target.Target({"kind": "cuda", "arch": "sm_90"}), np.random.default_rng(5)
+    space = knob_space("persistent_mma", spec, cell, target)
+    configs = [default_config("persistent_mma", spec, cell, target, 64)]
+    configs += [KernelConfig.of("persistent_mma", **{k: int(rng.choice(v)) for k, v in space.items()}) for _ in range(2)]
+    for config in configs:
+        assert config["streamed"] > 0, config.describe()
+        mod = tvm.tirx.build(point_kernel(spec, cell, target, config, 4, 64), target=target, pipeline=cooperative.register())
+        assert "__global__" in mod.imports[0].inspect_source(), config.describe()
+
+
 def _check_kernel(kind, case, spec, func, r_layout, batches, note=""):
     """Run a recurrent PrimFunc on fresh inputs per batch (seeded: the same every call), outputs poisoned, twice each;
     check against float64 and return the outputs of every batch."""
@@ -408,10 +424,13 @@ def test_every_point_fits_a_block(kind):
 
 
 @pytest.mark.parametrize("op, hidden, directions, dtype", [("LSTM", 64, 1, "float32"), ("LSTM", 1024, 1, "float32"), ("LSTM", 800, 2, "float32"),
-                                                          ("GRU", 800, 2, "float16"), ("LSTM", 2560, 1, "float16")])
+                                                          ("GRU", 800, 2, "float16"), ("LSTM", 2560, 1, "float16"), ("LSTM", 2560, 1, "float32"),
+                                                          ("LSTM", 4096, 2, "float32")])
 def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype):
-    """Every point of the persistent tensor-core space launches cooperatively: one block per SM at most, R and the
-    partial sums within shared memory, at most 16 warps; an empty space where R cannot fit (H=2560 fp16: 52 MB)."""
+    """Every point of the persistent tensor-core space launches cooperatively: one block per SM at most, R's resident
+    chunks and the partial sums within shared memory, at most 16 warps. Where R is larger than a wave's shared memory
+    (H=2560: 52 MB in fp16) the space streams part of R, its default among its points; empty where no wave of blocks
+    covers H (4096 x 2 directions at 32 units per block is 256 blocks)."""
     import itertools
 
     from schedules.recurrent_mma import MmaConfig
@@ -422,7 +441,8 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
     cell = cell_for(spec)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     space = knob_space("persistent_mma", spec, cell, target)
-    assert bool(space) == (hidden < 2560)
+    assert bool(space) == (hidden < 4096)
+    assert space.get("streamed", (0,))[0] > 0 if hidden == 2560 else "streamed" not in space
     if space:  # the defaults the tuner measures first are points of the space, but where R leaves little room (bi-800 fp32)
         from schedules.space import default_config, in_space
 
