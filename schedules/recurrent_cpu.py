@@ -1,7 +1,8 @@
-"""The recurrent kernel for CPUs (LLVM): the whole sequence in one function, steps as parallel loops.
+"""The recurrent kernel for CPUs (LLVM): the whole sequence in one function and one launch of TVM's thread pool.
 
 Per step and phase, work items are (direction, batch row, chunk of JC hidden units) and run on
-TVM's thread pool. An item accumulates all gates of its chunk with the inner loop running along
+TVM's thread pool, whose threads stay in one parallel region for the whole sequence and meet at a
+barrier after each phase. An item accumulates all gates of its chunk with the inner loop running along
 units (axpy form, so it vectorizes without fast-math; R in panels of 16 units, r_layout), then runs the cell's
 gate program on the chunk's units as one vectorized loop (sigmoid and tanh from vector_math:
 libm calls would stay scalar). Hidden state is double-buffered across steps; the cell state stays
@@ -29,13 +30,16 @@ ROW_TILE_UNITS = 16  # units per work item in the row-tiled path (ROW_TILE x gat
 # 1.5x faster than 32 with one thread, and tuning with two found 128 1.29x faster than 64,
 # benchmarks/results/2026-11-23-cpu-tune-log.txt), as long as every thread of the pool still gets an item
 ROW_UNITS = 128
+# the time loop in one launch of the thread pool, barriers between phases (False: a launch per phase and step, the
+# kernel before; benchmarks/cpu_ab.py builds it for the side-by-side comparison)
+ONE_LAUNCH = True
 
 
 def r_layout(spec: RNNLayerSpec) -> str:
     """R as the kernel reads it: panels of 16 units where they divide H, else R^T (rows along the units, what the
     inner loop vectorizes over). In panels a work item's weights stream straight through memory, where R^T puts each
     of its gates' rows k on a page of its own. Whole models on this project's 2-core VM, interleaved in one process
-    (benchmarks/cpu_layout_ab.py, benchmarks/results/2026-11-23-cpu-r-panels-ab.txt): batch 1 ran 1.10-1.13x
+    (benchmarks/cpu_ab.py layout, benchmarks/results/2026-11-23-cpu-r-panels-ab.txt): batch 1 ran 1.10-1.13x
     (lat-b1-h512-l2, one run of three 0.97x) and 1.33-1.48x (lat-b1-h1024) faster; batch 20 (rows of 4) 6-7% slower
     with chunks of units varying fastest across work items, even (1.01-1.03x) with batch tiles fastest."""
     return "panels" if spec.hidden_size % PANEL == 0 else "transposed"
@@ -105,13 +109,28 @@ def cpu_steps(a: KernelArgs, cfg: CpuConfig):
         tiles = tirx.ceildiv(a.batch, i64(rows))
         # batch tiles vary fastest: the items of one chunk of units run back to back on a thread, so its rows of R
         # (a panel) come from L2 for every tile after the first (at ds2-lstm's batch 20: 15% faster than chunks fastest)
-        with T.parallel(0, i64(D * chunks) * tiles) as item:
-            d = item // (tiles * chunks)
-            n0 = item % tiles * i64(rows)
-            j0 = item // tiles % chunks * jc
-            _phase_tile(a, phase, last, operand, a.hbuf, a.scratch, s, cur, nxt, d, n0, rows, j0, jc)
+        with T.attr(0, "pragma_parallel_barrier_when_finish", 1):  # the phase's writes, seen by every thread's next one
+            with T.parallel(0, i64(D * chunks) * tiles) as item:
+                d = item // (tiles * chunks)
+                n0 = item % tiles * i64(rows)
+                j0 = item // tiles % chunks * jc
+                _phase_tile(a, phase, last, operand, a.hbuf, a.scratch, s, cur, nxt, d, n0, rows, j0, jc)
 
-    step_phases(a, a.hbuf, a.scratch, phase_items)
+    # One launch of TVM's thread pool for the whole sequence: every thread runs the time loop, takes its share of each
+    # phase's items (the same blocked split a parallel loop launched on its own gets) and meets the others at a
+    # barrier. A launch per phase and step cost 5.4 us on this project's VM (200 of them: 1.07 ms; 200 barriers inside
+    # one launch: 1.4 us), a sixth of lat-b1-h512-l2's time.
+    if ONE_LAUNCH:
+        with T.attr(0, "pragma_parallel_launch_point", 1):
+            step_phases(a, a.hbuf, a.scratch, phase_items)
+    else:
+        step_phases(a, a.hbuf, a.scratch, lambda *args: _launch_each(phase_items, *args))
+
+
+def _launch_each(phase_items, *args):
+    """A phase's items as a parallel loop of its own (its own launch): the barrier pragma needs an enclosing launch."""
+    with T.attr(0, "pragma_parallel_launch_point", 1):
+        phase_items(*args)
 
 
 def _phase_tile(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, d, n0, rows, j0, JC):
