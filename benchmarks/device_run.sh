@@ -4,6 +4,8 @@
 #   bash benchmarks/device_run.sh bench    the benchmark table against cuDNN
 #   bash benchmarks/device_run.sh sanitize [KERNEL]   compute-sanitizer racecheck/synccheck/memcheck on one small layer
 #   bash benchmarks/device_run.sh tune     MetaSchedule over the benchmark rows and the zoo (logs to $OUT/tuning_logs)
+#   bash benchmarks/device_run.sh tune-rows ROW,ROW   tune those rows into the checkout's tuning_logs (appending to the
+#                                            committed records), bring the logs back, then time the rows tuned beside untuned
 #   bash benchmarks/device_run.sh variants KIND [ROW ...]   points of one kernel kind (tiled | mma | persistent_mma) against the defaults
 #   bash benchmarks/device_run.sh projection [SHAPE ...]   the staged tensor-core projection against today's GEMMs and cuBLAS
 #   bash benchmarks/device_run.sh in-model [ROW ...]   whole models with each projection GEMM swapped in (staged included)
@@ -29,6 +31,13 @@ case "$1" in
   tune)
     timeout 570 python3 benchmarks/tune_suite.py --trials "${TRIALS:-400}" --time-budget "${BUDGET:-7}" --logs "$OUT/tuning_logs" 2>&1 \
       | grep -v Warning | tee "$OUT/tune_log.txt" | tail -70 ;;
+  tune-rows)
+    rows=${2:?comma-separated rows}
+    timeout "${TUNE_S:-300}" python3 benchmarks/tune_suite.py --rows "$rows" --no-zoo --trials "${TRIALS:-200}" --time-budget "${BUDGET:-4}" \
+      --logs tuning_logs 2>&1 | grep -v Warning | tee "$OUT/tune_log.txt" | tail -30
+    mkdir -p "$OUT/tuning_logs" && cp tuning_logs/cuda-sm_90/* "$OUT/tuning_logs/"
+    timeout 270 python3 -m tvmrnn.cli bench --kernel auto --kernel tuned $(printf -- '--row %s ' ${rows//,/ }) --repeats 20 --out "$OUT" 2>&1 \
+      | grep -v Warning > "$OUT/bench_log.txt"; grep -hE "^\|" "$OUT"/*.md ;;
   variants)
     timeout 560 python3 benchmarks/kernel_variants.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -40 ;;
   validate)

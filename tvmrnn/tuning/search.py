@@ -42,7 +42,8 @@ def config_of(mod: tvm.IRModule):
 
 
 def design_spaces(task: RecurrentTask, target, choice: str = "auto") -> ms.space_generator.ScheduleFn:
-    """One design space per kernel kind the layer may run (on CUDA: stepwise, tiled or mma, and the persistent kinds when R fits)."""
+    """One design space per kernel kind the layer may run (on CUDA: stepwise, tiled or mma, and the persistent kinds when R
+    fits, persistent_mma also where it streams part of R)."""
     from schedules.space import kinds, knob_space
 
     def sample(sch: Schedule):
