@@ -218,7 +218,7 @@ def signature_kernel(spec, cell, target, emit_body, seq: int, batch: int) -> tir
         return cuda_prim_func(spec, cell, emit_body, seq, batch)
     from .recurrent_cpu import r_layout
 
-    return recurrent_prim_func(spec, cell, r_layout(spec), emit_body, seq=seq, batch=batch)
+    return recurrent_prim_func(spec, cell, r_layout(spec), emit_body, weight_dtype=spec.dtype, seq=seq, batch=batch)
 
 
 def recurrent_kernel(spec, cell, target, choice: str = "auto", tuned: dict | None = None) -> RecurrentKernel:

@@ -11,6 +11,7 @@ in the Yc output, which only its own unit reads.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -94,7 +95,10 @@ def cpu_prim_func(spec: RNNLayerSpec, cell: Cell, emit_steps, seq=None, batch=No
             with T.serial(0, i64(H)) as j:
                 T.buffer_store(a.Yh, a.hbuf[final, d, n, j], a.state_index(d, n, j))
 
-    return recurrent_prim_func(spec, cell, r_layout(spec), body, seq=seq, batch=batch)
+    # R in the layer's storage dtype: an fp16/bf16 layer's weights are exact in fp32, so each is widened where it is
+    # read (a vector conversion) and the sums are the same bits as from an fp32 copy, from half the bytes; at batch 1
+    # a step is a pass over R from L3 or memory
+    return recurrent_prim_func(spec, cell, r_layout(spec), body, weight_dtype=spec.dtype, seq=seq, batch=batch)
 
 
 def cpu_steps(a: KernelArgs, cfg: CpuConfig):
@@ -105,12 +109,18 @@ def cpu_steps(a: KernelArgs, cfg: CpuConfig):
         raise ValueError(f"units={jc} must divide hidden size {H}")
     chunks = H // jc
 
+    tiles = tirx.ceildiv(a.batch, i64(rows))
+    # a layer of static shape with a single work item per phase has no parallel loop left once TVM simplifies it (and a
+    # launch without one does not build): it runs on the calling thread
+    items = i64(D * chunks) * tiles
+    batch = a.batch.value if isinstance(a.batch, tirx.IntImm) else a.batch if isinstance(a.batch, int) else None
+    parallel = not (D * chunks == 1 and batch is not None and batch <= rows)
+
     def phase_items(_pi, phase, last, operand, s, cur, nxt):
-        tiles = tirx.ceildiv(a.batch, i64(rows))
         # batch tiles vary fastest: the items of one chunk of units run back to back on a thread, so its rows of R
         # (a panel) come from L2 for every tile after the first (at ds2-lstm's batch 20: 15% faster than chunks fastest)
-        with T.attr(0, "pragma_parallel_barrier_when_finish", 1):  # the phase's writes, seen by every thread's next one
-            with T.parallel(0, i64(D * chunks) * tiles) as item:
+        with T.attr(0, "pragma_parallel_barrier_when_finish", 1) if parallel else contextlib.nullcontext():
+            with T.parallel(0, items) as item:  # the phase's writes, seen by every thread's next phase after the barrier
                 d = item // (tiles * chunks)
                 n0 = item % tiles * i64(rows)
                 j0 = item // tiles % chunks * jc
@@ -119,12 +129,18 @@ def cpu_steps(a: KernelArgs, cfg: CpuConfig):
     # One launch of TVM's thread pool for the whole sequence: every thread runs the time loop, takes its share of each
     # phase's items (the same blocked split a parallel loop launched on its own gets) and meets the others at a
     # barrier. A launch per phase and step cost 5.4 us on this project's VM (200 of them: 1.07 ms; 200 barriers inside
-    # one launch: 1.4 us), a sixth of lat-b1-h512-l2's time.
-    if ONE_LAUNCH:
+    # one launch: 1.4 us); whole models ran 1.01-1.05x faster (benchmarks/results/2026-11-23-cpu-one-launch-ab.txt).
+    if parallel and ONE_LAUNCH:
         with T.attr(0, "pragma_parallel_launch_point", 1):
             step_phases(a, a.hbuf, a.scratch, phase_items)
-    else:
+    elif parallel:
         step_phases(a, a.hbuf, a.scratch, lambda *args: _launch_each(phase_items, *args))
+    else:
+        step_phases(a, a.hbuf, a.scratch, phase_items)
+
+
+def _f32(x):
+    return x if str(x.ty.dtype) == F32 else x.astype(F32)
 
 
 def _launch_each(phase_items, *args):
@@ -154,11 +170,11 @@ def _phase_tile(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
                         with T.vectorized(0, i64(min(JC, PANEL))) as jj:
                             idx = [i64(r), i64(gi), i64(p0) + jj]
                             j = j0 + i64(p0) + jj
-                            T.buffer_store(acc, acc[tuple(idx)] + a.RP[d, j // i64(PANEL), k, i64(g), j % i64(PANEL)] * hk, idx)
+                            T.buffer_store(acc, acc[tuple(idx)] + _f32(a.RP[d, j // i64(PANEL), k, i64(g), j % i64(PANEL)]) * hk, idx)
                 else:
                     with T.vectorized(0, i64(JC)) as jj:
                         idx = [i64(r), i64(gi), jj]
-                        T.buffer_store(acc, acc[tuple(idx)] + a.RT[d, k, i64(g * H) + j0 + jj] * hk, idx)
+                        T.buffer_store(acc, acc[tuple(idx)] + _f32(a.RT[d, k, i64(g * H) + j0 + jj]) * hk, idx)
     # a loop, not one copy per row: unrolled, the vectorized gate program took 1.7x as long to build
     # (ds2-lstm's kernel, 0.87 -> 0.51 s) and ran no faster
     with T.serial(0, i64(rows)) as r:

@@ -88,6 +88,30 @@ def test_cpu_kernel_reads_r_in_panels(units, rows):
     _check_kernel("llvm", case, spec, func, "panels", batches=(3, 5), note=f"units={units} rows={rows}")
 
 
+def test_cpu_kernel_with_one_work_item_runs_on_the_calling_thread():
+    """A static-shape point whose phases have one work item (batch 1 in a 4-row tile, all 32 units in one chunk: a tuner
+    sample) has no parallel loop once TVM simplifies it; it builds without the thread-pool launch and stays correct."""
+    case = Case(op="LSTM", hidden=32, input_size=8, optional=("sequence_lens",))  # no B: _check_kernel's XW has none
+    spec = find_rnn_layers(case.model())[0].spec
+    func = point_kernel(spec, cell_for(spec), _target("llvm"), KernelConfig.of("cpu", rows=4, units=32), seq=9, batch=1)
+    _check_kernel("llvm", case, spec, func, "panels", batches=(1,))
+
+
+@pytest.mark.parametrize("op, hidden", [("LSTM", 64), ("GRU", 24)])
+def test_cpu_kernel_reads_half_r_exactly(op, hidden):
+    """An fp16 layer's R stays fp16 in the CPU kernel (half the bytes a step reads) and is widened where it is read: the
+    weights are exact in fp32, so the result matches float64 to fp32's tolerance, not half precision's (panels at H=64,
+    R^T at 24)."""
+    from schedules.recurrent_cpu import r_layout
+
+    case = Case(op=op, direction="bidirectional", optional=("sequence_lens", "initial_h"), hidden=hidden, input_size=5, dtype="float16")
+    spec = find_rnn_layers(case.model())[0].spec
+    assert spec.dtype == "float16"
+    kernel = recurrent_kernel(spec, cell_for(spec), _target("llvm"))
+    assert "float16" in kernel.func.script()  # R's argument in the storage dtype
+    _check_kernel("llvm", case, spec, kernel.func, r_layout(spec), batches=(1, 5), tol=(1e-4, 1e-5))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
 @pytest.mark.parametrize("kind", ["stepwise", "persistent", "tiled"] + TENSOR_KINDS)
@@ -140,9 +164,9 @@ def test_streaming_points_build_without_a_gpu(dtype):
         assert "__global__" in mod.imports[0].inspect_source(), config.describe()
 
 
-def _check_kernel(kind, case, spec, func, r_layout, batches, note=""):
+def _check_kernel(kind, case, spec, func, r_layout, batches, note="", tol=None):
     """Run a recurrent PrimFunc on fresh inputs per batch (seeded: the same every call), outputs poisoned, twice each;
-    check against float64 and return the outputs of every batch."""
+    check against float64 (tol: (rtol, atol), else by the layer's math) and return the outputs of every batch."""
     cell = cell_for(spec)
     runs = []
     target = _target(kind)
@@ -176,7 +200,7 @@ def _check_kernel(kind, case, spec, func, r_layout, batches, note=""):
         for name, got in zip(("Y", "Y_h", "Y_c"), results[0]):
             assert not np.isnan(got).any(), f"{name}: {np.isnan(got).sum()} elements never written"
             exact = spec.dtype == "float32" and spec.precision == "exact"
-            tol = (1e-4, 1e-5) if exact else (1e-2, 1e-2)  # half storage or TF32: h rounds to it on tensor cores
+            tol = tol or ((1e-4, 1e-5) if exact else (1e-2, 1e-2))  # half storage or TF32: h rounds to it on tensor cores
             np.testing.assert_allclose(got, expected[name], rtol=tol[0], atol=tol[1], err_msg=f"{name}, batch {N} {note}")
     return [r[0] for r in runs]
 

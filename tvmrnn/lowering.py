@@ -110,8 +110,6 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
     B = _f32(B)
     named = dict(zip(("sequence_lens", "initial_h", "initial_c", "P"), inputs[4:8]))
     named.update({k: _f32(named[k]) for k in ("initial_h", "initial_c", "P")})
-    if target.kind.name != "cuda":
-        R = _f32(R)
     G, H, D, In = cell.gates, spec.hidden_size, spec.num_directions, spec.input_size
 
     bias, rb_cell = _split_bias(B, spec, cell) if B is not None else (None, None)
