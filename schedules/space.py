@@ -199,16 +199,16 @@ def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
     from . import recurrent_persistent as persistent
 
     fits = persistent.fits(spec, cell, _arch(target))
-    resident = persistent_mma_fits(spec, cell, target) or persistent_mma_streams(spec, cell, target)
+    one_wave = persistent_mma_fits(spec, cell, target) or persistent_mma_streams(spec, cell, target)  # persistent_mma runs
     large = ("mma",) if rounding_mode(spec, target) else ("tiled",)  # tensor cores where the dtype or precision allows them
     if choice in ("mma", "persistent_mma") and not tensor_cores(target):
         raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel '{choice}' issues tensor-core mma.sync shapes of sm_80 "
                                     f"and newer; the target is {_arch(target)} (use auto, stepwise or tiled)")
-    if choice == "persistent_mma" and not resident:
+    if choice == "persistent_mma" and not one_wave:
         raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel 'persistent_mma' needs one wave of blocks with R in shared "
                                     f"memory or part of it streamed from L2, and hidden size {spec.hidden_size} x {spec.num_directions} "
                                     f"direction(s) in {spec.dtype} fits neither on {_arch(target)}; use auto, mma or stepwise")
-    return {"auto": (("persistent",) if fits else ()) + (("persistent_mma",) if resident else ()) + ("stepwise",) + large,
+    return {"auto": (("persistent",) if fits else ()) + (("persistent_mma",) if one_wave else ()) + ("stepwise",) + large,
             "stepwise": ("stepwise",), "persistent": ("persistent",), "tiled": ("tiled",), "mma": ("mma",),
             "persistent_mma": ("persistent_mma",)}[choice]
 
