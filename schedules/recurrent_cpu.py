@@ -160,21 +160,36 @@ def _phase_tile(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
         for gi in range(gp):
             with T.vectorized(0, i64(JC)) as jj:
                 T.buffer_store(acc, tirx.const(0.0, F32), [i64(r), i64(gi), jj])
+    panels = a.r_layout == "panels"
+    width = min(JC, PANEL) if panels else JC  # a vector per panel, or one along the chunk (R^T)
+
+    def lane(p0, jj):
+        return i64(p0) + jj if panels else jj  # R^T: one vector, p0 = 0
+
+    def r_at(k, g, p0, jj):
+        if not panels:
+            return a.RT[d, k, i64(g * H) + j0 + jj]
+        j = j0 + i64(p0) + jj
+        return a.RP[d, j // i64(PANEL), k, i64(g), j % i64(PANEL)]
+
+    # half-precision R with several rows: each vector widened once per k into registers and used by every row (in the
+    # row loop the conversions cost ds2-lstm's fp16 model 4% against fp32 R)
+    widened = T.alloc_buffer((gp, JC), F32, scope="local") if rows > 1 and a.spec.dtype != F32 else None
     with T.serial(0, i64(H)) as k:
+        if widened is not None:
+            for gi, g in enumerate(phase.gates):
+                for p0 in range(0, JC, width):
+                    with T.vectorized(0, i64(width)) as jj:
+                        T.buffer_store(widened, _f32(r_at(k, g, p0, jj)), [i64(gi), lane(p0, jj)])
         for r in range(rows):
             n = tirx.min(n0 + i64(r), N - 1)  # rows past the batch compute a copy, never stored
             hk = operand[cur, d, n, k] if phase.operand == "h" else operand[d, n, k]
             for gi, g in enumerate(phase.gates):
-                if a.r_layout == "panels":  # a vector per panel
-                    for p0 in range(0, JC, PANEL):
-                        with T.vectorized(0, i64(min(JC, PANEL))) as jj:
-                            idx = [i64(r), i64(gi), i64(p0) + jj]
-                            j = j0 + i64(p0) + jj
-                            T.buffer_store(acc, acc[tuple(idx)] + _f32(a.RP[d, j // i64(PANEL), k, i64(g), j % i64(PANEL)]) * hk, idx)
-                else:
-                    with T.vectorized(0, i64(JC)) as jj:
-                        idx = [i64(r), i64(gi), jj]
-                        T.buffer_store(acc, acc[tuple(idx)] + _f32(a.RT[d, k, i64(g * H) + j0 + jj]) * hk, idx)
+                for p0 in range(0, JC, width):
+                    with T.vectorized(0, i64(width)) as jj:
+                        idx = [i64(r), i64(gi), lane(p0, jj)]
+                        w = widened[i64(gi), lane(p0, jj)] if widened is not None else _f32(r_at(k, g, p0, jj))
+                        T.buffer_store(acc, acc[tuple(idx)] + w * hk, idx)
     # a loop, not one copy per row: unrolled, the vectorized gate program took 1.7x as long to build
     # (ds2-lstm's kernel, 0.87 -> 0.51 s) and ran no faster
     with T.serial(0, i64(rows)) as r:
