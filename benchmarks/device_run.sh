@@ -8,7 +8,7 @@
 #                                            committed records), bring the logs back, then time the rows tuned beside untuned
 #   bash benchmarks/device_run.sh variants KIND [ROW ...]   points of one kernel kind (tiled | mma | persistent_mma) against the defaults
 #   bash benchmarks/device_run.sh projection [SHAPE ...]   the staged tensor-core projection against today's GEMMs and cuBLAS
-#   bash benchmarks/device_run.sh in-model [ROW ...]   whole models with each projection GEMM swapped in (staged included)
+#   bash benchmarks/device_run.sh in-model [ROW ...]   whole models with the staged projection and the GEMMs it replaced swapped in
 #   bash benchmarks/device_run.sh validate   one call for what CI built but no GPU ran yet: projection_staged and
 #                                            persistent_mma's streamed chunks against float64, then both measured on blog-a
 # Results go to $OUT (the device tool brings them back); commit the ones that matter under benchmarks/results/.

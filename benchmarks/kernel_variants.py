@@ -16,7 +16,7 @@ import sys
 import torch
 
 import tvmrnn
-from schedules import recurrent_mma, recurrent_persistent_mma, recurrent_tiled, space
+from schedules import recurrent_mma, recurrent_persistent_mma, recurrent_tiled
 from tvmrnn import bench
 from tvmrnn.cells import cell_for
 from tvmrnn.layer import RNNLayerSpec
@@ -77,7 +77,6 @@ def resolve(row, dtype, knobs):
         knobs = {**knobs, "streamed": n}
     return knobs if recurrent_persistent_mma.fits(spec, cell_for(spec), "sm_90", CONFIG(**knobs)) else None
 base = MODULE.default_config
-fits_all = space.persistent_mma_fits
 out = os.environ.get("OUT", "/tmp")
 results = []
 
@@ -115,10 +114,8 @@ for row in ROWS:
             if knobs is None:
                 continue
             MODULE.default_config = lambda *_, c=CONFIG(**knobs), **__: c
-            # a streaming point runs where the build's rule (all of R on chip) refuses persistent_mma: let it
-            space.persistent_mma_fits = (lambda *_: True) if knobs.get("streamed") else fits_all
             res = bench.bench_gpu_row(row, kernels=(KIND,), repeats=10, warmup=3, dtype=dtype, cudnn=first)
             keep(res, point=f"{KIND} " + " ".join(f"{k}={v}" for k, v in knobs.items()))
-        MODULE.default_config, space.persistent_mma_fits = base, fits_all
+        MODULE.default_config = base
 for dtype in DTYPES if KIND != "persistent_mma" else ():
     profile(ROWS[0], dtype)

@@ -12,8 +12,8 @@ median of 10). DTYPES=float32 (environment) runs one dtype. Writes $OUT/projecti
 
 import json
 import os
-from dataclasses import replace
 import sys
+from dataclasses import replace
 
 import numpy as np
 import torch

@@ -210,15 +210,13 @@ def _prim_func(spec, cell, target, branches, seq=None, batch=None):
 def signature_kernel(spec, cell, target, emit_body, seq: int, batch: int) -> tirx.PrimFunc:
     """A PrimFunc with the recurrent kernel's arguments for `target` at static shapes and any body
     (a tuning workload's template)."""
-    from .recurrent_common import recurrent_prim_func
-
     if target.kind.name == "cuda":
         from .recurrent_cuda import cuda_prim_func
 
         return cuda_prim_func(spec, cell, emit_body, seq, batch)
-    from .recurrent_cpu import r_layout
+    from .recurrent_cpu import cpu_signature
 
-    return recurrent_prim_func(spec, cell, r_layout(spec), emit_body, weight_dtype=spec.dtype, seq=seq, batch=batch)
+    return cpu_signature(spec, cell, emit_body, seq, batch)
 
 
 def recurrent_kernel(spec, cell, target, choice: str = "auto", tuned: dict | None = None) -> RecurrentKernel:

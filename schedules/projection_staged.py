@@ -4,9 +4,9 @@ projection_mma streams each warp's rows of X and W from global memory into regis
 L1 for the reuse between the 2 x 2 warps of a block (a 128 x 64 block tile). On the H100 that ran
 blog-a's GEMM (12800 x 2560 x 10240, fp16) at 125 TFLOP/s, 5.3 of the model's 15.8 ms
 (benchmarks/results/2026-11-23-h100-knob-variants.md's profile): every 16-byte load serves 42 MACs of
-the block, and L2 cannot feed more. Here a block of warps_m x warps_n warps owns a larger tile
-(128 x 128 by default: 64 MACs per element loaded; 16-32 rows for the few rows of batch 1-8, where
-128-row tiles leave SMs idle) and copies each 32-column chunk of its rows of X and W into shared memory once; its warps read their fragments from there (the same WarpTiles
+the block, and L2 cannot feed more. Here a block of warps_m x warps_n warps owns a tile (default_config:
+64 x 128 or 128 x 64; 32 x 128 for the few rows of batch 1-5, where larger tiles leave SMs idle) and
+copies each 32-column chunk of its rows of X and W into shared memory once; its warps read their fragments from there (the same WarpTiles
 registers and mma.sync shapes as every tensor-core kernel of ours, so fp16, bf16, TF32 and 3xTF32,
 the exact fp32 mode, all work). Two shared buffers: while the warps multiply chunk c, each thread's
 16-byte loads of chunk c+1 are in flight into registers, stored to the other buffer after the

@@ -95,10 +95,15 @@ def cpu_prim_func(spec: RNNLayerSpec, cell: Cell, emit_steps, seq=None, batch=No
             with T.serial(0, i64(H)) as j:
                 T.buffer_store(a.Yh, a.hbuf[final, d, n, j], a.state_index(d, n, j))
 
-    # R in the layer's storage dtype: an fp16/bf16 layer's weights are exact in fp32, so each is widened where it is
-    # read (a vector conversion) and the sums are the same bits as from an fp32 copy, from half the bytes; at batch 1
-    # a step is a pass over R from L3 or memory
-    return recurrent_prim_func(spec, cell, r_layout(spec), body, weight_dtype=spec.dtype, seq=seq, batch=batch)
+    return cpu_signature(spec, cell, body, seq, batch)
+
+
+def cpu_signature(spec: RNNLayerSpec, cell: Cell, emit_body, seq=None, batch=None) -> tirx.PrimFunc:
+    """The CPU kernel's arguments around any body (the kernel's, or a tuning workload's empty one): R in r_layout and
+    in the layer's storage dtype. An fp16/bf16 layer's weights are exact in fp32, so each is widened where it is read
+    (a vector conversion) and the sums are the same bits as from an fp32 copy, from half the bytes; at batch 1 a step
+    is a pass over R from L3 or memory."""
+    return recurrent_prim_func(spec, cell, r_layout(spec), emit_body, weight_dtype=spec.dtype, seq=seq, batch=batch)
 
 
 def cpu_steps(a: KernelArgs, cfg: CpuConfig):

@@ -71,7 +71,6 @@ def _projection(bb, X, w, bias, cols, In, target, mode):
     staged = mode or ("tf32x3" if cuda and tensor_cores(target) else None)
     if cuda and projection_staged.supported(staged, In, cols, rows=rows):
         func = projection_staged.projection_staged(staged, In, cols, rows=rows)
-        X = X if half else _f32(X)
         weight, name = bb.emit(op.astype(w, str(X.ty.dtype))), f"projection_staged_{staged}" + ("" if rows is None else f"_m{rows}")
     elif cuda and projection_mma.supported(mode, In, cols):
         func, weight, name = projection_mma.projection_mma(mode, In, cols), bb.emit(op.astype(w, str(X.ty.dtype))), f"projection_{mode}"
