@@ -133,8 +133,9 @@ def cpu_steps(a: KernelArgs, cfg: CpuConfig):
 
     # One launch of TVM's thread pool for the whole sequence: every thread runs the time loop, takes its share of each
     # phase's items (the same blocked split a parallel loop launched on its own gets) and meets the others at a
-    # barrier. A launch per phase and step cost 5.4 us on this project's VM (200 of them: 1.07 ms; 200 barriers inside
-    # one launch: 1.4 us); whole models ran 1.01-1.05x faster (benchmarks/results/2026-11-23-cpu-one-launch-ab.txt).
+    # barrier. On this project's VM a launch cost 0.6-1.9 us and a barrier 0.25-0.35 us
+    # (benchmarks/cpu_pool_launch.py, benchmarks/results/2026-11-23-cpu-pool-launch.txt); whole models ran 1.01-1.05x
+    # faster (benchmarks/results/2026-11-23-cpu-one-launch-ab.txt).
     if parallel and ONE_LAUNCH:
         with T.attr(0, "pragma_parallel_launch_point", 1):
             step_phases(a, a.hbuf, a.scratch, phase_items)
