@@ -5,7 +5,8 @@
 #   bash benchmarks/device_run.sh sanitize [KERNEL]   compute-sanitizer racecheck/synccheck/memcheck on one small layer
 #   bash benchmarks/device_run.sh tune     MetaSchedule over the benchmark rows and the zoo (logs to $OUT/tuning_logs)
 #   bash benchmarks/device_run.sh tune-rows ROW,ROW   tune those rows into the checkout's tuning_logs (appending to the
-#                                            committed records), bring the logs back, then time the rows tuned beside untuned
+#                                            committed records) and bring the logs back; time them in a second call with
+#                                            `bench --kernel auto --kernel tuned --row ROW ...` once the logs are committed
 #   bash benchmarks/device_run.sh variants KIND [ROW ...]   points of one kernel kind (tiled | mma | persistent_mma) against the defaults
 #   bash benchmarks/device_run.sh projection [SHAPE ...]   the staged tensor-core projection against today's GEMMs and cuBLAS
 #   bash benchmarks/device_run.sh in-model [ROW ...]   whole models with the staged projection and the GEMMs it replaced swapped in
@@ -33,11 +34,9 @@ case "$1" in
       | grep -v Warning | tee "$OUT/tune_log.txt" | tail -70 ;;
   tune-rows)
     rows=${2:?comma-separated rows}
-    timeout "${TUNE_S:-300}" python3 benchmarks/tune_suite.py --rows "$rows" --no-zoo --trials "${TRIALS:-200}" --time-budget "${BUDGET:-4}" \
+    timeout "${TUNE_S:-540}" python3 benchmarks/tune_suite.py --rows "$rows" --dtypes "${DTYPES:-float32,float16}" --no-zoo --trials "${TRIALS:-300}" --time-budget "${BUDGET:-8}" \
       --logs tuning_logs 2>&1 | grep -v Warning | tee "$OUT/tune_log.txt" | tail -30
-    mkdir -p "$OUT/tuning_logs" && cp tuning_logs/cuda-sm_90/* "$OUT/tuning_logs/"
-    timeout 270 python3 -m tvmrnn.cli bench --kernel auto --kernel tuned $(printf -- '--row %s ' ${rows//,/ }) --repeats 20 --out "$OUT" 2>&1 \
-      | grep -v Warning > "$OUT/bench_log.txt"; grep -hE "^\|" "$OUT"/*.md ;;
+    mkdir -p "$OUT/tuning_logs" && cp tuning_logs/cuda-sm_90/* "$OUT/tuning_logs/" ;;
   variants)
     timeout 560 python3 benchmarks/kernel_variants.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -40 ;;
   validate)

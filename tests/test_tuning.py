@@ -127,3 +127,39 @@ def test_tuned_point_needs_the_default_measured_beside_it():
     assert picked([(other, 1.0), (default, 1.0 / (1 - TUNED_MARGIN) + 0.01)]).config == other  # clearly faster: taken
     kept = picked([(other, 1.0), (default, 1.01)])  # within the margin: the default stays
     assert kept.config == default
+
+
+def test_default_outside_the_space_is_logged_and_read_back(tmp_path):
+    """persistent_mma's default for a bidirectional H=800 fp32 layer lies outside its space (only n_tiles=1 fits every way),
+    so the search cannot reach it; the tuner logs it as fixed annotations, and the logs read it back as that default, so a
+    tuned point can be weighed against it (without it, compile kept the default for the bucket whatever the tuning found)."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from schedules import plan_kernel
+    from schedules.space import default_config, in_space
+    from tvmrnn.cells import cell_for
+    from tvmrnn.frontend.inspect import find_rnn_layers
+    from tvmrnn.tuning import search
+    from tvmrnn.tuning.logs import open_database, target_dir
+    from tvmrnn.tuning.tasks import RecurrentTask
+
+    case = Case(op="LSTM", hidden=800, input_size=8, direction="bidirectional")
+    spec = find_rnn_layers(case.model())[0].spec
+    cell, target = cell_for(spec), tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    task = RecurrentTask(spec, seq=10, batch=20)
+    default = default_config("persistent_mma", spec, cell, target, 20)
+    assert not in_space(default, spec, cell, target) and plan_kernel(spec, cell, target).branches[-1].config == default
+    tuned = search.fixed_point(task.template(target), default)
+    tuned_point = default.__class__.of("persistent_mma", **{**dict(default.knobs), "n_tiles": 1, "n_warps": 1, "k_warps": 8})
+    assert search.config_of(tuned.mod) == default
+    db = open_database(target_dir(tmp_path, target))
+    for point, secs in ((default, 2e-3), (tuned_point, 1e-3)):
+        sch = search.fixed_point(task.template(target), point)
+        workload = db.commit_workload(task.template(target))
+        args = ms.arg_info.ArgInfo.from_prim_func(task.template(target)["main"])
+        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [secs], target, args))
+    logs = TuningLogs.load(tmp_path, target)
+    assert logs.problems == [] and dict(logs.best(spec)[20]) == {tuned_point: 1e-3 / 10, default: 2e-3 / 10}
+    plan = plan_kernel(spec, cell, target, tuned=logs.best(spec))
+    assert plan.branches[0].up_to == 20 and plan.branches[0].tuned and plan.branches[0].config == tuned_point, plan.describe()

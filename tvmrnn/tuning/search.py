@@ -75,6 +75,16 @@ def point_trace(space: Schedule, config) -> tvm.s_tir.Trace:
     return trace
 
 
+def fixed_point(mod: tvm.IRModule, config) -> Schedule:
+    """A schedule of the workload that annotates `config`'s knobs as constants (no decisions for the search to mutate)."""
+    sch = Schedule(mod)
+    root = _root(sch)
+    sch.annotate(root, KIND, config.kind)
+    for knob, value in config.knobs:
+        sch.annotate(root, KNOB + knob, value)
+    return sch
+
+
 @derived_object
 class ChangeOneKnob(ms.mutator.PyMutator):
     """Mutation for evolutionary search: one knob's decision moves to another of its values."""

@@ -66,14 +66,17 @@ def _seed_defaults(ctxs, tasks, target, db, builder, runner) -> tuple[list[float
         args_info = ms.arg_info.ArgInfo.from_prim_func(ctx.mod["main"])
         for space in ctx.generate_design_space():
             point = default_config(search.config_of(space.mod).kind, task.spec, task.cell, target, task.batch)
-            if not in_space(point, task.spec, task.cell, target):
-                continue  # not a point the search can reach: unmeasured, so compile keeps this default for the bucket
             if point in measured:
                 secs = [float(s) for s in measured[point].run_secs]
                 best[ti] = min(x for x in (best[ti], sum(secs) / len(secs)) if x is not None)
                 continue
-            sch = Schedule(ctx.mod)
-            search.point_trace(space, point).apply_to_schedule(sch, remove_postproc=True)
+            if in_space(point, task.spec, task.cell, target):
+                sch = Schedule(ctx.mod)  # the space's trace with the default's decisions: the search may mutate it
+                search.point_trace(space, point).apply_to_schedule(sch, remove_postproc=True)
+            else:
+                # a default the space cannot reach (persistent_mma's space keeps only knob values whose every combination
+                # fits): measured all the same, as fixed annotations, so compile can tell whether a tuned point beats it
+                sch = search.fixed_point(ctx.mod, point)
             pending.append((ti, workload, sch, args_info))
     times = _measure_all(builder, runner, target, [p[2].mod for p in pending], [p[3] for p in pending]) if pending else []
     for (ti, workload, sch, args_info), t in zip(pending, times):
