@@ -9,6 +9,7 @@
 #                                            `bench --kernel auto --kernel tuned --row ROW ...` once the logs are committed
 #   bash benchmarks/device_run.sh variants KIND [ROW ...]   points of one kernel kind (tiled | mma | persistent_mma) against the defaults
 #   bash benchmarks/device_run.sh projection [SHAPE ...]   the staged tensor-core projection against today's GEMMs and cuBLAS
+#   bash benchmarks/device_run.sh profile [ROW ...]   each row's kernels (count, GPU time) against its wall time: the idle gaps
 #   bash benchmarks/device_run.sh in-model [ROW ...]   whole models with the staged projection and the GEMMs it replaced swapped in
 #   bash benchmarks/device_run.sh validate   one call for what CI built but no GPU ran yet: projection_staged and
 #                                            persistent_mma's streamed chunks against float64, then both measured on blog-a
@@ -44,6 +45,8 @@ case "$1" in
       | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -15
     timeout 160 python3 benchmarks/projection_staged.py blog-a b64-h1024 lat-b1-h1024 2>&1 | grep -v Warning > "$OUT/projection_log.txt"
     timeout 190 python3 benchmarks/kernel_variants.py persistent_mma blog-a 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -12 ;;
+  profile)
+    timeout 560 python3 benchmarks/profile_rows.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/profile_log.txt" | grep -v "^    " ;;
   in-model)
     timeout 560 python3 benchmarks/projection_in_model.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/in_model_log.txt" | tail -30 ;;
   projection)
