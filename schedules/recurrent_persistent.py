@@ -52,6 +52,9 @@ class PersistentConfig:
     # stage the tile's rows of h in shared memory (one L2 read per block instead of per warp); measured
     # on the H100 it costs more than it saves at batch 1 (6.8 vs 3.5 µs per step at H=1024): off by default
     stage_h: bool = False
+    # each finishing lane loads its row's XW values before the reduction, so their latency (an L2 or HBM read) overlaps
+    # the reduction's instead of following it on every step's critical path
+    prefetch: int = 0
 
     def grid(self, spec: RNNLayerSpec) -> int:
         return spec.num_directions * self.blocks_per_direction(spec)
@@ -197,11 +200,25 @@ def _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm,
         with T.If(tirx.all(u < i64(UPB), j < i64(H))):  # warp-uniform: shuffles stay safe
             with T.Then():
 
-                def finish(_u, b, rec, j=j):
+                xw = _prefetch_xw(a, phase, s, d, n0, j, lane, NB) if cfg.prefetch else None
+
+                def finish(_u, b, rec, j=j, xw=xw):
                     n = n0 + i64(b)
                     with T.If(n < N):
                         with T.Then():
-                            epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec)
+                            epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec,
+                                     **({} if xw is None else {"x": lambda gi: xw[i64(gi)]}))
 
                 warp_gates(lane, H, phase.gates, 1, NB, V, h_at=h_at, w_at=lambda _u, g, k, u=u: wsm[u, i64(g), k],
                            finish=finish, row_valid=(lambda b: n0 + i64(b) < N) if NB > 1 else None)
+
+
+def _prefetch_xw(a: KernelArgs, phase, s, d, n0, j, lane, NB: int):
+    """The XW values of unit j that lane b (the lane warp_gates finishes batch row n0+b in) will need, loaded now. Lanes
+    past the tile, rows past the batch and padded steps load a clamped element they never use."""
+    n = tirx.min(n0 + tirx.min(lane, i64(NB - 1)), a.batch - 1)
+    t = tirx.max(a.time_index(d, n, s), i64(0))  # a padded step of a reverse row points before the start
+    xw = T.alloc_buffer((len(phase.gates),), F32, scope="local")
+    for gi, g in enumerate(phase.gates):
+        T.buffer_store(xw, a.XW[tuple(a.xw_index(d, n, t, g, j))], [i64(gi)])
+    return xw

@@ -4,7 +4,8 @@ A point of a space is a `KernelConfig`: a schedule kind and a value for each of 
 
     cpu         rows (batch rows per R^T load), units (hidden units per work item)
     stepwise    warps per block, units_per_warp, batch_tile (rows reusing each weight read)
-    persistent  blocks (one co-resident wave), warps, batch_tile, stage_h (h staged in shared memory)
+    persistent  blocks (one co-resident wave), warps, batch_tile, stage_h (h staged in shared memory), prefetch (XW loaded
+                before the reduction)
     tiled       units per block, row_threads x rows_per_thread batch rows per block, k_chunk staged per round
     mma         (tensor cores) units per block, n_tiles x n_warps batch tiles of 8 rows, k_warps splitting the reduction, depth chunks in flight,
                 and in fp16/bf16 half_operand (B read from a half-precision copy of h)
@@ -24,6 +25,9 @@ from dataclasses import dataclass
 
 CPU_ROWS = (1, 2, 4, 8)
 CPU_UNITS = (8, 16, 32, 64, 128, 256)
+# Knobs added to a kind after tuning logs were written for it, with the value that is what the kernel did before: a point
+# names them only when set otherwise, so a logged point without the knob and today's point with that value are one point
+LATER_KNOBS = {"persistent": {"prefetch": 0}}
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,8 @@ class KernelConfig:
 
     @staticmethod
     def of(kind: str, **knobs) -> KernelConfig:
-        return KernelConfig(kind, tuple(sorted((k, int(v)) for k, v in knobs.items())))
+        later = LATER_KNOBS.get(kind, {})
+        return KernelConfig(kind, tuple(sorted((k, int(v)) for k, v in knobs.items() if later.get(k, -1) != int(v))))
 
     @staticmethod
     def from_dict(d: dict) -> KernelConfig:
@@ -41,7 +46,8 @@ class KernelConfig:
         return KernelConfig.of(d.pop("kind"), **d)
 
     def __getitem__(self, name: str) -> int:
-        return dict(self.knobs)[name]
+        knobs = dict(self.knobs)
+        return knobs[name] if name in knobs else LATER_KNOBS[self.kind][name]
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, **dict(self.knobs)}
@@ -88,7 +94,7 @@ def knob_space(kind: str, spec, cell, target) -> dict[str, tuple[int, ...]]:
         sms = persistent.sm_count(_arch(target))
         blocks = tuple(b for b in sorted({sms, sms * 3 // 4, sms // 2}, reverse=True)
                        if persistent.fits(spec, cell, _arch(target), blocks=b))
-        return {"blocks": blocks or (sms,), "warps": (4, 8, 16), "batch_tile": (1, 2, 4), "stage_h": (0, 1)}
+        return {"blocks": blocks or (sms,), "warps": (4, 8, 16), "batch_tile": (1, 2, 4), "stage_h": (0, 1), "prefetch": (0, 1)}
     if kind == "tiled":  # every combination stays within 1024 threads and 48 KB of shared memory
         return {"units": (4, 8, 16, 32), "row_threads": (4, 8, 16, 32), "rows_per_thread": (1, 2, 4), "k_chunk": (16, 32)}
     if kind == "mma":  # at most 8 warps and 33 KB of shared memory
@@ -250,7 +256,8 @@ def default_config(kind: str, spec, cell, target, batch: int | None = None) -> K
     from . import recurrent_persistent as persistent
 
     c = persistent.default_config(spec, _arch(target))
-    return KernelConfig.of("persistent", blocks=c.blocks, warps=c.warps, batch_tile=c.batch_tile, stage_h=int(c.stage_h))
+    return KernelConfig.of("persistent", blocks=c.blocks, warps=c.warps, batch_tile=c.batch_tile, stage_h=int(c.stage_h),
+                           prefetch=c.prefetch)
 
 
 def emitter(config: KernelConfig, spec, cell):
@@ -282,5 +289,6 @@ def emitter(config: KernelConfig, spec, cell):
         return lambda a: persistent_mma_body(a, cfg)
     from .recurrent_persistent import PersistentConfig, persistent_body
 
-    cfg = PersistentConfig(blocks=config["blocks"], warps=config["warps"], batch_tile=config["batch_tile"], stage_h=bool(config["stage_h"]))
+    cfg = PersistentConfig(blocks=config["blocks"], warps=config["warps"], batch_tile=config["batch_tile"], stage_h=bool(config["stage_h"]),
+                           prefetch=config["prefetch"])
     return lambda a: persistent_body(a, cfg)

@@ -323,6 +323,39 @@ def test_prefetch_loads_xw_before_the_reduction(case):
     assert order == [False, True]
 
 
+@pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
+def test_persistent_prefetch_loads_xw_before_the_warp_sums(case):
+    """The SIMT persistent kernel's prefetch knob: XW is read before the warp's shuffle reduction (else after it), the
+    kernel builds through NVRTC, and a logged point without the knob (logs older than it) is the prefetch=0 point."""
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    spec = find_rnn_layers(case.model())[0].spec
+    base = default_config("persistent", spec, cell_for(spec), target)
+    order = []
+    for p in (0, 1):
+        src = _source(target, spec, KernelConfig.of("persistent", **{**dict(base.knobs), "prefetch": p}))
+        body = src[src.index("{", src.index("__global__")):]
+        order.append(body.index("XW_ptr[") < body.index("warp_reduce_sum_32("))
+    assert order == [False, True]
+    old = KernelConfig.from_dict({"kind": "persistent", "blocks": 132, "warps": 8, "batch_tile": 1, "stage_h": 0})
+    assert old == KernelConfig.of("persistent", blocks=132, warps=8, batch_tile=1, stage_h=0, prefetch=0) and old["prefetch"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("knobs", [{"prefetch": 1}, {"prefetch": 1, "batch_tile": 4}, {"prefetch": 1, "stage_h": 1, "batch_tile": 2}],
+                         ids=str)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
+def test_persistent_prefetch_is_correct(case, dtype, knobs):
+    """prefetch against float64 on poisoned outputs, at batches that leave tiles partly empty (6, 37 rows in tiles of
+    1, 2, 4) and with reversed, shortened sequences (the clamped loads of padded steps must never be used)."""
+    target = _target("cuda")
+    spec = dataclasses.replace(find_rnn_layers(case.model())[0].spec, dtype=dtype)
+    cell = cell_for(spec)
+    point = KernelConfig.of("persistent", **{**dict(default_config("persistent", spec, cell, target).knobs), **knobs})
+    _check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec, point_kernel(spec, cell, target, point), "rows",
+                  batches=(6, 37), note=point.describe())
+
+
 def test_split_accumulators_keep_three_mmas_per_tile():
     """split_acc (exact fp32's 3xTF32 only): the cross products accumulate apart, so the same number of mma's, but
     not all into one accumulator set; the knob is not offered where there is no 3xTF32."""
