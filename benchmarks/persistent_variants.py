@@ -22,8 +22,10 @@ from schedules import recurrent_persistent as rp
 from tvmrnn import bench
 
 ROWS = [r for r in bench.ROWS if r.name in ("lat-b1-h512-l2", "lat-b1-h1024")]
-VARIANTS = {"default": {}, "prefetch": {"prefetch": 1}, "prefetch+warps4": {"prefetch": 1, "warps": 4},
-            "stage_h": {"stage_h": True}, "prefetch+stage_h+warps4": {"prefetch": 1, "stage_h": True, "warps": 4}}
+# each sets both h-staging and prefetch (whatever the default does with them), the rest of the default point kept
+VARIANTS = {"plain": {"stage_h": False, "prefetch": 0}, "prefetch": {"stage_h": False, "prefetch": 1},
+            "stage_h": {"stage_h": True, "prefetch": 0}, "stage_h+prefetch": {"stage_h": True, "prefetch": 1},
+            "stage_h+prefetch+warps4": {"stage_h": True, "prefetch": 1, "warps": 4}}
 NAMES = sys.argv[1:] or list(VARIANTS)
 ROUNDS, RUNS = 7, 20
 base = rp.default_config

@@ -49,8 +49,8 @@ class PersistentConfig:
     blocks: int = 132
     warps: int = 8
     batch_tile: int = 1  # batch rows computed together (each weight read serves them all)
-    # stage the tile's rows of h in shared memory (one L2 read per block instead of per warp); measured
-    # on the H100 it costs more than it saves at batch 1 (6.8 vs 3.5 µs per step at H=1024): off by default
+    # stage the tile's rows of h in shared memory (one L2 read per block instead of one per warp): default_config sets it
+    # from STAGE_H_MIN_HIDDEN
     stage_h: bool = False
     # each finishing lane loads its row's XW values before the reduction, so their latency (an L2 or HBM read) overlaps
     # the reduction's instead of following it on every step's critical path
@@ -70,8 +70,15 @@ class PersistentConfig:
         return (self.units_per_block(spec) * cell.gates * weight_bytes(spec) + staged) * spec.hidden_size
 
 
+# Hidden sizes from which the default stages h in shared memory. Measured on the H100, whole batch-1 models timed
+# interleaved (benchmarks/results/2026-11-23-h100-persistent-prefetch-stage-h.md): at H=1024 staging ran 0.301 against
+# 0.347 ms in fp32 and 0.261 against 0.307 in fp16; at H=512 (4 units per block) it lost, 0.460 against 0.426 and 0.437
+# against 0.404. (An early version of this kernel lost at H=1024 too, 6.8 against 3.5 us per step.)
+STAGE_H_MIN_HIDDEN = 1024
+
+
 def default_config(spec: RNNLayerSpec, arch: str) -> PersistentConfig:
-    return PersistentConfig(blocks=sm_count(arch))
+    return PersistentConfig(blocks=sm_count(arch), stage_h=spec.hidden_size >= STAGE_H_MIN_HIDDEN)
 
 
 def fits(spec: RNNLayerSpec, cell: Cell, arch: str, blocks: int | None = None) -> bool:
