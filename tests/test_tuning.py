@@ -52,7 +52,7 @@ def test_compile_applies_the_logs_and_stays_correct(tuned, tmp_path):
     assert "lstm_node: tuned for batch buckets [1, 4]" in res.output and "[tuned]" in res.output
     meta = json.loads((tmp_path / "m.json").read_text())
     layer = meta["layers"][0]
-    assert layer["tuned"] and [(b["up_to_batch"], b["tuned"]) for b in layer["schedule"]] == [(1, True), (4, True), (None, False)]
+    assert layer["tuned"] and [(b["up_to_batch"], b["tuned"]) for b in layer["schedule"]] == [(1, True), (3, False), (4, True), (None, False)]
     # the tuned module computes what the untuned one does, at batch sizes on both sides of the buckets
     tuned_mod = tvmrnn.load(str(tmp_path / "m.so"))
     plain = tvmrnn.compile(str(model), target="llvm", logs=False)
@@ -129,6 +129,27 @@ def test_tuned_point_needs_the_default_measured_beside_it():
     assert kept.config == default
 
 
+def test_tuned_bucket_leaves_smaller_batches_their_default():
+    """A tuned bucket runs from the boundary below it: where only bucket 8 is usable (lat-b1-h1024's layer, tuned at batch
+    8 for b8-h1024-l2), batches 1-4 keep the default persistent kernel rather than run bucket 8's point."""
+    import tvm
+
+    from schedules import plan_kernel
+    from schedules.space import KernelConfig
+    from tvmrnn.cells import cell_for
+    from tvmrnn.frontend.inspect import find_rnn_layers
+
+    spec = find_rnn_layers(Case(op="LSTM", hidden=1024, input_size=1024).model())[0].spec
+    cell, target = cell_for(spec), tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    untuned = plan_kernel(spec, cell, target)
+    default8 = next(b.config for b in untuned.branches if b.up_to is not None and b.up_to >= 8)
+    faster8 = KernelConfig.of("persistent_mma", **{**dict(default8.knobs), "depth": 1})
+    plan = plan_kernel(spec, cell, target, tuned={8: [(faster8, 1.0), (default8, 2.0)]})
+    got = [(b.up_to, b.config.kind, b.tuned) for b in plan.branches]
+    assert got[:2] == [(4, "persistent", False), (8, "persistent_mma", True)] and plan.branches[1].config == faster8, got
+    assert plan.branches[2:] == untuned.branches[2:]
+
+
 def test_default_outside_the_space_is_logged_and_read_back(tmp_path):
     """persistent_mma's default for a bidirectional H=800 fp32 layer lies outside its space (only n_tiles=1 fits every way),
     so the search cannot reach it; the tuner logs it as fixed annotations, and the logs read it back as that default, so a
@@ -162,4 +183,5 @@ def test_default_outside_the_space_is_logged_and_read_back(tmp_path):
     logs = TuningLogs.load(tmp_path, target)
     assert logs.problems == [] and dict(logs.best(spec)[20]) == {tuned_point: 1e-3 / 10, default: 2e-3 / 10}
     plan = plan_kernel(spec, cell, target, tuned=logs.best(spec))
-    assert plan.branches[0].up_to == 20 and plan.branches[0].tuned and plan.branches[0].config == tuned_point, plan.describe()
+    at20 = next(b for b in plan.branches if b.up_to == 20)
+    assert at20.tuned and at20.config == tuned_point, plan.describe()
