@@ -150,6 +150,35 @@ def test_tuned_bucket_leaves_smaller_batches_their_default():
     assert plan.branches[2:] == untuned.branches[2:]
 
 
+def test_every_cuda_default_is_a_point_of_its_space_trace():
+    """What the tuner does first on a GPU, without one: each CUDA design space of a batch-1 layer (persistent among
+    them, whose default leaves its later knob prefetch unnamed) replays the kind's default point as decisions, and the
+    replayed schedule reads back as that default."""
+    import tvm
+    from tvm.s_tir import Schedule
+    from tvm.s_tir import meta_schedule as ms
+
+    from schedules.space import default_config
+    from tvmrnn.frontend.inspect import find_rnn_layers
+    from tvmrnn.tuning import search
+    from tvmrnn.tuning.tasks import RecurrentTask
+
+    spec = find_rnn_layers(Case(op="LSTM", hidden=64, input_size=8).model())[0].spec
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    task = RecurrentTask(spec, seq=10, batch=1)
+    ctx = ms.TuneContext(mod=task.template(target), target=target, space_generator=search.design_spaces(task, target),
+                         search_strategy=search.search_strategy())
+    kinds = []
+    for space in ctx.generate_design_space():
+        kind = search.config_of(space.mod).kind
+        point = default_config(kind, task.spec, task.cell, target, 1)
+        sch = Schedule(ctx.mod)
+        search.point_trace(space, point).apply_to_schedule(sch, remove_postproc=True)
+        assert search.config_of(sch.mod) == point, kind
+        kinds.append(kind)
+    assert "persistent" in kinds and "persistent_mma" in kinds, kinds
+
+
 def test_default_outside_the_space_is_logged_and_read_back(tmp_path):
     """persistent_mma's default for a bidirectional H=800 fp32 layer lies outside its space (only n_tiles=1 fits every way),
     so the search cannot reach it; the tuner logs it as fixed annotations, and the logs read it back as that default, so a

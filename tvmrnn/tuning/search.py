@@ -64,14 +64,13 @@ def design_spaces(task: RecurrentTask, target, choice: str = "auto") -> ms.space
 def point_trace(space: Schedule, config) -> tvm.s_tir.Trace:
     """The design space's trace with each knob's decision set to `config`'s value (to measure the default point)."""
     trace = space.trace
-    values = dict(config.knobs)
     for inst in trace.insts:
         if inst.kind.name == "SampleCategorical":
             # the annotation that consumes this decision names the knob
             use = next(i for i in trace.insts if i.kind.name == "Annotate" and inst.outputs[0].same_as(i.inputs[1]))
             knob = str(use.attrs[0])[len(KNOB):]
             candidates = [int(c) for c in inst.attrs[0]]
-            trace = trace.with_decision(inst, candidates.index(values[knob]), remove_postproc=True)
+            trace = trace.with_decision(inst, candidates.index(config[knob]), remove_postproc=True)  # LATER_KNOBS too
     return trace
 
 
