@@ -10,6 +10,7 @@
 #   bash benchmarks/device_run.sh variants KIND [ROW ...]   points of one kernel kind (tiled | mma | persistent_mma) against the defaults
 #   bash benchmarks/device_run.sh projection [SHAPE ...]   the staged tensor-core projection against today's GEMMs and cuBLAS
 #   bash benchmarks/device_run.sh profile [ROW ...]   each row's kernels (count, GPU time) against its wall time: the idle gaps
+#   bash benchmarks/device_run.sh fp32-error [ROW ...]   exact fp32 against float64 per projection GEMM and kernel kind
 #   bash benchmarks/device_run.sh in-model [ROW ...]   whole models with the staged projection and the GEMMs it replaced swapped in
 #   bash benchmarks/device_run.sh validate   one call for what CI built but no GPU ran yet: projection_staged and
 #                                            persistent_mma's streamed chunks against float64, then both measured on blog-a
@@ -47,6 +48,8 @@ case "$1" in
     timeout 190 python3 benchmarks/kernel_variants.py persistent_mma blog-a 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -12 ;;
   profile)
     timeout 560 python3 benchmarks/profile_rows.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/profile_log.txt" | grep -v "^    " ;;
+  fp32-error)
+    timeout 560 python3 benchmarks/fp32_error.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/fp32_error_log.txt" ;;
   in-model)
     timeout 560 python3 benchmarks/projection_in_model.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/in_model_log.txt" | tail -30 ;;
   projection)
