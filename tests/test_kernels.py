@@ -356,6 +356,20 @@ def test_persistent_prefetch_is_correct(case, dtype, knobs):
                   batches=(6, 37), note=point.describe())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_exact_fp32_epilogue_calls_no_fast_math_function(dtype):
+    """TVM builds CUDA with --use_fast_math (tanhf becomes tanh.approx.f32, expf a rounded ex2.approx): every CUDA kind's
+    exact-fp32 epilogue computes sigmoid and tanh itself (floorf of the exp range reduction shows it), fp16 keeps the
+    library calls, and each builds through NVRTC."""
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    spec = dataclasses.replace(find_rnn_layers(CASES[0].model())[0].spec, dtype=dtype)
+    for kind in ["stepwise", "persistent", "tiled", "mma", "persistent_mma"]:
+        src = _source(target, spec, default_config(kind, spec, cell_for(spec), target, 6))
+        body = src[src.index("{", src.index("__global__")):]
+        own = "tanhf(" not in body and "expf(" not in body and "floorf(" in body
+        assert own == (dtype == "float32"), (kind, dtype)
+
+
 def test_split_accumulators_keep_three_mmas_per_tile():
     """split_acc (exact fp32's 3xTF32 only): the cross products accumulate apart, so the same number of mma's, but
     not all into one accumulator set; the knob is not offered where there is no 3xTF32."""
