@@ -71,7 +71,6 @@ class WarpTiles:
 
     def __init__(self, lane, mt: int, nt: int, mode: str, a_dtype: str, b_dtype: str, depth: int = 1, split_acc: bool = False,
                  chunk_acc: bool = False):
-        assert not (split_acc and chunk_acc), "one accumulator scheme at a time"
         self.MT, self.NT, self.mode, self.a_dtype, self.b_dtype = mt, nt, MODES[mode], a_dtype, b_dtype
         m = self.mode
         self.g, self.t = lane // i64(4), lane % i64(4)
@@ -90,7 +89,9 @@ class WarpTiles:
         self.c_lo = T.alloc_buffer((mt, nt, 4), F32, scope="local") if m.split and split_acc else None
         # chunk_acc: each chunk's mma's run into a zeroed accumulator of their own, added into c with an fp32 add. The
         # tensor cores add into their accumulator without rounding to nearest (their alignment drops low bits), and
-        # over a long reduction (K = 2560) that error grows with K; a chunk's 32 k keep it to one chunk's partial sum
+        # over a long reduction (K = 2560) that error grows with K; a chunk's 32 k keep it to one chunk's partial sum.
+        # With split_acc too, only the large products go chunk by chunk: the cross products are 2^-11 of them, and so
+        # is what their accumulator's truncation costs
         self.c_chunk = T.alloc_buffer((mt, nt, 4), F32, scope="local") if chunk_acc else None
         for idx in self.accumulators():
             T.buffer_store(self.c, tirx.const(0.0, F32), idx)
