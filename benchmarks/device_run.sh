@@ -12,8 +12,9 @@
 #   bash benchmarks/device_run.sh profile [ROW ...]   each row's kernels (count, GPU time) against its wall time: the idle gaps
 #   bash benchmarks/device_run.sh fp32-error [ROW ...]   exact fp32 against float64 per projection GEMM and kernel kind
 #   bash benchmarks/device_run.sh in-model [ROW ...]   whole models with the staged projection and the GEMMs it replaced swapped in
-#   bash benchmarks/device_run.sh validate   one call for what CI built but no GPU ran yet: projection_staged and
-#                                            persistent_mma's streamed chunks against float64, then both measured on blog-a
+#   bash benchmarks/device_run.sh validate   one call for what CI built but no GPU ran yet (session 9's exact-fp32 changes):
+#                                            fp32 against float64 at lat-b1-h1024's size, the kernel tests of the kinds whose
+#                                            epilogue or 3xTF32 accumulation changed, and where fp32's error comes from
 # Results go to $OUT (the device tool brings them back); commit the ones that matter under benchmarks/results/.
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -42,10 +43,10 @@ case "$1" in
   variants)
     timeout 560 python3 benchmarks/kernel_variants.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -40 ;;
   validate)
-    timeout 200 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_kernels.py -k "staged or knobs" 2>&1 \
-      | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -15
-    timeout 160 python3 benchmarks/projection_staged.py blog-a b64-h1024 lat-b1-h1024 2>&1 | grep -v Warning > "$OUT/projection_log.txt"
-    timeout 190 python3 benchmarks/kernel_variants.py persistent_mma blog-a 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -12 ;;
+    timeout 330 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_fp32_accuracy.py tests/test_kernels.py \
+      -k "fp32_accuracy or long_sequence or exact_fp32 or persistent_mma or sampled_points or knobs" 2>&1 \
+      | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -25
+    timeout 220 python3 benchmarks/fp32_error.py lat-b1-h1024 b8-h1024-l2 2>&1 | grep -v Warning | tee "$OUT/fp32_error_log.txt" ;;
   profile)
     timeout 560 python3 benchmarks/profile_rows.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/profile_log.txt" | grep -v "^    " ;;
   fp32-error)
