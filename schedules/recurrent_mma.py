@@ -71,6 +71,19 @@ def m_tiles(gates: int, units: int) -> int:
     return -(-gates * units // 16)
 
 
+# Exact fp32 (3xTF32) adds each chunk's products into the sum in fp32 (mma_tiles chunk_acc), as the projection does: the
+# tensor cores' accumulation truncates, 5.7e-6 off at K = 1024 in the projection against 3.0e-7 chunk by chunk. It holds
+# a second set of accumulators, so only where a warp's tiles hold at most this many per thread. ptxas on the fp32 rows'
+# defaults (benchmarks/ptxas_usage.py, sm_90 through NVRTC): ds2-lstm, b64-h1024-l2 (16 per thread) no spills either way;
+# ds2-5l-bi (32) 188 bytes of spill stores against 156; blog-a's streaming point (96) 1112 against 156, so blog-a keeps
+# one accumulator (and its rounding over K = 2560). Not yet timed on a GPU.
+CHUNK_ACC_MAX_ACCUMULATORS = 32
+
+
+def chunk_acc(spec, mt: int, nt: int) -> bool:
+    return mode(spec) == "tf32x3" and mt * nt * 4 <= CHUNK_ACC_MAX_ACCUMULATORS
+
+
 def mode(spec, exact: bool = True) -> str | None:
     """The tensor-core mode a layer uses (mma_tiles.MODES): its half storage dtype, tf32 where the user allowed it for
     an fp32 layer, and for exact fp32 3xTF32 (as accurate as SIMT fp32), or None when `exact` is False."""
@@ -164,10 +177,8 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     wn, wk = wy % i64(NW), wy // i64(NW)
     b_src = a.mirrors.get(phase.operand, operand)  # the half-precision copy where the kernel keeps one
     b_dtype = str(b_src.dtype)
-    # exact fp32 (3xTF32) adds each chunk's products into the sum in fp32 (chunk_acc), as the projection does: the tensor
-    # cores' accumulation truncates, 5.7e-6 off at K = 1024 in the projection against 3.0e-7 chunk by chunk
     tiles = WarpTiles(lane, MT, NT, mode(a.spec), a.spec.dtype, b_dtype, cfg.depth, bool(cfg.split_acc),
-                      chunk_acc=mode(a.spec) == "tf32x3")
+                      chunk_acc=chunk_acc(a.spec, MT, NT))
     threads = 32 * NW * KW
     tid = wy * i64(32) + lane
     xw = _prefetch_xw(a, phase, s, d, u0, n0, UB, NB, threads, tid) if cfg.prefetch else None

@@ -1,0 +1,60 @@
+"""Registers and spills of each benchmark row's default recurrent kernel on sm_90, from ptxas through NVRTC (no GPU).
+
+    PYTHONPATH=. python3 benchmarks/ptxas_usage.py [ROW ...]     (DTYPES=float32 to filter)
+
+A kernel's register count decides whether an extra set of accumulators (mma_tiles chunk_acc) spills to local memory.
+This generates each row's first layer's kernel (the default point at the row's batch), compiles TVM's CUDA source with
+NVRTC as TVM does (sm_90, fast math) and asks ptxas for its usage report (-v).
+"""
+
+import glob
+import os
+import re
+import sys
+
+import tvm
+from cuda.bindings import nvrtc
+
+from schedules import cooperative, plan_kernel, point_kernel
+from tvm.support.nvcc import find_cuda_path
+from tvmrnn import bench
+from tvmrnn.cells import cell_for
+from tvmrnn.frontend.inspect import find_rnn_layers
+
+NAMES = sys.argv[1:] or [r.name for r in bench.ROWS]
+DTYPES = os.environ.get("DTYPES", "float32,float16").split(",")
+TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+
+
+def include_dirs() -> list[str]:
+    """CUDA's headers and CCCL's (TVM's kernels include <cuda/barrier>), wherever this machine keeps them."""
+    roots = [os.path.join(find_cuda_path(), "include")] + sorted(glob.glob("/usr/local/cuda*/include"))
+    return [d for r in roots for d in (r, os.path.join(r, "cccl")) if os.path.isdir(d)]
+
+
+def ptxas_report(source: str) -> str:
+    _, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, None, None)
+    opts = [b"--gpu-architecture=sm_90", b"-default-device", b"--use_fast_math", b"--ptxas-options=-v",
+            b"-U__CUDA_NO_HALF_OPERATORS__", b"-U__CUDA_NO_HALF_CONVERSIONS__"] + [f"-I{d}".encode() for d in include_dirs()]
+    (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    log = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    text = log.decode(errors="replace").replace("\x00", "")
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(text[:2000])
+    return text
+
+
+for name in NAMES:
+    row = next(r for r in bench.ROWS if r.name == name)
+    for dtype in DTYPES:
+        spec = find_rnn_layers(bench.onnx_model(bench.torch_module(row), row, dtype))[0].spec
+        cell = cell_for(spec)
+        config = next(b.config for b in plan_kernel(spec, cell, TARGET).branches if b.up_to is None or row.N <= b.up_to)
+        mod = tvm.tirx.build(point_kernel(spec, cell, TARGET, config, row.T, row.N), target=TARGET, pipeline=cooperative.register())
+        report = ptxas_report(mod.imports[0].inspect_source())
+        regs = re.findall(r"Used (\d+) registers", report)
+        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+        print(f"{name:16s} {dtype:8s} {config.describe():100s} registers {','.join(regs)}  spill stores/loads "
+              f"{','.join('/'.join(s) for s in spills)} bytes", flush=True)
