@@ -189,6 +189,15 @@ def unit_padding(a: KernelArgs, hbuf, cur, nxt, d, n, s, j):
     T.buffer_store(a.Y, tirx.const(0.0, "float32"), a.y_index(d, n, s, j))
 
 
+def load_xw_ahead(a: KernelArgs, phase, s, d, n, j, xw, slot: list):
+    """Store the phase's gates' XW values for unit j of batch row n at step s into xw[slot + [gi]], ahead of the
+    reduction they follow (the epilogue then reads them as x(gi)). Callers clamp n and j; a padded step of a reverse
+    row points before the start, so t is clamped too: such a value is loaded and never used."""
+    t = tirx.max(a.time_index(d, n, s), i64(0))
+    for gi, g in enumerate(phase.gates):
+        T.buffer_store(xw, a.XW[tuple(a.xw_index(d, n, t, g, j))], slot + [i64(gi)])
+
+
 def half_operands(a: KernelArgs, dtype: str):
     """Copies in `dtype` of the vectors the phases multiply (h, double-buffered, and stored values such as GRU's r*h),
     which store_operand writes beside the fp32 ones. A tensor-core kernel in half precision rounds its B operand to

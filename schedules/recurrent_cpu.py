@@ -216,7 +216,7 @@ def _phase_tile(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
                                 unit_padding(a, hbuf, cur, nxt, d, n, s, j0 + jj)
 
 
-class LaneTemps:
+class LaneTemps(vector_math.Temps):
     """Temporaries of a gate program run as a vectorized loop over units: slot i of lane jj is buf[i, jj].
 
     The vectorized epilogue needs each value it reuses (vector_math's intermediates, the results
@@ -246,6 +246,3 @@ class LaneTemps:
         self.used += 1
         T.buffer_store(self.buf, value, slot)
         return self.buf[tuple(slot)]
-
-    def activation(self, act, x):
-        return vector_math.activation(act, x, self.bind)

@@ -136,27 +136,13 @@ def operand_at(operand, phase, cur, d, n, k):
     return operand[cur, d, n, k] if phase.operand == "h" else operand[d, n, k]
 
 
-class AccurateMath:
-    """The gate program's temporaries and activations for exact-fp32 layers: sigmoid and tanh (and what ONNX builds on
-    them) from vector_math's float32 arithmetic, within 1.5e-7 of float64, each reused value in a register of its own.
-
-    TVM 0.27 compiles CUDA with --use_fast_math, which turns tanhf into the tanh.approx.f32 instruction (2^-11 relative
-    error at worst), expf into ex2.approx of a rounded x*log2(e), and 1/x into an approximate reciprocal. Fast math is
-    process-wide in TVM's NVRTC call, so the exact-fp32 epilogue computes them itself; the additions, products and fused
-    multiply-adds these use are exact IEEE operations under fast math too (only denormals flush)."""
-
-    def bind(self, value):
-        tmp = T.alloc_buffer((1,), "float32", scope="local")
-        T.buffer_store(tmp, value, [0])
-        return tmp[0]
-
-    def activation(self, act, x):
-        return vector_math.activation(act, x, self.bind)
-
-
 def accurate_math(spec) -> bool:
-    """Whether a layer's CUDA epilogue computes its activations itself (AccurateMath): exact fp32 layers. Half-precision
-    storage and TF32 round far more than the fast-math functions do."""
+    """Whether a layer's CUDA epilogue computes sigmoid and tanh itself, with vector_math's float32 formulas (within
+    1.5e-7 of float64): exact fp32 layers. TVM 0.27 compiles CUDA with --use_fast_math, which turns tanhf into the
+    tanh.approx.f32 instruction (2^-11 relative error at worst), expf into ex2.approx of a rounded x*log2(e), and 1/x
+    into an approximate reciprocal, for the whole module; the additions, products and fused multiply-adds the formulas
+    use stay exact IEEE operations under fast math (only denormals flush). Half-precision storage and TF32 round far
+    more than the fast-math functions do, so they keep them."""
     return spec.dtype == "float32" and spec.precision == "exact"
 
 
@@ -166,7 +152,7 @@ def epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec, x=None):
     with T.If(s < a.length(n)):
         with T.Then():
             unit_step(a, phase, hbuf, scratch, cur, nxt, d, n, a.time_index(d, n, s), j, rec,
-                      temps=AccurateMath() if accurate_math(a.spec) else None, x=x)
+                      temps=vector_math.RegisterTemps() if accurate_math(a.spec) else None, x=x)
         if last:
             with T.Else():
                 unit_padding(a, hbuf, cur, nxt, d, n, s, j)

@@ -24,7 +24,7 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC, MODES, WarpTiles, chunk_rounds
-from .recurrent_common import KernelArgs, block_sync, guarded, half_operands, i64
+from .recurrent_common import KernelArgs, block_sync, guarded, half_operands, i64, load_xw_ahead
 from .recurrent_cuda import epilogue, operand_at, step_launches
 
 F32 = "float32"
@@ -252,7 +252,5 @@ def _prefetch_xw(a: KernelArgs, phase, s, d, u0, n0, UB, NB, threads, tid):
     for it in range(items):
         e = i64(it * threads) + tid
         n, j = tirx.min(n0 + e // i64(UB), N - 1), tirx.min(u0 + e % i64(UB), i64(H - 1))
-        t = tirx.max(a.time_index(d, n, s), i64(0))  # a padded step of a reverse row points before the start: unused
-        for gi, g in enumerate(phase.gates):
-            T.buffer_store(xw, a.XW[tuple(a.xw_index(d, n, t, g, j))], [i64(it), i64(gi)])
+        load_xw_ahead(a, phase, s, d, n, j, xw, [i64(it)])
     return xw

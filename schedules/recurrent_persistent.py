@@ -23,7 +23,7 @@ from tvm.script.ir_builder import tirx as T
 from tvmrnn.cells import Cell
 from tvmrnn.layer import RNNLayerSpec
 
-from .recurrent_common import KernelArgs, block_sync, i64, step_phases, store_operand
+from .recurrent_common import KernelArgs, block_sync, i64, load_xw_ahead, step_phases, store_operand
 from .recurrent_cuda import cuda_prim_func, epilogue, operand_at, vector_width, weight_bytes
 from .warp_gemv import warp_gates
 
@@ -222,10 +222,7 @@ def _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm,
 
 def _prefetch_xw(a: KernelArgs, phase, s, d, n0, j, lane, NB: int):
     """The XW values of unit j that lane b (the lane warp_gates finishes batch row n0+b in) will need, loaded now. Lanes
-    past the tile, rows past the batch and padded steps load a clamped element they never use."""
-    n = tirx.min(n0 + tirx.min(lane, i64(NB - 1)), a.batch - 1)
-    t = tirx.max(a.time_index(d, n, s), i64(0))  # a padded step of a reverse row points before the start
+    past the tile and rows past the batch load a clamped row they never use."""
     xw = T.alloc_buffer((len(phase.gates),), F32, scope="local")
-    for gi, g in enumerate(phase.gates):
-        T.buffer_store(xw, a.XW[tuple(a.xw_index(d, n, t, g, j))], [i64(gi)])
+    load_xw_ahead(a, phase, s, d, tirx.min(n0 + tirx.min(lane, i64(NB - 1)), a.batch - 1), j, xw, [])
     return xw

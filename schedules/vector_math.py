@@ -14,6 +14,7 @@ themselves) would grow the expression exponentially.
 from __future__ import annotations
 
 from tvm import tirx
+from tvm.script.ir_builder import tirx as T
 
 from tvmrnn.cells import apply_activation
 
@@ -63,3 +64,22 @@ def activation(act, x, bind):
     if act.name == "ScaledTanh":
         return _c(act.alpha) * tanh(_c(act.beta) * x, bind)
     return apply_activation(act, x)  # the rest are cheap, or rare enough to stay scalar libm calls
+
+
+class Temps:
+    """What unit_step takes as `temps`: bind(value) (a subclass's temporaries) and the activations computed here."""
+
+    def bind(self, value):
+        raise NotImplementedError
+
+    def activation(self, act, x):
+        return activation(act, x, self.bind)
+
+
+class RegisterTemps(Temps):
+    """Temporaries of a gate program one thread runs (the CUDA epilogues): each bound value in a register of its own."""
+
+    def bind(self, value):
+        tmp = T.alloc_buffer((1,), F32, scope="local")
+        T.buffer_store(tmp, value, [0])
+        return tmp[0]
