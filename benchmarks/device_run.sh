@@ -15,6 +15,7 @@
 #   bash benchmarks/device_run.sh validate   one call for what CI built but no GPU ran yet (session 9's exact-fp32 changes):
 #                                            fp32 against float64 at lat-b1-h1024's size, the kernel tests of the kinds whose
 #                                            epilogue or 3xTF32 accumulation changed, and where fp32's error comes from
+#   bash benchmarks/device_run.sh graph [ROW...]  whole runs as CUDA graphs: the GPU test, then graph vs no graph per row
 # Results go to $OUT (the device tool brings them back); commit the ones that matter under benchmarks/results/.
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -47,6 +48,9 @@ case "$1" in
       -k "fp32_accuracy or long_sequence or exact_fp32 or persistent_mma or sampled_points or knobs" 2>&1 \
       | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -25
     timeout 220 python3 benchmarks/fp32_error.py lat-b1-h1024 b8-h1024-l2 2>&1 | grep -v Warning | tee "$OUT/fp32_error_log.txt" ;;
+  graph)
+    timeout 300 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_cuda_graph.py 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -8
+    timeout 500 python3 benchmarks/cuda_graph_ab.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/cuda_graph_log.txt" ;;
   profile)
     timeout 560 python3 benchmarks/profile_rows.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/profile_log.txt" | grep -v "^    " ;;
   fp32-error)

@@ -18,6 +18,10 @@ import tvm
 from tvm import relax
 
 from . import __version__
+from .cuda_graph import PASS_CONFIG as GRAPH_PASS_CONFIG
+from .cuda_graph import annotate as annotate_bounds
+from .cuda_graph import captured as graph_captured
+from .cuda_graph import resolve as cuda_graph_plan
 from .errors import UnsupportedModelError
 from .frontend import import_onnx
 from .layer import PRECISIONS
@@ -126,7 +130,8 @@ def _tuning_logs(logs, target, log):
     return found
 
 
-def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, logs=None, precision="exact"):
+def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, logs=None, precision="exact", max_dims=None,
+                  cuda_graph=None):
     """ONNX model -> runnable (or, for CUDA without a GPU, exportable) module. `log` gets one line per stage.
 
     kernel: the recurrent schedule on CUDA: "auto" (persistent where R fits on chip and the batch is
@@ -141,6 +146,9 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
     operands rounded to a 10-bit mantissa, accumulation and state in fp32 (errors near 1e-3, not 1e-6).
     logs: tuning logs folder (None: tvmrnn.tuning.logs.default_logs_dir(); False: untuned defaults);
     each layer runs its tuned points where the logs have its shape for this target.
+    max_dims: upper bounds of the inputs' symbolic dims ({"seq": 512, "batch": 64}); larger inputs are refused.
+    cuda_graph: replay each run as one CUDA graph (tvmrnn.cuda_graph): None (auto) wherever every symbolic dim has a
+    bound on a CUDA target, True to require it, False for none.
     """
     from schedules import KERNEL_CHOICES, cooperative
 
@@ -160,14 +168,21 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
     for spec in imported.layers:
         log(f"      {spec.op} '{spec.name}': hidden {spec.hidden_size}, input {spec.input_size}, {spec.direction}, "
             f"layout {spec.layout}, {spec.dtype}{'' if spec.precision == 'exact' else ' (' + spec.precision + ')'} -> {imported.kernels[spec.name].describe()}")
+    bounds, graph_note = cuda_graph_plan(imported.inputs, target, max_dims, cuda_graph)
     started = time.perf_counter()
     # weight re-layouts on initializers (transposes, stacked biases, casts to the storage dtype) become constants
     # here: TVM's default pipeline does not fold them, and they ran at every call (CPU: naive transposes of R,
     # 11 of lat-b1-h512-l2's 28 ms on this VM; CUDA: a cast+transpose of W before each fp16 projection)
     mod = relax.transform.FoldConstant()(imported.mod)
     # our pipeline = TVM's + the cooperative-launch tag that persistent kernels' grid barriers need
-    executable = tvm.compile(mod, target=target, tir_pipeline=cooperative.register())
-    log(f"[2/2] built for {target.kind.name} ({time.perf_counter() - started:.1f} s)")
+    if bounds is not None or max_dims:
+        mod = annotate_bounds(mod, bounds if bounds is not None else dict(max_dims))
+    with tvm.transform.PassContext(config=GRAPH_PASS_CONFIG if bounds is not None else {}):
+        executable = tvm.compile(mod, target=target, tir_pipeline=cooperative.register())
+    if bounds is not None and not graph_captured(executable):
+        graph_note = ("off (no kernel runs between the inputs and the outputs, and TVM captures only kernels whose "
+                      "buffers it plans statically: outputs are allocated per call)")
+    log(f"[2/2] built for {target.kind.name} ({time.perf_counter() - started:.1f} s); CUDA graph {graph_note}")
     metadata = {
         "format": FORMAT,
         "source": os.path.basename(source),
@@ -179,6 +194,9 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
         "outputs": [o.as_dict() for o in imported.outputs],
         "layers": [_layer_dict(s, imported) for s in imported.layers],
         "index_bounds": imported.index_bounds,
+        # inputs' symbolic dims beyond these are refused: intermediate buffers are planned for them
+        "max_dims": dict(bounds if bounds is not None else max_dims or {}),
+        "cuda_graph": graph_note,
         "tuning_logs": str(tuning.folder) if tuning and tuning.records else None,
     }
     if target.kind.name == "cuda" and not gpu_present():

@@ -84,6 +84,7 @@ class ModuleInputs:
         self.output_names = [o["name"] for o in metadata["outputs"]]
         self.sequence_lens = sequence_lens_inputs(metadata)
         self.index_bounds = metadata.get("index_bounds", {})
+        self.max_dims = metadata.get("max_dims", {})
 
     def check_inputs(self, feeds: Mapping[str, object]) -> list[np.ndarray]:
         """Match feeds to the module's inputs (name, dtype, rank, static dims, consistent symbolic dims)."""
@@ -112,6 +113,10 @@ class ModuleInputs:
                 else:
                     dims.setdefault(want, (got, f"input {name!r}"))
             arrays.append(arr)
+        for dim, (got, where) in dims.items():
+            if dim in self.max_dims and got > self.max_dims[dim]:
+                raise InputError(f"{where} has {dim}={got}; this module was compiled for {dim} <= {self.max_dims[dim]} "
+                                 f"(max_dims: its buffers are planned for that bound; recompile with a larger one)")
         named = dict(zip(self.input_names, arrays))
         self._check_sequence_lens(named)
         self._check_indices(named)
