@@ -161,10 +161,12 @@ def bench_gpu_row(row: Row, kernels=("stepwise", "auto"), repeats=20, warmup=5, 
     for kernel in kernels:
         if kernel == "tf32" and dtype != "float32":
             continue
+        # bounded to the row's shape, as a deployment would be, so the run replays as one CUDA graph (tvmrnn.cuda_graph)
+        bounded = {"max_dims": {"seq": row.T, "batch": row.N}}
         try:  # "tuned": auto with the tuning logs; "tf32": auto with precision="tf32"; the others untuned defaults
-            compiled = (tvmrnn.compile(model, target="cuda") if kernel == "tuned" else
-                        tvmrnn.compile(model, target="cuda", logs=False, precision="tf32") if kernel == "tf32" else
-                        tvmrnn.compile(model, target="cuda", kernel=kernel, logs=False))
+            compiled = (tvmrnn.compile(model, target="cuda", **bounded) if kernel == "tuned" else
+                        tvmrnn.compile(model, target="cuda", logs=False, precision="tf32", **bounded) if kernel == "tf32" else
+                        tvmrnn.compile(model, target="cuda", kernel=kernel, logs=False, **bounded))
         except tvmrnn.UnsupportedModelError as err:  # e.g. persistent where R does not fit on chip
             result[f"{kernel}_kernel"] = f"n/a: {err}"
             continue
