@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -48,6 +49,20 @@ def test_errors_exit_2_with_a_message(tmp_path):
     assert res.exit_code == 2 and "axis 2 must be 40" in res.output
     res = runner.invoke(main, ["run", str(out), "--dim", "nonsense"])
     assert res.exit_code == 2 and "NAME=VALUE" in res.output
+    res = runner.invoke(main, ["compile", MODEL, "-o", str(out), "--max-dim", "batch=many"])
+    assert res.exit_code == 2 and "'batch=many': a size is a positive integer" in res.output
+    res = runner.invoke(main, ["compile", MODEL, "-o", str(out), "--target", "llvm", "--max-dim", "frames=9"])
+    assert res.exit_code == 2 and "max_dims names 'frames', which no input of the model has" in res.output
+
+
+def test_compile_with_bounds_builds_a_cuda_graph(tmp_path):
+    """Every symbolic dim bounded: the CUDA build (NVRTC, no GPU needed) replays its runs as a graph, and says so."""
+    out = tmp_path / "kws.so"
+    res = CliRunner().invoke(main, ["compile", MODEL, "-o", str(out), "--target", "cuda", "--max-dim", "batch=8", "--max-dim", "time=50"])
+    assert res.exit_code == 0, res.output
+    assert "CUDA graph on: batch <= 8, time <= 50" in res.output or "CUDA graph on: time <= 50, batch <= 8" in res.output
+    meta = json.loads((tmp_path / "kws.json").read_text())
+    assert meta["max_dims"] == {"batch": 8, "time": 50} and meta["cuda_graph"].startswith("on:")
 
 
 def test_kernel_choices_match_the_schedules():

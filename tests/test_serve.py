@@ -442,6 +442,18 @@ def test_state_pairs_rule_and_option(modules):
     assert sig.batch_dim == "batch" and sig.axes["batch"] == {"chunk": 1, "h_in": 1, "c_in": 1, "out": 1, "h_out": 1, "c_out": 1}
 
 
+def test_merged_batches_stay_within_the_modules_batch_bound(modules):
+    """A module compiled with max_dims (its buffers and CUDA graphs planned for them) caps the rows the batcher merges."""
+    from tvmrnn.runtime import metadata_path
+    from tvmrnn.serve.signature import build_signature
+
+    with open(metadata_path(modules["streaming_lstm"])) as f:
+        meta = json.load(f)
+    assert build_signature("s", meta).batch_limit(16) == 16
+    assert build_signature("s", {**meta, "max_dims": {"batch": 6, "seq": 100}}).batch_limit(16) == 6
+    assert build_signature("s", {**meta, "max_dims": {"batch": 64}}).batch_limit(16) == 16
+
+
 def test_thread_isolation(modules, reference):
     from tvmrnn.serve import ServeConfig, ServerThread, create_app, load_models
 

@@ -38,6 +38,15 @@ def _pairs(values, what) -> dict:
     return out
 
 
+def _sizes(values, what) -> dict[str, int]:
+    """NAME=N pairs of dim sizes."""
+    sizes = _pairs(values, what)
+    bad = next((f"{k}={v}" for k, v in sizes.items() if not v.isdigit()), None)
+    if bad:
+        raise click.BadParameter(f"{bad!r}: a size is a positive integer", param_hint=what)
+    return {k: int(v) for k, v in sizes.items()}
+
+
 @click.group()
 @click.version_option(package_name="tvmrnn")
 def main():
@@ -59,12 +68,19 @@ def main():
               help="tuning logs folder (default: $TVMRNN_TUNING_LOGS or the checkout's tuning_logs/)")
 @click.option("--tune", "tune_trials", default=0, metavar="TRIALS", help="tune with this many trials first, then compile")
 @click.option("--time-budget", default=None, type=float, metavar="MIN", help="with --tune: stop tuning after this many minutes")
+@click.option("--max-dim", "max_dims", multiple=True, metavar="DIM=N", callback=lambda _c, _p, v: _sizes(v, "--max-dim"),
+              help="upper bound of an input's symbolic dim (repeat: --max-dim seq=512 --max-dim batch=64); larger inputs "
+                   "are refused, and with every dim bounded a CUDA module replays each run as one CUDA graph")
+@click.option("--cuda-graph/--no-cuda-graph", default=None,
+              help="require / turn off the CUDA graph (default: on wherever every symbolic dim has a --max-dim)")
 @_fail_cleanly
-def compile_cmd(model, output, target, kernel, dtype, precision, logs, tune_trials, time_budget):
+def compile_cmd(model, output, target, kernel, dtype, precision, logs, tune_trials, time_budget, max_dims, cuda_graph):
     """Compile MODEL.onnx into a deployable module (applying matching tuning logs)."""
     from .interface.compile import CompileArgs, compile_command
 
-    compile_command(CompileArgs(model, output, target, kernel, dtype, logs, tune_trials, time_budget, precision))
+    compile_command(CompileArgs(model, output, target, kernel, dtype, logs, tune_trials, time_budget, precision, max_dims,
+                                cuda_graph))
+
 
 
 @main.command("tune")
@@ -104,8 +120,7 @@ def run_cmd(module, inputs, random, dims, seed, output_dir):
     """Run a compiled MODULE (.so) once and print its outputs' shapes and checksums."""
     from .interface.run import RunArgs, run_command
 
-    sizes = {k: int(v) for k, v in _pairs(dims, "--dim").items()}
-    run_command(RunArgs(module, _pairs(inputs, "--input"), random, sizes, seed, output_dir))
+    run_command(RunArgs(module, _pairs(inputs, "--input"), random, _sizes(dims, "--dim"), seed, output_dir))
 
 
 @main.command("inspect")

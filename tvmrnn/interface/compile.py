@@ -19,9 +19,11 @@ class CompileArgs:
     tune_trials: int = 0  # > 0: tune first (tvmrnn tune), then compile with the fresh logs
     time_budget_min: float | None = None
     precision: str = "exact"  # math of fp32 layers on CUDA (exact | tf32)
+    max_dims: dict | None = None  # upper bounds of the inputs' symbolic dims
+    cuda_graph: bool | None = None  # None: a CUDA graph wherever every symbolic dim is bounded
 
     def show(self) -> str:
-        return "\n".join(f"  {k:<7} {v}" for k, v in vars(self).items())
+        return "\n".join(f"  {k:<10} {v}" for k, v in vars(self).items())
 
 
 def compile_command(args: CompileArgs, echo=print) -> CompileArgs:
@@ -37,7 +39,7 @@ def compile_command(args: CompileArgs, echo=print) -> CompileArgs:
         tune_command(TuneArgs(args.model, args.target, args.tune_trials, args.logs, args.time_budget_min,
                               dtype=args.dtype, kernel=args.kernel, precision=args.precision), echo=echo)
     module = compile_model(args.model, target=args.target, log=echo, kernel=args.kernel, dtype=args.dtype, logs=args.logs,
-                           precision=args.precision)
+                           precision=args.precision, max_dims=args.max_dims, cuda_graph=args.cuda_graph)
     for layer in module.metadata["layers"]:
         tuned = [b["up_to_batch"] for b in layer["schedule"] if b["tuned"]]
         echo(f"      {layer['name']}: " + (f"tuned for batch buckets {tuned} (larger batches: default)" if tuned

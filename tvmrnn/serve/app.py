@@ -62,7 +62,7 @@ class Service:
     @contextlib.asynccontextmanager
     async def lifespan(self, app):
         for name, m in self.models.items():
-            b = self.batchers[name] = Batcher(m.signature, m.runner, self.config.max_batch_size,
+            b = self.batchers[name] = Batcher(m.signature, m.runner, m.signature.batch_limit(self.config.max_batch_size),
                                               self.config.max_delay_ms / 1000, self.metrics)
             b.start()
         sweeper = asyncio.get_running_loop().create_task(self.sequences.sweep_forever())

@@ -51,6 +51,12 @@ class Signature:
     state_pairs: list[tuple[str, str]] = field(default_factory=list)
     checker: ModuleInputs | None = None  # the runtime's own checks; the VM lives in the worker process
 
+    def batch_limit(self, configured: int) -> int:
+        """Rows a merged batch may hold: the server's max_batch_size, and no more than the module's bound on its batch dim
+        (compile's max_dims: its buffers and CUDA graphs are planned for it)."""
+        bound = self.metadata.get("max_dims", {}).get(self.batch_dim) if self.batch_dim else None
+        return min(configured, bound) if bound else configured
+
     @property
     def inputs(self) -> list[dict]:
         return self.metadata["inputs"]
