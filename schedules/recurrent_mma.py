@@ -47,6 +47,12 @@ class MmaConfig:
     prefetch: int = 0
     # 1 (3xTF32 only): the cross products accumulate apart from the main product (mma_tiles.WarpTiles; alone slower on b8)
     split_acc: int = 0
+    # 1 (3xTF32 only): each 32-k chunk's products go into a zeroed accumulator of their own, added into the sum in fp32
+    # (mma_tiles), as the projection does, since the tensor cores' accumulation truncates. A tuning knob, off by default:
+    # on the H100 (benchmarks/results/2026-11-24-h100-chunk-acc-ab.md) six fp32 rows were 5.4-8.1e-7 off float64 with one
+    # accumulator and 3.5-5.1e-7 with chunk_acc, at 0.95-1.08x the time (ds2-5l-bi 33.8 against 31.2 ms). The 1e-5 the
+    # fp32 rows had missed by came from fast-math tanh/exp (recurrent_cuda.accurate_math), not from here.
+    chunk_acc: int = 0
     # 1 (fp16/bf16 only): B (h, GRU's r*h) read from a copy in the storage dtype (recurrent_common.half_operands), half
     # the L2 bytes of the fp32 state for the same bits, since the mma rounds B to that dtype anyway
     half_operand: int = 1
@@ -69,19 +75,6 @@ def slots(k_warps: int) -> int:
 
 def m_tiles(gates: int, units: int) -> int:
     return -(-gates * units // 16)
-
-
-# Exact fp32 (3xTF32) adds each chunk's products into the sum in fp32 (mma_tiles chunk_acc), as the projection does: the
-# tensor cores' accumulation truncates, 5.7e-6 off at K = 1024 in the projection against 3.0e-7 chunk by chunk. It holds
-# a second set of accumulators, so only where a warp's tiles hold at most this many per thread. ptxas on the fp32 rows'
-# defaults (benchmarks/ptxas_usage.py, sm_90 through NVRTC): ds2-lstm, b64-h1024-l2 (16 per thread) no spills either way;
-# ds2-5l-bi (32) 188 bytes of spill stores against 156; blog-a's streaming point (96) 1112 against 156, so blog-a keeps
-# one accumulator (and its rounding over K = 2560). Not yet timed on a GPU.
-CHUNK_ACC_MAX_ACCUMULATORS = 32
-
-
-def chunk_acc(spec, mt: int, nt: int) -> bool:
-    return mode(spec) == "tf32x3" and mt * nt * 4 <= CHUNK_ACC_MAX_ACCUMULATORS
 
 
 def mode(spec, exact: bool = True) -> str | None:
@@ -178,7 +171,7 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     b_src = a.mirrors.get(phase.operand, operand)  # the half-precision copy where the kernel keeps one
     b_dtype = str(b_src.dtype)
     tiles = WarpTiles(lane, MT, NT, mode(a.spec), a.spec.dtype, b_dtype, cfg.depth, bool(cfg.split_acc),
-                      chunk_acc=chunk_acc(a.spec, MT, NT))
+                      chunk_acc=bool(cfg.chunk_acc) and mode(a.spec) == "tf32x3")
     threads = 32 * NW * KW
     tid = wy * i64(32) + lane
     xw = _prefetch_xw(a, phase, s, d, u0, n0, UB, NB, threads, tid) if cfg.prefetch else None

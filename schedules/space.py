@@ -10,7 +10,7 @@ A point of a space is a `KernelConfig`: a schedule kind and a value for each of 
     mma         (tensor cores) units per block, n_tiles x n_warps batch tiles of 8 rows, k_warps splitting the reduction, depth chunks in flight,
                 and in fp16/bf16 half_operand (B read from a half-precision copy of h)
     persistent_mma  the same knobs, prefetch (XW loaded before the reduction) and in exact fp32 split_acc (3xTF32's
-                cross products in accumulators of their own), for the persistent tensor-core kernel (one wave, R in shared memory;
+                cross products in accumulators of their own) and chunk_acc (each k-chunk summed apart, added in fp32), for the persistent tensor-core kernel (one wave, R in shared memory;
                 where R is larger than that, streamed: the chunks of R read from L2 every step)
 
 The kind is itself a knob: persistent, stepwise, tiled, mma and persistent_mma are design spaces of one CUDA tuning task.
@@ -27,7 +27,7 @@ CPU_ROWS = (1, 2, 4, 8)
 CPU_UNITS = (8, 16, 32, 64, 128, 256)
 # Knobs added to a kind after tuning logs were written for it, with the value that is what the kernel did before: a point
 # names them only when set otherwise, so a logged point without the knob and today's point with that value are one point
-LATER_KNOBS = {"persistent": {"prefetch": 0}}
+LATER_KNOBS = {"persistent": {"prefetch": 0}, "mma": {"chunk_acc": 0}, "persistent_mma": {"chunk_acc": 0}}
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def knob_space(kind: str, spec, cell, target) -> dict[str, tuple[int, ...]]:
 
 def _persistent_mma_space(spec, cell, arch) -> dict[str, tuple[int, ...]]:
     """The persistent tensor-core kernel's knobs: tile shapes that fit beside R (or, where R is larger than a wave's
-    shared memory, beside the part of it that stays resident), prefetch, and in 3xTF32 split_acc."""
+    shared memory, beside the part of it that stays resident), prefetch, and in 3xTF32 split_acc and chunk_acc."""
     space = _resident_tiles(spec, cell, arch) or _streaming_tiles(spec, cell, arch)
     if space:
         from .recurrent_mma import mode
@@ -114,6 +114,7 @@ def _persistent_mma_space(spec, cell, arch) -> dict[str, tuple[int, ...]]:
         space["prefetch"] = (0, 1)
         if mode(spec) == "tf32x3":
             space["split_acc"] = (0, 1)
+            space["chunk_acc"] = (0, 1)
         space |= _half_operand(spec)
     return space
 

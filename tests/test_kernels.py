@@ -380,14 +380,27 @@ def test_split_accumulators_keep_three_mmas_per_tile():
     assert "split_acc" not in knob_space("persistent_mma", half, cell_for(half), target)
 
 
+def test_chunk_accumulators_add_each_chunk_in_fp32():
+    """chunk_acc (3xTF32 only, off by default): each chunk's mma's run into a zeroed accumulator set that is added into the
+    sum, so the same mma's and more adds; a logged point without the knob is the chunk_acc=0 point; not offered in fp16."""
+    target, spec, (base, chunked) = _with_knobs(CASES[0], "float32", chunk_acc=1)
+    one, two = _source(target, spec, base), _source(target, spec, chunked)
+    assert one.count("mma.sync.aligned.m16n8k8") == two.count("mma.sync.aligned.m16n8k8") > 0
+    assert two.count(" + ") > one.count(" + ")
+    assert KernelConfig.of("persistent_mma", **dict(base.knobs), chunk_acc=0) == base  # old logs' points stay valid
+    half = dataclasses.replace(spec, dtype="float16")
+    assert "chunk_acc" not in knob_space("persistent_mma", half, cell_for(half), target)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, knobs", [("float32", {"prefetch": 1}), ("float16", {"prefetch": 1}), ("float32", {"split_acc": 1}),
-                                          ("float32", {"prefetch": 1, "split_acc": 1}), ("float16", {"streamed": 1}),
+                                          ("float32", {"prefetch": 1, "split_acc": 1}), ("float32", {"chunk_acc": 1}),
+                                          ("float32", {"chunk_acc": 1, "split_acc": 1}), ("float16", {"streamed": 1}),
                                           ("float32", {"streamed": 1}), ("float32", {"streamed": 9})], ids=str)
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
 def test_persistent_mma_knobs_are_correct(case, dtype, knobs):
-    """The knobs against float64 on poisoned outputs (prefetch: set by the batch <= 8 default and GRU's above; split_acc
-    and streamed: by no default). streamed=1 reads the last chunk of R from L2 (GRU h33: the partial one; LSTM h24: its
+    """The knobs against float64 on poisoned outputs (prefetch: set by the batch <= 8 default and GRU's above; split_acc,
+    chunk_acc and streamed: by no default). streamed=1 reads the last chunk of R from L2 (GRU h33: the partial one; LSTM h24: its
     only one), 9 all of them."""
     _, spec, (_, point) = _with_knobs(case, dtype, **knobs)
     _check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec, point_kernel(spec, cell_for(spec), _target("cuda"), point),
