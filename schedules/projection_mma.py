@@ -14,6 +14,7 @@ M = seq * batch is a runtime size; rows and columns past the edges are clamped o
 from __future__ import annotations
 
 from tvm import tirx
+from tvm.backend.cuda import op as cuda_op
 from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC, MODES, WarpTiles, chunk_rounds
@@ -54,6 +55,16 @@ def projection_mma(mode: str, K: int, cols: int) -> tirx.PrimFunc:
                         store_xw(tiles, XW, bias, M, cols, m0, n0)
 
     return projection_prim_func("projection_mma", dtype, K, cols, (cols, K), body)
+
+
+def add_xw(tiles: WarpTiles, XW, M, cols: int, m0, n0):
+    """A warp's accumulators added into XW (rows m0.., columns n0..) with atomicAdd, edges skipped: a split-K block's
+    partial sums (projection_staged split_k; XW holds the bias first)."""
+    for ci in tiles.accumulators():
+        m, n = m0 + tiles.row(ci), n0 + tiles.col(ci)
+        with T.If(tirx.all(m < M, n < i64(cols))):
+            with T.Then():
+                T.evaluate(cuda_op.cuda_atomic_add(tirx.op.address_of(XW[m, n]), tiles.c[tuple(ci)]))
 
 
 def store_xw(tiles: WarpTiles, XW, bias, M, cols: int, m0, n0):

@@ -31,7 +31,7 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC, MODES, WarpTiles
-from .projection_mma import store_xw
+from .projection_mma import add_xw, store_xw
 from .recurrent_common import block_sync, i64, projection_prim_func
 
 F32 = "float32"
@@ -44,6 +44,10 @@ class StagedConfig:
     mt: int = 4  # m16 tiles per warp
     nt: int = 4  # n8 tiles per warp
     chunk_acc: bool = False  # each 32-k chunk into a zeroed accumulator, added in fp32 (mma_tiles.WarpTiles: 3xTF32's accuracy at large K)
+    # blocks splitting the reduction (grid z): each adds its partial sums into XW, which a first launch fills with the
+    # bias, with atomicAdd. For the few rows of small batches, where the tiles alone leave SMs idle and each block walks
+    # all of K chunk after chunk
+    split_k: int = 1
 
     @property
     def block(self) -> tuple[int, int]:
@@ -60,32 +64,85 @@ class StagedConfig:
 
 
 SMALL_M = 512  # up to this many rows (batch 1-5 at T = 100) 32-row tiles, so more blocks share the few rows
+SPLIT_MIN_CHUNKS = 4  # chunks of K each split block walks at least (a split block's fill and atomics cost the same as 4)
 
 
-def default_config(mode: str, rows: int | None = None) -> StagedConfig:
+def default_config(mode: str, rows: int | None = None, K: int | None = None) -> StagedConfig:
     """The measured best of StagedConfig's points on the H100 (benchmarks/results/2026-11-23-h100-projection-staged.md):
     32 x 128 tiles up to SMALL_M rows; above, 64 x 128 in fp16/bf16 (blog-a 3.64 ms against 128 x 128's 5.42) and
-    3xTF32, 128 x 64 in TF32. 3xTF32 accumulates chunk by chunk (chunk_acc)."""
+    3xTF32, 128 x 64 in TF32. 3xTF32 accumulates chunk by chunk (chunk_acc). With K given, small-M tiles split K up
+    to 4 ways (split_k)."""
     exact = mode == "tf32x3"
     if rows is not None and rows <= SMALL_M:
-        return StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2, chunk_acc=exact)
+        return StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2, chunk_acc=exact, split_k=small_split(K))
     if mode == "tf32":
         return StagedConfig(warps_m=4, warps_n=2, mt=2)
     return StagedConfig(mt=2, chunk_acc=exact)
+
+
+def small_split(K: int | None) -> int:
+    """The split of K for small-M tiles: 4, 2 or 1 ways, whole chunks per block and at least SPLIT_MIN_CHUNKS each."""
+    chunks = (K or 0) // KC
+    return next((s for s in (4, 2) if chunks % s == 0 and chunks // s >= SPLIT_MIN_CHUNKS), 1)
 
 
 def supported(mode: str | None, K: int, cols: int, cfg: StagedConfig | None = None, rows: int | None = None) -> bool:
     """A tensor-core mode, whole 32-column chunks, column pairs (8-byte stores), both buffers in 48 KB."""
     if mode not in MODES or K % KC or cols % 2:
         return False
-    return (cfg or default_config(mode, rows)).smem_bytes(MODES[mode].storage) <= 48 * 1024
+    configs = [cfg] if cfg else [default_config(mode, rows, K)] if rows is not None else \
+        [default_config(mode, SMALL_M, K), default_config(mode)]
+    return all(c.smem_bytes(MODES[mode].storage) <= 48 * 1024 and (K // KC) % c.split_k == 0 for c in configs)
 
 
 def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = None, rows: int | None = None) -> tirx.PrimFunc:
-    """PrimFunc(X [M, K], W [cols, K] in the mode's storage dtype, bias [cols] fp32, XW [M, cols] fp32), M symbolic
-    (rows: M where the model fixes it, for the default tile shape)."""
-    cfg = cfg or default_config(mode, rows)
-    assert supported(mode, K, cols, cfg), (mode, K, cols, cfg)
+    """PrimFunc(X [M, K], W [cols, K] in the mode's storage dtype, bias [cols] fp32, XW [M, cols] fp32), M symbolic.
+    rows: M where the model fixes it, for the default tile shape; else the kernel picks by M at run time (the small-M
+    tiles up to SMALL_M rows: in a dynamic-batch model at batch 1, lat-b1-h1024's 100 rows ran on 64 blocks of 64 x 128)."""
+    configs = [cfg or default_config(mode, rows, K)] if cfg or rows is not None else \
+        [default_config(mode, SMALL_M, K), default_config(mode)]
+    assert supported(mode, K, cols, configs[0] if len(configs) == 1 else None), (mode, K, cols, configs)
+
+    def body(X, W, bias, XW, M):
+        if len(configs) == 1:
+            _gemm(mode, K, cols, configs[0], X, W, bias, XW, M)
+            return
+        with T.If(M <= i64(SMALL_M)):
+            with T.Then():
+                _gemm(mode, K, cols, configs[0], X, W, bias, XW, M)
+            with T.Else():
+                _gemm(mode, K, cols, configs[1], X, W, bias, XW, M)
+
+    return projection_prim_func(f"projection_staged_{mode}", MODES[mode].storage, K, cols, (cols, K), body)
+
+
+def _fill_bias(XW, bias, M, cols: int):
+    """XW[m, n] = bias[n]: the sums split_k blocks add into start from the bias."""
+    with T.thread_binding(0, tirx.ceildiv(M * i64(cols), i64(256)), "blockIdx.x") as bx:
+        with T.thread_binding(0, i64(256), "threadIdx.x") as tx:
+            e = bx * i64(256) + tx
+            with T.If(e < M * i64(cols)):
+                with T.Then():
+                    T.buffer_store(XW, bias[e % i64(cols)], [e // i64(cols), e % i64(cols)])
+
+
+def _gemm(mode: str, K: int, cols: int, cfg: StagedConfig, X, W, bias, XW, M):
+    """One configuration's launches: (with split_k) the bias fill, then the tiled GEMM, split_k blocks per tile."""
+    BM, BN = cfg.block
+    chunks = K // KC // cfg.split_k  # per block
+    if cfg.split_k > 1:
+        _fill_bias(XW, bias, M, cols)
+    with T.thread_binding(0, tirx.ceildiv(M, i64(BM)), "blockIdx.x") as bx:
+        with T.thread_binding(0, i64(-(-cols // BN)), "blockIdx.y") as by:
+            if cfg.split_k == 1:
+                _tile(mode, K, cols, cfg, X, W, bias, XW, M, bx, by, i64(0), chunks)
+            else:
+                with T.thread_binding(0, i64(cfg.split_k), "blockIdx.z") as bz:
+                    _tile(mode, K, cols, cfg, X, W, bias, XW, M, bx, by, bz * i64(chunks), chunks)
+
+
+def _tile(mode: str, K: int, cols: int, cfg: StagedConfig, X, W, bias, XW, M, bx, by, k0, chunks: int):
+    """One block: its BM x BN tile of XW over `chunks` chunks of K from chunk k0."""
     dtype = MODES[mode].storage
     BM, BN = cfg.block
     vec = WarpTiles.width(dtype)  # elements per 16-byte copy
@@ -94,79 +151,76 @@ def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = N
     # do not divide them evenly)
     plan = [(i, rows, first) for rows, first in ((BM, 0), (BN, BM)) for i in range(-(-rows * segs // cfg.threads))]
     swizzle = dtype == F32
-    chunks = K // KC
     size = (BM + BN) * KC  # one buffer
+    with T.thread_binding(0, i64(cfg.warps_m * cfg.warps_n), "threadIdx.y") as wy:
+        with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
+            tid = wy * i64(32) + lane
+            mb, nb = bx * i64(BM), by * i64(BN)
+            wm, wn = wy // i64(cfg.warps_n), wy % i64(cfg.warps_n)
+            # two buffers, not halves of one: TVM's sync planner tells accesses apart by buffer, so a step's
+            # stores into one after reading the other need no barrier between them
+            sm = [T.alloc_buffer((size,), dtype, scope="shared") for _ in range(2)]
+            staged = T.alloc_buffer((len(plan), vec), dtype, scope="local")
+            tiles = WarpTiles(lane, cfg.mt, cfg.nt, mode, dtype, dtype, 1, chunk_acc=cfg.chunk_acc)
 
-    def body(X, W, bias, XW, M):
-        with T.thread_binding(0, tirx.ceildiv(M, i64(BM)), "blockIdx.x") as bx:
-            with T.thread_binding(0, i64(-(-cols // BN)), "blockIdx.y") as by:
-                with T.thread_binding(0, i64(cfg.warps_m * cfg.warps_n), "threadIdx.y") as wy:
-                    with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
-                        tid = wy * i64(32) + lane
-                        mb, nb = bx * i64(BM), by * i64(BN)
-                        wm, wn = wy // i64(cfg.warps_n), wy % i64(cfg.warps_n)
-                        # two buffers, not halves of one: TVM's sync planner tells accesses apart by buffer, so a step's
-                        # stores into one after reading the other need no barrier between them
-                        sm = [T.alloc_buffer((size,), dtype, scope="shared") for _ in range(2)]
-                        staged = T.alloc_buffer((len(plan), vec), dtype, scope="local")
-                        tiles = WarpTiles(lane, cfg.mt, cfg.nt, mode, dtype, dtype, 1, chunk_acc=cfg.chunk_acc)
+            def each_copy(body):
+                """body(slot, row in the shared tile, 16-byte segment, source row index) for this thread's copies."""
+                for slot, (i, rows, first) in enumerate(plan):
+                    e = i64(i * cfg.threads) + tid
+                    r, seg = e // i64(segs), e % i64(segs)
+                    if (i + 1) * cfg.threads <= rows * segs:
+                        body(slot, i64(first) + r, seg, r)
+                    else:
+                        with T.If(r < i64(rows)):
+                            with T.Then():
+                                body(slot, i64(first) + r, seg, r)
 
-                        def each_copy(body):
-                            """body(slot, row in the shared tile, 16-byte segment, source row index) for this thread's copies."""
-                            for slot, (i, rows, first) in enumerate(plan):
-                                e = i64(i * cfg.threads) + tid
-                                r, seg = e // i64(segs), e % i64(segs)
-                                if (i + 1) * cfg.threads <= rows * segs:
-                                    body(slot, i64(first) + r, seg, r)
-                                else:
-                                    with T.If(r < i64(rows)):
-                                        with T.Then():
-                                            body(slot, i64(first) + r, seg, r)
+            def fetch(ck):
+                def copy(slot, row, seg, r):
+                    k = (k0 + ck) * i64(KC) + seg * i64(vec)
+                    with T.vectorized(0, i64(vec)) as v:
+                        val = X[tirx.min(mb + r, M - i64(1)), k + v] if plan[slot][2] == 0 else \
+                            W[tirx.min(nb + r, i64(cols - 1)), k + v]
+                        T.buffer_store(staged, val, [i64(slot), v])
 
-                        def fetch(ck):
-                            def copy(slot, row, seg, r):
-                                k = ck * i64(KC) + seg * i64(vec)
-                                with T.vectorized(0, i64(vec)) as v:
-                                    val = X[tirx.min(mb + r, M - i64(1)), k + v] if plan[slot][2] == 0 else \
-                                        W[tirx.min(nb + r, i64(cols - 1)), k + v]
-                                    T.buffer_store(staged, val, [i64(slot), v])
+                each_copy(copy)
 
-                            each_copy(copy)
+            def store(buf):
+                def copy(slot, row, seg, r):
+                    pos = tirx.bitwise_xor(seg, row % i64(2)) if swizzle else seg  # odd rows: halves swapped
+                    with T.vectorized(0, i64(vec)) as v:
+                        T.buffer_store(sm[buf], staged[i64(slot), v], [row * i64(KC) + pos * i64(vec) + v])
 
-                        def store(buf):
-                            def copy(slot, row, seg, r):
-                                pos = tirx.bitwise_xor(seg, row % i64(2)) if swizzle else seg  # odd rows: halves swapped
-                                with T.vectorized(0, i64(vec)) as v:
-                                    T.buffer_store(sm[buf], staged[i64(slot), v], [row * i64(KC) + pos * i64(vec) + v])
+                each_copy(copy)
 
-                            each_copy(copy)
+            def element(buf, row, v0, v):
+                """Element v0 + v of the lane's 8 k (8t..8t+7) of shared row `row` (row % 2 == g % 2)."""
+                flip = (tiles.g % i64(2)) * i64(4)  # v0 XOR flip, spelled affine so the load stays one vector
+                col = tiles.t * i64(8) + ((flip if v0 == 0 else i64(4) - flip) if swizzle else i64(v0))
+                return sm[buf][row * i64(KC) + col + v]
 
-                        def element(buf, row, v0, v):
-                            """Element v0 + v of the lane's 8 k (8t..8t+7) of shared row `row` (row % 2 == g % 2)."""
-                            flip = (tiles.g % i64(2)) * i64(4)  # v0 XOR flip, spelled affine so the load stays one vector
-                            col = tiles.t * i64(8) + ((flip if v0 == 0 else i64(4) - flip) if swizzle else i64(v0))
-                            return sm[buf][row * i64(KC) + col + v]
+            def step(ck, cur: int):
+                """Multiply chunk ck from buffer `cur` while chunk ck + 1 is fetched, then store that in the other
+                buffer (the one every warp finished reading before the last barrier)."""
+                fetch(tirx.min(ck + i64(1), i64(chunks - 1)))  # in flight during the mma's (the last one idle)
+                tiles.load_a(lambda mt, half, v0, v: element(cur, wm * i64(cfg.mt * 16) + i64(mt * 16 + 8 * half) + tiles.g, v0, v), True)
+                tiles.load_b_parts(lambda nt, v0, v: element(cur, i64(BM) + wn * i64(cfg.nt * 8) + i64(nt * 8) + tiles.g, v0, v), True)
+                tiles.multiply()
+                store(1 - cur)
+                block_sync()
 
-                        def step(ck, cur: int):
-                            """Multiply chunk ck from buffer `cur` while chunk ck + 1 is fetched, then store that in the other
-                            buffer (the one every warp finished reading before the last barrier)."""
-                            fetch(tirx.min(ck + i64(1), i64(chunks - 1)))  # in flight during the mma's (the last one idle)
-                            tiles.load_a(lambda mt, half, v0, v: element(cur, wm * i64(cfg.mt * 16) + i64(mt * 16 + 8 * half) + tiles.g, v0, v), True)
-                            tiles.load_b_parts(lambda nt, v0, v: element(cur, i64(BM) + wn * i64(cfg.nt * 8) + i64(nt * 8) + tiles.g, v0, v), True)
-                            tiles.multiply()
-                            store(1 - cur)
-                            block_sync()
-
-                        fetch(i64(0))
-                        store(0)
-                        block_sync()
-                        # two chunks per iteration, so each step names its buffers at compile time
-                        with T.serial(0, i64(chunks // 2)) as pair:
-                            step(pair * i64(2), 0)
-                            step(pair * i64(2) + i64(1), 1)
-                        if chunks % 2:
-                            step(i64(chunks - 1), 0)
-                        tiles.finish()
-                        store_xw(tiles, XW, bias, M, cols, mb + wm * i64(cfg.mt * 16), nb + wn * i64(cfg.nt * 8))
-
-    return projection_prim_func(f"projection_staged_{mode}", dtype, K, cols, (cols, K), body)
+            fetch(i64(0))
+            store(0)
+            block_sync()
+            # two chunks per iteration, so each step names its buffers at compile time
+            with T.serial(0, i64(chunks // 2)) as pair:
+                step(pair * i64(2), 0)
+                step(pair * i64(2) + i64(1), 1)
+            if chunks % 2:
+                step(i64(chunks - 1), 0)
+            tiles.finish()
+            m0, n0 = mb + wm * i64(cfg.mt * 16), nb + wn * i64(cfg.nt * 8)
+            if cfg.split_k == 1:
+                store_xw(tiles, XW, bias, M, cols, m0, n0)
+            else:
+                add_xw(tiles, XW, M, cols, m0, n0)

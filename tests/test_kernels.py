@@ -250,6 +250,16 @@ def test_projection_staged_matches_float64(M, K, cols, mode, tol, config):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode, tol", [("float16", 1e-5), ("tf32", 3e-3), ("tf32x3", 1e-5)])
+@pytest.mark.parametrize("M, K, cols", [(100, 1024, 4096), (37, 256, 1022), (512, 512, 2048), (513, 1024, 2048), (1, 64, 2)])
+def test_projection_staged_picks_its_tiles_by_rows_at_run_time(M, K, cols, mode, tol):
+    """Without a fixed row count the kernel dispatches on M: up to SMALL_M rows the small tiles with K split 4 ways
+    (K = 1024, 512), 2 ways (K = 256) or not at all (K = 64), added into the bias with atomicAdd; above, the large
+    tiles. Against float64 on each side of the boundary."""
+    _check_projection(projection_staged(mode, K, cols), M, K, cols, "f2" if mode == "float16" else "f4", tol)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("rows", [100, 12800])
 def test_projection_staged_exact_fp32_over_a_long_reduction(rows):
     """3xTF32's default (chunk_acc) stays within fp32's 1e-5 at blog-a's K = 2560, where one accumulator across all 80
@@ -262,13 +272,29 @@ def test_projection_staged_builds_without_a_gpu(mode, shape):
     """It compiles through NVRTC with one barrier per 32-column chunk (no extra one between a chunk's reads of one shared
     buffer and its stores into the other), and 3xTF32 issues three TF32 mma's per tile."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    src = tvm.compile(tvm.IRModule({"main": projection_staged(mode, 800, 3200)}), target=target).mod.imports[0].inspect_source()
+    build = lambda m, **kw: tvm.compile(tvm.IRModule({"main": projection_staged(m, 800, 3200, **kw)}), target=target).mod.imports[0].inspect_source()  # noqa: E731
+    src = build(mode, rows=6400)
     assert f"mma.sync.aligned.{shape}" in src
     # 25 chunks: one barrier after the first copy, two in the loop (two chunks per iteration), one for the odd last chunk
     assert src.count("__syncthreads()") == 4
     if mode == "tf32x3":
-        single = tvm.compile(tvm.IRModule({"main": projection_staged("tf32", 800, 3200)}), target=target).mod.imports[0].inspect_source()
-        assert src.count("mma.sync") == 3 * single.count("mma.sync")
+        assert src.count("mma.sync") == 3 * build("tf32", rows=6400).count("mma.sync")
+
+
+def test_projection_staged_splits_k_for_few_rows():
+    """A dynamic row count builds both tile shapes behind a dispatch on M; the small one splits K (32 chunks: 4 ways)
+    into atomicAdd's on top of a bias fill, so a batch-1 layer's 100 rows run on 4 x 32 x 4 blocks instead of 2 x 32."""
+    from schedules.projection_staged import SMALL_M, default_config
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    assert default_config("tf32x3", 100, 1024).split_k == 4 and default_config("tf32x3", 100, 800).split_k == 1
+    assert default_config("float16", 100, 256).split_k == 2 and default_config("float16", 6400, 1024).split_k == 1
+    func = projection_staged("tf32x3", 1024, 4096)
+    assert f"    if M <= T.int64({SMALL_M}):" in func.script()
+    src = tvm.compile(tvm.IRModule({"main": func}), target=target).mod.imports[0].inspect_source()
+    assert "blockIdx.z" in src and "atomicAdd" in src
+    assert "atomicAdd" not in tvm.compile(tvm.IRModule({"main": projection_staged("tf32x3", 1024, 4096, rows=6400)}),
+                                          target=target).mod.imports[0].inspect_source()
 
 
 @pytest.mark.parametrize("mode, shape", [("float16", "m16n8k16"), ("bfloat16", "m16n8k16"), ("tf32", "m16n8k8")])
