@@ -16,7 +16,7 @@
 #                                            fp32 against float64 at lat-b1-h1024's size, the kernel tests of the kinds whose
 #                                            epilogue or 3xTF32 accumulation changed, and where fp32's error comes from
 #   bash benchmarks/device_run.sh graph [ROW...]  whole runs as CUDA graphs: the GPU test, then graph vs no graph per row
-#   bash benchmarks/device_run.sh chunk-acc [ROW...]  exact fp32's recurrent 3xTF32 with and without per-chunk accumulation
+#   bash benchmarks/device_run.sh projection-split [ROW...]  the projection's run-time tiles and split K: GPU tests, then A/B
 # Results go to $OUT (the device tool brings them back); commit the ones that matter under benchmarks/results/.
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -52,8 +52,9 @@ case "$1" in
   graph)
     timeout 300 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_cuda_graph.py 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -8
     timeout 500 python3 benchmarks/cuda_graph_ab.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/cuda_graph_log.txt" ;;
-  chunk-acc)
-    timeout 560 python3 benchmarks/chunk_acc_ab.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/chunk_acc_log.txt" ;;
+  projection-split)
+    timeout 400 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_kernels.py -k "picks_its_tiles or chunk_acc" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4
+    timeout 400 python3 benchmarks/projection_split_ab.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/projection_split_log.txt" ;;
   profile)
     timeout 560 python3 benchmarks/profile_rows.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/profile_log.txt" | grep -v "^    " ;;
   fp32-error)
