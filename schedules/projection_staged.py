@@ -45,8 +45,8 @@ class StagedConfig:
     nt: int = 4  # n8 tiles per warp
     chunk_acc: bool = False  # each 32-k chunk into a zeroed accumulator, added in fp32 (mma_tiles.WarpTiles: 3xTF32's accuracy at large K)
     # blocks splitting the reduction (grid z): each adds its partial sums into XW, which a first launch fills with the
-    # bias, with atomicAdd. For the few rows of small batches, where the tiles alone leave SMs idle and each block walks
-    # all of K chunk after chunk
+    # bias, with atomicAdd. Meant for the few rows of small batches, where each block walks all of K chunk after chunk;
+    # no default uses it (default_config says why)
     split_k: int = 1
 
     @property
@@ -64,43 +64,37 @@ class StagedConfig:
 
 
 SMALL_M = 512  # up to this many rows (batch 1-5 at T = 100) 32-row tiles, so more blocks share the few rows
-SPLIT_MIN_CHUNKS = 4  # chunks of K each split block walks at least (a split block's fill and atomics cost the same as 4)
 
 
-def default_config(mode: str, rows: int | None = None, K: int | None = None) -> StagedConfig:
+def default_config(mode: str, rows: int | None = None) -> StagedConfig:
     """The measured best of StagedConfig's points on the H100 (benchmarks/results/2026-11-23-h100-projection-staged.md):
     32 x 128 tiles up to SMALL_M rows; above, 64 x 128 in fp16/bf16 (blog-a 3.64 ms against 128 x 128's 5.42) and
-    3xTF32, 128 x 64 in TF32. 3xTF32 accumulates chunk by chunk (chunk_acc). With K given, small-M tiles split K up
-    to 4 ways (split_k)."""
+    3xTF32, 128 x 64 in TF32. 3xTF32 accumulates chunk by chunk (chunk_acc). K is not split (split_k): in whole batch-1
+    models it ran 0.97-1.05x the time of K whole in fp32 and 1.03-1.04x in fp16
+    (benchmarks/results/2026-11-24-h100-projection-split-ab.md)."""
     exact = mode == "tf32x3"
     if rows is not None and rows <= SMALL_M:
-        return StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2, chunk_acc=exact, split_k=small_split(K))
+        return StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2, chunk_acc=exact)
     if mode == "tf32":
         return StagedConfig(warps_m=4, warps_n=2, mt=2)
     return StagedConfig(mt=2, chunk_acc=exact)
-
-
-def small_split(K: int | None) -> int:
-    """The split of K for small-M tiles: 4, 2 or 1 ways, whole chunks per block and at least SPLIT_MIN_CHUNKS each."""
-    chunks = (K or 0) // KC
-    return next((s for s in (4, 2) if chunks % s == 0 and chunks // s >= SPLIT_MIN_CHUNKS), 1)
 
 
 def supported(mode: str | None, K: int, cols: int, cfg: StagedConfig | None = None, rows: int | None = None) -> bool:
     """A tensor-core mode, whole 32-column chunks, column pairs (8-byte stores), both buffers in 48 KB."""
     if mode not in MODES or K % KC or cols % 2:
         return False
-    configs = [cfg] if cfg else [default_config(mode, rows, K)] if rows is not None else \
-        [default_config(mode, SMALL_M, K), default_config(mode)]
+    configs = [cfg] if cfg else [default_config(mode, rows)] if rows is not None else [default_config(mode, SMALL_M), default_config(mode)]
     return all(c.smem_bytes(MODES[mode].storage) <= 48 * 1024 and (K // KC) % c.split_k == 0 for c in configs)
 
 
 def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = None, rows: int | None = None) -> tirx.PrimFunc:
     """PrimFunc(X [M, K], W [cols, K] in the mode's storage dtype, bias [cols] fp32, XW [M, cols] fp32), M symbolic.
     rows: M where the model fixes it, for the default tile shape; else the kernel picks by M at run time (the small-M
-    tiles up to SMALL_M rows: in a dynamic-batch model at batch 1, lat-b1-h1024's 100 rows ran on 64 blocks of 64 x 128)."""
-    configs = [cfg or default_config(mode, rows, K)] if cfg or rows is not None else \
-        [default_config(mode, SMALL_M, K), default_config(mode)]
+    tiles up to SMALL_M rows: in a dynamic-batch model at batch 1, lat-b1-h1024's 100 rows had run on 64 blocks of
+    64 x 128; lat-b1-h512-l2 fp32 0.446 against 0.475 ms, lat-b1-h1024 0.315 against 0.321, fp16 within 2%)."""
+    configs = [cfg or default_config(mode, rows)] if cfg or rows is not None else \
+        [default_config(mode, SMALL_M), default_config(mode)]
     assert supported(mode, K, cols, configs[0] if len(configs) == 1 else None), (mode, K, cols, configs)
 
     def body(X, W, bias, XW, M):

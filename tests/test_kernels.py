@@ -249,14 +249,21 @@ def test_projection_staged_matches_float64(M, K, cols, mode, tol, config):
     _check_projection(projection_staged(mode, K, cols, config), M, K, cols, "f2" if mode == "float16" else "f4", tol)
 
 
+SMALL_TILES = StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode, tol", [("float16", 1e-5), ("tf32", 3e-3), ("tf32x3", 1e-5)])
-@pytest.mark.parametrize("M, K, cols", [(100, 1024, 4096), (37, 256, 1022), (512, 512, 2048), (513, 1024, 2048), (1, 64, 2)])
-def test_projection_staged_picks_its_tiles_by_rows_at_run_time(M, K, cols, mode, tol):
-    """Without a fixed row count the kernel dispatches on M: up to SMALL_M rows the small tiles with K split 4 ways
-    (K = 1024, 512), 2 ways (K = 256) or not at all (K = 64), added into the bias with atomicAdd; above, the large
-    tiles. Against float64 on each side of the boundary."""
-    _check_projection(projection_staged(mode, K, cols), M, K, cols, "f2" if mode == "float16" else "f4", tol)
+@pytest.mark.parametrize("M, K, cols, config", [
+    (100, 1024, 4096, None), (512, 512, 2048, None), (513, 1024, 2048, None), (1, 64, 2, None),  # picked by M at run time
+    (100, 1024, 4096, dataclasses.replace(SMALL_TILES, split_k=4)), (37, 256, 1022, dataclasses.replace(SMALL_TILES, split_k=2)),
+], ids=str)
+def test_projection_staged_tiles_by_rows_and_split_k(M, K, cols, config, mode, tol):
+    """Without a fixed row count the kernel dispatches on M: the small tiles up to SMALL_M rows, the large ones above
+    (both sides of the boundary). split_k: K split 4 and 2 ways, partial sums added into the bias with atomicAdd."""
+    if config is not None and mode == "tf32x3":
+        config = dataclasses.replace(config, chunk_acc=True)
+    _check_projection(projection_staged(mode, K, cols, config), M, K, cols, "f2" if mode == "float16" else "f4", tol)
 
 
 @pytest.mark.gpu
@@ -281,20 +288,21 @@ def test_projection_staged_builds_without_a_gpu(mode, shape):
         assert src.count("mma.sync") == 3 * build("tf32", rows=6400).count("mma.sync")
 
 
-def test_projection_staged_splits_k_for_few_rows():
-    """A dynamic row count builds both tile shapes behind a dispatch on M; the small one splits K (32 chunks: 4 ways)
-    into atomicAdd's on top of a bias fill, so a batch-1 layer's 100 rows run on 4 x 32 x 4 blocks instead of 2 x 32."""
+def test_projection_staged_picks_tiles_by_rows_and_can_split_k():
+    """A dynamic row count builds both tile shapes behind a dispatch on M; split_k builds a bias fill and atomicAdd's of
+    the partial sums (no default splits: measured no faster in whole models)."""
     from schedules.projection_staged import SMALL_M, default_config
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    assert default_config("tf32x3", 100, 1024).split_k == 4 and default_config("tf32x3", 100, 800).split_k == 1
-    assert default_config("float16", 100, 256).split_k == 2 and default_config("float16", 6400, 1024).split_k == 1
+    assert default_config("tf32x3", 100).block == (32, 128) and default_config("tf32x3", 6400).block == (64, 128)
     func = projection_staged("tf32x3", 1024, 4096)
     assert f"    if M <= T.int64({SMALL_M}):" in func.script()
-    src = tvm.compile(tvm.IRModule({"main": func}), target=target).mod.imports[0].inspect_source()
-    assert "blockIdx.z" in src and "atomicAdd" in src
-    assert "atomicAdd" not in tvm.compile(tvm.IRModule({"main": projection_staged("tf32x3", 1024, 4096, rows=6400)}),
-                                          target=target).mod.imports[0].inspect_source()
+    src = lambda cfg: tvm.compile(tvm.IRModule({"main": projection_staged("tf32x3", 1024, 4096, cfg)}),  # noqa: E731
+                                  target=target).mod.imports[0].inspect_source()
+    split = src(StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2, split_k=4))
+    assert "blockIdx.z" in split and "atomicAdd" in split
+    whole = src(StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2))
+    assert "blockIdx.z" not in whole and "atomicAdd" not in whole
 
 
 @pytest.mark.parametrize("mode, shape", [("float16", "m16n8k16"), ("bfloat16", "m16n8k16"), ("tf32", "m16n8k8")])
