@@ -17,6 +17,7 @@
 #                                            epilogue or 3xTF32 accumulation changed, and where fp32's error comes from
 #   bash benchmarks/device_run.sh graph [ROW...]  whole runs as CUDA graphs: the GPU test, then graph vs no graph per row
 #   bash benchmarks/device_run.sh projection-split [ROW...]  the projection's run-time tiles and split K: GPU tests, then A/B
+#   TUNE_S=400 BUDGET=5.5 bash benchmarks/device_run.sh tune-zoo   the models/ zoo into tuning_logs/cuda-sm_90 (after a few GPU tests)
 # Results go to $OUT (the device tool brings them back); commit the ones that matter under benchmarks/results/.
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -41,6 +42,11 @@ case "$1" in
     rows=${2:?comma-separated rows}
     timeout "${TUNE_S:-540}" python3 benchmarks/tune_suite.py --rows "$rows" --dtypes "${DTYPES:-float32,float16}" --no-zoo --trials "${TRIALS:-300}" --time-budget "${BUDGET:-8}" \
       --logs tuning_logs 2>&1 | grep -v Warning | tee "$OUT/tune_log.txt" | tail -30
+    mkdir -p "$OUT/tuning_logs" && cp tuning_logs/cuda-sm_90/* "$OUT/tuning_logs/" ;;
+  tune-zoo)  # the GPU tests of the projection's run-time tiles first, then the models/ zoo at batch buckets 1 and 8
+    timeout 120 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_kernels.py -k "tiles_by_rows" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -3
+    timeout "${TUNE_S:-400}" python3 benchmarks/tune_suite.py --no-rows --trials "${TRIALS:-600}" --time-budget "${BUDGET:-5.5}" \
+      --logs tuning_logs 2>&1 | grep -v Warning | tee "$OUT/tune_log.txt" | grep -v "it/s\|trial/s" | tail -40
     mkdir -p "$OUT/tuning_logs" && cp tuning_logs/cuda-sm_90/* "$OUT/tuning_logs/" ;;
   variants)
     timeout 560 python3 benchmarks/kernel_variants.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -40 ;;

@@ -28,11 +28,12 @@ def main():
     p.add_argument("--dtypes", default="float32,float16")
     p.add_argument("--no-zoo", action="store_true")
     p.add_argument("--rows", default=None, help="comma-separated benchmark rows (default: all)")
+    p.add_argument("--no-rows", action="store_true", help="only the models/ zoo")
     p.add_argument("--target", default="cuda", help="cuda (this GPU) or llvm (this CPU)")
     a = p.parse_args()
     target = resolve_target(a.target)
     tasks = {}
-    for row in [r for r in bench.ROWS if a.rows is None or r.name in a.rows.split(",")]:
+    for row in [r for r in bench.ROWS if not a.no_rows and (a.rows is None or r.name in a.rows.split(","))]:
         for dtype in a.dtypes.split(","):
             model = bench.onnx_model(bench.torch_module(row), row, dtype)
             for t in extract_tasks(model, batches=(row.N,), seq=row.T):  # the row's shape, as bench runs it
@@ -40,7 +41,7 @@ def main():
     for path in ([] if a.no_zoo else sorted(glob.glob("models/*.onnx"))):
         for t in extract_tasks(path, batches=(1, 8)):  # dynamic batch: a streaming and a batched bucket
             tasks.setdefault(t.key(), t)
-    label = f"benchmark rows ({a.rows or 'all'})" + ("" if a.no_zoo else " + models/")
+    label = ("" if a.no_rows else f"benchmark rows ({a.rows or 'all'})") + ("" if a.no_zoo else " + models/")
     args = TuneArgs(label, str(target), a.trials, a.logs, a.time_budget)
     # tune_command extracts from one model; for the suite we hand the union of tasks over directly
     tune_command(args, tasks=list(tasks.values()), stream=sys.stdout)
