@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tvm
 
 import tvmrnn
 from onnx_cases import Case
@@ -66,9 +67,14 @@ def test_cpu_module_records_and_enforces_its_bounds(tmp_path):
     feeds = CASE.feeds(rng, 6, 3)
     np.testing.assert_allclose(module.run(feeds)["Y"], CASE.reference(feeds)["Y"], rtol=1e-4, atol=1e-5)
     loaded = tvmrnn.load(module.export(tmp_path / "m.so"))
+    big = CASE.feeds(rng, 7, 3)
     for m in (module, loaded):
         with pytest.raises(InputError, match=r"input 'X' has seq=7; this module was compiled for seq <= 6"):
-            m.run(CASE.feeds(rng, 7, 3))
+            m.run(big)
+        # inputs already on the device skip the other checks, not the bounds
+        on_device = [tvm.runtime.tensor(big[i["name"]], m.device) for i in m.metadata["inputs"]]
+        with pytest.raises(InputError, match=r"input 'X' has seq=7; this module was compiled for seq <= 6"):
+            m.invoke(on_device)
 
 
 @pytest.mark.gpu

@@ -173,7 +173,14 @@ class Module(ModuleInputs):
         return [tvm.runtime.tensor(a, self.device) for a in self.check_inputs(feeds)]
 
     def invoke(self, device_inputs: list) -> list:
-        """Run on inputs already on the device; returns device tensors (asynchronous on GPUs: no copy back)."""
+        """Run on inputs already on the device; returns device tensors (asynchronous on GPUs: no copy back). Only their
+        dims are checked against the module's bounds (max_dims), which its buffers are planned for; the rest of
+        check_inputs is the caller's (to_device does it)."""
+        for info, tensor in zip(self.metadata["inputs"], device_inputs):
+            for axis, dim in enumerate(info["shape"]):
+                if dim in self.max_dims and tensor.shape[axis] > self.max_dims[dim]:
+                    raise InputError(f"input {info['name']!r} has {dim}={tensor.shape[axis]}; this module was compiled for "
+                                     f"{dim} <= {self.max_dims[dim]} (max_dims)")
         out = self._main(*device_inputs)
         return [out] if isinstance(out, tvm.runtime.Tensor) else list(out)
 
