@@ -63,6 +63,9 @@ def test_compile_with_bounds_builds_a_cuda_graph(tmp_path):
     assert "CUDA graph on: batch <= 8, time <= 50" in res.output or "CUDA graph on: time <= 50, batch <= 8" in res.output
     meta = json.loads((tmp_path / "kws.json").read_text())
     assert meta["max_dims"] == {"batch": 8, "time": 50} and meta["cuda_graph"].startswith("on:")
+    res = CliRunner().invoke(main, ["inspect", str(out)])
+    assert res.exit_code == 0 and "CUDA graph on:" in res.output and ("bounds batch <= 8, time <= 50" in res.output or
+                                                                      "bounds time <= 50, batch <= 8" in res.output)
 
 
 def test_kernel_choices_match_the_schedules():

@@ -27,6 +27,10 @@ def inspect_command(path: str, echo=print, target: str | None = "nvidia/nvidia-h
                 echo(f"  {io[:-1]:<6} {t['name']:<20} {t['dtype']:<8} {t['shape']}")
         for layer in meta["layers"]:
             echo(_layer_line(layer["op"], layer["name"], layer) + f"  kernel {layer['kernel']}")
+        if meta.get("max_dims"):
+            echo("  bounds " + ", ".join(f"{k} <= {v}" for k, v in meta["max_dims"].items()))
+        if "cuda_graph" in meta:
+            echo(f"  CUDA graph {meta['cuda_graph']}")
         return 0
     from dataclasses import asdict
 
