@@ -17,25 +17,11 @@ import numpy as np
 import torch
 
 import tvmrnn
+from ab import rel, timed
 from tvmrnn import bench
 
 NAMES = sys.argv[1:] or ["blog-b", "b64-h1024-l2", "lat-b1-h512-l2", "b8-h1024-l2", "ds2-lstm"]
 ROUNDS, RUNS = 7, 20
-
-
-def timed(module, x) -> float:
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(RUNS):
-        module.invoke(x)
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / RUNS
-
-
-def rel(y, ref) -> float:
-    return float(np.abs(y.astype("float64") - ref).max() / np.abs(ref).max())
-
 
 results = []
 for name in NAMES:
@@ -58,10 +44,10 @@ for name in NAMES:
         x = modules["graph"].to_device({"X": np.random.default_rng(1).standard_normal((row.T, row.N, row.I)).astype(dtype)})
         times = {k: [] for k in modules}
         for k, m in modules.items():
-            timed(m, x)  # warm-up (the graph's capture for this shape happened above)
+            timed(m, x, RUNS)  # warm-up (the graph's capture for this shape happened above)
         for _ in range(ROUNDS):
             for k, m in modules.items():
-                times[k].append(timed(m, x))
+                times[k].append(timed(m, x, RUNS))
         for k in modules:
             result[f"{k} ms"] = statistics.median(times[k])
         result["graph speed-up"] = result["no graph ms"] / result["graph ms"]

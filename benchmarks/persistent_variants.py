@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 import tvmrnn
+from ab import timed
 from schedules import recurrent_persistent as rp
 from tvmrnn import bench
 
@@ -39,16 +40,6 @@ def build(row, dtype, knobs):
         rp.default_config = base
 
 
-def timed(module, x) -> float:
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(RUNS):
-        module.invoke(x)
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / RUNS
-
-
 results = []
 for row in ROWS:
     torch_mod = bench.torch_module(row).double()
@@ -63,10 +54,10 @@ for row in ROWS:
             errs[name] = bench._rel_err(m.run({"X": x})["Y"].reshape(ref.shape), ref)
         dev_x = {name: m.to_device({"X": x}) for name, m in modules.items()}
         for name, m in modules.items():
-            timed(m, dev_x[name])  # warm-up
+            timed(m, dev_x[name], RUNS)  # warm-up
         for _ in range(ROUNDS):
             for name, m in modules.items():
-                times[name].append(timed(m, dev_x[name]))
+                times[name].append(timed(m, dev_x[name], RUNS))
         for name in NAMES:
             ms = statistics.median(times[name])
             res = {"row": row.name, "dtype": dtype, "variant": name, "knobs": VARIANTS[name], "ms": ms,
