@@ -75,10 +75,16 @@ class RecurrentKernel:
 class Branch:
     up_to: int | None  # the largest batch this branch runs (None: any batch above the previous branch)
     config: KernelConfig
-    tuned: bool  # from a tuning log; else the default point of its space
+    tuned: bool  # chosen from a tuning log; else the default point of its space
+    # chosen from a log that measured the default point within TUNED_MARGIN of its best: the default runs, on evidence
+    kept_default: bool = False
 
     def as_dict(self) -> dict:
-        return {"up_to_batch": self.up_to, "config": self.config.as_dict(), "tuned": self.tuned}
+        return {"up_to_batch": self.up_to, "config": self.config.as_dict(), "tuned": self.tuned, "kept_default": self.kept_default}
+
+    @property
+    def label(self) -> str:
+        return "tuned: default kept" if self.kept_default else "tuned" if self.tuned else "default"
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ class KernelPlan:
         parts = []
         for b in self.branches:
             when = f"batch <= {b.up_to}: " if b.up_to is not None and len(self.branches) > 1 else ""
-            parts.append(f"{when}{b.config.describe()} [{'tuned' if b.tuned else 'default'}]")
+            parts.append(f"{when}{b.config.describe()} [{b.label}]")
         why = f" ({self.why})" if self.why else ""
         return f"{self.target_kind}: " + "; else ".join(parts) + why
 
@@ -196,10 +202,11 @@ def _merge(defaults: list[Branch], picked: dict) -> list[Branch]:
         return next(b for b in defaults if b.up_to is None or batch <= b.up_to)
 
     bounds = sorted(set(picked) | {b.up_to for b in defaults if b.up_to is not None})
-    branches = [Branch(hi, picked[hi], True) if hi in picked else default_at(hi) for hi in bounds] + [defaults[-1]]
+    branches = [Branch(hi, picked[hi], True, picked[hi] == default_at(hi).config) if hi in picked else default_at(hi)
+                for hi in bounds] + [defaults[-1]]
     merged = []  # neighbours running the same point (a default split by a bucket around it) become one branch
     for b in branches:
-        if merged and (merged[-1].config, merged[-1].tuned) == (b.config, b.tuned):
+        if merged and (merged[-1].config, merged[-1].tuned, merged[-1].kept_default) == (b.config, b.tuned, b.kept_default):
             merged[-1] = b
         else:
             merged.append(b)

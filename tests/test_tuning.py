@@ -49,7 +49,7 @@ def test_compile_applies_the_logs_and_stays_correct(tuned, tmp_path):
     model, logs, _ = tuned
     res = CliRunner().invoke(main, ["compile", str(model), "-o", str(tmp_path / "m.so"), "--target", "llvm", "--logs", str(logs)])
     assert res.exit_code == 0, res.output
-    assert "lstm_node: tuned for batch buckets [1, 4]" in res.output and "[tuned]" in res.output
+    assert "lstm_node: tuned for batch buckets [1, 4]" in res.output and "[tuned" in res.output
     meta = json.loads((tmp_path / "m.json").read_text())
     layer = meta["layers"][0]
     assert layer["tuned"] and [(b["up_to_batch"], b["tuned"]) for b in layer["schedule"]] == [(1, True), (3, False), (4, True), (None, False)]
@@ -125,8 +125,9 @@ def test_tuned_point_needs_the_default_measured_beside_it():
 
     assert not picked([(other, 1.0)]).tuned  # the default never measured: kept
     assert picked([(other, 1.0), (default, 1.0 / (1 - TUNED_MARGIN) + 0.01)]).config == other  # clearly faster: taken
-    kept = picked([(other, 1.0), (default, 1.01)])  # within the margin: the default stays
-    assert kept.config == default
+    kept = picked([(other, 1.0), (default, 1.01)])  # within the margin: the default stays, and says why
+    assert kept.config == default and kept.tuned and kept.kept_default and kept.label == "tuned: default kept"
+    assert not picked([(other, 1.0), (default, 2.0)]).kept_default
 
 
 def test_tuned_bucket_leaves_smaller_batches_their_default():

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from schedules import TUNED_MARGIN
+
 from ..build import compile_model, resolve_target
 
 
@@ -42,7 +44,9 @@ def compile_command(args: CompileArgs, echo=print) -> CompileArgs:
                            precision=args.precision, max_dims=args.max_dims, cuda_graph=args.cuda_graph)
     for layer in module.metadata["layers"]:
         tuned = [b["up_to_batch"] for b in layer["schedule"] if b["tuned"]]
-        echo(f"      {layer['name']}: " + (f"tuned for batch buckets {tuned} (larger batches: default)" if tuned
+        kept = [b["up_to_batch"] for b in layer["schedule"] if b.get("kept_default")]
+        note = f" (default kept for {kept}: no point {TUNED_MARGIN:.0%} faster)" if kept else ""
+        echo(f"      {layer['name']}: " + (f"tuned for batch buckets {tuned}{note}; larger batches: default" if tuned
                                              else "default schedule (no tuning log for this shape)"))
     path = module.export(args.output)
     echo(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB) and its metadata {os.path.splitext(path)[0]}.json")
