@@ -1,7 +1,8 @@
 """Benchmark suite: our compiled layers against cuDNN (torch.nn.LSTM/GRU) and, on the CPU, ONNX Runtime and PyTorch.
 
 Each row is built as an ONNX model (stacked layers glued as exporters do: Transpose + Reshape)
-with the weights of a torch module, compiled with tvmrnn, checked against torch's output, then
+with the weights of a torch module, compiled with tvmrnn (bounded to the row's shape, as a deployment
+would be, so each run replays as one CUDA graph), checked against torch's output, then
 timed in the same process on the same inputs: CUDA events after warm-up, the median of
 `repeats` runs, inputs rotated among several sets so no cache flatters anyone.
 """
