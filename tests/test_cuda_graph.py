@@ -30,15 +30,25 @@ def test_bounded_cuda_build_captures_the_recurrent_kernels():
     assert module.metadata["cuda_graph"].startswith("on: seq <= 40, batch <= 17")
     assert module.metadata["max_dims"] == BOUNDS
     text = module.executable.as_text()
-    captured = text[text.index("@main_cuda_graph_capture:"):].split("\n\n", 1)[0]  # that function's instructions
-    assert {"rnn_lstm0", "rnn_lstm1"} <= {line.split()[1] for line in captured.splitlines() if line.strip().startswith("call")}
+    assert {"rnn_lstm0", "rnn_lstm1"} <= set(_calls(text, "main_cuda_graph_capture"))
 
 
-def test_a_kernel_writing_the_outputs_is_not_captured_and_the_module_says_so():
-    """TVM allocates a function's outputs per call, so a lone node (its kernel writes Y, Y_h, Y_c) has nothing to capture."""
-    module = tvmrnn.compile(CASE.model(), target="cuda", max_dims=BOUNDS, logs=False)
-    assert module.metadata["cuda_graph"].startswith("off (no kernel runs between")
-    assert "cuda_graph.run_or_capture" not in module.executable.as_text()
+def _calls(text: str, function: str) -> list[str]:
+    """The kernels one VM function of an executable's text calls, in order."""
+    body = text[text.index(f"@{function}:"):].split("\n\n", 1)[0]
+    return [line.split()[1] for line in body.splitlines() if line.strip().startswith("call") and "builtin" not in line]
+
+
+def test_a_lone_node_is_captured_through_copies():
+    """A lone node's kernel reads the model's inputs (lengths, states) and writes its outputs, which TVM allocates per call:
+    with a graph they pass through copy kernels, and the recurrent kernel is captured. A stack whose results feed other
+    ops gets no copy (bench rows: the same captured kernels as before the copies existed)."""
+    text = tvmrnn.compile(CASE.model(), target="cuda", max_dims=BOUNDS, logs=False).executable.as_text()
+    assert _calls(text, "main_cuda_graph_capture") == ["rnn_lstm_node"]
+    copies = [c for c in _calls(text, "main") if c.startswith("copy_")]
+    assert copies.count("copy_int32_1d") == 1 and len(copies) == 6  # sequence_lens, h0, c0 in; Y, Y_h, Y_c out
+    stacked = tvmrnn.compile(_row_model(LSTM_BI), target="cuda", max_dims=BOUNDS, logs=False).executable.as_text()
+    assert not any(c.startswith("copy_") for c in _calls(stacked, "main") + _calls(stacked, "main_cuda_graph_capture"))
 
 
 def test_without_bounds_there_is_no_graph_and_the_log_says_which_dims_need_one():
@@ -78,6 +88,18 @@ def test_cpu_module_records_and_enforces_its_bounds(tmp_path):
 
 
 @pytest.mark.gpu
+def test_lone_node_graph_runs_match_the_reference():
+    """The lone node through its copies (lengths and states in, all three outputs out), capture and replay, against float64."""
+    module = tvmrnn.compile(CASE.model(), target="cuda", max_dims=BOUNDS, cuda_graph=True, logs=False)
+    rng = np.random.default_rng(7)
+    for T, N in [(12, 5), (40, 17), (12, 5), (3, 1), (40, 17)]:
+        feeds = CASE.feeds(rng, T, N)
+        ref = CASE.reference(feeds)
+        for name, value in module.run(feeds).items():
+            np.testing.assert_allclose(value, ref[name], rtol=1e-4, atol=1e-5, err_msg=f"{name} T={T} N={N}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("row, dtype, shapes, tol", [
     (LSTM_BI, "float32", [(12, 5), (40, 17), (3, 1), (12, 5), (40, 17)], 1e-5),
     (GRU_FP16, "float16", [(30, 40), (7, 33), (30, 40), (5, 3)], 1e-2),
@@ -98,3 +120,17 @@ def test_graph_runs_match_float64_shape_after_shape(row, dtype, shapes, tol):
         y = module.run({"X": x})["Y"].astype("float64")
         err = np.abs(y - ref).max() / np.abs(ref).max()
         assert err < tol, f"T={T} N={N}: rel. error {err:.2e}"
+
+
+def test_copy_kernel_is_a_flat_element_copy():
+    """schedules.device_copy at any rank: each thread one element, B[e] = A[e] over the whole (symbolic) size."""
+    import re
+
+    from schedules.device_copy import device_copy
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    for ndim, dtype in ((1, "int32"), (4, "float32")):
+        src = tvm.compile(tvm.IRModule({"main": device_copy(ndim, dtype)}), target=target).mod.imports[0].inspect_source()
+        body = src[src.index("{", src.index('extern "C" __global__')):]
+        e = r"\(\(\(\(int64_t\)blockIdx\.x\) \* \(int64_t\)256\) \+ \(\(int64_t\)threadIdx\.x\)\)"
+        assert re.search(rf"B_ptr\[\({e}\)\] = A_ptr\[\({e}\)\];", body), body

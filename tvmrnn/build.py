@@ -23,7 +23,7 @@ from .cuda_graph import annotate as annotate_bounds
 from .cuda_graph import captured as graph_captured
 from .cuda_graph import resolve as cuda_graph_plan
 from .errors import UnsupportedModelError
-from .frontend import import_onnx
+from .frontend import import_onnx, load_onnx, model_inputs
 from .layer import PRECISIONS
 from .runtime import FORMAT, Module, metadata_path
 
@@ -162,13 +162,16 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
     source = os.fspath(model) if not isinstance(model, onnx.ModelProto) else "<ModelProto>"
     started = time.perf_counter()
     tuning = _tuning_logs(logs, target, log)
-    imported = import_onnx(model, target, kernel, None if dtype in (None, "float32") else dtype, tuning.best if tuning else None, precision)
+    model = load_onnx(model)
+    # decided before the import, which routes the recurrent kernels' model inputs and outputs through copies for it
+    bounds, graph_note = cuda_graph_plan(model_inputs(model), target, max_dims, cuda_graph)
+    imported = import_onnx(model, target, kernel, None if dtype in (None, "float32") else dtype, tuning.best if tuning else None,
+                           precision, graph_copies=bounds is not None)
     log(f"[1/2] imported {source}: opset {imported.opset}, {len(imported.layers)} recurrent layer(s) "
         f"({time.perf_counter() - started:.1f} s)")
     for spec in imported.layers:
         log(f"      {spec.op} '{spec.name}': hidden {spec.hidden_size}, input {spec.input_size}, {spec.direction}, "
             f"layout {spec.layout}, {spec.dtype}{'' if spec.precision == 'exact' else ' (' + spec.precision + ')'} -> {imported.kernels[spec.name].describe()}")
-    bounds, graph_note = cuda_graph_plan(imported.inputs, target, max_dims, cuda_graph)
     started = time.perf_counter()
     # weight re-layouts on initializers (transposes, stacked biases, casts to the storage dtype) become constants
     # here: TVM's default pipeline does not fold them, and they ran at every call (CPU: naive transposes of R,

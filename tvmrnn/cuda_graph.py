@@ -7,7 +7,10 @@ first call for each value of the symbolic dims (seq, batch) and replays afterwar
 bound for every symbolic dim of the inputs (`max_dims`, e.g. {"seq": 512, "batch": 64}): the intermediate buffers are
 sized to them once, so the module records the bounds and its inputs are checked against them (runtime.ModuleInputs).
 
-Not captured: what writes the model's outputs (they are allocated per call), and CPU targets (nothing to capture).
+TVM captures only kernels whose buffers it plans statically, and it allocates main's inputs and outputs per call: so
+where a recurrent kernel would read a model input (lengths, states) or write a model output, the import routes that
+tensor through a copy kernel (frontend converters, schedules.device_copy) and the recurrent kernel is captured.
+CPU targets have nothing to capture.
 """
 
 from __future__ import annotations

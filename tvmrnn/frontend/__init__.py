@@ -118,13 +118,23 @@ def _fill_output_shapes(outputs: list[TensorInfo], ret_ty):
             info.dtype = str(ty.dtype)
 
 
+def model_inputs(model: onnx.ModelProto) -> list[TensorInfo]:
+    """The graph's inputs that are not initializers: names, dtypes, shapes (symbolic dims by name)."""
+    initializers = {i.name for i in model.graph.initializer}
+    return [_value_info(v) for v in model.graph.input if v.name not in initializers]
+
+
 def import_onnx(model, target: tvm.target.Target, kernel: str = "auto", storage: str | None = None, tuned=None,
-                precision: str = "exact") -> ImportedModel:
+                precision: str = "exact", graph_copies: bool = False) -> ImportedModel:
+    """graph_copies: the build will capture a CUDA graph (converters.ImportContext.graph_copies)."""
     model = load_onnx(model)
     opset = model_opset(model)
-    ctx = ImportContext(opset=opset, target=target, kernel=kernel, storage=storage, tuned=tuned, precision=precision)
-    initializers = {i.name for i in model.graph.initializer}
-    inputs = [_value_info(v) for v in model.graph.input if v.name not in initializers]
+    model_outputs = {o.name for o in model.graph.output}
+    copies = [tuple(o in model_outputs for o in n.output) for n in model.graph.node if n.op_type in RNN_CONVERTERS] \
+        if graph_copies else None
+    ctx = ImportContext(opset=opset, target=target, kernel=kernel, storage=storage, tuned=tuned, precision=precision,
+                        graph_copies=copies)
+    inputs = model_inputs(model)
     outputs = [_value_info(v) for v in model.graph.output]
     # the frontend prints each failing node's inputs to stdout; our errors already name the node
     with _our_converters(ctx), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):

@@ -29,6 +29,11 @@ class ImportContext:
     tuned: object = None  # spec -> {batch: [KernelConfig, best first]} from the tuning logs (tvmrnn.tuning.logs)
     kernels: dict = field(default_factory=dict)  # layer name -> its recurrent kernel's plan (schedules.KernelPlan)
     graph_inputs: dict = field(default_factory=dict)  # layer name -> {ONNX input name: graph input name}
+    # when the build captures a CUDA graph (tvmrnn.cuda_graph), per recurrent node in graph order: which of its outputs are
+    # the model's. Those, and the states and lengths it reads straight from the model's inputs, pass through a copy, so the
+    # recurrent kernel itself reads and writes buffers planned statically (TVM captures only such kernels; it allocates
+    # a function's inputs and outputs per call). None: no graph
+    graph_copies: list | None = None
     current = contextvars.ContextVar("tvmrnn_import")
 
 
@@ -37,6 +42,16 @@ def _shape(expr):
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return UNKNOWN
     return tuple(int(d) if hasattr(d, "value") else str(d) for d in ty.shape)
+
+
+def _copy(bb, x):
+    """x through a copy kernel of ours (schedules.device_copy; unused ones are removed as dead code)."""
+    from schedules.device_copy import device_copy  # the schedules package is ours; imported late to keep layers apart
+
+    ty = bb.normalize(x).ty
+    func = device_copy(len(ty.shape), str(ty.dtype))
+    gv = bb.add_func(func, func.attrs["global_symbol"])
+    return bb.emit(relax.call_tir(gv, [x], relax.TensorType(ty.shape, ty.dtype)))
 
 
 def _convert(op_type, bb, inputs, attr):
@@ -57,9 +72,14 @@ def _convert(op_type, bb, inputs, attr):
     # graph inputs that feed the layer directly: the runtime checks sequence_lens values against X's length
     ctx.graph_inputs[name] = {n: x.name for n, x in zip(INPUT_NAMES[op_type], inputs)
                               if isinstance(x, relax.Var) and n in ("X", "sequence_lens")}
+    copies = ctx.graph_copies[len(ctx.layers) - 1] if ctx.graph_copies and len(ctx.layers) <= len(ctx.graph_copies) else None
+    if copies is not None:
+        inputs = [_copy(bb, x) if i >= 4 and isinstance(x, relax.Var) else x for i, x in enumerate(inputs)]
     outs, ctx.kernels[name] = emit_rnn_layer(bb, spec, inputs, ctx.target, ctx.kernel, ctx.tuned(spec) if ctx.tuned else None)
     if convert:
         outs = [bb.emit(relax.op.astype(o, "float32")) for o in outs]
+    elif copies is not None and spec.dtype == "float32":  # (half-precision layers' results are cast: a kernel of their own)
+        outs = [_copy(bb, o) if model_output else o for o, model_output in zip(outs, list(copies) + [False] * len(outs))]
     return relax.Tuple(outs[: max(spec.num_outputs, 1)]) if spec.num_outputs > 1 else outs[0]
 
 
