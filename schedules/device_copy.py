@@ -1,4 +1,4 @@
-"""A copy kernel for CUDA: B = A, any rank, dtype and (symbolic) shape, one thread per element.
+"""A copy kernel for CUDA: B = A, any rank, dtype and (symbolic) shape, one thread per element of the flat buffers.
 
 The build routes a recurrent kernel's model inputs (states, lengths) and outputs through it when it captures a CUDA graph
 (tvmrnn.cuda_graph): TVM captures only kernels whose buffers it plans statically, and it allocates a function's inputs
@@ -32,14 +32,13 @@ def device_copy(ndim: int, dtype: str) -> tirx.PrimFunc:
             # a root block: Relax's reshape detection reads one-argument kernels and wants it (it finds no reshape here)
             with T.sblock("root"):
                 total = functools.reduce(lambda x, y: x * y, dims, i64(1))
+                # both contiguous: one flat index, no division by the dims
+                flat_a = T.decl_buffer((total,), dtype, data=A.data)
+                flat_b = T.decl_buffer((total,), dtype, data=B.data)
                 with T.thread_binding(0, tirx.ceildiv(total, i64(THREADS)), "blockIdx.x") as bx:
                     with T.thread_binding(0, i64(THREADS), "threadIdx.x") as tx:
                         e = bx * i64(THREADS) + tx
                         with T.If(e < total):
                             with T.Then():
-                                index, rest = [], e
-                                for d in reversed(dims):
-                                    index.insert(0, rest % d)
-                                    rest = rest // d
-                                T.buffer_store(B, A[tuple(index)], index)
+                                T.buffer_store(flat_b, flat_a[e], [e])
     return ib.get()
