@@ -138,3 +138,19 @@ def test_copy_kernel_copies_each_element_to_itself():
         src = tvm.compile(tvm.IRModule({"main": func}), target=target).mod.imports[0].inspect_source()
         body = src[src.index("{", src.index('extern "C" __global__')):]
         assert "__launch_bounds__(256)" in src and "/" not in body and "%" not in body, body
+
+
+def test_static_model_captures_only_on_request():
+    """No symbolic dims: auto leaves the graph off and says how to ask; cuda_graph=True captures without bounds."""
+    import onnx
+
+    model = _row_model(LSTM_BI)
+    for tensor in (model.graph.input[0], model.graph.output[0]):
+        for dim, size in zip(tensor.type.tensor_type.shape.dim[:2], (LSTM_BI.T, LSTM_BI.N)):
+            dim.ClearField("dim_param")
+            dim.dim_value = size
+    onnx.checker.check_model(model)
+    assert tvmrnn.compile(model, target="cuda", logs=False).metadata["cuda_graph"] == "off (static shapes: cuda_graph=True captures one)"
+    module = tvmrnn.compile(model, target="cuda", cuda_graph=True, logs=False)
+    assert module.metadata["cuda_graph"].startswith("on: static shapes") and module.metadata["max_dims"] == {}
+    assert {"rnn_lstm0", "rnn_lstm1"} <= set(_calls(module.executable.as_text(), "main_cuda_graph_capture"))
