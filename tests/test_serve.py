@@ -528,3 +528,23 @@ def test_tritonclient_http(server, reference):
     want = reference["streaming_lstm"].run({"chunk": audio, "h_in": zeros, "c_in": zeros})["out"]
     np.testing.assert_allclose(np.concatenate(outs), want, rtol=1e-4, atol=1e-5)
     c.close()
+
+
+def test_bounded_module_is_served_within_its_bounds(tmp_path):
+    """A module compiled with max_dims: a request past a bound gets 400 naming the dim, and concurrent requests are merged,
+    but only up to the batch bound (a larger merged batch would be refused by the module), each answered right."""
+    from tvmrnn.serve import ServeConfig, ServerThread, create_app, load_models
+
+    path = str(tvmrnn.compile(os.path.join(REPO, "models", "kws_gru.onnx"), target="llvm", max_dims={"batch": 3, "time": 40})
+               .export(tmp_path / "kws_bounded.so"))
+    local = tvmrnn.load(path)
+    config = ServeConfig(max_batch_size=16, max_delay_ms=50)
+    with ServerThread(create_app(load_models([path], config), config)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+        r = infer(c, "kws_bounded", kws_input(0, 1, 41), check=False)
+        assert r.status_code == 400 and "time=41" in r.text and "time <= 40" in r.text, r.text
+        feeds_list = [kws_input(200 + i, batch=1) for i in range(12)]
+        for feeds, r in zip(feeds_list, _concurrently(srv, "kws_bounded", feeds_list)):
+            assert r.status_code == 200, r.text
+            assert_close(as_arrays(r), local.run(feeds))
+        rows, batches = (metric(c, f"tvmrnn_batch_size_{s}", "kws_bounded") for s in ("sum", "count"))
+        assert rows == 12 and batches >= 4 and rows / batches > 1.2, (rows, batches)  # merged, 3 rows at the most
