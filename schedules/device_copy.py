@@ -14,9 +14,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from .recurrent_common import i64
-
-THREADS = 256
+from .recurrent_common import each_element, i64
 
 
 @functools.cache
@@ -35,10 +33,5 @@ def device_copy(ndim: int, dtype: str) -> tirx.PrimFunc:
                 # both contiguous: one flat index, no division by the dims
                 flat_a = T.decl_buffer((total,), dtype, data=A.data)
                 flat_b = T.decl_buffer((total,), dtype, data=B.data)
-                with T.thread_binding(0, tirx.ceildiv(total, i64(THREADS)), "blockIdx.x") as bx:
-                    with T.thread_binding(0, i64(THREADS), "threadIdx.x") as tx:
-                        e = bx * i64(THREADS) + tx
-                        with T.If(e < total):
-                            with T.Then():
-                                T.buffer_store(flat_b, flat_a[e], [e])
+                each_element(total, lambda e: T.buffer_store(flat_b, flat_a[e], [e]))
     return ib.get()

@@ -32,7 +32,7 @@ from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC, MODES, WarpTiles
 from .projection_mma import add_xw, store_xw
-from .recurrent_common import block_sync, i64, projection_prim_func
+from .recurrent_common import block_sync, each_element, i64, projection_prim_func
 
 F32 = "float32"
 
@@ -80,12 +80,19 @@ def default_config(mode: str, rows: int | None = None) -> StagedConfig:
     return StagedConfig(mt=2, chunk_acc=exact)
 
 
+def _configs(mode: str, cfg: StagedConfig | None, rows: int | None) -> list[StagedConfig]:
+    """The configurations a projection builds: the one given, the default for a fixed row count, or without one both
+    tile shapes (up to SMALL_M rows, and above), picked by M at run time."""
+    if cfg is not None:
+        return [cfg]
+    return [default_config(mode, rows)] if rows is not None else [default_config(mode, SMALL_M), default_config(mode)]
+
+
 def supported(mode: str | None, K: int, cols: int, cfg: StagedConfig | None = None, rows: int | None = None) -> bool:
     """A tensor-core mode, whole 32-column chunks, column pairs (8-byte stores), both buffers in 48 KB."""
     if mode not in MODES or K % KC or cols % 2:
         return False
-    configs = [cfg] if cfg else [default_config(mode, rows)] if rows is not None else [default_config(mode, SMALL_M), default_config(mode)]
-    return all(c.smem_bytes(MODES[mode].storage) <= 48 * 1024 and (K // KC) % c.split_k == 0 for c in configs)
+    return all(c.smem_bytes(MODES[mode].storage) <= 48 * 1024 and (K // KC) % c.split_k == 0 for c in _configs(mode, cfg, rows))
 
 
 def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = None, rows: int | None = None) -> tirx.PrimFunc:
@@ -93,9 +100,8 @@ def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = N
     rows: M where the model fixes it, for the default tile shape; else the kernel picks by M at run time (the small-M
     tiles up to SMALL_M rows: in a dynamic-batch model at batch 1, lat-b1-h1024's 100 rows had run on 64 blocks of
     64 x 128; lat-b1-h512-l2 fp32 0.446 against 0.475 ms, lat-b1-h1024 0.315 against 0.321, fp16 within 2%)."""
-    configs = [cfg or default_config(mode, rows)] if cfg or rows is not None else \
-        [default_config(mode, SMALL_M), default_config(mode)]
-    assert supported(mode, K, cols, configs[0] if len(configs) == 1 else None), (mode, K, cols, configs)
+    configs = _configs(mode, cfg, rows)
+    assert supported(mode, K, cols, cfg, rows), (mode, K, cols, configs)
 
     def body(X, W, bias, XW, M):
         if len(configs) == 1:
@@ -112,12 +118,7 @@ def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = N
 
 def _fill_bias(XW, bias, M, cols: int):
     """XW[m, n] = bias[n]: the sums split_k blocks add into start from the bias."""
-    with T.thread_binding(0, tirx.ceildiv(M * i64(cols), i64(256)), "blockIdx.x") as bx:
-        with T.thread_binding(0, i64(256), "threadIdx.x") as tx:
-            e = bx * i64(256) + tx
-            with T.If(e < M * i64(cols)):
-                with T.Then():
-                    T.buffer_store(XW, bias[e % i64(cols)], [e // i64(cols), e % i64(cols)])
+    each_element(M * i64(cols), lambda e: T.buffer_store(XW, bias[e % i64(cols)], [e // i64(cols), e % i64(cols)]))
 
 
 def _gemm(mode: str, K: int, cols: int, cfg: StagedConfig, X, W, bias, XW, M):

@@ -259,6 +259,16 @@ def guarded(k, size: int, exact: bool, load, dtype):
     return tirx.if_then_else(k < i64(size), load(tirx.min(k, i64(size - 1))), tirx.const(0, dtype))
 
 
+def each_element(total, body, threads: int = 256):
+    """A launch of one thread per element: body(e) for e in [0, total) (int64, total may be symbolic)."""
+    with T.thread_binding(0, tirx.ceildiv(total, i64(threads)), "blockIdx.x") as bx:
+        with T.thread_binding(0, i64(threads), "threadIdx.x") as tx:
+            e = bx * i64(threads) + tx
+            with T.If(e < total):
+                with T.Then():
+                    body(e)
+
+
 def block_sync():
     """__syncthreads(): the block's shared-memory writes are visible to all its threads."""
     T.evaluate(tirx.op.tvm_storage_sync("shared"))

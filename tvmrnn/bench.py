@@ -159,11 +159,11 @@ def bench_gpu_row(row: Row, kernels=("stepwise", "auto"), repeats=20, warmup=5, 
                 result[setting + "_ms"] = _median_ms(lambda x: net(x), xs, repeats, warmup, torch.cuda.synchronize, events)
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
             ref = net(xs[0])[0].float().cpu().numpy()
+    # bounded to the row's shape, as a deployment would be, so the run replays as one CUDA graph (tvmrnn.cuda_graph)
+    bounded = {"max_dims": {"seq": row.T, "batch": row.N}}
     for kernel in kernels:
         if kernel == "tf32" and dtype != "float32":
             continue
-        # bounded to the row's shape, as a deployment would be, so the run replays as one CUDA graph (tvmrnn.cuda_graph)
-        bounded = {"max_dims": {"seq": row.T, "batch": row.N}}
         try:  # "tuned": auto with the tuning logs; "tf32": auto with precision="tf32"; the others untuned defaults
             compiled = (tvmrnn.compile(model, target="cuda", **bounded) if kernel == "tuned" else
                         tvmrnn.compile(model, target="cuda", logs=False, precision="tf32", **bounded) if kernel == "tf32" else

@@ -85,6 +85,9 @@ class ModuleInputs:
         self.sequence_lens = sequence_lens_inputs(metadata)
         self.index_bounds = metadata.get("index_bounds", {})
         self.max_dims = metadata.get("max_dims", {})
+        # (input position, name, axis, dim, bound) for every input axis compile bounded: worked out once, checked per call
+        self._bounded = [(i, info["name"], axis, dim, self.max_dims[dim]) for i, info in enumerate(metadata["inputs"])
+                         for axis, dim in enumerate(info["shape"]) if dim in self.max_dims]
 
     def check_inputs(self, feeds: Mapping[str, object]) -> list[np.ndarray]:
         """Match feeds to the module's inputs (name, dtype, rank, static dims, consistent symbolic dims)."""
@@ -113,14 +116,18 @@ class ModuleInputs:
                 else:
                     dims.setdefault(want, (got, f"input {name!r}"))
             arrays.append(arr)
-        for dim, (got, where) in dims.items():
-            if dim in self.max_dims and got > self.max_dims[dim]:
-                raise InputError(f"{where} has {dim}={got}; this module was compiled for {dim} <= {self.max_dims[dim]} "
-                                 f"(max_dims: its buffers are planned for that bound; recompile with a larger one)")
+        self.check_bounds([a.shape for a in arrays])
         named = dict(zip(self.input_names, arrays))
         self._check_sequence_lens(named)
         self._check_indices(named)
         return arrays
+
+    def check_bounds(self, shapes) -> None:
+        """The inputs' shapes (in input order) within compile's max_dims, which the module's buffers are planned for."""
+        for i, name, axis, dim, bound in self._bounded:
+            if shapes[i][axis] > bound:
+                raise InputError(f"input {name!r} has {dim}={shapes[i][axis]}; this module was compiled for {dim} <= {bound} "
+                                 f"(max_dims: its buffers are planned for that bound; recompile with a larger one)")
 
     def _check_indices(self, feeds):
         """Indices into constant tables (token ids into an embedding) must be in range: ONNX's rule, and TVM would read past the table."""
@@ -176,16 +183,15 @@ class Module(ModuleInputs):
         """Run on inputs already on the device; returns device tensors (asynchronous on GPUs: no copy back). Only their
         dims are checked against the module's bounds (max_dims), which its buffers are planned for; the rest of
         check_inputs is the caller's (to_device does it)."""
-        for info, tensor in zip(self.metadata["inputs"], device_inputs):
-            for axis, dim in enumerate(info["shape"]):
-                if dim in self.max_dims and tensor.shape[axis] > self.max_dims[dim]:
-                    raise InputError(f"input {info['name']!r} has {dim}={tensor.shape[axis]}; this module was compiled for "
-                                     f"{dim} <= {self.max_dims[dim]} (max_dims)")
+        self.check_bounds([t.shape for t in device_inputs])
+        return self._execute(device_inputs)
+
+    def _execute(self, device_inputs: list) -> list:
         out = self._main(*device_inputs)
         return [out] if isinstance(out, tvm.runtime.Tensor) else list(out)
 
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
-        outs = self.invoke(self.to_device(feeds))
+        outs = self._execute(self.to_device(feeds))  # to_device checked everything, the bounds included
         return {name: o.numpy() for name, o in zip(self.output_names, outs)}
 
 
