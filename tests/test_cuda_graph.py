@@ -140,17 +140,40 @@ def test_copy_kernel_copies_each_element_to_itself():
         assert "__launch_bounds__(256)" in src and "/" not in body and "%" not in body, body
 
 
-def test_static_model_captures_only_on_request():
-    """No symbolic dims: auto leaves the graph off and says how to ask; cuda_graph=True captures without bounds."""
+def _static(model, T, N):
+    """The model with its inputs' and outputs' seq and batch dims fixed."""
     import onnx
 
-    model = _row_model(LSTM_BI)
     for tensor in (model.graph.input[0], model.graph.output[0]):
-        for dim, size in zip(tensor.type.tensor_type.shape.dim[:2], (LSTM_BI.T, LSTM_BI.N)):
+        for dim, size in zip(tensor.type.tensor_type.shape.dim[:2], (T, N)):
             dim.ClearField("dim_param")
             dim.dim_value = size
     onnx.checker.check_model(model)
-    assert tvmrnn.compile(model, target="cuda", logs=False).metadata["cuda_graph"] == "off (static shapes: cuda_graph=True captures one)"
-    module = tvmrnn.compile(model, target="cuda", cuda_graph=True, logs=False)
+    return model
+
+
+def test_static_model_is_captured_without_bounds():
+    """No symbolic dims: auto captures one graph (nothing to bound), and cuda_graph=False still turns it off."""
+    model = _static(_row_model(LSTM_BI), LSTM_BI.T, LSTM_BI.N)
+    module = tvmrnn.compile(model, target="cuda", logs=False)
     assert module.metadata["cuda_graph"].startswith("on: static shapes") and module.metadata["max_dims"] == {}
     assert {"rnn_lstm0", "rnn_lstm1"} <= set(_calls(module.executable.as_text(), "main_cuda_graph_capture"))
+    assert tvmrnn.compile(model, target="cuda", cuda_graph=False, logs=False).metadata["cuda_graph"] == "off (cuda_graph=False)"
+
+
+@pytest.mark.gpu
+def test_static_model_graph_runs_match_float64():
+    """A static model's one graph: captured at the first run, replayed on fresh inputs, each run against float64."""
+    import torch
+
+    row = LSTM_BI
+    module = tvmrnn.compile(_static(_row_model(row), row.T, row.N), target="cuda", logs=False)
+    assert module.metadata["cuda_graph"].startswith("on: static shapes")
+    reference = bench.torch_module(row).double()
+    rng = np.random.default_rng(11)
+    for _ in range(3):
+        x = rng.standard_normal((row.T, row.N, row.I)).astype("float32")
+        with torch.no_grad():
+            ref = reference(torch.from_numpy(x.astype("float64")))[0].numpy()
+        err = np.abs(module.run({"X": x})["Y"] - ref).max() / np.abs(ref).max()
+        assert err < 1e-5, f"rel. error {err:.2e}"

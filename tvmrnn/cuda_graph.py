@@ -34,7 +34,7 @@ def resolve(inputs, target, max_dims: dict | None, cuda_graph: bool | None) -> t
     """(the bounds to capture with, or None for no graph; a line saying why) for compile's log and metadata.
 
     cuda_graph: True requires a graph (an error names the dim without a bound), False turns it off, None (auto) captures
-    on CUDA wherever every symbolic dim has a bound (a static model: only on request)."""
+    on CUDA wherever every symbolic dim has a bound (a static model has none to bound: one capture, replayed)."""
     max_dims = dict(max_dims or {})
     dims = symbolic_dims(inputs)
     unknown = sorted(set(max_dims) - set(dims))
@@ -58,10 +58,6 @@ def resolve(inputs, target, max_dims: dict | None, cuda_graph: bool | None) -> t
         if cuda_graph:
             raise UnsupportedModelError(f"cuda_graph=True: {why}")
         return None, f"off ({why})"
-    if not dims and cuda_graph is None:
-        # static shapes need no bounds; auto leaves them to an explicit request until a GPU run has checked the copies a
-        # lone node's kernel gets for a graph (tests/test_cuda_graph.py, written, not yet run on a GPU)
-        return None, "off (static shapes: cuda_graph=True captures one)"
     bounds = {d: max_dims[d] for d in dims}
     return bounds, "on: " + (", ".join(f"{k} <= {v}" for k, v in bounds.items()) or "static shapes") + \
         " (captured at the first run of each shape, replayed after)"
