@@ -17,6 +17,10 @@
 #                                            epilogue or 3xTF32 accumulation changed, and where fp32's error comes from
 #   bash benchmarks/device_run.sh graph [ROW...]  whole runs as CUDA graphs: the GPU test, then graph vs no graph per row
 #   bash benchmarks/device_run.sh projection-split [ROW...]  the projection's run-time tiles and split K: GPU tests, then A/B
+#   bash benchmarks/device_run.sh wavefront [ROW...]  stacked layers as one kernel: GPU tests, compute-sanitizer, then the
+#                                            bench of the rows (default lat-b1-h512-l2) with the wavefront (auto, tuned)
+#                                            beside the layers one by one (persistent)
+#   bash benchmarks/device_run.sh wavefront-variants [ROW...]  the wavefront's knobs A/B, then pytest -m gpu but test_kernels.py
 #   TUNE_S=400 BUDGET=5.5 bash benchmarks/device_run.sh tune-zoo   the models/ zoo into tuning_logs/cuda-sm_90 (after a few GPU tests)
 # Results go to $OUT (the device tool brings them back); commit the ones that matter under benchmarks/results/.
 set -uo pipefail
@@ -69,6 +73,17 @@ case "$1" in
     timeout 560 python3 benchmarks/projection_in_model.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/in_model_log.txt" | tail -30 ;;
   projection)
     timeout 560 python3 benchmarks/projection_staged.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/projection_log.txt" | tail -40 ;;
+  wavefront)
+    timeout 300 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_wavefront.py tests/test_cuda_graph.py 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -6
+    for tool in racecheck synccheck memcheck; do
+      timeout 120 compute-sanitizer --tool $tool python3 benchmarks/sanitize_case.py wavefront 2>&1 | grep -v Warning | tail -4 | tee "$OUT/sanitizer_wavefront_$tool.txt"
+    done
+    rows=("${@:2}"); [ ${#rows[@]} -eq 0 ] && rows=(lat-b1-h512-l2)
+    timeout 300 python3 -m tvmrnn.cli bench --repeats 20 --out "$OUT" --kernel auto --kernel persistent --kernel tuned \
+      $(printf -- "--row %s " "${rows[@]}") 2>&1 | grep -v Warning | tee "$OUT/bench_log.txt" | tail -12 ;;
+  wavefront-variants)  # the variants first (short), then pytest -m gpu outside test_kernels.py
+    timeout 300 python3 benchmarks/wavefront_variants.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/wavefront_variants_log.txt"
+    timeout 280 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests --deselect tests/test_kernels.py 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -6 ;;
   sanitize)
     for tool in racecheck synccheck memcheck; do
       timeout 180 compute-sanitizer --tool $tool python3 benchmarks/sanitize_case.py "${2:-persistent}" LSTM 2>&1 | grep -v Warning | tail -8 | tee "$OUT/sanitizer_${2:-persistent}_$tool.txt"

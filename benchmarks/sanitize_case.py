@@ -1,6 +1,7 @@
 """One small persistent-kernel layer under compute-sanitizer (racecheck / synccheck): a few steps, batch 2.
 
     python3 benchmarks/sanitize_case.py [KERNEL [LSTM|GRU [streamed]]]
+    python3 benchmarks/sanitize_case.py wavefront     two stacked LSTM layers in one wavefront kernel
 
 streamed (persistent_mma only): half of each block's R read from global memory every step (the path layers too large
 for shared memory run), instead of all of it resident.
@@ -21,6 +22,15 @@ if sys.argv[3:] == ["streamed"]:
 
     # hidden 64: two 32-column chunks, the second streamed
     recurrent_persistent_mma.default_config = lambda *_, **__: MmaConfig(units=8, n_tiles=1, n_warps=1, k_warps=2, depth=1, prefetch=1, streamed=1)
+if kernel == "wavefront":
+    from test_wavefront import lstm_stack, stack_model, stack_reference
+
+    cases = lstm_stack(2, hidden=64, input_size=16)
+    module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 4, "batch": 2}, cuda_graph=False)
+    feeds = {"X": np.random.default_rng(0).standard_normal((4, 2, 16)).astype("float32")}
+    ours, ref = module.run(feeds), stack_reference(cases, feeds)
+    print(kernel, module.metadata["stacks"], {k: float(np.abs(v - ref[k]).max()) for k, v in ours.items()})
+    sys.exit(0)
 case = Case(op=sys.argv[2] if len(sys.argv) > 2 else "LSTM", direction="bidirectional", optional=("B", "sequence_lens"), hidden=64, input_size=16)
 module = tvmrnn.compile(case.model(), target="cuda", kernel=kernel)
 feeds = case.feeds(np.random.default_rng(0), 4, 2)

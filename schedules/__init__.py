@@ -7,6 +7,7 @@ recurrent_persistent  CUDA, persistent: one cooperative launch for the whole seq
 recurrent_tiled       CUDA, large batch: per step one tiled GEMM launch (R and h staged in shared memory)
 recurrent_mma         CUDA, large batch: per step one launch of tensor-core mma tiles
 recurrent_persistent_mma  CUDA, batch above 4: one cooperative launch, R in shared memory, tensor-core steps
+recurrent_wavefront   CUDA, stacked layers at persistent's batches: one cooperative launch for the whole stack
 mma_tiles             the warp's mma.sync tiles (fp16/bf16, TF32, 3xTF32) the tensor-core kernels are built from
 warp_gemv             the warp-level gate GEMV both CUDA kernels are built from
 cooperative           the TIR pipeline that tags grid-barrier kernels for cooperative launch
@@ -253,3 +254,41 @@ def point_kernel(spec, cell, target, config: KernelConfig, seq: int | None = Non
     """One point of a space as a kernel: at static shapes, what a tuning task builds and measures."""
     func, _ = _prim_func(spec, cell, target, [Branch(None, config, False)], seq, batch)
     return func
+
+
+@dataclass(frozen=True)
+class StackKernel:
+    func: tirx.PrimFunc
+    plans: tuple[KernelPlan, ...]  # one per layer, for the compile log and the module's metadata
+
+
+def stack_kernel(specs, cells, target, choice: str = "auto", tuned: list | None = None, batch_bound: int | None = None):
+    """One wavefront kernel for a chain of stacked layers (recurrent_wavefront), or (None, why not) where it does not
+    apply: auto only, on CUDA, every batch the module accepts (batch_bound) within the persistent kernel's, where each
+    layer's own plan would run persistent there (tuning may say otherwise) and the split among the layers fits."""
+    from . import recurrent_wavefront as wavefront
+
+    if choice != "auto" or target.kind.name != "cuda":
+        return None, "only kernel='auto' on CUDA"
+    if batch_bound is None or batch_bound > PERSISTENT_MAX_BATCH:
+        return None, f"batch {'unbounded' if batch_bound is None else f'up to {batch_bound}'}; a wavefront runs batch <= {PERSISTENT_MAX_BATCH}"
+    for i, (spec, cell) in enumerate(zip(specs, cells)):
+        why = wavefront.stackable(spec, cell, i == 0)
+        if why:
+            return None, f"{spec.op} node '{spec.name}': {why}"
+        plan = plan_kernel(spec, cell, target, choice, (tuned or [None] * len(specs))[i])
+        kinds_used = {b.config.kind for b in plan.branches[: next((k + 1 for k, b in enumerate(plan.branches)
+                                                                  if b.up_to is None or b.up_to >= batch_bound), len(plan.branches))]}
+        if kinds_used != {"persistent"}:
+            return None, f"{spec.op} node '{spec.name}' runs {'/'.join(sorted(kinds_used))} at batch <= {batch_bound}"
+    warps = plan_kernel(specs[0], cells[0], target, choice, (tuned or [None])[0]).branches[0].config["warps"]
+    cfg = wavefront.plan(specs, cells, _arch(target), warps)
+    if cfg is None:
+        return None, "the layers' weights do not fit on chip across one wave"
+    func = wavefront.wavefront_prim_func(specs, cells, cfg).with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
+    why = (f"wavefront: {len(specs)} stacked layers in one cooperative kernel of {cfg.grid} blocks "
+           f"({'+'.join(map(str, cfg.blocks))}), layer l+1 one step behind layer l, batch <= {batch_bound}")
+    plans = tuple(KernelPlan("cuda", (Branch(None, KernelConfig.of("wavefront", layer=i, layers=len(specs), units=cfg.units[i],
+                                                                    blocks=cfg.blocks[i], grid=cfg.grid, warps=cfg.warps), False),), why)
+                  for i in range(len(specs)))
+    return StackKernel(func, plans), why

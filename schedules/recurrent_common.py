@@ -56,25 +56,41 @@ class KernelArgs:
     def declare(self, r_layout: str, weight_dtype: str = "float32"):
         """Everything is fp32 but R, which keeps the storage dtype (fp16/bf16 halve its bytes); R in r_layout
         ("rows", "transposed" or "panels", as the module docstring lays them out)."""
+        self.declare_inputs(r_layout, weight_dtype)
+        self.declare_outputs()
+
+    def declare_inputs(self, r_layout: str, weight_dtype: str = "float32", prefix: str = "", stacked: bool = False):
+        """The inputs alone (a kernel of several layers declares every layer's inputs before any outputs, as call_tir
+        passes them). stacked: a layer fed by the layer below it inside the kernel (recurrent_wavefront): instead of XW
+        it takes its input weights beside R, WR [D, G*H, I+H] (W's columns, then R's), and the bias XW would carry."""
         dtype = "float32"
         s, H, G, D = self.spec, self.spec.hidden_size, self.cell.gates, self.spec.num_directions
         seq, n = self.seq, self.batch
         state_shape = (D, n, H) if s.layout == 0 else (n, D, H)
-        self.XW = T.arg("XW", T.Buffer((seq, n, D * G * H) if s.layout == 0 else (n, seq, D * G * H), dtype))
         self.r_layout = r_layout
-        if r_layout == "panels":
-            self.RP = T.arg("RP", T.Buffer((D, H // PANEL, H, G, PANEL), weight_dtype))
-        elif r_layout == "transposed":
-            self.RT = T.arg("RT", T.Buffer((D, H, G * H), weight_dtype))
+        if stacked:
+            self.XW = None
+            self.R = T.arg(prefix + "WR", T.Buffer((D, G * H, s.input_size + H), weight_dtype))
+            self.bias = T.arg(prefix + "bias", T.Buffer((D * G * H,), dtype))
         else:
-            self.R = T.arg("R", T.Buffer((D, G * H, H), weight_dtype))
-        self.seq_lens = T.arg("seq_lens", T.Buffer((n,), "int32")) if s.has("sequence_lens") else None
-        self.h0 = T.arg("h0", T.Buffer(state_shape, dtype)) if s.has("initial_h") else None
-        self.c0 = T.arg("c0", T.Buffer(state_shape, dtype)) if s.has("initial_c") and "c" in self.cell.states else None
-        self.params = T.arg("params", T.Buffer((D, len(self.cell.params), H), dtype)) if self.cell.params else None
-        self.Y = T.arg("Y", T.Buffer((seq, D, n, H) if s.layout == 0 else (n, seq, D, H), dtype))
-        self.Yh = T.arg("Yh", T.Buffer(state_shape, dtype))
-        self.Yc = T.arg("Yc", T.Buffer(state_shape, dtype)) if "c" in self.cell.states else None
+            self.XW = T.arg(prefix + "XW", T.Buffer((seq, n, D * G * H) if s.layout == 0 else (n, seq, D * G * H), dtype))
+            if r_layout == "panels":
+                self.RP = T.arg(prefix + "RP", T.Buffer((D, H // PANEL, H, G, PANEL), weight_dtype))
+            elif r_layout == "transposed":
+                self.RT = T.arg(prefix + "RT", T.Buffer((D, H, G * H), weight_dtype))
+            else:
+                self.R = T.arg(prefix + "R", T.Buffer((D, G * H, H), weight_dtype))
+        self.seq_lens = T.arg(prefix + "seq_lens", T.Buffer((n,), "int32")) if s.has("sequence_lens") else None
+        self.h0 = T.arg(prefix + "h0", T.Buffer(state_shape, dtype)) if s.has("initial_h") else None
+        self.c0 = T.arg(prefix + "c0", T.Buffer(state_shape, dtype)) if s.has("initial_c") and "c" in self.cell.states else None
+        self.params = T.arg(prefix + "params", T.Buffer((D, len(self.cell.params), H), dtype)) if self.cell.params else None
+
+    def declare_outputs(self, prefix: str = ""):
+        s, H, D, seq, n = self.spec, self.spec.hidden_size, self.spec.num_directions, self.seq, self.batch
+        state_shape = (D, n, H) if s.layout == 0 else (n, D, H)
+        self.Y = T.arg(prefix + "Y", T.Buffer((seq, D, n, H) if s.layout == 0 else (n, seq, D, H), "float32"))
+        self.Yh = T.arg(prefix + "Yh", T.Buffer(state_shape, "float32"))
+        self.Yc = T.arg(prefix + "Yc", T.Buffer(state_shape, "float32")) if "c" in self.cell.states else None
 
     # -- index helpers (d, n, j, t are int64 PrimExprs) --
     def state_index(self, d, n, j):

@@ -184,6 +184,8 @@ def cooperative_blocks(config: KernelConfig, spec) -> int:
         from .recurrent_persistent_mma import blocks
 
         return blocks(spec, config["units"])
+    if config.kind == "wavefront":  # the whole stack's grid
+        return config["grid"]
     return 0
 
 

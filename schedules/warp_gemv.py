@@ -46,7 +46,7 @@ def _fma_row(acc, wv, hv, u, gi, b, V):
         T.buffer_store(acc, acc[tuple(idx)] + prod, idx)
 
 
-def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None):
+def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None, segments=None):
     """Accumulate sum_k w_at(u, g, k) * h_at(u, b, k) for UW units, the given gates and NB batch rows.
 
     h_at(u, b, k) / w_at(u, g, k): loads (callers clamp indices so every load is in bounds); h must not
@@ -54,6 +54,8 @@ def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None):
     finish(u, b, rec): called in lane u*NB + b with rec(gi) the sum of the gi-th gate.
     row_valid(b): optional warp-uniform condition; rows where it is false skip their arithmetic
     (a tile wider than the batch then costs almost nothing).
+    segments: [(K, h_at, w_at), ...] summed one after another in place of (H, h_at, w_at): a stacked layer's input
+    and its own state (recurrent_wavefront); V must divide every K.
     """
     gp = len(gates)
     acc = T.alloc_buffer((UW, gp, NB), F32, scope="local")
@@ -62,19 +64,20 @@ def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None):
     wv = T.alloc_buffer((V,), F32, scope="local")  # widened to fp32 as it is loaded
     for idx in _grid(UW, gp, NB):
         T.buffer_store(acc, tirx.const(0.0, F32), idx)
-    # a serial loop: unrolling it measured 5-15% slower for the stepwise kernel on the H100
-    # (benchmarks/results/2026-11-22-h100-unroll-experiment.md)
-    with T.serial(0, i64((H + 32 * V - 1) // (32 * V))) as it:
-        k0 = (it * i64(32) + lane) * i64(V)
-        with T.If(k0 < i64(H)):
-            with T.Then():
-                for b in range(NB):
-                    _maybe(row_valid, b, lambda b=b: _load_row(hv, h_at, b, k0, V))
-                for u, (gi, g) in itertools.product(range(UW), enumerate(gates)):
-                    with T.vectorized(0, i64(V)) as v:
-                        T.buffer_store(wv, w_at(u, g, k0 + v).astype(F32), [v])
+    for K, h_at_k, w_at_k in segments or [(H, h_at, w_at)]:
+        # a serial loop: unrolling it measured 5-15% slower for the stepwise kernel on the H100
+        # (benchmarks/results/2026-11-22-h100-unroll-experiment.md)
+        with T.serial(0, i64((K + 32 * V - 1) // (32 * V))) as it:
+            k0 = (it * i64(32) + lane) * i64(V)
+            with T.If(k0 < i64(K)):
+                with T.Then():
                     for b in range(NB):
-                        _maybe(row_valid, b, lambda b=b, u=u, gi=gi: _fma_row(acc, wv, hv, u, gi, b, V))
+                        _maybe(row_valid, b, lambda b=b, h_at_k=h_at_k: _load_row(hv, h_at_k, b, k0, V))
+                    for u, (gi, g) in itertools.product(range(UW), enumerate(gates)):
+                        with T.vectorized(0, i64(V)) as v:
+                            T.buffer_store(wv, w_at_k(u, g, k0 + v).astype(F32), [v])
+                        for b in range(NB):
+                            _maybe(row_valid, b, lambda b=b, u=u, gi=gi: _fma_row(acc, wv, hv, u, gi, b, V))
     for idx in _grid(UW, gp, NB):
         T.buffer_store(acc, cuda_op.cuda_warp_sum(acc[tuple(idx)]), idx)
     for u, b in itertools.product(range(UW), range(NB)):

@@ -166,12 +166,14 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
     # decided before the import, which routes the recurrent kernels' model inputs and outputs through copies for it
     bounds, graph_note = cuda_graph_plan(model_inputs(model), target, max_dims, cuda_graph)
     imported = import_onnx(model, target, kernel, None if dtype in (None, "float32") else dtype, tuning.best if tuning else None,
-                           precision, graph_copies=bounds is not None)
+                           precision, graph_copies=bounds is not None, dim_bounds=bounds if bounds is not None else max_dims)
     log(f"[1/2] imported {source}: opset {imported.opset}, {len(imported.layers)} recurrent layer(s) "
         f"({time.perf_counter() - started:.1f} s)")
     for spec in imported.layers:
         log(f"      {spec.op} '{spec.name}': hidden {spec.hidden_size}, input {spec.input_size}, {spec.direction}, "
             f"layout {spec.layout}, {spec.dtype}{'' if spec.precision == 'exact' else ' (' + spec.precision + ')'} -> {imported.kernels[spec.name].describe()}")
+    for stack in imported.stacks:
+        log(f"      stack {stack}")
     started = time.perf_counter()
     # weight re-layouts on initializers (transposes, stacked biases, casts to the storage dtype) become constants
     # here: TVM's default pipeline does not fold them, and they ran at every call (CPU: naive transposes of R,
@@ -196,6 +198,7 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
         "inputs": [i.as_dict() for i in imported.inputs],
         "outputs": [o.as_dict() for o in imported.outputs],
         "layers": [_layer_dict(s, imported) for s in imported.layers],
+        "stacks": imported.stacks,
         "index_bounds": imported.index_bounds,
         # inputs' symbolic dims beyond these are refused: intermediate buffers are planned for them
         "max_dims": dict(bounds if bounds is not None else max_dims or {}),

@@ -138,6 +138,52 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
     return results, kernel.plan
 
 
+def emit_rnn_stack(bb: relax.BlockBuilder, specs: list, first_inputs: list, constants: list[dict], target, kernel):
+    """Emit a chain of stacked layers as one wavefront kernel (schedules.stack_kernel): the first layer's projection
+    as one GEMM, then one call that runs every layer. first_inputs: the first node's Relax inputs in ONNX order;
+    constants: for each layer above it, its W, R, B, P as arrays. Returns [[Y, Y_h(, Y_c)] per layer]."""
+    cells = [cell_for(s) for s in specs]
+    head, cell = specs[0], cells[0]
+    inputs = list(first_inputs) + [None] * (8 - len(first_inputs))
+    X, W, R, B = inputs[:4]
+    B = _f32(B)
+    named = dict(zip(("initial_h", "initial_c", "P"), inputs[5:8]))
+    named = {k: _f32(v) for k, v in named.items()}
+    G, H, In = cell.gates, head.hidden_size, head.input_size
+    bias, rb_cell = _split_bias(B, head, cell) if B is not None else (None, None)
+    from schedules.space import rounding_mode
+
+    xw = _projection(bb, X, op.reshape(W, [G * H, In]), bias, G * H, In, target, rounding_mode(head, target))
+    args = [xw, R]
+    args += [named[n] for n in ("initial_h", "initial_c") if head.has(n) and (n != "initial_c" or "c" in cell.states)]
+    if cell.params:
+        args.append(bb.emit(_params(head, cell, named["P"], rb_cell)))
+    for spec, cell, w in zip(specs[1:], cells[1:], constants):
+        G, H, In = cell.gates, spec.hidden_size, spec.input_size
+        # W's columns then R's, one row per gate unit: the kernel multiplies them by [h_below; h] in one reduction
+        wr = np.concatenate([w["W"].reshape(G * H, In), w["R"].reshape(G * H, H)], axis=1).reshape(1, G * H, In + H)
+        b = w.get("B", np.zeros((1, 2 * G * H), "float32")).astype("float32").reshape(2, G * H)
+        wr = relax.const(wr.astype("float32"))  # cast by Relax: numpy has no bfloat16 (FoldConstant folds it)
+        args += [wr if spec.dtype == "float32" else bb.emit(op.astype(wr, spec.dtype)), relax.const(b[0] + b[1])]  # every Rb folds: x + R h cells only
+        if cell.params:
+            args.append(relax.const(w["P"].astype("float32").reshape(1, 3, H)))
+    shape = X.ty.shape
+    seq, batch = shape[0], shape[1]
+    outs = []
+    for spec, cell in zip(specs, cells):
+        H = spec.hidden_size
+        outs += [relax.TensorType([seq, 1, batch, H], "float32")] + [relax.TensorType([1, batch, H], "float32")] * len(cell.states)
+    name = "rnn_stack_" + "".join(c if c.isalnum() else "_" for c in head.name)
+    gv = bb.add_func(kernel.func.with_attr("global_symbol", name), name)
+    res = bb.emit(relax.call_tir(gv, args, outs))
+    results, at = [], 0
+    for spec, cell in zip(specs, cells):
+        layer = [bb.emit(relax.TupleGetItem(res, at + i)) for i in range(1 + len(cell.states))]
+        at += len(layer)
+        results.append([bb.emit(op.astype(r, spec.dtype)) for r in layer] if spec.dtype != "float32" else layer)
+    return results
+
+
 def _params(spec, cell, P, rb_cell):
     """The cell's per-unit vectors as one [D, len(cell.params), H] tensor, in cell.params order."""
     D, H = spec.num_directions, spec.hidden_size

@@ -19,6 +19,7 @@ from tvm.relax.frontend.onnx import onnx_frontend
 
 from ..errors import UnsupportedModelError
 from .converters import RNN_CONVERTERS, ImportContext
+from .stacks import find_chains
 
 
 @dataclass
@@ -41,6 +42,7 @@ class ImportedModel:
     graph_inputs: dict = field(default_factory=dict)
     kernels: dict = field(default_factory=dict)
     index_bounds: dict = field(default_factory=dict)
+    stacks: list = field(default_factory=list)  # each chain of stacked layers and how it runs (converters.ImportContext)
 
 
 def load_onnx(model) -> onnx.ModelProto:
@@ -125,15 +127,18 @@ def model_inputs(model: onnx.ModelProto) -> list[TensorInfo]:
 
 
 def import_onnx(model, target: tvm.target.Target, kernel: str = "auto", storage: str | None = None, tuned=None,
-                precision: str = "exact", graph_copies: bool = False) -> ImportedModel:
-    """graph_copies: the build will capture a CUDA graph (converters.ImportContext.graph_copies)."""
+                precision: str = "exact", graph_copies: bool = False, dim_bounds: dict | None = None) -> ImportedModel:
+    """graph_copies: the build will capture a CUDA graph (converters.ImportContext.graph_copies).
+    dim_bounds: the bounds of the inputs' symbolic dims the module will enforce (stacked layers may run as one wavefront
+    kernel where the batch is bounded small enough)."""
     model = load_onnx(model)
     opset = model_opset(model)
     model_outputs = {o.name for o in model.graph.output}
     copies = [tuple(o in model_outputs for o in n.output) for n in model.graph.node if n.op_type in RNN_CONVERTERS] \
         if graph_copies else None
     ctx = ImportContext(opset=opset, target=target, kernel=kernel, storage=storage, tuned=tuned, precision=precision,
-                        graph_copies=copies)
+                        graph_copies=copies, chains=find_chains(model) if target.kind.name == "cuda" else {},
+                        dim_bounds=dict(dim_bounds or {}))
     inputs = model_inputs(model)
     outputs = [_value_info(v) for v in model.graph.output]
     # the frontend prints each failing node's inputs to stdout; our errors already name the node
@@ -151,4 +156,4 @@ def import_onnx(model, target: tvm.target.Target, kernel: str = "auto", storage:
     # the frontend may rename inputs (sanitized names); map its parameter names back to the graph's
     original = {p.name: i.name for p, i in zip(mod["main"].params, inputs)}
     graph_inputs = {layer: {k: original[v] for k, v in names.items() if v in original} for layer, names in ctx.graph_inputs.items()}
-    return ImportedModel(mod, inputs, outputs, ctx.layers, opset, graph_inputs, ctx.kernels, index_bounds(model))
+    return ImportedModel(mod, inputs, outputs, ctx.layers, opset, graph_inputs, ctx.kernels, index_bounds(model), ctx.stacks)

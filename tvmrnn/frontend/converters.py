@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
-from ..lowering import emit_rnn_layer
+from ..cells import cell_for
+from ..errors import UnsupportedModelError
+from ..lowering import emit_rnn_layer, emit_rnn_stack
 from ..layer import INPUT_NAMES
 from .rnn_spec import UNKNOWN, normalize_attrs, spec_from_node
 
@@ -34,6 +36,12 @@ class ImportContext:
     # recurrent kernel itself reads and writes buffers planned statically (TVM captures only such kernels; it allocates
     # a function's inputs and outputs per call). None: no graph
     graph_copies: list | None = None
+    # stacked layers (frontend.stacks): index of a chain's first node among the recurrent nodes -> the members above it
+    chains: dict = field(default_factory=dict)
+    dim_bounds: dict = field(default_factory=dict)  # symbolic dim -> the bound the module enforces (max_dims)
+    # a member's results, emitted with its chain's first node: index -> (spec, outputs, plan, outputs' copy flags)
+    stashed: dict = field(default_factory=dict)
+    stacks: list = field(default_factory=list)  # why each chain does or does not run as a wavefront, for the log
     current = contextvars.ContextVar("tvmrnn_import")
 
 
@@ -56,6 +64,8 @@ def _copy(bb, x):
 
 def _convert(op_type, bb, inputs, attr):
     ctx = ImportContext.current.get()
+    if len(ctx.layers) in ctx.stashed:  # a stacked layer, already emitted with the first of its chain
+        return _stashed(ctx, len(ctx.layers))
     custom = attr.get("tvm_custom", {})
     name = custom.get("name") or f"{op_type}_{len(ctx.layers)}"
     inputs = list(inputs)
@@ -72,15 +82,75 @@ def _convert(op_type, bb, inputs, attr):
     # graph inputs that feed the layer directly: the runtime checks sequence_lens values against X's length
     ctx.graph_inputs[name] = {n: x.name for n, x in zip(INPUT_NAMES[op_type], inputs)
                               if isinstance(x, relax.Var) and n in ("X", "sequence_lens")}
-    copies = ctx.graph_copies[len(ctx.layers) - 1] if ctx.graph_copies and len(ctx.layers) <= len(ctx.graph_copies) else None
+    copies = _copy_flags(ctx, len(ctx.layers) - 1)
     if copies is not None:
         inputs = [_copy(bb, x) if i >= 4 and isinstance(x, relax.Var) else x for i, x in enumerate(inputs)]
-    outs, ctx.kernels[name] = emit_rnn_layer(bb, spec, inputs, ctx.target, ctx.kernel, ctx.tuned(spec) if ctx.tuned else None)
+    stacked = _stack(ctx, bb, spec, inputs, convert, dtype) if len(ctx.layers) - 1 in ctx.chains else None
+    if stacked is not None:
+        outs, ctx.kernels[name] = stacked
+    else:
+        outs, ctx.kernels[name] = emit_rnn_layer(bb, spec, inputs, ctx.target, ctx.kernel, ctx.tuned(spec) if ctx.tuned else None)
+    return _results(bb, spec, outs, convert, copies)
+
+
+def _copy_flags(ctx, index):
+    return ctx.graph_copies[index] if ctx.graph_copies and index < len(ctx.graph_copies) else None
+
+
+def _results(bb, spec, outs, convert, copies):
+    """The node's outputs: back to fp32 where the layer ran in a storage dtype, model outputs through copies for a graph."""
     if convert:
         outs = [bb.emit(relax.op.astype(o, "float32")) for o in outs]
     elif copies is not None and spec.dtype == "float32":  # (half-precision layers' results are cast: a kernel of their own)
         outs = [_copy(bb, o) if model_output else o for o, model_output in zip(outs, list(copies) + [False] * len(outs))]
     return relax.Tuple(outs[: max(spec.num_outputs, 1)]) if spec.num_outputs > 1 else outs[0]
+
+
+def _stack(ctx, bb, spec, inputs, convert, model_dtype):
+    """The chain starting at this node as one wavefront kernel, where it applies: (this node's outputs, its plan), the
+    members' results stashed for their own conversion; None (the node alone) where it does not, ctx.stacks saying why."""
+    from schedules import stack_kernel
+
+    members = ctx.chains[len(ctx.layers) - 1]
+    seq, batch = _shape(inputs[0])[:2]
+    specs = [spec]
+    try:
+        for m in members:
+            below = specs[-1]
+            specs.append(member_spec(m, (seq, batch, below.num_directions * below.hidden_size), model_dtype, ctx))
+    except UnsupportedModelError as err:  # the node says so itself at its own conversion
+        ctx.stacks.append(f"{spec.name} -> {m.node.name or m.node.op_type}: layer by layer ({err})")
+        return None
+    bound = batch if isinstance(batch, int) else ctx.dim_bounds.get(batch)
+    tuned = [ctx.tuned(s) if ctx.tuned else None for s in specs]
+    kernel, why = stack_kernel(specs, [cell_for(s) for s in specs], ctx.target, ctx.kernel, tuned, bound)
+    ctx.stacks.append(f"{' -> '.join(s.name for s in specs)}: " + (why if kernel else f"layer by layer ({why})"))
+    if kernel is None:
+        return None
+    results = emit_rnn_stack(bb, specs, inputs, [m.constants for m in members], ctx.target, kernel)
+    for m, s, outs, plan in zip(members, specs[1:], results[1:], kernel.plans[1:]):
+        ctx.stashed[m.index] = (s, outs, plan, convert)
+    return results[0], kernel.plans[0]
+
+
+def member_spec(member, x_shape, dtype, ctx):
+    """The spec of a node above a chain's first, from its ONNX node (its X, of x_shape, is the Y below reshaped)."""
+    from onnx.helper import get_attribute_value
+
+    node = member.node
+    attrs = normalize_attrs({a.name: get_attribute_value(a) for a in node.attribute})
+    shapes = {"X": tuple(x_shape)} | {k: tuple(v.shape) for k, v in member.constants.items()}
+    name = node.name or f"{node.op_type}_{member.index}"
+    spec = spec_from_node(node.op_type, name, attrs, shapes, len(node.output), ctx.opset, dtype)
+    return spec.compiled_as(ctx.storage, ctx.precision, cuda=True)
+
+
+def _stashed(ctx, index):
+    spec, outs, plan, convert = ctx.stashed.pop(index)
+    ctx.layers.append(spec)
+    ctx.kernels[spec.name] = plan
+    ctx.graph_inputs[spec.name] = {}
+    return _results(relax.BlockBuilder.current(), spec, outs, convert, _copy_flags(ctx, index))
 
 
 class _RNNConverter(OnnxOpConverter):

@@ -1,0 +1,33 @@
+"""The wavefront kernel's variants against the layers run one by one, whole models timed in alternating rounds (ab.py).
+
+    python3 benchmarks/wavefront_variants.py [ROW ...]      (default lat-b1-h512-l2; fp32 and fp16)
+
+layers: kernel="persistent" (each layer its own persistent kernel, a projection GEMM between them); wave: the default
+wavefront (8 warps, h read from L2 by every warp); stage: [h_below; h] copied into shared memory once per block; w16:
+16 warps per block (units sized to them).
+"""
+
+import sys
+
+import tvmrnn
+from ab import compare, write
+from schedules import recurrent_wavefront as wavefront
+
+_plan = wavefront.plan
+
+
+def build(warps=None, stage=0, kernel="auto"):
+    def make(row, model):
+        wavefront.plan = lambda specs, cells, arch, w=wavefront.WARPS, s=0: _plan(specs, cells, arch, warps or w, stage)
+        try:
+            return tvmrnn.compile(model, target="cuda", kernel=kernel, logs=False, max_dims={"seq": row.T, "batch": row.N})
+        finally:
+            wavefront.plan = _plan
+    return make
+
+
+variants = {"layers": build(kernel="persistent"), "wave": build(), "stage": build(stage=1), "w16": build(warps=16),
+            "w16-stage": build(warps=16, stage=1), "w4": build(warps=4)}
+results = compare(sys.argv[1:] or ["lat-b1-h512-l2"], variants, ("float32", "float16"),
+                  describe=lambda m: m.metadata["stacks"][0] if m.metadata["stacks"] else m.metadata["layers"][-1]["kernel"])
+write(results, "wavefront_variants.json")

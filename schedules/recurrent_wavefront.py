@@ -1,0 +1,246 @@
+"""The wavefront kernel for CUDA: stacked layers in one cooperative launch, layer l+1 one step behind layer l.
+
+Run one after another, L persistent layers of T steps cost L*T grid barriers and a projection GEMM between them, each
+step a barrier plus an L2 round trip for a batch-1 matrix-vector product. Here the SMs are split among the layers:
+at global step s the blocks of layer l compute its step t = s - l, reading layer l-1's h at t (written at step s-1,
+before the barrier) and their own h at t-1, so a stack of L layers takes T+L-1 barriers and no GEMM between layers.
+
+A block of layer 0 is the persistent kernel's (recurrent_persistent): its rows of R in shared memory, XW (the
+projection of all steps, one GEMM before the launch) in its epilogue. A block of a higher layer keeps its rows of
+W and R side by side, WR [G*H, I+H] in shared memory, and multiplies them by [h_below[t]; h[t-1]]: its input
+projection moves into the step (warp_gemv's two segments) and its biases (Wb + Rb) into the epilogue. That needs
+every gate's pre-activation to be x + R h (+ biases), which LSTM and RNN cells are; GRU's reset gate multiplies R h
+alone, so GRU stacks run layer by layer.
+
+Blocks per layer are sized so that the slowest block's warps do the least work per step (rounds of units times the
+reduction length), within one wave of the GPU's SMs and each block's shared memory. Applies to unidirectional stacks
+(layout 0, no sequence_lens, the higher layers' optional inputs only peepholes) at the batches the persistent kernel
+runs (schedules.PERSISTENT_MAX_BATCH); the compiler (tvmrnn.frontend.stacks) finds such stacks in the ONNX graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as T
+
+from .recurrent_common import KernelArgs, block_sync, i64
+from .recurrent_cuda import epilogue, vector_width, weight_bytes
+from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, _prefetch_xw, _strided, final_states, initial_states, sm_count
+from .warp_gemv import warp_gates
+
+F32 = "float32"
+WARPS = 8  # the persistent kernel's default
+
+
+@dataclass(frozen=True)
+class WavefrontConfig:
+    units: tuple[int, ...]  # hidden units per block, per layer
+    blocks: tuple[int, ...]  # blocks per layer (layer 0's first)
+    warps: int = WARPS
+    # 1: a block first copies the vector its warps multiply ([h_below; h] above layer 0) into shared memory, one L2
+    # read per block instead of one per warp (recurrent_persistent's stage_h)
+    stage: int = 0
+
+    @property
+    def grid(self) -> int:
+        return sum(self.blocks)
+
+
+def reduction(spec, first: bool) -> int:
+    """The length of a block's dot products: H for layer 0 (XW comes from the GEMM), I + H above it."""
+    return spec.hidden_size + (0 if first else spec.input_size)
+
+
+def stackable(spec, cell, first: bool) -> str | None:
+    """Why this layer cannot run in a wavefront (None: it can)."""
+    if spec.direction != "forward":
+        return f"direction {spec.direction} (a stack runs forward in time)"
+    if spec.layout != 0:
+        return "layout 1"
+    if spec.has("sequence_lens"):
+        return "sequence_lens"
+    if len(cell.phases) != 1 or len(cell.folded_rbias) != cell.gates:
+        return f"{spec.op} cell{' with linear_before_reset' if spec.linear_before_reset else ''}: its gates are not all x + R h"
+    if not first and (spec.has("initial_h") or spec.has("initial_c")):
+        return "initial states above the first layer"
+    return None
+
+
+def plan(specs, cells, arch: str, warps: int = WARPS, stage: int = 0) -> WavefrontConfig | None:
+    """Units and blocks per layer: the least work per step for the slowest block (units beyond the block's warps take
+    another round) within one wave and each block's shared memory; None where no split fits."""
+    ks = [reduction(s, i == 0) for i, s in enumerate(specs)]
+    sms, limit = sm_count(arch), SMEM_LIMIT.get(arch, SMEM_DEFAULT) - (4 * max(ks) if stage else 0)
+    # the most units a block of each layer can hold in shared memory
+    most = [limit // (c.gates * k * weight_bytes(s)) for s, c, k in zip(specs, cells, ks)]
+    if min(most) < 1 or len(specs) > sms:
+        return None
+    costs = sorted({r * k for k in ks for r in range(1, -(-max(s.hidden_size for s in specs) // warps) + 1)})
+    for cost in costs:  # the cheapest per-step cost whose blocks fit one wave
+        units = []
+        for s, k, m in zip(specs, ks, most):
+            rounds = cost // k
+            if rounds < 1:
+                break
+            units.append(min(rounds * warps, m, s.hidden_size))
+        if len(units) < len(specs):
+            continue
+        blocks = [-(-s.hidden_size // u) for s, u in zip(specs, units)]
+        if sum(blocks) > sms:
+            continue
+        # spare SMs: fewer rounds for the layers below the slowest (lighter blocks finish their step sooner)
+        for i, s in enumerate(specs):
+            while units[i] > warps:
+                fewer = -(-units[i] // warps) * warps - warps
+                extra = -(-s.hidden_size // fewer) - blocks[i]
+                if sum(blocks) + extra > sms:
+                    break
+                units[i], blocks[i] = fewer, blocks[i] + extra
+        # each layer's units spread evenly over the blocks it needs
+        units = [-(-s.hidden_size // b) for s, b in zip(specs, blocks)]
+        return WavefrontConfig(tuple(units), tuple(blocks), warps, stage)
+    return None
+
+
+def smem_elements(specs, cells, cfg: WavefrontConfig) -> int:
+    return max(u * c.gates * reduction(s, i == 0) for i, (s, c, u) in enumerate(zip(specs, cells, cfg.units)))
+
+
+def wavefront_prim_func(specs, cells, cfg: WavefrontConfig, seq: int | None = None, batch: int | None = None) -> tirx.PrimFunc:
+    """PrimFunc(layer 0's XW, R, [h0, c0], [params]; each higher layer's WR, bias, [params]; then each layer's Y, Yh, [Yc])."""
+    layers = [KernelArgs(s, c) for s, c in zip(specs, cells)]
+    for a in layers[1:]:
+        a.seq, a.batch = layers[0].seq, layers[0].batch
+    if seq is not None:
+        for a in layers:
+            a.seq = tirx.IntImm("int64", seq)
+    if batch is not None:
+        for a in layers:
+            a.batch = tirx.IntImm("int64", batch)
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name("rnn_wavefront")
+            T.func_attr({"tirx.noalias": True})
+            for i, a in enumerate(layers):
+                a.declare_inputs("rows", specs[i].dtype, prefix=f"l{i}_", stacked=i > 0)
+            for i, a in enumerate(layers):
+                a.declare_outputs(prefix=f"l{i}_")
+            wavefront_body(layers, cfg)
+    return ib.get()
+
+
+def wavefront_body(layers: list[KernelArgs], cfg: WavefrontConfig):
+    """One cooperative launch: each block its layer's rows of R (or WR) into shared memory, initial states, then T+L-1
+    global steps separated by grid barriers, the blocks of layer l at step t = s - l."""
+    L, N, seq = len(layers), layers[0].batch, layers[0].seq
+    specs, cells = [a.spec for a in layers], [a.cell for a in layers]
+    threads = 32 * cfg.warps
+    first = [sum(cfg.blocks[:i]) for i in range(L)]
+    hbufs = [T.alloc_buffer((2, 1, N, a.spec.hidden_size), F32) for a in layers]
+    with T.thread_binding(0, i64(cfg.grid), "blockIdx.x") as bx:
+        with T.thread_binding(0, i64(cfg.warps), "threadIdx.y") as ty:
+            with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
+                tid = ty * i64(32) + lane
+                wsm = T.alloc_buffer((smem_elements(specs, cells, cfg),), specs[0].dtype, scope="shared.dyn")
+                hs = T.alloc_buffer((max(reduction(a.spec, i == 0) for i, a in enumerate(layers)),), F32, scope="shared.dyn") \
+                    if cfg.stage else None
+
+                def mine(i):
+                    """The block belongs to layer i."""
+                    return tirx.all(bx >= i64(first[i]), bx < i64(first[i] + cfg.blocks[i]))
+
+                def first_unit(i):
+                    return (bx - i64(first[i])) * i64(cfg.units[i])
+
+                for i, a in enumerate(layers):
+                    with T.If(mine(i)):
+                        with T.Then():
+                            _load_rows(a, wsm, first_unit(i), cfg.units[i], reduction(a.spec, i == 0), threads, tid)
+                            initial_states(a, hbufs[i], i64(0), first_unit(i), cfg.units[i], threads, tid)
+                block_sync()
+                _grid_sync()
+
+                with T.serial(0, seq + i64(L - 1)) as s:
+                    for i, a in enumerate(layers):
+                        t = s - i64(i)
+                        with T.If(tirx.all(mine(i), t >= i64(0), t < seq)):
+                            with T.Then():
+                                _layer_step(a, layers[i - 1] if i else None, cfg, i, hbufs[i], wsm, hs, t, first_unit(i), ty, lane)
+                    _grid_sync()
+
+                for i, a in enumerate(layers):
+                    with T.If(mine(i)):
+                        with T.Then():
+                            final_states(a, hbufs[i], i64(0), first_unit(i), cfg.units[i], threads, tid)
+
+
+def _load_rows(a: KernelArgs, wsm, j0, units: int, K: int, threads: int, tid):
+    """The block's rows of R (layer 0) or WR (above), unit-major then gate, K columns each."""
+    G, H = a.cell.gates, a.spec.hidden_size
+
+    def load(e):
+        u, g, k = e // i64(G * K), e // i64(K) % i64(G), e % i64(K)
+        T.buffer_store(wsm, a.R[0, g * i64(H) + tirx.min(j0 + u, i64(H - 1)), k], [e])
+
+    _strided(units * G * K, threads, tid, load)
+
+
+def _layer_step(a: KernelArgs, below: KernelArgs | None, cfg: WavefrontConfig, i: int, hbuf, wsm, hs, t, j0, ty, lane):
+    """Layer i's step t for every batch row: each warp all gates of its units (one row at a time, the persistent
+    kernel's default at these batches), then the gate program."""
+    spec, cell = a.spec, a.cell
+    H, G, N, UPB = spec.hidden_size, cell.gates, a.batch, cfg.units[i]
+    In = 0 if below is None else spec.input_size
+    K = H + In
+    V = vector_width(spec, H if below is None else _gcd(H, In))
+    phase = cell.phases[0]
+    cur, nxt = t % i64(2), (t + i64(1)) % i64(2)
+    with T.serial(0, N) as n:
+        def below_h(k):
+            return below.Y[t, i64(0), n, k]
+
+        def own_h(k):
+            return hbuf[cur, i64(0), n, k]
+
+        if hs is not None:  # the block's threads copy [h_below; h] into shared memory, then every warp reads it there
+            def stage(e):
+                T.buffer_store(hs, own_h(e) if below is None else tirx.if_then_else(e < i64(In), below_h(tirx.min(e, i64(In - 1))),
+                                                                                   own_h(tirx.max(e - i64(In), i64(0)))), [e])
+
+            _strided(K, 32 * cfg.warps, ty * i64(32) + lane, stage)
+            block_sync()
+            below_h, own_h = (lambda k: hs[k]), (lambda k, off=In: hs[k + i64(off)])  # noqa: E731
+        for slot in range(-(-UPB // cfg.warps)):
+            u = i64(slot * cfg.warps) + ty
+            j = j0 + u
+            with T.If(tirx.all(u < i64(UPB), j < i64(H))):  # warp-uniform: shuffles stay safe
+                with T.Then():
+                    if below is None:
+                        x = _prefetch_xw(a, phase, t, i64(0), n, j, lane, 1)
+                    else:  # the biases (Wb + Rb): XW's part that the step does not compute
+                        x = T.alloc_buffer((G,), F32, scope="local")
+                        for gi, g in enumerate(phase.gates):
+                            T.buffer_store(x, a.bias[i64(g * H) + j], [i64(gi)])
+
+                    def w_at(_u, g, k, u=u):
+                        return wsm[(u * i64(G) + i64(g)) * i64(K) + k]
+
+                    segments = [(H, lambda _u, _b, k: own_h(k), w_at)] if below is None else [
+                        (In, lambda _u, _b, k: below_h(k), w_at),
+                        (H, lambda _u, _b, k: own_h(k), lambda _u, g, k, w_at=w_at: w_at(_u, g, k + i64(In)))]
+
+                    def finish(_u, _b, rec, j=j, x=x):
+                        epilogue(a, phase, True, hbuf, {}, t, cur, nxt, i64(0), n, j, rec, x=lambda gi: x[i64(gi)])
+
+                    warp_gates(lane, K, phase.gates, 1, 1, V, None, None, finish, segments=segments)
+        if hs is not None:
+            block_sync()  # the next row restages hs
+
+
+def _gcd(a: int, b: int) -> int:
+    import math
+
+    return math.gcd(a, b)

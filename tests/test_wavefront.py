@@ -1,0 +1,211 @@
+"""Stacked layers as one wavefront kernel (schedules.recurrent_wavefront, tvmrnn.frontend.stacks): which chains the
+import finds and when it runs them as one kernel, the split of the SMs, and on a GPU every layer's outputs against the
+float64 reference, with the CUDA graph and without."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tvmrnn
+from onnx_cases import ONNX_DTYPE, Case
+from reference import rnn_reference
+from schedules import recurrent_wavefront as wavefront
+from tvmrnn.cells import cell_for
+from tvmrnn.frontend.stacks import find_chains
+from tvmrnn.layer import Activation, RNNLayerSpec
+
+SIGMOID_TANH = (Activation("Sigmoid"), Activation("Tanh"), Activation("Tanh"))
+
+
+def stack_model(cases: list[Case], glue: str = "squeeze", opset: int = 14) -> onnx.ModelProto:
+    """The cases as stacked nodes, each one's Y glued to the next one's X as exporters do; the first node's optional
+    inputs (initial states) are graph inputs, the others' weights initializers. Outputs: the last Y and every node's
+    Y_h (and Y_c), named L{i}_Y_h ..."""
+    elem = ONNX_DTYPE[cases[0].dtype]
+    nodes, inits, x = [], [], "X"
+    inputs = [helper.make_tensor_value_info("X", elem, ["seq", "batch", cases[0].input_size])]
+    outputs = []
+    inits.append(numpy_helper.from_array(np.array([1], np.int64), "axis1"))
+    inits.append(numpy_helper.from_array(np.array([0, 0, -1], np.int64), "flatten"))
+    for i, case in enumerate(cases):
+        names = []
+        for n in case.input_names:
+            if n in case.weights():
+                names.append(f"L{i}_{n}")
+                inits.append(numpy_helper.from_array(case.weights()[n], f"L{i}_{n}"))
+            elif n in ("initial_h", "initial_c"):
+                names.append(f"L{i}_{n}")
+                inputs.append(helper.make_tensor_value_info(f"L{i}_{n}", elem, case._shape(n)))
+            else:
+                names.append(x if n == "X" else n)
+        outs = [f"L{i}_{o}" for o in case.output_names]
+        nodes.append(helper.make_node(case.op, names, outs, name=f"layer{i}", **case.attrs()))
+        outputs += [helper.make_tensor_value_info(o, elem, None) for o in outs[1:]]
+        if i + 1 < len(cases):
+            x = f"L{i}_X_next"
+            if glue == "squeeze":
+                nodes.append(helper.make_node("Squeeze", [outs[0], "axis1"], [x]))
+            else:
+                nodes.append(helper.make_node("Transpose", [outs[0]], [f"L{i}_Yt"], perm=[0, 2, 1, 3]))
+                nodes.append(helper.make_node("Reshape", [f"L{i}_Yt", "flatten"], [x]))
+    outputs.insert(0, helper.make_tensor_value_info(f"L{len(cases) - 1}_Y", elem, None))
+    graph = helper.make_graph(nodes, "stack", inputs, outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def stack_reference(cases: list[Case], feeds: dict) -> dict:
+    """float64, layer by layer: each output of stack_model by name."""
+    out, x = {}, feeds["X"].astype("float64")
+    for i, case in enumerate(cases):
+        w = {k: v.astype("float64") for k, v in case.weights().items()}
+        states = {n: feeds[f"L{i}_{n}"].astype("float64") for n in ("initial_h", "initial_c") if f"L{i}_{n}" in feeds}
+        res = rnn_reference(case.op, X=x, W=w["W"], R=w["R"], B=w.get("B"), sequence_lens=None, P=w.get("P"),
+                            initial_h=states.get("initial_h"), initial_c=states.get("initial_c"), **case.attrs())
+        out.update({f"L{i}_{o}": r for o, r in zip(case.output_names, res)})
+        x = res[0][:, 0]
+    return out
+
+
+def lstm_stack(layers=2, hidden=48, input_size=20, **first):
+    """LSTM layers, hidden units each; the first may take options of its own (optional inputs, clip, ...)."""
+    base = Case(op="LSTM", hidden=hidden, input_size=hidden, optional=("B",), outputs=("Y", "Y_h", "Y_c"))
+    head = dataclasses.replace(base, input_size=input_size, seed=0, **first)
+    return [head] + [dataclasses.replace(base, seed=i) for i in range(1, layers)]
+
+
+def _feeds(cases, rng, T, N):
+    feeds = {"X": rng.standard_normal((T, N, cases[0].input_size)).astype(cases[0].dtype)}
+    for n in ("initial_h", "initial_c"):
+        if n in cases[0].optional:
+            feeds[f"L0_{n}"] = rng.standard_normal((1, N, cases[0].hidden)).astype(cases[0].dtype)
+    return feeds
+
+
+def _kinds(module) -> list[str]:
+    return [layer["schedule"][0]["config"]["kind"] for layer in module.metadata["layers"]]
+
+
+@pytest.mark.parametrize("glue, opset", [("squeeze", 14), ("squeeze", 11), ("transpose", 14)])
+def test_chains_are_found_through_both_exporters_glues(glue, opset):
+    cases = lstm_stack(3)
+    model = stack_model(cases, glue, opset)
+    if opset < 13:  # Squeeze's axes were an attribute
+        for node in model.graph.node:
+            if node.op_type == "Squeeze":
+                node.input.pop()
+                node.attribute.append(helper.make_attribute("axes", [1]))
+    chains = find_chains(model)
+    assert list(chains) == [0] and [m.index for m in chains[0]] == [1, 2]
+    assert set(chains[0][0].constants) == {"W", "R", "B"}
+
+
+def test_a_node_reading_more_than_constants_is_not_stacked():
+    """A node above with initial states (graph inputs) runs alone; so does one whose X is not the Y below reshaped."""
+    cases = lstm_stack(2)
+    cases[1] = dataclasses.replace(cases[1], optional=("B", "initial_h"))
+    assert find_chains(stack_model(cases)) == {}
+    model = stack_model(lstm_stack(2))
+    squeeze = next(n for n in model.graph.node if n.op_type == "Squeeze")
+    squeeze.input[1] = "flatten"  # axes [0, 0, -1]: not the layer glue
+    assert find_chains(model) == {}
+
+
+def _spec(H, In, dtype="float32", op="LSTM"):
+    acts = (SIGMOID_TANH if op == "LSTM" else (Activation("Tanh"),),)
+    return RNNLayerSpec("l", op, H, In, activations=acts, present=frozenset({"X", "W", "R", "B"}), dtype=dtype)
+
+
+def test_plan_splits_the_sms_by_work_and_refuses_what_does_not_fit():
+    specs = [_spec(512, 512), _spec(512, 512)]
+    cells = [cell_for(s) for s in specs]
+    cfg = wavefront.plan(specs, cells, "sm_90")
+    # layer 1 reduces over I + H = 1024: one round of 8 units per block each, 128 of the 132 SMs
+    assert (cfg.units, cfg.blocks) == ((8, 8), (64, 64))
+    for i, (s, c, u) in enumerate(zip(specs, cells, cfg.units)):
+        assert u * c.gates * wavefront.reduction(s, i == 0) * 4 <= 227 * 1024
+    # two fp32 H=1024 layers hold 48 MB of weights: more than 132 SMs' shared memory
+    assert wavefront.plan([_spec(1024, 1024), _spec(1024, 1024)], cells, "sm_90") is None
+    half = [_spec(1024, 1024, "float16"), _spec(1024, 1024, "float16")]
+    cfg = wavefront.plan(half, cells, "sm_90")
+    assert cfg.grid <= 132 and all(b * u >= 1024 for b, u in zip(cfg.blocks, cfg.units))
+
+
+def test_compile_runs_a_bounded_small_batch_stack_as_one_kernel():
+    cases = lstm_stack(3)
+    module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 50, "batch": 4}, logs=False)
+    assert _kinds(module) == ["wavefront"] * 3
+    assert module.metadata["stacks"][0].startswith("layer0 -> layer1 -> layer2: wavefront: 3 stacked layers")
+    assert {layer["cooperative_blocks"] for layer in module.metadata["layers"]} == {module.metadata["layers"][0]["schedule"][0]["config"]["grid"]}
+    text = module.executable.as_text()
+    assert "rnn_stack_layer0" in text and "rnn_layer1" not in text
+    assert module.metadata["cuda_graph"].startswith("on:")
+
+
+@pytest.mark.parametrize("change, bounds, why", [
+    ({}, {"seq": 50}, "batch unbounded"),
+    ({}, {"seq": 50, "batch": 8}, "batch up to 8; a wavefront runs batch <= 4"),
+    ({"kernel": "persistent"}, {"seq": 50, "batch": 1}, "only kernel='auto' on CUDA"),
+    ({"op": "GRU"}, {"seq": 50, "batch": 1}, "GRU cell: its gates are not all x + R h"),
+    ({"op": "GRU", "linear_before_reset": 1}, {"seq": 50, "batch": 1}, "GRU cell with linear_before_reset"),
+])
+def test_stacks_that_do_not_qualify_run_layer_by_layer_and_say_why(change, bounds, why):
+    kernel = change.pop("kernel", "auto")
+    cases = [dataclasses.replace(c, **change) for c in lstm_stack(2)]
+    module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims=bounds, kernel=kernel, logs=False)
+    assert "wavefront" not in _kinds(module)
+    assert module.metadata["stacks"][0].startswith("layer0 -> layer1: layer by layer (") and why in module.metadata["stacks"][0]
+
+
+def test_bidirectional_stack_runs_layer_by_layer():
+    """The bench's glue of a bidirectional stack (Transpose + Reshape to [T, N, 2H]) is found; a wavefront runs forward."""
+    from tvmrnn import bench
+
+    row = bench.Row("bi", "LSTM", 10, 1, 20, 48, 2, True)
+    module = tvmrnn.compile(bench.onnx_model(bench.torch_module(row), row), target="cuda", max_dims={"seq": 10, "batch": 1}, logs=False)
+    assert module.metadata["stacks"] == ["lstm0 -> lstm1: layer by layer (LSTM node 'lstm0': direction bidirectional (a stack runs forward in time))"]
+    assert _kinds(module) == ["persistent", "persistent"]
+
+
+def test_cpu_builds_have_no_stacks():
+    module = tvmrnn.compile(stack_model(lstm_stack(2)), target="llvm", max_dims={"seq": 50, "batch": 1}, logs=False)
+    assert module.metadata["stacks"] == [] and _kinds(module) == ["cpu", "cpu"]
+
+
+GPU_CASES = {
+    "lstm-2": (lstm_stack(2), "float32"),
+    "lstm-3-states-peepholes-clip": (lstm_stack(3, optional=("B", "initial_h", "initial_c", "P"), clip=2.5), "float32"),
+    "lstm-2-h512": (lstm_stack(2, hidden=512, input_size=512), "float32"),
+    "lstm-2-h37": (lstm_stack(2, hidden=37, input_size=13), "float32"),  # no 16-byte loads, a partial block
+    "rnn-2-relu": ([dataclasses.replace(c, op="RNN", outputs=("Y", "Y_h"), activations=("Relu",)) for c in lstm_stack(2)], "float32"),
+    "lstm-2-fp16": ([dataclasses.replace(c, dtype="float16") for c in lstm_stack(2)], "float16"),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(GPU_CASES))
+@pytest.mark.parametrize("graph", [True, False], ids=["graph", "no-graph"])
+def test_wavefront_matches_float64_layer_by_layer(name, graph):
+    """Every layer's Y_h (and Y_c) and the last Y, batches 1-4 and two lengths, fresh inputs each run, against float64;
+    the same inputs twice give the same bits (a race would move them)."""
+    cases, dtype = GPU_CASES[name]
+    module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 40, "batch": 4}, cuda_graph=graph, logs=False)
+    assert set(_kinds(module)) == {"wavefront"}
+    tol = 1e-5 if dtype == "float32" else 1e-2
+    rng = np.random.default_rng(3)
+    for T, N in [(40, 1), (17, 4), (40, 3), (1, 2)]:
+        feeds = _feeds(cases, rng, T, N)
+        ref = stack_reference(cases, feeds)
+        got = module.run(feeds)
+        assert module.run(feeds).keys() == got.keys()
+        for out, value in module.run(feeds).items():
+            np.testing.assert_array_equal(value, got[out], err_msg=f"{out}: two runs of the same inputs differ")
+        for out, expected in ref.items():
+            if out not in got:
+                continue
+            err = np.abs(got[out].astype("float64") - expected).max() / max(np.abs(expected).max(), 1e-30)
+            assert err < tol, f"{out} T={T} N={N}: rel. error {err:.2e}"
