@@ -2,9 +2,9 @@
 
     python3 benchmarks/wavefront_variants.py [ROW ...]      (default lat-b1-h512-l2; fp32 and fp16)
 
-layers: kernel="persistent" (each layer its own persistent kernel, a projection GEMM between them); wave: the default
-wavefront (8 warps, h read from L2 by every warp); stage: [h_below; h] copied into shared memory once per block; w16:
-16 warps per block (units sized to them).
+layers: kernel="persistent" (each layer its own persistent kernel, a projection GEMM between them); wave: the
+wavefront with 8 warps, h read from L2 by every warp; stage: [h_below; h] copied into shared memory once per block (the
+default since this A/B); w16 / w4: 16 / 4 warps per block (units sized to them).
 """
 
 import sys

@@ -7,7 +7,7 @@ Two instruction shapes, three kinds of math (MODES):
     tf32          m16n8k8, fp32 operands rounded to TF32 (10-bit mantissa): the opt-in precision="tf32"
     tf32x3        m16n8k8 three times: each fp32 operand split into a TF32 high part and a TF32 low part
                   (x - high), and a*b = al*bh + ah*bl + ah*bh; the dropped al*bl is 2^-22 relative,
-                  so the result is as accurate as SIMT fp32 (exact fp32 layers on tensor cores)
+                  so the result is within a few times SIMT fp32's error (exact fp32 layers on tensor cores)
 
 Per 32-column chunk of the reduction a lane loads 8 consecutive k of each of its A rows (g and g+8
 of every m-tile, g = lane / 4) and of its B row (g of every n-tile): 16-byte loads. Those 8 k are

@@ -79,7 +79,7 @@ def m_tiles(gates: int, units: int) -> int:
 
 def mode(spec, exact: bool = True) -> str | None:
     """The tensor-core mode a layer uses (mma_tiles.MODES): its half storage dtype, tf32 where the user allowed it for
-    an fp32 layer, and for exact fp32 3xTF32 (as accurate as SIMT fp32), or None when `exact` is False."""
+    an fp32 layer, and for exact fp32 3xTF32 (within a few times SIMT fp32's error), or None when `exact` is False."""
     if spec.dtype in MODES:
         return spec.dtype
     if spec.precision == "tf32":

@@ -25,7 +25,7 @@ against the tiled kernel's 46.2, and 13.6 ms in fp16 against mma's 15.8
 (benchmarks/results/2026-11-23-h100-streamed-blog-a.md).
 
 Math by dtype (recurrent_mma.mode): fp16/bf16 on m16n8k16, fp32 with precision="tf32" on TF32, and
-exact fp32 as 3xTF32 (mma_tiles: high and low TF32 parts, as accurate as SIMT fp32).
+exact fp32 as 3xTF32 (mma_tiles: high and low TF32 parts, within a few times SIMT fp32's error).
 """
 
 from __future__ import annotations

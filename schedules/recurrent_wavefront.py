@@ -33,6 +33,9 @@ from .warp_gemv import warp_gates
 
 F32 = "float32"
 WARPS = 8  # the persistent kernel's default
+# [h_below; h] staged in shared memory by default: on the H100 lat-b1-h512-l2 ran 0.281 ms against 0.310 with every warp
+# reading it from L2 (fp16 0.253 against 0.292); 16 or 4 warps were slower (benchmarks/results/2026-11-24-h100-wavefront-variants.md)
+STAGE = 1
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class WavefrontConfig:
     warps: int = WARPS
     # 1: a block first copies the vector its warps multiply ([h_below; h] above layer 0) into shared memory, one L2
     # read per block instead of one per warp (recurrent_persistent's stage_h)
-    stage: int = 0
+    stage: int = STAGE
 
     @property
     def grid(self) -> int:
@@ -69,7 +72,7 @@ def stackable(spec, cell, first: bool) -> str | None:
     return None
 
 
-def plan(specs, cells, arch: str, warps: int = WARPS, stage: int = 0) -> WavefrontConfig | None:
+def plan(specs, cells, arch: str, warps: int = WARPS, stage: int = STAGE) -> WavefrontConfig | None:
     """Units and blocks per layer: the least work per step for the slowest block (units beyond the block's warps take
     another round) within one wave and each block's shared memory; None where no split fits."""
     ks = [reduction(s, i == 0) for i, s in enumerate(specs)]
@@ -199,20 +202,21 @@ def _layer_step(a: KernelArgs, below: KernelArgs | None, cfg: WavefrontConfig, i
     phase = cell.phases[0]
     cur, nxt = t % i64(2), (t + i64(1)) % i64(2)
     with T.serial(0, N) as n:
-        def below_h(k):
-            return below.Y[t, i64(0), n, k]
-
-        def own_h(k):
-            return hbuf[cur, i64(0), n, k]
-
         if hs is not None:  # the block's threads copy [h_below; h] into shared memory, then every warp reads it there
             def stage(e):
-                T.buffer_store(hs, own_h(e) if below is None else tirx.if_then_else(e < i64(In), below_h(tirx.min(e, i64(In - 1))),
-                                                                                   own_h(tirx.max(e - i64(In), i64(0)))), [e])
+                value = hbuf[cur, i64(0), n, e] if below is None else tirx.if_then_else(
+                    e < i64(In), below.Y[t, i64(0), n, tirx.min(e, i64(In - 1))], hbuf[cur, i64(0), n, tirx.max(e - i64(In), i64(0))])
+                T.buffer_store(hs, value, [e])
 
             _strided(K, 32 * cfg.warps, ty * i64(32) + lane, stage)
             block_sync()
-            below_h, own_h = (lambda k: hs[k]), (lambda k, off=In: hs[k + i64(off)])  # noqa: E731
+
+        def below_h(k):
+            return hs[k] if hs is not None else below.Y[t, i64(0), n, k]
+
+        def own_h(k):
+            return hs[k + i64(In)] if hs is not None else hbuf[cur, i64(0), n, k]
+
         for slot in range(-(-UPB // cfg.warps)):
             u = i64(slot * cfg.warps) + ty
             j = j0 + u

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 import tvmrnn
 from onnx_cases import ONNX_DTYPE, Case
