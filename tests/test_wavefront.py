@@ -171,6 +171,18 @@ def test_bidirectional_stack_runs_layer_by_layer():
     assert _kinds(module) == ["persistent", "persistent"]
 
 
+def test_inspect_says_how_each_stack_runs(tmp_path):
+    from tvmrnn.interface.inspect import inspect_command
+
+    lines = []
+    for name, cases in (("lstm", lstm_stack(2)), ("gru", [dataclasses.replace(c, op="GRU") for c in lstm_stack(2)])):
+        onnx.save(stack_model(cases), tmp_path / f"{name}.onnx")
+        inspect_command(str(tmp_path / f"{name}.onnx"), echo=lines.append)
+    stacks = [line for line in lines if line.startswith("  stack ")]
+    assert stacks[0].startswith("  stack layer0 -> layer1: one wavefront: 2 stacked layers") and "--max-dim batch=N, N <= 4" in stacks[0]
+    assert stacks[1] == "  stack layer0 -> layer1: layer by layer (GRU node 'layer0': GRU cell: its gates are not all x + R h)"
+
+
 def test_cpu_builds_have_no_stacks():
     module = tvmrnn.compile(stack_model(lstm_stack(2)), target="llvm", max_dims={"seq": 50, "batch": 1}, logs=False)
     assert module.metadata["stacks"] == [] and _kinds(module) == ["cpu", "cpu"]

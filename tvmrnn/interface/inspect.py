@@ -55,4 +55,32 @@ def inspect_command(path: str, echo=print, target: str | None = "nvidia/nvidia-h
             echo(f"       kernel: {kernel_plan(layer.spec, cell_for(layer.spec), tgt, tuned=logs.best(layer.spec))}")
         else:
             echo(f"  {layer.op:<4} {layer.node:<24} NOT SUPPORTED: {layer.problem}")
+    for line in _stacks(path, found, tgt, logs):
+        echo(line)
     return sum(not layer.supported for layer in found)
+
+
+def _stacks(path, found, target, logs) -> list[str]:
+    """A line per chain of stacked layers: whether it runs as one wavefront kernel (at the model's static batch, or
+    at the largest batch bound that allows one)."""
+    from schedules import PERSISTENT_MAX_BATCH, stack_kernel
+
+    from ..cells import cell_for
+    from ..frontend import load_onnx
+    from ..frontend.stacks import find_chains
+
+    if target.kind.name != "cuda":
+        return []
+    lines = []
+    for first, members in find_chains(load_onnx(path)).items():
+        chain = [found[first]] + [found[m.index] for m in members]
+        if not all(layer.supported for layer in chain):
+            continue
+        specs = [layer.spec for layer in chain]
+        batch = chain[0].x_shape[1] if len(chain[0].x_shape) > 1 else None
+        static = isinstance(batch, int)
+        kernel, why = stack_kernel(specs, [cell_for(s) for s in specs], target, tuned=[logs.best(s) for s in specs],
+                                   batch_bound=batch if static else PERSISTENT_MAX_BATCH)
+        when = "" if static or kernel is None else f" when compiled with the batch bounded (--max-dim {batch}=N, N <= {PERSISTENT_MAX_BATCH})"
+        lines.append(f"  stack {' -> '.join(layer.node for layer in chain)}: " + (f"one {why}{when}" if kernel else f"layer by layer ({why})"))
+    return lines
