@@ -49,6 +49,9 @@ STEPWISE_MAX_BATCH = 32
 # (benchmarks/results/2026-11-23-h100-persistent-mma-variants.md)
 RESIDENT_SMALL_BATCH = 8
 RESIDENT_MAX_BATCH = 32
+# exact fp32 (3xTF32) has a third default tile up to this batch: three 8-row tiles, so batch 20 pads to 24 rows, not 32
+# (on the H100 ds2-lstm 2.35 against 3.05 ms, ds2-5l-bi 27.1 against 31.4; recurrent_persistent_mma.default_config)
+RESIDENT_MID_BATCH = 24
 # Where R does not fit on chip, persistent_mma streaming part of R from L2 each step (streaming_config) runs batches
 # STEPWISE_MAX_BATCH+1 .. STREAMED_MAX_BATCH (its 64 rows per pass): on blog-a (H=2560, batch 64) on the H100 it ran
 # 31.3 ms in fp32 against tiled's 46.2, 13.6 in fp16 against mma's 15.8; smaller and larger batches keep their kinds
@@ -162,6 +165,7 @@ def _default_branches(spec, cell, target, allowed) -> list[Branch]:
     for i, k in enumerate(allowed):
         if k == "persistent_mma":  # its default depends on the batch
             branches.append(Branch(RESIDENT_SMALL_BATCH, default_config(k, spec, cell, target, RESIDENT_SMALL_BATCH), False))
+            branches.append(Branch(RESIDENT_MID_BATCH, default_config(k, spec, cell, target, RESIDENT_MID_BATCH), False))
         branches.append(Branch(None if i == len(allowed) - 1 else limits[k], default_config(k, spec, cell, target), False))
     return branches
 

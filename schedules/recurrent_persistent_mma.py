@@ -87,19 +87,32 @@ def fits(spec, cell, arch: str, cfg: MmaConfig) -> bool:
 
 def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig | None:
     """The fewest units per block (most SMs at work) that fit. Up to batch 8 one 8-row tile with the reduction split
-    8 ways, with XW prefetched (b8-h1024-l2: 1.38 against 1.40 ms in fp32, 0.725 against 0.755 in fp16); above, 2 x 2
-    tiles (32 rows per pass) split 4 ways: the best of the points tried at batch 8 and 20-64 on the H100
-    (benchmarks/results/2026-11-23-h100-persistent-mma-variants.md, 2026-11-23-h100-knob-variants.md), prefetching XW
-    there too in cells of several phases, each of which waits on its XW read after its reduction (GRU h800 batch 20 fp16,
-    the tuner's measurements in tuning_logs/cuda-sm_90: 3.38 against 4.63 us per step). Where no point holds all of R,
-    streaming_config; None if that does not fit either."""
-    small = batch is not None and batch <= 8
+    8 ways (16 in exact fp32), with XW prefetched; in exact fp32 up to batch 24 three 8-row tiles split 8 ways (4 where
+    that does not fit beside R); above, 2 x 2 tiles (32 rows per pass) split 4 ways, prefetching XW in cells of several
+    phases, each of which waits on its XW read after its reduction (GRU h800 batch 20 fp16, the tuner's measurements in
+    tuning_logs/cuda-sm_90: 3.38 against 4.63 us per step). Measured on the H100, whole models:
+    - fp16 and the first fp32 points (benchmarks/results/2026-11-23-h100-persistent-mma-variants.md,
+      2026-11-23-h100-knob-variants.md): b8-h1024-l2 1.38 against 1.40 ms in fp32 and 0.725 against 0.755 in fp16 with
+      XW prefetched;
+    - exact fp32 (2026-11-24-h100-resident-tiles-ab.md): b8-h1024-l2 1.18 against 1.30 ms with the 16-way reduction;
+      ds2-lstm 2.35 against 3.05, ds2-gru 2.22 against 2.72, ds2-5l-bi 27.1 against 31.4 with three tiles (24 rows).
+      Not measured in fp16, which keeps the first points.
+    Where no point holds all of R, streaming_config; None if that does not fit either."""
+    from .recurrent_mma import mode
+
+    exact = mode(spec) == "tf32x3"
     phases = len(cell.phases)
+    if batch is not None and batch <= 8:
+        points = ([dict(n_tiles=1, n_warps=1, k_warps=16, prefetch=1)] if exact else []) + [dict(n_tiles=1, n_warps=1, k_warps=8, prefetch=1)]
+    elif exact and batch is not None and batch <= 24:
+        points = [dict(n_tiles=3, n_warps=1, k_warps=8, prefetch=1), dict(n_tiles=3, n_warps=1, k_warps=4, prefetch=1)]
+    else:
+        points = [dict(n_tiles=2, n_warps=2, k_warps=4, prefetch=int(phases > 1))]
     for units in UNITS:
-        cfg = MmaConfig(units=units, n_tiles=1, n_warps=1, k_warps=8, depth=2, prefetch=1) if small else \
-            MmaConfig(units=units, n_tiles=2, n_warps=2, k_warps=4, depth=2, prefetch=int(phases > 1))
-        if fits(spec, cell, arch, cfg):
-            return cfg
+        for point in points:
+            cfg = MmaConfig(units=units, depth=2, **point)
+            if fits(spec, cell, arch, cfg):
+                return cfg
     return streaming_config(spec, cell, arch)
 
 

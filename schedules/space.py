@@ -134,7 +134,7 @@ def _resident_tiles(spec, cell, arch) -> dict[str, tuple[int, ...]]:
 
     units = [u for u in UNITS if fits(spec, cell, arch, MmaConfig(units=u, n_tiles=1, n_warps=1, k_warps=2))]
     while units:
-        n_tiles = tuple(nt for nt in (1, 2, 4) if fits(spec, cell, arch, MmaConfig(units=units[-1], n_tiles=nt, n_warps=2, k_warps=8)))
+        n_tiles = tuple(nt for nt in (1, 2, 3, 4) if fits(spec, cell, arch, MmaConfig(units=units[-1], n_tiles=nt, n_warps=2, k_warps=8)))
         if n_tiles:
             return {"units": tuple(units), "n_tiles": n_tiles, "n_warps": (1, 2), "k_warps": (2, 4, 8), "depth": (1, 2)}
         units.pop()

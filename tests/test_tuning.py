@@ -153,13 +153,13 @@ def test_tuned_bucket_leaves_smaller_batches_their_default():
 
 def test_every_cuda_default_is_a_point_of_its_space_trace():
     """What the tuner does first on a GPU, without one: each CUDA design space of a batch-1 layer (persistent among
-    them, whose default leaves its later knob prefetch unnamed) replays the kind's default point as decisions, and the
-    replayed schedule reads back as that default."""
+    them, whose default leaves its later knob prefetch unnamed) replays the kind's default point as decisions (or, for a
+    default outside the space, as fixed annotations), and the schedule reads back as that default."""
     import tvm
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
 
-    from schedules.space import default_config
+    from schedules.space import default_config, in_space
     from tvmrnn.frontend.inspect import find_rnn_layers
     from tvmrnn.tuning import search
     from tvmrnn.tuning.tasks import RecurrentTask
@@ -173,8 +173,12 @@ def test_every_cuda_default_is_a_point_of_its_space_trace():
     for space in ctx.generate_design_space():
         kind = search.config_of(space.mod).kind
         point = default_config(kind, task.spec, task.cell, target, 1)
-        sch = Schedule(ctx.mod)
-        search.point_trace(space, point).apply_to_schedule(sch, remove_postproc=True)
+        if in_space(point, task.spec, task.cell, target):
+            sch = Schedule(ctx.mod)
+            search.point_trace(space, point).apply_to_schedule(sch, remove_postproc=True)
+        else:  # exact fp32's persistent_mma at batch <= 8 splits the reduction 16 ways, which the product space cannot hold
+            assert kind == "persistent_mma", kind
+            sch = search.fixed_point(ctx.mod, point)
         assert search.config_of(sch.mod) == point, kind
         kinds.append(kind)
     assert "persistent" in kinds and "persistent_mma" in kinds, kinds
@@ -200,7 +204,8 @@ def test_default_outside_the_space_is_logged_and_read_back(tmp_path):
     cell, target = cell_for(spec), tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     task = RecurrentTask(spec, seq=10, batch=20)
     default = default_config("persistent_mma", spec, cell, target, 20)
-    assert not in_space(default, spec, cell, target) and plan_kernel(spec, cell, target).branches[-1].config == default
+    assert not in_space(default, spec, cell, target)
+    assert next(b for b in plan_kernel(spec, cell, target).branches if b.up_to is None or b.up_to >= 20).config == default
     tuned = search.fixed_point(task.template(target), default)
     tuned_point = default.__class__.of("persistent_mma", **{**dict(default.knobs), "n_tiles": 1, "n_warps": 1, "k_warps": 8})
     assert search.config_of(tuned.mod) == default
