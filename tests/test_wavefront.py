@@ -71,11 +71,13 @@ def stack_reference(cases: list[Case], feeds: dict) -> dict:
     return out
 
 
-def lstm_stack(layers=2, hidden=48, input_size=20, **first):
-    """LSTM layers, hidden units each; the first may take options of its own (optional inputs, clip, ...)."""
-    base = Case(op="LSTM", hidden=hidden, input_size=hidden, optional=("B",), outputs=("Y", "Y_h", "Y_c"))
-    head = dataclasses.replace(base, input_size=input_size, seed=0, **first)
-    return [head] + [dataclasses.replace(base, seed=i) for i in range(1, layers)]
+def lstm_stack(layers=2, hidden=48, input_size=20, sizes=None, **first):
+    """LSTM layers, hidden units each (or sizes[i] for layer i); the first may take options of its own (optional
+    inputs, clip, ...)."""
+    sizes = sizes or [hidden] * layers
+    base = Case(op="LSTM", optional=("B",), outputs=("Y", "Y_h", "Y_c"))
+    head = dataclasses.replace(base, hidden=sizes[0], input_size=input_size, seed=0, **first)
+    return [head] + [dataclasses.replace(base, hidden=sizes[i], input_size=sizes[i - 1], seed=i) for i in range(1, len(sizes))]
 
 
 def _feeds(cases, rng, T, N):
@@ -183,6 +185,13 @@ def test_inspect_says_how_each_stack_runs(tmp_path):
     assert stacks[1] == "  stack layer0 -> layer1: layer by layer (GRU node 'layer0': GRU cell: its gates are not all x + R h)"
 
 
+@pytest.mark.parametrize("storage", ["float16", "bfloat16"])
+def test_fp32_stack_in_half_storage_builds_as_one_kernel(storage):
+    """compile(dtype=...) converts the layers above the first too (their W and R cast by Relax: numpy has no bfloat16)."""
+    module = tvmrnn.compile(stack_model(lstm_stack(2)), target="cuda", dtype=storage, max_dims={"seq": 50, "batch": 2}, logs=False)
+    assert _kinds(module) == ["wavefront"] * 2 and {layer["dtype"] for layer in module.metadata["layers"]} == {storage}
+
+
 def test_cpu_builds_have_no_stacks():
     module = tvmrnn.compile(stack_model(lstm_stack(2)), target="llvm", max_dims={"seq": 50, "batch": 1}, logs=False)
     assert module.metadata["stacks"] == [] and _kinds(module) == ["cpu", "cpu"]
@@ -193,6 +202,7 @@ GPU_CASES = {
     "lstm-3-states-peepholes-clip": (lstm_stack(3, optional=("B", "initial_h", "initial_c", "P"), clip=2.5), "float32"),
     "lstm-2-h512": (lstm_stack(2, hidden=512, input_size=512), "float32"),
     "lstm-2-h37": (lstm_stack(2, hidden=37, input_size=13), "float32"),  # no 16-byte loads, a partial block
+    "lstm-3-sizes-64-24-40": (lstm_stack(sizes=[64, 24, 40], input_size=20), "float32"),
     "rnn-2-relu": ([dataclasses.replace(c, op="RNN", outputs=("Y", "Y_h"), activations=("Relu",)) for c in lstm_stack(2)], "float32"),
     "lstm-2-fp16": ([dataclasses.replace(c, dtype="float16") for c in lstm_stack(2)], "float16"),
 }
@@ -221,3 +231,15 @@ def test_wavefront_matches_float64_layer_by_layer(name, graph):
                 continue
             err = np.abs(got[out].astype("float64") - expected).max() / max(np.abs(expected).max(), 1e-30)
             assert err < tol, f"{out} T={T} N={N}: rel. error {err:.2e}"
+
+
+@pytest.mark.gpu
+def test_fp32_stack_in_half_storage_matches_float64():
+    cases = lstm_stack(2)
+    module = tvmrnn.compile(stack_model(cases), target="cuda", dtype="float16", max_dims={"seq": 40, "batch": 4}, logs=False)
+    assert set(_kinds(module)) == {"wavefront"}
+    feeds = _feeds(cases, np.random.default_rng(4), 40, 3)
+    ref, got = stack_reference(cases, feeds), module.run(feeds)
+    for out, expected in ref.items():
+        err = np.abs(got[out].astype("float64") - expected).max() / np.abs(expected).max()
+        assert err < 1e-2, f"{out}: rel. error {err:.2e}"
