@@ -21,6 +21,7 @@
 #                                            bench of the rows (default lat-b1-h512-l2) with the wavefront (auto, tuned)
 #                                            beside the layers one by one (persistent)
 #   bash benchmarks/device_run.sh wavefront-variants [ROW...]  the wavefront's knobs A/B, then pytest -m gpu but test_kernels.py
+#   bash benchmarks/device_run.sh wavefront-gru   stacked GRUs and PyTorch's export as one kernel: GPU tests, then a GRU A/B
 #   bash benchmarks/device_run.sh resident-tiles [ROW...]  persistent_mma's batch tiles at batch 8-20, exact fp32, A/B
 #   TUNE_S=400 BUDGET=5.5 bash benchmarks/device_run.sh tune-zoo   the models/ zoo into tuning_logs/cuda-sm_90 (after a few GPU tests)
 # Results go to $OUT (the device tool brings them back); commit the ones that matter under benchmarks/results/.
@@ -85,6 +86,9 @@ case "$1" in
   wavefront-variants)  # the variants first (short), then pytest -m gpu outside test_kernels.py
     timeout 300 python3 benchmarks/wavefront_variants.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/wavefront_variants_log.txt"
     timeout 280 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests --deselect tests/test_kernels.py 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -6 ;;
+  wavefront-gru)  # the GPU tests of stacked GRUs and PyTorch's export, then GRU and LSTM stacks against layer by layer
+    timeout 300 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_wavefront.py -k "gru or pytorch" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4
+    VARIANTS=layers,stage timeout 250 python3 benchmarks/wavefront_variants.py gru-b1-h512-l2 2>&1 | grep -v Warning | tee "$OUT/wavefront_variants_log.txt" ;;
   resident-tiles)
     timeout 560 python3 benchmarks/resident_tiles_ab.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/resident_tiles_log.txt" ;;
   sanitize)

@@ -1,6 +1,7 @@
 """The wavefront kernel's variants against the layers run one by one, whole models timed in alternating rounds (ab.py).
 
     python3 benchmarks/wavefront_variants.py [ROW ...]      (default lat-b1-h512-l2; fp32 and fp16)
+    VARIANTS=layers,stage python3 benchmarks/wavefront_variants.py gru-b1-h512-l2     (some variants; a GRU stack)
 
 layers: kernel="persistent" (each layer its own persistent kernel, a projection GEMM between them); wave: the
 wavefront with 8 warps, h read from L2 by every warp; stage: [h_below; h] copied into shared memory once per block (the
@@ -9,9 +10,15 @@ default since this A/B); w16 / w4: 16 / 4 warps per block (units sized to them).
 
 import sys
 
+import os
+
 import tvmrnn
 from ab import compare, write
 from schedules import recurrent_wavefront as wavefront
+from tvmrnn import bench
+
+# a GRU stack at batch 1 (PyTorch's GRU: linear_before_reset, the layer above with its h gate as two rows)
+bench.ROWS.append(bench.Row("gru-b1-h512-l2", "GRU", 100, 1, 512, 512, 2))
 
 _plan = wavefront.plan
 
@@ -28,6 +35,7 @@ def build(warps=None, stage=0, kernel="auto"):
 
 variants = {"layers": build(kernel="persistent"), "wave": build(), "stage": build(stage=1), "w16": build(warps=16),
             "w16-stage": build(warps=16, stage=1), "w4": build(warps=4)}
+variants = {k: v for k, v in variants.items() if k in os.environ.get("VARIANTS", ",".join(variants)).split(",")}
 results = compare(sys.argv[1:] or ["lat-b1-h512-l2"], variants, ("float32", "float16"),
                   describe=lambda m: m.metadata["stacks"][0] if m.metadata["stacks"] else m.metadata["layers"][-1]["kernel"])
 write(results, "wavefront_variants.json")

@@ -59,18 +59,19 @@ class KernelArgs:
         self.declare_inputs(r_layout, weight_dtype)
         self.declare_outputs()
 
-    def declare_inputs(self, r_layout: str, weight_dtype: str = "float32", prefix: str = "", stacked: bool = False):
+    def declare_inputs(self, r_layout: str, weight_dtype: str = "float32", prefix: str = "", stacked_rows: int = 0):
         """The inputs alone (a kernel of several layers declares every layer's inputs before any outputs, as call_tir
-        passes them). stacked: a layer fed by the layer below it inside the kernel (recurrent_wavefront): instead of XW
-        it takes its input weights beside R, WR [D, G*H, I+H] (W's columns, then R's), and the bias XW would carry."""
+        passes them). stacked_rows: for a layer fed by the layer below it inside the kernel (recurrent_wavefront), its
+        rows per unit: instead of XW it takes its input weights beside R, WR [D, rows*H, I+H] (W's columns, then R's),
+        and the bias XW would carry."""
         dtype = "float32"
         s, H, G, D = self.spec, self.spec.hidden_size, self.cell.gates, self.spec.num_directions
         seq, n = self.seq, self.batch
         state_shape = (D, n, H) if s.layout == 0 else (n, D, H)
         self.r_layout = r_layout
-        if stacked:
+        if stacked_rows:
             self.XW = None
-            self.R = T.arg(prefix + "WR", T.Buffer((D, G * H, s.input_size + H), weight_dtype))
+            self.R = T.arg(prefix + "WR", T.Buffer((D, stacked_rows * H, s.input_size + H), weight_dtype))
             self.bias = T.arg(prefix + "bias", T.Buffer((D * G * H,), dtype))
         else:
             self.XW = T.arg(prefix + "XW", T.Buffer((seq, n, D * G * H) if s.layout == 0 else (n, seq, D * G * H), dtype))

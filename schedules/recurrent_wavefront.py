@@ -9,8 +9,10 @@ A block of layer 0 is the persistent kernel's (recurrent_persistent): its rows o
 projection of all steps, one GEMM before the launch) in its epilogue. A block of a higher layer keeps its rows of
 W and R side by side, WR [G*H, I+H] in shared memory, and multiplies them by [h_below[t]; h[t-1]]: its input
 projection moves into the step (warp_gemv's two segments) and its biases (Wb + Rb) into the epilogue. That needs
-every gate's pre-activation to be x + R h (+ biases), which LSTM and RNN cells are; GRU's reset gate multiplies R h
-alone, so GRU stacks run layer by layer.
+every gate's pre-activation to be x + R h (+ biases), which LSTM and RNN cells are. A GRU with linear_before_reset (what
+PyTorch and Keras export) multiplies R_h h alone by the reset gate: a higher layer of it has a fourth row per unit,
+its h gate's two parts summed apart ([W_h | 0] and [0 | R_h]). GRU without it needs all of r*h before its h gate (two
+phases), so such stacks run layer by layer.
 
 Blocks per layer are sized so that the slowest block's warps do the least work per step (rounds of units times the
 reduction length), within one wave of the GPU's SMs and each block's shared memory. Applies to unidirectional stacks
@@ -57,6 +59,15 @@ def reduction(spec, first: bool) -> int:
     return spec.hidden_size + (0 if first else spec.input_size)
 
 
+def split_h(cell, first: bool) -> bool:
+    """A higher GRU layer with linear_before_reset: its h gate's input part and recurrent part are separate rows."""
+    return not first and cell.params == ("Rb_h",)
+
+
+def rows_per_unit(cell, first: bool) -> int:
+    return cell.gates + split_h(cell, first)
+
+
 def stackable(spec, cell, first: bool) -> str | None:
     """Why this layer cannot run in a wavefront (None: it can)."""
     if spec.direction != "forward":
@@ -65,8 +76,8 @@ def stackable(spec, cell, first: bool) -> str | None:
         return "layout 1"
     if spec.has("sequence_lens"):
         return "sequence_lens"
-    if len(cell.phases) != 1 or len(cell.folded_rbias) != cell.gates:
-        return f"{spec.op} cell{' with linear_before_reset' if spec.linear_before_reset else ''}: its gates are not all x + R h"
+    if len(cell.phases) != 1:
+        return f"{spec.op} cell without linear_before_reset: its h gate needs all of r*h first (two phases)"
     if not first and (spec.has("initial_h") or spec.has("initial_c")):
         return "initial states above the first layer"
     return None
@@ -78,7 +89,7 @@ def plan(specs, cells, arch: str, warps: int = WARPS, stage: int = STAGE) -> Wav
     ks = [reduction(s, i == 0) for i, s in enumerate(specs)]
     sms, limit = sm_count(arch), SMEM_LIMIT.get(arch, SMEM_DEFAULT) - (4 * max(ks) if stage else 0)
     # the most units a block of each layer can hold in shared memory
-    most = [limit // (c.gates * k * weight_bytes(s)) for s, c, k in zip(specs, cells, ks)]
+    most = [limit // (rows_per_unit(c, i == 0) * k * weight_bytes(s)) for i, (s, c, k) in enumerate(zip(specs, cells, ks))]
     if min(most) < 1 or len(specs) > sms:
         return None
     costs = sorted({r * k for k in ks for r in range(1, -(-max(s.hidden_size for s in specs) // warps) + 1)})
@@ -109,7 +120,7 @@ def plan(specs, cells, arch: str, warps: int = WARPS, stage: int = STAGE) -> Wav
 
 
 def smem_elements(specs, cells, cfg: WavefrontConfig) -> int:
-    return max(u * c.gates * reduction(s, i == 0) for i, (s, c, u) in enumerate(zip(specs, cells, cfg.units)))
+    return max(u * rows_per_unit(c, i == 0) * reduction(s, i == 0) for i, (s, c, u) in enumerate(zip(specs, cells, cfg.units)))
 
 
 def wavefront_prim_func(specs, cells, cfg: WavefrontConfig, seq: int | None = None, batch: int | None = None) -> tirx.PrimFunc:
@@ -128,7 +139,7 @@ def wavefront_prim_func(specs, cells, cfg: WavefrontConfig, seq: int | None = No
             T.func_name("rnn_wavefront")
             T.func_attr({"tirx.noalias": True})
             for i, a in enumerate(layers):
-                a.declare_inputs("rows", specs[i].dtype, prefix=f"l{i}_", stacked=i > 0)
+                a.declare_inputs("rows", specs[i].dtype, prefix=f"l{i}_", stacked_rows=rows_per_unit(a.cell, False) if i else 0)
             for i, a in enumerate(layers):
                 a.declare_outputs(prefix=f"l{i}_")
             wavefront_body(layers, cfg)
@@ -161,7 +172,8 @@ def wavefront_body(layers: list[KernelArgs], cfg: WavefrontConfig):
                 for i, a in enumerate(layers):
                     with T.If(mine(i)):
                         with T.Then():
-                            _load_rows(a, wsm, first_unit(i), cfg.units[i], reduction(a.spec, i == 0), threads, tid)
+                            _load_rows(a, wsm, first_unit(i), cfg.units[i], reduction(a.spec, i == 0), rows_per_unit(a.cell, i == 0),
+                                       threads, tid)
                             initial_states(a, hbufs[i], i64(0), first_unit(i), cfg.units[i], threads, tid)
                 block_sync()
                 _grid_sync()
@@ -180,9 +192,9 @@ def wavefront_body(layers: list[KernelArgs], cfg: WavefrontConfig):
                             final_states(a, hbufs[i], i64(0), first_unit(i), cfg.units[i], threads, tid)
 
 
-def _load_rows(a: KernelArgs, wsm, j0, units: int, K: int, threads: int, tid):
-    """The block's rows of R (layer 0) or WR (above), unit-major then gate, K columns each."""
-    G, H = a.cell.gates, a.spec.hidden_size
+def _load_rows(a: KernelArgs, wsm, j0, units: int, K: int, G: int, threads: int, tid):
+    """The block's rows of R (layer 0) or WR (above), unit-major then gate (G rows per unit), K columns each."""
+    H = a.spec.hidden_size
 
     def load(e):
         u, g, k = e // i64(G * K), e // i64(K) % i64(G), e % i64(K)
@@ -196,6 +208,8 @@ def _layer_step(a: KernelArgs, below: KernelArgs | None, cfg: WavefrontConfig, i
     kernel's default at these batches), then the gate program."""
     spec, cell = a.spec, a.cell
     H, G, N, UPB = spec.hidden_size, cell.gates, a.batch, cfg.units[i]
+    split = split_h(cell, below is None)  # rows: z, r, h's input part, h's recurrent part
+    rows = rows_per_unit(cell, below is None)
     In = 0 if below is None else spec.input_size
     K = H + In
     V = vector_width(spec, H if below is None else _gcd(H, In))
@@ -230,16 +244,21 @@ def _layer_step(a: KernelArgs, below: KernelArgs | None, cfg: WavefrontConfig, i
                             T.buffer_store(x, a.bias[i64(g * H) + j], [i64(gi)])
 
                     def w_at(_u, g, k, u=u):
-                        return wsm[(u * i64(G) + i64(g)) * i64(K) + k]
+                        return wsm[(u * i64(rows) + i64(g)) * i64(K) + k]
 
                     segments = [(H, lambda _u, _b, k: own_h(k), w_at)] if below is None else [
                         (In, lambda _u, _b, k: below_h(k), w_at),
                         (H, lambda _u, _b, k: own_h(k), lambda _u, g, k, w_at=w_at: w_at(_u, g, k + i64(In)))]
 
                     def finish(_u, _b, rec, j=j, x=x):
-                        epilogue(a, phase, True, hbuf, {}, t, cur, nxt, i64(0), n, j, rec, x=lambda gi: x[i64(gi)])
+                        if split:  # the h gate: its input part joins x, its recurrent part is rec
+                            gate_x = lambda gi: x[i64(gi)] + rec(2) if gi == 2 else x[i64(gi)]  # noqa: E731
+                            gate_rec = lambda gi: rec(3) if gi == 2 else rec(gi)  # noqa: E731
+                        else:
+                            gate_x, gate_rec = (lambda gi: x[i64(gi)]), rec
+                        epilogue(a, phase, True, hbuf, {}, t, cur, nxt, i64(0), n, j, gate_rec, x=gate_x)
 
-                    warp_gates(lane, K, phase.gates, 1, 1, V, None, None, finish, segments=segments)
+                    warp_gates(lane, K, tuple(range(rows)) if split else phase.gates, 1, 1, V, None, None, finish, segments=segments)
         if hs is not None:
             block_sync()  # the next row restages hs
 

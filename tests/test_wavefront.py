@@ -152,8 +152,7 @@ def test_compile_runs_a_bounded_small_batch_stack_as_one_kernel():
     ({}, {"seq": 50}, "batch unbounded"),
     ({}, {"seq": 50, "batch": 8}, "batch up to 8; a wavefront runs batch <= 4"),
     ({"kernel": "persistent"}, {"seq": 50, "batch": 1}, "only kernel='auto' on CUDA"),
-    ({"op": "GRU"}, {"seq": 50, "batch": 1}, "GRU cell: its gates are not all x + R h"),
-    ({"op": "GRU", "linear_before_reset": 1}, {"seq": 50, "batch": 1}, "GRU cell with linear_before_reset"),
+    ({"op": "GRU"}, {"seq": 50, "batch": 1}, "GRU cell without linear_before_reset: its h gate needs all of r*h first"),
 ])
 def test_stacks_that_do_not_qualify_run_layer_by_layer_and_say_why(change, bounds, why):
     kernel = change.pop("kernel", "auto")
@@ -161,6 +160,52 @@ def test_stacks_that_do_not_qualify_run_layer_by_layer_and_say_why(change, bound
     module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims=bounds, kernel=kernel, logs=False)
     assert "wavefront" not in _kinds(module)
     assert module.metadata["stacks"][0].startswith("layer0 -> layer1: layer by layer (") and why in module.metadata["stacks"][0]
+
+
+def test_gru_stack_with_linear_before_reset_runs_as_one_kernel():
+    """A higher GRU layer's h gate as two rows per unit: WR [4H, I+H] with [W_h | 0] and [0 | R_h]; the biases it adds
+    are Wb with Rb folded for z and r only (Rb_h is its parameter, inside r's product)."""
+    from tvmrnn.lowering import _stacked_weights
+
+    cases = [dataclasses.replace(c, op="GRU", linear_before_reset=1) for c in lstm_stack(2)]
+    module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 50, "batch": 1}, logs=False)
+    assert _kinds(module) == ["wavefront"] * 2
+    case = cases[1]
+    w = case.weights()
+    H, In = case.hidden, case.input_size
+    spec = next(s for s in module_specs(module) if s.name == "layer1")
+    wr, bias, params = _stacked_weights(spec, cell_for(spec), w)
+    W, R, B = w["W"][0], w["R"][0], w["B"][0]
+    assert wr.shape == (1, 4 * H, In + H)
+    np.testing.assert_array_equal(wr[0, 2 * H:3 * H], np.concatenate([W[2 * H:], np.zeros((H, H))], axis=1))
+    np.testing.assert_array_equal(wr[0, 3 * H:], np.concatenate([np.zeros((H, In)), R[2 * H:]], axis=1))
+    np.testing.assert_allclose(bias, np.concatenate([B[:2 * H] + B[3 * H:5 * H], B[2 * H:3 * H]]), rtol=1e-6)
+    np.testing.assert_array_equal(params.reshape(-1), B[5 * H:])
+
+
+def module_specs(module):
+    from tvmrnn.layer import RNNLayerSpec
+
+    return [RNNLayerSpec(**{k: v for k, v in layer.items() if k in RNNLayerSpec.__dataclass_fields__ and k not in ("activations", "present")},
+                         present=frozenset(layer["present"])) for layer in module.metadata["layers"]]
+
+
+def test_pytorch_export_is_found_through_its_zero_states_and_constant_axes():
+    """torch.onnx.export's stacks (models/lstm_lm.onnx): initial states as slices of ConstantOfShape(0), Squeeze's axes
+    from a Constant node. Zero states are the kernel's own start, so the layer above joins the chain."""
+    import os
+
+    from test_models import MODELS
+
+    path = os.path.join(MODELS, "lstm_lm.onnx")
+    model = onnx.load(path)
+    assert [m.index for m in find_chains(model)[0]] == [1] and "initial_h" not in find_chains(model)[0][0].constants
+    module = tvmrnn.compile(path, target="cuda", max_dims={"seq": 64, "batch": 2}, logs=False)
+    assert _kinds(module) == ["wavefront"] * 2
+    slices = [n for n in model.graph.node if n.op_type == "Slice"]
+    fill = next(n for n in model.graph.node if n.op_type == "ConstantOfShape").attribute[0].t
+    fill.CopyFrom(numpy_helper.from_array(np.ones(1, np.float32)))  # states of ones: no longer the kernel's zeros
+    assert slices and find_chains(model) == {}
 
 
 def test_bidirectional_stack_runs_layer_by_layer():
@@ -182,7 +227,8 @@ def test_inspect_says_how_each_stack_runs(tmp_path):
         inspect_command(str(tmp_path / f"{name}.onnx"), echo=lines.append)
     stacks = [line for line in lines if line.startswith("  stack ")]
     assert stacks[0].startswith("  stack layer0 -> layer1: one wavefront: 2 stacked layers") and "--max-dim batch=N, N <= 4" in stacks[0]
-    assert stacks[1] == "  stack layer0 -> layer1: layer by layer (GRU node 'layer0': GRU cell: its gates are not all x + R h)"
+    assert stacks[1] == ("  stack layer0 -> layer1: layer by layer (GRU node 'layer0': GRU cell without linear_before_reset: its h gate "
+                         "needs all of r*h first (two phases))")
 
 
 @pytest.mark.parametrize("storage", ["float16", "bfloat16"])
@@ -205,6 +251,10 @@ GPU_CASES = {
     "lstm-3-sizes-64-24-40": (lstm_stack(sizes=[64, 24, 40], input_size=20), "float32"),
     "rnn-2-relu": ([dataclasses.replace(c, op="RNN", outputs=("Y", "Y_h"), activations=("Relu",)) for c in lstm_stack(2)], "float32"),
     "lstm-2-fp16": ([dataclasses.replace(c, dtype="float16") for c in lstm_stack(2)], "float16"),
+    # PyTorch's and Keras's GRU: the layers above the first sum their h gate's two parts apart
+    "gru-lbr-3": ([dataclasses.replace(c, op="GRU", linear_before_reset=1, optional=("B", "initial_h") if i == 0 else ("B",))
+                   for i, c in enumerate(lstm_stack(sizes=[40, 48, 32]))], "float32"),
+    "gru-lbr-2-fp16": ([dataclasses.replace(c, op="GRU", linear_before_reset=1, dtype="float16") for c in lstm_stack(2)], "float16"),
 }
 
 
@@ -231,6 +281,24 @@ def test_wavefront_matches_float64_layer_by_layer(name, graph):
                 continue
             err = np.abs(got[out].astype("float64") - expected).max() / max(np.abs(expected).max(), 1e-30)
             assert err < tol, f"{out} T={T} N={N}: rel. error {err:.2e}"
+
+
+@pytest.mark.gpu
+def test_pytorch_export_as_one_kernel_matches_onnxruntime():
+    """models/lstm_lm.onnx (torch.onnx.export: embedding, two LSTM layers, softmax) bounded to batch 2: one wavefront
+    kernel, against ONNX Runtime on the same token ids."""
+    import os
+
+    from test_models import MODELS, ZOO, ort_reference
+
+    path = os.path.join(MODELS, "lstm_lm.onnx")
+    module = tvmrnn.compile(path, target="cuda", max_dims={"seq": 64, "batch": 2}, logs=False)
+    assert _kinds(module) == ["wavefront"] * 2
+    for batch, time in ((2, 16), (1, 64), (2, 3)):
+        feeds = ZOO.example_inputs("lstm_lm", batch=batch, time=time, seed=batch + time)
+        ours, ref = module.run(feeds), ort_reference(path, feeds)
+        for name in ref:
+            np.testing.assert_allclose(ours[name], ref[name], rtol=1e-4, atol=1e-5, err_msg=f"{name} batch {batch} time {time}")
 
 
 @pytest.mark.gpu

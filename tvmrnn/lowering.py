@@ -159,14 +159,11 @@ def emit_rnn_stack(bb: relax.BlockBuilder, specs: list, first_inputs: list, cons
     if cell.params:
         args.append(bb.emit(_params(head, cell, named["P"], rb_cell)))
     for spec, cell, w in zip(specs[1:], cells[1:], constants):
-        G, H, In = cell.gates, spec.hidden_size, spec.input_size
-        # W's columns then R's, one row per gate unit: the kernel multiplies them by [h_below; h] in one reduction
-        wr = np.concatenate([w["W"].reshape(G * H, In), w["R"].reshape(G * H, H)], axis=1).reshape(1, G * H, In + H)
-        b = w.get("B", np.zeros((1, 2 * G * H), "float32")).astype("float32").reshape(2, G * H)
-        wr = relax.const(wr.astype("float32"))  # cast by Relax: numpy has no bfloat16 (FoldConstant folds it)
-        args += [wr if spec.dtype == "float32" else bb.emit(op.astype(wr, spec.dtype)), relax.const(b[0] + b[1])]  # every Rb folds: x + R h cells only
-        if cell.params:
-            args.append(relax.const(w["P"].astype("float32").reshape(1, 3, H)))
+        wr, bias, params = _stacked_weights(spec, cell, w)
+        wr = relax.const(wr)  # cast by Relax: numpy has no bfloat16 (FoldConstant folds it)
+        args += [wr if spec.dtype == "float32" else bb.emit(op.astype(wr, spec.dtype)), relax.const(bias)]
+        if params is not None:
+            args.append(relax.const(params))
     shape = X.ty.shape
     seq, batch = shape[0], shape[1]
     outs = []
@@ -182,6 +179,30 @@ def emit_rnn_stack(bb: relax.BlockBuilder, specs: list, first_inputs: list, cons
         at += len(layer)
         results.append([bb.emit(op.astype(r, spec.dtype)) for r in layer] if spec.dtype != "float32" else layer)
     return results
+
+
+def _stacked_weights(spec, cell, w: dict):
+    """A layer above a stack's first, as the wavefront kernel takes it (schedules.recurrent_wavefront), in fp32:
+    WR [1, rows*H, I+H] (W's columns then R's per gate row; a GRU with linear_before_reset has its h gate as two rows,
+    [W_h | 0] and [0 | R_h], since r multiplies R_h h alone), the biases its epilogue adds (Wb, plus Rb where it folds)
+    and its per-unit parameters (peepholes, GRU's Rb_h) or None."""
+    from schedules.recurrent_wavefront import split_h
+
+    G, H, In = cell.gates, spec.hidden_size, spec.input_size
+    W, R = w["W"].astype("float32").reshape(G * H, In), w["R"].astype("float32").reshape(G * H, H)
+    wr = np.concatenate([W, R], axis=1)
+    b = w["B"].astype("float32").reshape(2, G, H) if "B" in w else np.zeros((2, G, H), "float32")
+    folded = np.zeros((G, 1), "float32")
+    folded[list(cell.folded_rbias)] = 1
+    if split_h(cell, False):
+        wr[2 * H:3 * H, In:] = 0  # the h gate's row: its input part
+        wr = np.concatenate([wr, np.concatenate([np.zeros((H, In), "float32"), R[2 * H:]], axis=1)])  # its recurrent part
+    params = None
+    if cell.params == ("Rb_h",):
+        params = b[1, 2].reshape(1, 1, H)
+    elif cell.params:
+        params = w["P"].astype("float32").reshape(1, 3, H)
+    return wr.reshape(1, -1, In + H), (b[0] + b[1] * folded).reshape(-1), params
 
 
 def _params(spec, cell, P, rb_cell):

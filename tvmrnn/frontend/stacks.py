@@ -4,13 +4,15 @@ node's X. The import may then run a chain as one wavefront kernel (schedules.rec
 ONNX has no multi-layer RNN op: PyTorch and our bench export a stack as one node per layer, joined by
 Squeeze(axes=[1]) (Y [T, 1, N, H] -> [T, N, H]) or Transpose(perm=[0, 2, 1, 3]) + Reshape([0, 0, -1]). A node above
 the first joins a chain only when everything it reads besides X is a constant (its weights, biases and peepholes as
-initializers; no lengths or initial states), since the kernel takes them at import time.
+initializers or Constant nodes; no lengths; initial states only where they are zeros, as PyTorch exports them: a slice
+of ConstantOfShape), since the kernel takes them at import time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
@@ -28,11 +30,42 @@ class StackMember:
     constants: dict  # ONNX input name (W, R, B, P) -> numpy array
 
 
-def _constant_ints(model, name) -> list[int] | None:
+def _constant(model, producers: dict, name: str):
+    """The value of an initializer or a Constant node's output, as an array; None for anything computed."""
     for init in model.graph.initializer:
         if init.name == name:
-            return [int(v) for v in numpy_helper.to_array(init).reshape(-1)]
+            return numpy_helper.to_array(init)
+    node = producers.get(name)
+    if node is not None and node.op_type == "Constant":
+        for a in node.attribute:
+            if a.name == "value":
+                return numpy_helper.to_array(a.t)
+            if a.name in ("value_ints", "value_int", "value_floats", "value_float"):
+                return np.array(onnx.helper.get_attribute_value(a))
     return None
+
+
+def _constant_ints(model, producers: dict, name: str) -> list[int] | None:
+    value = _constant(model, producers, name)
+    return None if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
+
+
+# ops that keep an all-zero tensor all zeros whatever their other inputs
+_ZERO_KEEPING = ("Slice", "Expand", "Reshape", "Unsqueeze", "Squeeze", "Identity", "Cast", "Tile", "Transpose")
+
+
+def _zeros(model, producers: dict, name: str, depth: int = 0) -> bool:
+    """Whether a tensor is provably all zeros: a zero constant, or ConstantOfShape(0) through shape-only ops."""
+    value = _constant(model, producers, name)
+    if value is not None:
+        return not np.asarray(value).any()
+    node = producers.get(name)
+    if node is None or depth > 8:
+        return False
+    if node.op_type == "ConstantOfShape":
+        fill = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), None)
+        return fill is None or not fill.any()
+    return node.op_type in _ZERO_KEEPING and _zeros(model, producers, node.input[0], depth + 1)
 
 
 def _attr(node, name, default=None):
@@ -48,25 +81,29 @@ def glued(model, producers: dict, y: str, x: str) -> bool:
     if node is None:
         return False
     if node.op_type == "Squeeze" and node.input[0] == y:
-        axes = list(_attr(node, "axes", [])) or (_constant_ints(model, node.input[1]) if len(node.input) > 1 else None)
+        axes = list(_attr(node, "axes", [])) or (_constant_ints(model, producers, node.input[1]) if len(node.input) > 1 else None)
         return axes in ([1], [-3])
-    if node.op_type == "Reshape" and _constant_ints(model, node.input[1]) == [0, 0, -1]:
+    if node.op_type == "Reshape" and _constant_ints(model, producers, node.input[1]) == [0, 0, -1]:
         t = producers.get(node.input[0])
         return t is not None and t.op_type == "Transpose" and t.input[0] == y and list(_attr(t, "perm", [])) == [0, 2, 1, 3]
     return False
 
 
-def _constants(model, node) -> dict | None:
-    """The node's inputs besides X by ONNX name, as arrays, if each present one is an initializer and none is a
-    length or an initial state; else None."""
-    inits = {i.name: i for i in model.graph.initializer}
+def _constants(model, producers: dict, node) -> dict | None:
+    """The node's inputs besides X by ONNX name, as arrays, if each present one is a constant, none is a length and
+    the initial states are zeros (left out: the kernel starts from zeros); else None."""
     out = {}
     for name, value in zip(INPUT_NAMES[node.op_type], node.input):
         if name == "X" or not value:
             continue
-        if name in ("sequence_lens", "initial_h", "initial_c") or value not in inits:
+        if name in ("initial_h", "initial_c"):
+            if not _zeros(model, producers, value):
+                return None
+            continue
+        array = None if name == "sequence_lens" else _constant(model, producers, value)
+        if array is None:
             return None
-        out[name] = numpy_helper.to_array(inits[value])
+        out[name] = array
     return out
 
 
@@ -82,7 +119,7 @@ def find_chains(model: onnx.ModelProto) -> dict[int, list[StackMember]]:
             if below is node or not below.output or not below.output[0] or below.op_type not in RNN_OPS:
                 continue
             if glued(model, producers, below.output[0], x):
-                constants = _constants(model, node)
+                constants = _constants(model, producers, node)
                 if constants is not None:
                     above[index[id(below)]] = StackMember(index[id(node)], node, constants)
     chains, members = {}, {m.index for m in above.values()}
