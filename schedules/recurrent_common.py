@@ -81,7 +81,7 @@ class KernelArgs:
                 self.RT = T.arg(prefix + "RT", T.Buffer((D, H, G * H), weight_dtype))
             else:
                 self.R = T.arg(prefix + "R", T.Buffer((D, G * H, H), weight_dtype))
-        self.seq_lens = T.arg(prefix + "seq_lens", T.Buffer((n,), "int32")) if s.has("sequence_lens") else None
+        self.seq_lens = T.arg(prefix + "seq_lens", T.Buffer((n,), "int32")) if s.has("sequence_lens") and not stacked_rows else None
         self.h0 = T.arg(prefix + "h0", T.Buffer(state_shape, dtype)) if s.has("initial_h") else None
         self.c0 = T.arg(prefix + "c0", T.Buffer(state_shape, dtype)) if s.has("initial_c") and "c" in self.cell.states else None
         self.params = T.arg(prefix + "params", T.Buffer((D, len(self.cell.params), H), dtype)) if self.cell.params else None

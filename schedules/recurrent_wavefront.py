@@ -16,7 +16,7 @@ phases), so such stacks run layer by layer.
 
 Blocks per layer are sized so that the slowest block's warps do the least work per step (rounds of units times the
 reduction length), within one wave of the GPU's SMs and each block's shared memory. Applies to unidirectional stacks
-(layout 0, no sequence_lens, the higher layers' optional inputs only peepholes) at the batches the persistent kernel
+(layout 0; every layer masked by the first one's sequence_lens, if any) at the batches the persistent kernel
 runs (schedules.PERSISTENT_MAX_BATCH); the compiler (tvmrnn.frontend.stacks) finds such stacks in the ONNX graph.
 """
 
@@ -74,8 +74,6 @@ def stackable(spec, cell, first: bool) -> str | None:
         return f"direction {spec.direction} (a stack runs forward in time)"
     if spec.layout != 0:
         return "layout 1"
-    if spec.has("sequence_lens"):
-        return "sequence_lens"
     if len(cell.phases) != 1:
         return f"{spec.op} cell without linear_before_reset: its h gate needs all of r*h first (two phases)"
     if not first and (spec.has("initial_h") or spec.has("initial_c")):
@@ -140,6 +138,8 @@ def wavefront_prim_func(specs, cells, cfg: WavefrontConfig, seq: int | None = No
             T.func_attr({"tirx.noalias": True})
             for i, a in enumerate(layers):
                 a.declare_inputs("rows", specs[i].dtype, prefix=f"l{i}_", stacked_rows=rows_per_unit(a.cell, False) if i else 0)
+                if i:  # one set of lengths masks every layer (frontend.stacks): the first layer's argument
+                    a.seq_lens = layers[0].seq_lens if a.spec.has("sequence_lens") else None
             for i, a in enumerate(layers):
                 a.declare_outputs(prefix=f"l{i}_")
             wavefront_body(layers, cfg)

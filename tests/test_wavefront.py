@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 import tvmrnn
 from onnx_cases import ONNX_DTYPE, Case
@@ -41,6 +41,10 @@ def stack_model(cases: list[Case], glue: str = "squeeze", opset: int = 14) -> on
             elif n in ("initial_h", "initial_c"):
                 names.append(f"L{i}_{n}")
                 inputs.append(helper.make_tensor_value_info(f"L{i}_{n}", elem, case._shape(n)))
+            elif n == "sequence_lens":  # one lengths input, read by every node that takes lengths
+                names.append("lengths")
+                if all(v.name != "lengths" for v in inputs):
+                    inputs.append(helper.make_tensor_value_info("lengths", TensorProto.INT32, ["batch"]))
             else:
                 names.append(x if n == "X" else n)
         outs = [f"L{i}_{o}" for o in case.output_names]
@@ -64,7 +68,8 @@ def stack_reference(cases: list[Case], feeds: dict) -> dict:
     for i, case in enumerate(cases):
         w = {k: v.astype("float64") for k, v in case.weights().items()}
         states = {n: feeds[f"L{i}_{n}"].astype("float64") for n in ("initial_h", "initial_c") if f"L{i}_{n}" in feeds}
-        res = rnn_reference(case.op, X=x, W=w["W"], R=w["R"], B=w.get("B"), sequence_lens=None, P=w.get("P"),
+        lengths = feeds.get("lengths") if "sequence_lens" in case.optional else None
+        res = rnn_reference(case.op, X=x, W=w["W"], R=w["R"], B=w.get("B"), sequence_lens=lengths, P=w.get("P"),
                             initial_h=states.get("initial_h"), initial_c=states.get("initial_c"), **case.attrs())
         out.update({f"L{i}_{o}": r for o, r in zip(case.output_names, res)})
         x = res[0][:, 0]
@@ -82,6 +87,10 @@ def lstm_stack(layers=2, hidden=48, input_size=20, sizes=None, **first):
 
 def _feeds(cases, rng, T, N):
     feeds = {"X": rng.standard_normal((T, N, cases[0].input_size)).astype(cases[0].dtype)}
+    if "sequence_lens" in cases[0].optional:
+        lengths = rng.integers(1, T + 1, N)
+        lengths[rng.integers(N)] = T  # ONNX Runtime sizes Y by the longest row
+        feeds["lengths"] = lengths.astype(np.int32)
     for n in ("initial_h", "initial_c"):
         if n in cases[0].optional:
             feeds[f"L0_{n}"] = rng.standard_normal((1, N, cases[0].hidden)).astype(cases[0].dtype)
@@ -104,6 +113,21 @@ def test_chains_are_found_through_both_exporters_glues(glue, opset):
     chains = find_chains(model)
     assert list(chains) == [0] and [m.index for m in chains[0]] == [1, 2]
     assert set(chains[0][0].constants) == {"W", "R", "B"}
+
+
+def test_layers_reading_the_same_lengths_are_stacked():
+    """One lengths input read by every node: a chain (the kernel masks every layer with it); a node above that reads
+    none, or lengths of its own, runs alone (its steps past a row's end would differ)."""
+    cases = [dataclasses.replace(c, optional=("B", "sequence_lens")) for c in lstm_stack(3)]
+    chains = find_chains(stack_model(cases))
+    assert [(m.index, m.lengths) for m in chains[0]] == [(1, True), (2, True)]
+    module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 50, "batch": 4}, logs=False)
+    assert _kinds(module) == ["wavefront"] * 3 and module.metadata["layers"][0]["graph_inputs"] == {"X": "X", "sequence_lens": "lengths"}
+    cases[2] = dataclasses.replace(cases[2], optional=("B",))
+    assert [m.index for m in find_chains(stack_model(cases))[0]] == [1]
+    model = stack_model(cases)
+    model.graph.node[2].input[4] = "X_lengths"  # layer1 (after layer0 and its Squeeze) with lengths of its own
+    assert find_chains(model) == {}
 
 
 def test_a_node_reading_more_than_constants_is_not_stacked():
@@ -249,6 +273,8 @@ GPU_CASES = {
     "lstm-2-h512": (lstm_stack(2, hidden=512, input_size=512), "float32"),
     "lstm-2-h37": (lstm_stack(2, hidden=37, input_size=13), "float32"),  # no 16-byte loads, a partial block
     "lstm-3-sizes-64-24-40": (lstm_stack(sizes=[64, 24, 40], input_size=20), "float32"),
+    "lstm-3-lengths": ([dataclasses.replace(c, optional=("B", "sequence_lens") + (("initial_h",) if i == 0 else ()))
+                        for i, c in enumerate(lstm_stack(3))], "float32"),
     "rnn-2-relu": ([dataclasses.replace(c, op="RNN", outputs=("Y", "Y_h"), activations=("Relu",)) for c in lstm_stack(2)], "float32"),
     "lstm-2-fp16": ([dataclasses.replace(c, dtype="float16") for c in lstm_stack(2)], "float16"),
     # PyTorch's and Keras's GRU: the layers above the first sum their h gate's two parts apart

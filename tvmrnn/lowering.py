@@ -147,6 +147,7 @@ def emit_rnn_stack(bb: relax.BlockBuilder, specs: list, first_inputs: list, cons
     inputs = list(first_inputs) + [None] * (8 - len(first_inputs))
     X, W, R, B = inputs[:4]
     B = _f32(B)
+    lengths = inputs[4]
     named = dict(zip(("initial_h", "initial_c", "P"), inputs[5:8]))
     named = {k: _f32(v) for k, v in named.items()}
     G, H, In = cell.gates, head.hidden_size, head.input_size
@@ -154,7 +155,7 @@ def emit_rnn_stack(bb: relax.BlockBuilder, specs: list, first_inputs: list, cons
     from schedules.space import rounding_mode
 
     xw = _projection(bb, X, op.reshape(W, [G * H, In]), bias, G * H, In, target, rounding_mode(head, target))
-    args = [xw, R]
+    args = [xw, R] + ([lengths] if head.has("sequence_lens") else [])  # the layers above read the same lengths
     args += [named[n] for n in ("initial_h", "initial_c") if head.has(n) and (n != "initial_c" or "c" in cell.states)]
     if cell.params:
         args.append(bb.emit(_params(head, cell, named["P"], rb_cell)))

@@ -140,6 +140,8 @@ def member_spec(member, x_shape, dtype, ctx):
     node = member.node
     attrs = normalize_attrs({a.name: get_attribute_value(a) for a in node.attribute})
     shapes = {"X": tuple(x_shape)} | {k: tuple(v.shape) for k, v in member.constants.items()}
+    if member.lengths:  # the first node's, which the kernel reads for every layer
+        shapes["sequence_lens"] = (x_shape[1],)
     name = node.name or f"{node.op_type}_{member.index}"
     spec = spec_from_node(node.op_type, name, attrs, shapes, len(node.output), ctx.opset, dtype)
     return spec.compiled_as(ctx.storage, ctx.precision, cuda=True)

@@ -4,8 +4,9 @@ node's X. The import may then run a chain as one wavefront kernel (schedules.rec
 ONNX has no multi-layer RNN op: PyTorch and our bench export a stack as one node per layer, joined by
 Squeeze(axes=[1]) (Y [T, 1, N, H] -> [T, N, H]) or Transpose(perm=[0, 2, 1, 3]) + Reshape([0, 0, -1]). A node above
 the first joins a chain only when everything it reads besides X is a constant (its weights, biases and peepholes as
-initializers or Constant nodes; no lengths; initial states only where they are zeros, as PyTorch exports them: a slice
-of ConstantOfShape), since the kernel takes them at import time.
+initializers or Constant nodes; initial states only where they are zeros, as PyTorch exports them: a slice of
+ConstantOfShape), since the kernel takes them at import time, and its sequence_lens, if any, is the very tensor the
+node below it reads (one set of lengths masks every layer of the kernel).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class StackMember:
     index: int
     node: onnx.NodeProto
     constants: dict  # ONNX input name (W, R, B, P) -> numpy array
+    lengths: bool = False  # it reads sequence_lens: the same tensor as the node below it
 
 
 def _constant(model, producers: dict, name: str):
@@ -89,18 +91,27 @@ def glued(model, producers: dict, y: str, x: str) -> bool:
     return False
 
 
-def _constants(model, producers: dict, node) -> dict | None:
-    """The node's inputs besides X by ONNX name, as arrays, if each present one is a constant, none is a length and
-    the initial states are zeros (left out: the kernel starts from zeros); else None."""
+def _lengths(node) -> str:
+    names = INPUT_NAMES[node.op_type]
+    i = names.index("sequence_lens")
+    return node.input[i] if len(node.input) > i else ""
+
+
+def _constants(model, producers: dict, node, below) -> dict | None:
+    """The node's inputs besides X by ONNX name, as arrays, if each present one is a constant, its lengths are the
+    node below's (left out here: the kernel reads the first node's) and the initial states are zeros (left out: the
+    kernel starts from zeros); else None."""
+    if _lengths(node) != _lengths(below):
+        return None
     out = {}
     for name, value in zip(INPUT_NAMES[node.op_type], node.input):
-        if name == "X" or not value:
+        if name in ("X", "sequence_lens") or not value:
             continue
         if name in ("initial_h", "initial_c"):
             if not _zeros(model, producers, value):
                 return None
             continue
-        array = None if name == "sequence_lens" else _constant(model, producers, value)
+        array = _constant(model, producers, value)
         if array is None:
             return None
         out[name] = array
@@ -119,9 +130,9 @@ def find_chains(model: onnx.ModelProto) -> dict[int, list[StackMember]]:
             if below is node or not below.output or not below.output[0] or below.op_type not in RNN_OPS:
                 continue
             if glued(model, producers, below.output[0], x):
-                constants = _constants(model, producers, node)
+                constants = _constants(model, producers, node, below)
                 if constants is not None:
-                    above[index[id(below)]] = StackMember(index[id(node)], node, constants)
+                    above[index[id(below)]] = StackMember(index[id(node)], node, constants, bool(_lengths(node)))
     chains, members = {}, {m.index for m in above.values()}
     for start in sorted(above):
         if start in members:
