@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from tvm import tirx
 
 from .recurrent_common import batch_dispatch
+from .recurrent_persistent_mma import MID_BATCH as RESIDENT_MID_BATCH
+from .recurrent_persistent_mma import SMALL_BATCH as RESIDENT_SMALL_BATCH
 from .space import KernelConfig, default_config, emitter, kinds
 
 KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma", "persistent_mma")
@@ -46,12 +48,9 @@ STEPWISE_MAX_BATCH = 32
 # (and TF32) it gives way to the per-step mma kernel above RESIDENT_MAX_BATCH: on the H100 it ran ds2-lstm
 # (batch 20) in 1.68 ms against mma's 2.01, b64-h1024-l2 in 2.96 against 2.67; in exact fp32 (3xTF32) it
 # beat the SIMT kinds at every batch tried: 1.43 vs 2.51 ms (b8), 3.25 vs 4.66 (ds2), 6.04 vs tiled's 9.89 (b64)
-# (benchmarks/results/2026-11-23-h100-persistent-mma-variants.md)
-RESIDENT_SMALL_BATCH = 8
+# (benchmarks/results/2026-11-23-h100-persistent-mma-variants.md). Exact fp32 (3xTF32) has a third default tile up to
+# RESIDENT_MID_BATCH: three 8-row tiles, so batch 20 pads to 24 rows, not 32 (recurrent_persistent_mma.default_config)
 RESIDENT_MAX_BATCH = 32
-# exact fp32 (3xTF32) has a third default tile up to this batch: three 8-row tiles, so batch 20 pads to 24 rows, not 32
-# (on the H100 ds2-lstm 2.35 against 3.05 ms, ds2-5l-bi 27.1 against 31.4; recurrent_persistent_mma.default_config)
-RESIDENT_MID_BATCH = 24
 # Where R does not fit on chip, persistent_mma streaming part of R from L2 each step (streaming_config) runs batches
 # STEPWISE_MAX_BATCH+1 .. STREAMED_MAX_BATCH (its 64 rows per pass): on blog-a (H=2560, batch 64) on the H100 it ran
 # 31.3 ms in fp32 against tiled's 46.2, 13.6 in fp16 against mma's 15.8; smaller and larger batches keep their kinds
@@ -110,6 +109,10 @@ class KernelPlan:
     @property
     def tuned(self) -> bool:
         return any(b.tuned for b in self.branches)
+
+    def branch_at(self, batch: int) -> Branch:
+        """The branch that runs `batch` rows."""
+        return next(b for b in self.branches if b.up_to is None or batch <= b.up_to)
 
 
 def _arch(target) -> str:
@@ -276,16 +279,16 @@ def stack_kernel(specs, cells, target, choice: str = "auto", tuned: list | None 
         return None, "only kernel='auto' on CUDA"
     if batch_bound is None or batch_bound > PERSISTENT_MAX_BATCH:
         return None, f"batch {'unbounded' if batch_bound is None else f'up to {batch_bound}'}; a wavefront runs batch <= {PERSISTENT_MAX_BATCH}"
+    own = []  # each layer's plan were it alone: the stack runs only where each would run persistent
     for i, (spec, cell) in enumerate(zip(specs, cells)):
         why = wavefront.stackable(spec, cell, i == 0)
         if why:
             return None, f"{spec.op} node '{spec.name}': {why}"
-        plan = plan_kernel(spec, cell, target, choice, (tuned or [None] * len(specs))[i])
-        kinds_used = {b.config.kind for b in plan.branches[: next((k + 1 for k, b in enumerate(plan.branches)
-                                                                  if b.up_to is None or b.up_to >= batch_bound), len(plan.branches))]}
+        own.append(plan_kernel(spec, cell, target, choice, tuned[i] if tuned else None))
+        kinds_used = {own[-1].branch_at(n).config.kind for n in range(1, batch_bound + 1)}
         if kinds_used != {"persistent"}:
             return None, f"{spec.op} node '{spec.name}' runs {'/'.join(sorted(kinds_used))} at batch <= {batch_bound}"
-    warps = plan_kernel(specs[0], cells[0], target, choice, (tuned or [None])[0]).branches[0].config["warps"]
+    warps = own[0].branch_at(1).config["warps"]
     cfg = wavefront.plan(specs, cells, _arch(target), warps)
     if cfg is None:
         return None, "the layers' weights do not fit on chip across one wave"

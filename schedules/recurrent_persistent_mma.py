@@ -85,6 +85,11 @@ def fits(spec, cell, arch: str, cfg: MmaConfig) -> bool:
             and cfg.n_warps * cfg.k_warps <= 16)
 
 
+# the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, in exact fp32 three up to MID_BATCH
+SMALL_BATCH = 8
+MID_BATCH = 24
+
+
 def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig | None:
     """The fewest units per block (most SMs at work) that fit. Up to batch 8 one 8-row tile with the reduction split
     8 ways (16 in exact fp32), with XW prefetched; in exact fp32 up to batch 24 three 8-row tiles split 8 ways (4 where
@@ -102,9 +107,9 @@ def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig
 
     exact = mode(spec) == "tf32x3"
     phases = len(cell.phases)
-    if batch is not None and batch <= 8:
+    if batch is not None and batch <= SMALL_BATCH:
         points = ([dict(n_tiles=1, n_warps=1, k_warps=16, prefetch=1)] if exact else []) + [dict(n_tiles=1, n_warps=1, k_warps=8, prefetch=1)]
-    elif exact and batch is not None and batch <= 24:
+    elif exact and batch is not None and batch <= MID_BATCH:
         points = [dict(n_tiles=3, n_warps=1, k_warps=8, prefetch=1), dict(n_tiles=3, n_warps=1, k_warps=4, prefetch=1)]
     else:
         points = [dict(n_tiles=2, n_warps=2, k_warps=4, prefetch=int(phases > 1))]

@@ -22,6 +22,7 @@ runs (schedules.PERSISTENT_MAX_BATCH); the compiler (tvmrnn.frontend.stacks) fin
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -121,17 +122,12 @@ def smem_elements(specs, cells, cfg: WavefrontConfig) -> int:
     return max(u * rows_per_unit(c, i == 0) * reduction(s, i == 0) for i, (s, c, u) in enumerate(zip(specs, cells, cfg.units)))
 
 
-def wavefront_prim_func(specs, cells, cfg: WavefrontConfig, seq: int | None = None, batch: int | None = None) -> tirx.PrimFunc:
-    """PrimFunc(layer 0's XW, R, [h0, c0], [params]; each higher layer's WR, bias, [params]; then each layer's Y, Yh, [Yc])."""
+def wavefront_prim_func(specs, cells, cfg: WavefrontConfig) -> tirx.PrimFunc:
+    """PrimFunc(layer 0's XW, R, [seq_lens], [h0, c0], [params]; each higher layer's WR, bias, [params]; then each
+    layer's Y, Yh, [Yc]), seq and batch symbolic."""
     layers = [KernelArgs(s, c) for s, c in zip(specs, cells)]
     for a in layers[1:]:
         a.seq, a.batch = layers[0].seq, layers[0].batch
-    if seq is not None:
-        for a in layers:
-            a.seq = tirx.IntImm("int64", seq)
-    if batch is not None:
-        for a in layers:
-            a.batch = tirx.IntImm("int64", batch)
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("rnn_wavefront")
@@ -212,7 +208,7 @@ def _layer_step(a: KernelArgs, below: KernelArgs | None, cfg: WavefrontConfig, i
     rows = rows_per_unit(cell, below is None)
     In = 0 if below is None else spec.input_size
     K = H + In
-    V = vector_width(spec, H if below is None else _gcd(H, In))
+    V = vector_width(spec, H if below is None else math.gcd(H, In))
     phase = cell.phases[0]
     cur, nxt = t % i64(2), (t + i64(1)) % i64(2)
     with T.serial(0, N) as n:
@@ -262,8 +258,3 @@ def _layer_step(a: KernelArgs, below: KernelArgs | None, cfg: WavefrontConfig, i
         if hs is not None:
             block_sync()  # the next row restages hs
 
-
-def _gcd(a: int, b: int) -> int:
-    import math
-
-    return math.gcd(a, b)

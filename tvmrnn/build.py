@@ -165,8 +165,10 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
     model = load_onnx(model)
     # decided before the import, which routes the recurrent kernels' model inputs and outputs through copies for it
     bounds, graph_note = cuda_graph_plan(model_inputs(model), target, max_dims, cuda_graph)
+    # inputs' symbolic dims beyond these are refused: intermediate buffers are planned for them
+    enforced = dict(bounds if bounds is not None else max_dims or {})
     imported = import_onnx(model, target, kernel, None if dtype in (None, "float32") else dtype, tuning.best if tuning else None,
-                           precision, graph_copies=bounds is not None, dim_bounds=bounds if bounds is not None else max_dims)
+                           precision, graph_copies=bounds is not None, dim_bounds=enforced)
     log(f"[1/2] imported {source}: opset {imported.opset}, {len(imported.layers)} recurrent layer(s) "
         f"({time.perf_counter() - started:.1f} s)")
     for spec in imported.layers:
@@ -200,8 +202,7 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
         "layers": [_layer_dict(s, imported) for s in imported.layers],
         "stacks": imported.stacks,
         "index_bounds": imported.index_bounds,
-        # inputs' symbolic dims beyond these are refused: intermediate buffers are planned for them
-        "max_dims": dict(bounds if bounds is not None else max_dims or {}),
+        "max_dims": enforced,
         "cuda_graph": graph_note,
         "tuning_logs": str(tuning.folder) if tuning and tuning.records else None,
     }

@@ -102,6 +102,15 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
     Returns [Y, Y_h(, Y_c)] as Relax expressions and the recurrent kernel's plan (schedules.KernelPlan).
     """
     cell = cell_for(spec)
+    kernel = _recurrent_kernel(spec, cell, target, kernel_choice, tuned)
+    args = _kernel_inputs(bb, spec, cell, inputs, target, kernel.r_layout)
+    results = _call(bb, kernel.func, spec.name, args, _output_types(spec, cell, inputs[0]))
+    return _storage_dtype(bb, spec, results), kernel.plan
+
+
+def _kernel_inputs(bb, spec, cell, inputs: list, target, r_layout: str) -> list:
+    """What a layer's recurrent kernel takes before its outputs (recurrent_common.KernelArgs): XW (the projection of all
+    steps, one GEMM), R in r_layout, then the lengths, states and per-unit parameters the node has."""
     inputs = list(inputs) + [None] * (8 - len(inputs))
     X, W, R, B = inputs[:4]
     # Only R keeps the storage dtype inside our kernels (fp16/bf16 halve its bytes on chip); the
@@ -115,71 +124,57 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
     from schedules.space import rounding_mode  # the layer's tensor-core mode on this target, if any
 
     xw = _projection(bb, X, op.reshape(W, [D * G * H, In]), bias, D * G * H, In, target, rounding_mode(spec, target))
-    kernel = _recurrent_kernel(spec, cell, target, kernel_choice, tuned)
-    args = [xw, _r_layout(bb, R, kernel.r_layout, D, G, H)]
+    args = [xw, _r_layout(bb, R, r_layout, D, G, H)]
     for name in ("sequence_lens", "initial_h", "initial_c"):
         if spec.has(name) and (name != "initial_c" or "c" in cell.states):
             args.append(named[name])
     if cell.params:
         args.append(bb.emit(_params(spec, cell, named["P"], rb_cell)))
+    return args
 
-    shape = X.ty.shape
+
+def _output_types(spec, cell, X) -> list:
+    """Y, Y_h(, Y_c) as the kernel writes them (fp32), for X's seq and batch."""
+    shape, H, D = X.ty.shape, spec.hidden_size, spec.num_directions
     seq, batch = (shape[0], shape[1]) if spec.layout == 0 else (shape[1], shape[0])
     y_shape = [seq, D, batch, H] if spec.layout == 0 else [batch, seq, D, H]
     s_shape = [D, batch, H] if spec.layout == 0 else [batch, D, H]
-    outs = [relax.TensorType(y_shape, "float32")] + [relax.TensorType(s_shape, "float32")] * len(cell.states)
+    return [relax.TensorType(y_shape, "float32")] + [relax.TensorType(s_shape, "float32")] * len(cell.states)
 
-    name = "rnn_" + "".join(c if c.isalnum() else "_" for c in spec.name)
-    gv = bb.add_func(kernel.func.with_attr("global_symbol", name), name)
+
+def _call(bb, func, name: str, args: list, outs: list) -> list:
+    """call_tir of our kernel (named rnn_<name>) and its outputs, one expression each."""
+    name = "rnn_" + "".join(c if c.isalnum() else "_" for c in name)
+    gv = bb.add_func(func.with_attr("global_symbol", name), name)
     res = bb.emit(relax.call_tir(gv, args, outs))
-    results = [bb.emit(relax.TupleGetItem(res, i)) for i in range(len(outs))]
-    if spec.dtype != "float32":
-        results = [bb.emit(op.astype(r, spec.dtype)) for r in results]
-    return results, kernel.plan
+    return [bb.emit(relax.TupleGetItem(res, i)) for i in range(len(outs))]
+
+
+def _storage_dtype(bb, spec, results: list) -> list:
+    return [bb.emit(op.astype(r, spec.dtype)) for r in results] if spec.dtype != "float32" else results
 
 
 def emit_rnn_stack(bb: relax.BlockBuilder, specs: list, first_inputs: list, constants: list[dict], target, kernel):
-    """Emit a chain of stacked layers as one wavefront kernel (schedules.stack_kernel): the first layer's projection
-    as one GEMM, then one call that runs every layer. first_inputs: the first node's Relax inputs in ONNX order;
+    """Emit a chain of stacked layers as one wavefront kernel (schedules.stack_kernel): the first layer's inputs as its
+    own kernel would take them (its projection as one GEMM), then each higher layer's constants, in one call that runs
+    every layer. first_inputs: the first node's Relax inputs in ONNX order (the layers above read its lengths);
     constants: for each layer above it, its W, R, B, P as arrays. Returns [[Y, Y_h(, Y_c)] per layer]."""
     cells = [cell_for(s) for s in specs]
-    head, cell = specs[0], cells[0]
-    inputs = list(first_inputs) + [None] * (8 - len(first_inputs))
-    X, W, R, B = inputs[:4]
-    B = _f32(B)
-    lengths = inputs[4]
-    named = dict(zip(("initial_h", "initial_c", "P"), inputs[5:8]))
-    named = {k: _f32(v) for k, v in named.items()}
-    G, H, In = cell.gates, head.hidden_size, head.input_size
-    bias, rb_cell = _split_bias(B, head, cell) if B is not None else (None, None)
-    from schedules.space import rounding_mode
-
-    xw = _projection(bb, X, op.reshape(W, [G * H, In]), bias, G * H, In, target, rounding_mode(head, target))
-    args = [xw, R] + ([lengths] if head.has("sequence_lens") else [])  # the layers above read the same lengths
-    args += [named[n] for n in ("initial_h", "initial_c") if head.has(n) and (n != "initial_c" or "c" in cell.states)]
-    if cell.params:
-        args.append(bb.emit(_params(head, cell, named["P"], rb_cell)))
+    args = _kernel_inputs(bb, specs[0], cells[0], first_inputs, target, "rows")
     for spec, cell, w in zip(specs[1:], cells[1:], constants):
         wr, bias, params = _stacked_weights(spec, cell, w)
         wr = relax.const(wr)  # cast by Relax: numpy has no bfloat16 (FoldConstant folds it)
         args += [wr if spec.dtype == "float32" else bb.emit(op.astype(wr, spec.dtype)), relax.const(bias)]
         if params is not None:
             args.append(relax.const(params))
-    shape = X.ty.shape
-    seq, batch = shape[0], shape[1]
-    outs = []
-    for spec, cell in zip(specs, cells):
-        H = spec.hidden_size
-        outs += [relax.TensorType([seq, 1, batch, H], "float32")] + [relax.TensorType([1, batch, H], "float32")] * len(cell.states)
-    name = "rnn_stack_" + "".join(c if c.isalnum() else "_" for c in head.name)
-    gv = bb.add_func(kernel.func.with_attr("global_symbol", name), name)
-    res = bb.emit(relax.call_tir(gv, args, outs))
-    results, at = [], 0
-    for spec, cell in zip(specs, cells):
-        layer = [bb.emit(relax.TupleGetItem(res, at + i)) for i in range(1 + len(cell.states))]
+    # every layer of a stack is unidirectional in layout 0: Y [seq, 1, batch, H] and states [1, batch, H], like the first's
+    outs = [_output_types(spec, cell, first_inputs[0]) for spec, cell in zip(specs, cells)]
+    results = _call(bb, kernel.func, "stack_" + specs[0].name, args, [t for layer in outs for t in layer])
+    per_layer, at = [], 0
+    for spec, layer in zip(specs, outs):
+        per_layer.append(_storage_dtype(bb, spec, results[at:at + len(layer)]))
         at += len(layer)
-        results.append([bb.emit(op.astype(r, spec.dtype)) for r in layer] if spec.dtype != "float32" else layer)
-    return results
+    return per_layer
 
 
 def _stacked_weights(spec, cell, w: dict):

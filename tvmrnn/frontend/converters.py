@@ -39,7 +39,8 @@ class ImportContext:
     # stacked layers (frontend.stacks): index of a chain's first node among the recurrent nodes -> the members above it
     chains: dict = field(default_factory=dict)
     dim_bounds: dict = field(default_factory=dict)  # symbolic dim -> the bound the module enforces (max_dims)
-    # a member's results, emitted with its chain's first node: index -> (spec, outputs, plan, outputs' copy flags)
+    # a member's results, emitted with its chain's first node: index -> (spec, outputs, plan, whether it runs in a
+    # storage dtype its outputs are cast back from)
     stashed: dict = field(default_factory=dict)
     stacks: list = field(default_factory=list)  # why each chain does or does not run as a wavefront, for the log
     current = contextvars.ContextVar("tvmrnn_import")
@@ -64,10 +65,11 @@ def _copy(bb, x):
 
 def _convert(op_type, bb, inputs, attr):
     ctx = ImportContext.current.get()
-    if len(ctx.layers) in ctx.stashed:  # a stacked layer, already emitted with the first of its chain
-        return _stashed(ctx, len(ctx.layers))
+    index = len(ctx.layers)  # the node's place among the recurrent nodes: the frontend converts in graph order
+    if index in ctx.stashed:  # a stacked layer, already emitted with the first of its chain
+        return _stashed(ctx, index)
     custom = attr.get("tvm_custom", {})
-    name = custom.get("name") or f"{op_type}_{len(ctx.layers)}"
+    name = custom.get("name") or f"{op_type}_{index}"
     inputs = list(inputs)
     dtype = str(inputs[0].ty.dtype) if inputs and inputs[0] is not None else "float32"
     shapes = {n: _shape(x) for n, x in zip(INPUT_NAMES[op_type], inputs) if x is not None}
@@ -82,10 +84,10 @@ def _convert(op_type, bb, inputs, attr):
     # graph inputs that feed the layer directly: the runtime checks sequence_lens values against X's length
     ctx.graph_inputs[name] = {n: x.name for n, x in zip(INPUT_NAMES[op_type], inputs)
                               if isinstance(x, relax.Var) and n in ("X", "sequence_lens")}
-    copies = _copy_flags(ctx, len(ctx.layers) - 1)
+    copies = _copy_flags(ctx, index)
     if copies is not None:
         inputs = [_copy(bb, x) if i >= 4 and isinstance(x, relax.Var) else x for i, x in enumerate(inputs)]
-    stacked = _stack(ctx, bb, spec, inputs, convert, dtype) if len(ctx.layers) - 1 in ctx.chains else None
+    stacked = _stack(ctx, bb, spec, ctx.chains[index], inputs, convert, dtype) if index in ctx.chains else None
     if stacked is not None:
         outs, ctx.kernels[name] = stacked
     else:
@@ -106,12 +108,12 @@ def _results(bb, spec, outs, convert, copies):
     return relax.Tuple(outs[: max(spec.num_outputs, 1)]) if spec.num_outputs > 1 else outs[0]
 
 
-def _stack(ctx, bb, spec, inputs, convert, model_dtype):
-    """The chain starting at this node as one wavefront kernel, where it applies: (this node's outputs, its plan), the
-    members' results stashed for their own conversion; None (the node alone) where it does not, ctx.stacks saying why."""
+def _stack(ctx, bb, spec, members, inputs, convert, model_dtype):
+    """The chain starting at this node (the nodes above it: members) as one wavefront kernel, where it applies: (this
+    node's outputs, its plan), the members' results stashed for their own conversion; None (the node alone) where it
+    does not, ctx.stacks saying why."""
     from schedules import stack_kernel
 
-    members = ctx.chains[len(ctx.layers) - 1]
     seq, batch = _shape(inputs[0])[:2]
     specs = [spec]
     try:

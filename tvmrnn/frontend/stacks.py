@@ -32,42 +32,60 @@ class StackMember:
     lengths: bool = False  # it reads sequence_lens: the same tensor as the node below it
 
 
-def _constant(model, producers: dict, name: str):
-    """The value of an initializer or a Constant node's output, as an array; None for anything computed."""
-    for init in model.graph.initializer:
-        if init.name == name:
-            return numpy_helper.to_array(init)
-    node = producers.get(name)
-    if node is not None and node.op_type == "Constant":
-        for a in node.attribute:
-            if a.name == "value":
-                return numpy_helper.to_array(a.t)
-            if a.name in ("value_ints", "value_int", "value_floats", "value_float"):
-                return np.array(onnx.helper.get_attribute_value(a))
-    return None
-
-
-def _constant_ints(model, producers: dict, name: str) -> list[int] | None:
-    value = _constant(model, producers, name)
-    return None if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
-
-
 # ops that keep an all-zero tensor all zeros whatever their other inputs
 _ZERO_KEEPING = ("Slice", "Expand", "Reshape", "Unsqueeze", "Squeeze", "Identity", "Cast", "Tile", "Transpose")
 
 
-def _zeros(model, producers: dict, name: str, depth: int = 0) -> bool:
-    """Whether a tensor is provably all zeros: a zero constant, or ConstantOfShape(0) through shape-only ops."""
-    value = _constant(model, producers, name)
-    if value is not None:
-        return not np.asarray(value).any()
-    node = producers.get(name)
-    if node is None or depth > 8:
-        return False
-    if node.op_type == "ConstantOfShape":
-        fill = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), None)
-        return fill is None or not fill.any()
-    return node.op_type in _ZERO_KEEPING and _zeros(model, producers, node.input[0], depth + 1)
+class _Graph:
+    """What the search reads of a model, indexed once: each tensor's producing node and the initializers."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.producers = {o: n for n in model.graph.node for o in n.output if o}
+        self.initializers = {i.name: i for i in model.graph.initializer}
+
+    def constant(self, name: str):
+        """The value of an initializer or a Constant node's output, as an array; None for anything computed."""
+        if name in self.initializers:
+            return numpy_helper.to_array(self.initializers[name])
+        node = self.producers.get(name)
+        if node is not None and node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value":
+                    return numpy_helper.to_array(a.t)
+                if a.name in ("value_ints", "value_int", "value_floats", "value_float"):
+                    return np.array(onnx.helper.get_attribute_value(a))
+        return None
+
+    def constant_ints(self, name: str) -> list[int] | None:
+        value = self.constant(name)
+        return None if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
+
+    def zeros(self, name: str, depth: int = 0) -> bool:
+        """Whether a tensor is provably all zeros: a zero constant, or ConstantOfShape(0) through shape-only ops."""
+        value = self.constant(name)
+        if value is not None:
+            return not np.asarray(value).any()
+        node = self.producers.get(name)
+        if node is None or depth > 8:
+            return False
+        if node.op_type == "ConstantOfShape":
+            fill = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), None)
+            return fill is None or not fill.any()
+        return node.op_type in _ZERO_KEEPING and self.zeros(node.input[0], depth + 1)
+
+    def glued_from(self, x: str) -> str | None:
+        """The Y ([T, 1, N, H]) that x is, reshaped to [T, N, H] the way exporters join layers; None if it is not one."""
+        node = self.producers.get(x)
+        if node is None:
+            return None
+        if node.op_type == "Squeeze":
+            axes = list(_attr(node, "axes", [])) or (self.constant_ints(node.input[1]) if len(node.input) > 1 else None)
+            return node.input[0] if axes in ([1], [-3]) else None
+        if node.op_type == "Reshape" and self.constant_ints(node.input[1]) == [0, 0, -1]:
+            t = self.producers.get(node.input[0])
+            if t is not None and t.op_type == "Transpose" and list(_attr(t, "perm", [])) == [0, 2, 1, 3]:
+                return t.input[0]
+        return None
 
 
 def _attr(node, name, default=None):
@@ -77,27 +95,13 @@ def _attr(node, name, default=None):
     return default
 
 
-def glued(model, producers: dict, y: str, x: str) -> bool:
-    """Whether x is y ([T, 1, N, H]) reshaped to [T, N, H] the way exporters join layers."""
-    node = producers.get(x)
-    if node is None:
-        return False
-    if node.op_type == "Squeeze" and node.input[0] == y:
-        axes = list(_attr(node, "axes", [])) or (_constant_ints(model, producers, node.input[1]) if len(node.input) > 1 else None)
-        return axes in ([1], [-3])
-    if node.op_type == "Reshape" and _constant_ints(model, producers, node.input[1]) == [0, 0, -1]:
-        t = producers.get(node.input[0])
-        return t is not None and t.op_type == "Transpose" and t.input[0] == y and list(_attr(t, "perm", [])) == [0, 2, 1, 3]
-    return False
-
-
 def _lengths(node) -> str:
     names = INPUT_NAMES[node.op_type]
     i = names.index("sequence_lens")
     return node.input[i] if len(node.input) > i else ""
 
 
-def _constants(model, producers: dict, node, below) -> dict | None:
+def _constants(graph: _Graph, node, below) -> dict | None:
     """The node's inputs besides X by ONNX name, as arrays, if each present one is a constant, its lengths are the
     node below's (left out here: the kernel reads the first node's) and the initial states are zeros (left out: the
     kernel starts from zeros); else None."""
@@ -108,10 +112,10 @@ def _constants(model, producers: dict, node, below) -> dict | None:
         if name in ("X", "sequence_lens") or not value:
             continue
         if name in ("initial_h", "initial_c"):
-            if not _zeros(model, producers, value):
+            if not graph.zeros(value):
                 return None
             continue
-        array = _constant(model, producers, value)
+        array = graph.constant(value)
         if array is None:
             return None
         out[name] = array
@@ -120,19 +124,18 @@ def _constants(model, producers: dict, node, below) -> dict | None:
 
 def find_chains(model: onnx.ModelProto) -> dict[int, list[StackMember]]:
     """{index of a chain's first node among the graph's recurrent nodes: the nodes above it, in order}."""
+    graph = _Graph(model)
     rnn = [n for n in model.graph.node if n.op_type in RNN_OPS]
     index = {id(n): i for i, n in enumerate(rnn)}
-    producers = {o: n for n in model.graph.node for o in n.output if o}
     above = {}  # index of a node -> the member fed by its Y
     for node in rnn:
-        x = node.input[0]
-        for below in rnn:
-            if below is node or not below.output or not below.output[0] or below.op_type not in RNN_OPS:
-                continue
-            if glued(model, producers, below.output[0], x):
-                constants = _constants(model, producers, node, below)
-                if constants is not None:
-                    above[index[id(below)]] = StackMember(index[id(node)], node, constants, bool(_lengths(node)))
+        y = graph.glued_from(node.input[0])
+        below = graph.producers.get(y) if y else None
+        if below is None or id(below) not in index or below.output[0] != y:
+            continue
+        constants = _constants(graph, node, below)
+        if constants is not None:
+            above[index[id(below)]] = StackMember(index[id(node)], node, constants, bool(_lengths(node)))
     chains, members = {}, {m.index for m in above.values()}
     for start in sorted(above):
         if start in members:

@@ -43,7 +43,10 @@ def inspect_command(path: str, echo=print, target: str | None = "nvidia/nvidia-h
 
     from ..tuning.logs import TuningLogs, default_logs_dir
 
-    found = find_rnn_layers(path)
+    from ..frontend import load_onnx
+
+    model = load_onnx(path)  # read once: the layers and the stacks come from the same graph
+    found = find_rnn_layers(model)
     tgt = resolve_target(target)
     logs = TuningLogs.load(default_logs_dir(), tgt)
     echo(f"{path}: {len(found)} recurrent layer(s); kernels as chosen for {tgt.kind.name} {tgt.attrs.get('arch', '')}"
@@ -55,24 +58,23 @@ def inspect_command(path: str, echo=print, target: str | None = "nvidia/nvidia-h
             echo(f"       kernel: {kernel_plan(layer.spec, cell_for(layer.spec), tgt, tuned=logs.best(layer.spec))}")
         else:
             echo(f"  {layer.op:<4} {layer.node:<24} NOT SUPPORTED: {layer.problem}")
-    for line in _stacks(path, found, tgt, logs):
+    for line in _stacks(model, found, tgt, logs):
         echo(line)
     return sum(not layer.supported for layer in found)
 
 
-def _stacks(path, found, target, logs) -> list[str]:
+def _stacks(model, found, target, logs) -> list[str]:
     """A line per chain of stacked layers: whether it runs as one wavefront kernel (at the model's static batch, or
     at the largest batch bound that allows one)."""
     from schedules import PERSISTENT_MAX_BATCH, stack_kernel
 
     from ..cells import cell_for
-    from ..frontend import load_onnx
     from ..frontend.stacks import find_chains
 
     if target.kind.name != "cuda":
         return []
     lines = []
-    for first, members in find_chains(load_onnx(path)).items():
+    for first, members in find_chains(model).items():
         chain = [found[first]] + [found[m.index] for m in members]
         if not all(layer.supported for layer in chain):
             continue
