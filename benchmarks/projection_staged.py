@@ -25,10 +25,24 @@ from schedules.projection_staged import StagedConfig, projection_staged, support
 
 SHAPES = {"lat-b1-h512": (100, 512, 2048), "lat-b1-h1024": (100, 1024, 4096), "b8-h1024": (800, 1024, 4096), "ds2-lstm": (6000, 800, 3200),
           "b64-h1024": (6400, 1024, 4096), "ds2-5l-bi l1+": (6000, 1600, 6400), "blog-a": (12800, 2560, 10240)}
-STAGED = {"128x128 (2x4 warps, 4x4 tiles)": StagedConfig(), "64x128 (2x4 warps, 2x4 tiles)": StagedConfig(mt=2),
-          "128x64 (4x2 warps, 2x4 tiles)": StagedConfig(warps_m=4, warps_n=2, mt=2), "128x128 (4x2 warps, 2x8 tiles)": StagedConfig(warps_m=4, warps_n=2, mt=2, nt=8),
-          # for few rows (batch 1-8: M = 100-800), where 128-row tiles leave most SMs idle
-          "32x128 (1x8 warps, 2x2 tiles)": StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2), "16x128 (1x4 warps, 1x4 tiles)": StagedConfig(warps_m=1, warps_n=4, mt=1, nt=4)}
+# today's defaults (64 x 128 and 128 x 64 register-staged; the other register-staged points measured on 2026-11-23 lost
+# to them and are in benchmarks/results/2026-11-23-h100-projection-staged.md), then the cp.async ring (stages) with
+# grouped rasterization (group): warp tiles up to 64 x 64, blocks up to 128 x 256
+STAGED = {"64x128 (2x4 warps, 2x4 tiles)": StagedConfig(mt=2), "128x64 (4x2 warps, 2x4 tiles)": StagedConfig(warps_m=4, warps_n=2, mt=2),
+          "64x128 (2x4 warps, 2x4 tiles) s3 g8": StagedConfig(mt=2, stages=3, group=8),
+          "64x128 (2x4 warps, 2x4 tiles) s3": StagedConfig(mt=2, stages=3),
+          "128x64 (4x2 warps, 2x4 tiles) s3 g8": StagedConfig(warps_m=4, warps_n=2, mt=2, stages=3, group=8),
+          "128x128 (2x2 warps, 4x8 tiles) s3 g8": StagedConfig(warps_m=2, warps_n=2, mt=4, nt=8, stages=3, group=8),
+          "128x128 (2x2 warps, 4x8 tiles) s4 g8": StagedConfig(warps_m=2, warps_n=2, mt=4, nt=8, stages=4, group=8),
+          "128x128 (2x2 warps, 4x8 tiles) s4 g16": StagedConfig(warps_m=2, warps_n=2, mt=4, nt=8, stages=4, group=16),
+          "128x256 (2x4 warps, 4x8 tiles) s3 g8": StagedConfig(warps_m=2, warps_n=4, mt=4, nt=8, stages=3, group=8),
+          "128x128 (4x2 warps, 2x8 tiles) s4 g8": StagedConfig(warps_m=4, warps_n=2, mt=2, nt=8, stages=4, group=8),
+          "128x128 (2x4 warps, 4x4 tiles) s4 g8": StagedConfig(warps_m=2, warps_n=4, mt=4, nt=4, stages=4, group=8),
+          "128x64 (2x2 warps, 4x4 tiles) s4 g8": StagedConfig(warps_m=2, warps_n=2, mt=4, nt=4, stages=4, group=8),
+          "64x128 (2x2 warps, 2x8 tiles) s4 g8": StagedConfig(warps_m=2, warps_n=2, mt=2, nt=8, stages=4, group=8)}
+# fp32 registers: 3xTF32's high and low fragments of both operands; the 64 x 64 warp tile would spill
+FP32_SKIP = {"128x128 (2x2 warps, 4x8 tiles) s3 g8", "128x128 (2x2 warps, 4x8 tiles) s4 g8", "128x128 (2x2 warps, 4x8 tiles) s4 g16",
+             "128x256 (2x4 warps, 4x8 tiles) s3 g8"}
 OUT = os.environ.get("OUT", "/tmp")
 dev, target = tvm.cuda(0), tvm.target.Target.from_device(tvm.cuda(0))
 results = []
@@ -89,8 +103,9 @@ for shape, (M, K, cols) in SHAPES.items():
                 torch.backends.cuda.matmul.allow_tf32 = tf32
                 keep(shape, dtype, f"cuBLAS fp32 (TF32 {'on' if tf32 else 'off'})", cublas_ms(lambda: tx @ tw.T), None, flop)
             keep(shape, dtype, "projection_cuda SIMT (built today)", *ours(projection_cuda(K, cols), x, w, b, expected, 1e-5), flop)
-            variants = [(f"staged {mode}{' chunk_acc' * ca} {n}", mode, replace(c, chunk_acc=bool(ca)))
-                        for mode in ("tf32x3", "tf32") for n, c in STAGED.items() for ca in range(1 + (mode == "tf32x3"))]
+            # 3xTF32 with chunk_acc (its default: without it blog-a's K = 2560 is off by 1.4e-5)
+            variants = [(f"staged {mode} {n}", mode, replace(c, chunk_acc=mode == "tf32x3"))
+                        for mode in ("tf32x3", "tf32") for n, c in STAGED.items() if n not in FP32_SKIP]
         for name, mode, cfg in variants:
             if supported(mode, K, cols, cfg):
                 keep(shape, dtype, name, *ours(projection_staged(mode, K, cols, cfg), x, w, b, expected, 3e-3 if mode == "tf32" else 1e-5), flop)

@@ -4,23 +4,28 @@ projection_mma streams each warp's rows of X and W from global memory into regis
 L1 for the reuse between the 2 x 2 warps of a block (a 128 x 64 block tile). On the H100 that ran
 blog-a's GEMM (12800 x 2560 x 10240, fp16) at 125 TFLOP/s, 5.3 of the model's 15.8 ms
 (benchmarks/results/2026-11-23-h100-knob-variants.md's profile): every 16-byte load serves 42 MACs of
-the block, and L2 cannot feed more. Here a block of warps_m x warps_n warps owns a tile (default_config:
-64 x 128 or 128 x 64; 32 x 128 for the few rows of batch 1-5, where larger tiles leave SMs idle) and
-copies each 32-column chunk of its rows of X and W into shared memory once; its warps read their fragments from there (the same WarpTiles
-registers and mma.sync shapes as every tensor-core kernel of ours, so fp16, bf16, TF32 and 3xTF32,
-the exact fp32 mode, all work). Two shared buffers: while the warps multiply chunk c, each thread's
-16-byte loads of chunk c+1 are in flight into registers, stored to the other buffer after the
-mma's; one barrier per chunk.
+the block, and L2 cannot feed more. Here a block of warps_m x warps_n warps owns a tile and copies each
+32-column chunk of its rows of X and W into shared memory once; its warps read their fragments from
+there (the same WarpTiles registers and mma.sync shapes as every tensor-core kernel of ours, so fp16,
+bf16, TF32 and 3xTF32, the exact fp32 mode, all work). Two ways to stage the chunks:
+- the cp.async ring (stages >= 2, the default above SMALL_M rows): `stages` buffers in dynamic shared
+  memory, the copies of the next stages - 1 chunks in flight while the warps multiply one, nothing
+  staged in registers, so 64 x 64 warp tiles fit (half the shared-memory reads per mma of 32 x 32);
+  blocks walk XW in raster groups of `group` M tiles, so a wave's X and W rows stay in L2;
+- the register-staged double buffer (stages = 0; 32 x 128 tiles for the few rows of batch 1-5, where
+  larger tiles leave SMs idle): each thread's 16-byte loads of chunk c+1 are in flight into registers
+  while the warps multiply chunk c, stored to the other buffer after the mma's.
+Either way one barrier per chunk.
 
 Shared layout: rows of 32 elements, X's BM rows then W's BN rows. In half precision a row is 64
 bytes, so the 8 lanes of a quarter-warp (rows g, g+1; their 16 bytes at 8t) cover 128 consecutive
 bytes: no bank conflict. In fp32 a row is 128 bytes and odd rows swap the 16-byte halves of each
 lane's 32 bytes (the XOR swizzle of recurrent_persistent_mma), so those lanes hit distinct banks.
 
-On the H100 (benchmarks/results/2026-11-23-h100-projection-staged.md) this is the model build's projection
-wherever a tensor-core mode applies: blog-a fp16 3.64 ms against projection_mma's 5.35 (cuBLAS: 1.00); exact
-fp32 as 3xTF32 with chunk_acc 14.4 ms against the SIMT GEMM's 15.0 (cuBLAS without TF32: 13.0) and, at
-lat-b1-h1024's 100 rows, 31 against 83 us. Without chunk_acc 3xTF32 was off by 1.3e-5 at K = 2560; with it 4.1e-7.
+On the H100 (benchmarks/results/2026-11-24-h100-projection-cp-async.md) blog-a's GEMM takes 1.95 ms in fp16
+(cuBLAS: 0.93; the register-staged tiles 3.64, projection_mma 5.36) and 9.61 ms in exact fp32 as 3xTF32 (the
+register-staged tiles 14.4, cuBLAS without TF32 13.2). 3xTF32 accumulates each chunk apart (chunk_acc): with one
+accumulator it was off by 1.3e-5 at K = 2560; with it 4.1e-7.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from tvm.script.ir_builder import tirx as T
 from .mma_tiles import KC, MODES, WarpTiles
 from .projection_mma import add_xw, store_xw
 from .recurrent_common import block_sync, each_element, i64, projection_prim_func
+from .recurrent_persistent import SMEM_LIMIT
 
 F32 = "float32"
 
@@ -48,6 +54,14 @@ class StagedConfig:
     # bias, with atomicAdd. Meant for the few rows of small batches, where each block walks all of K chunk after chunk;
     # no default uses it (default_config says why)
     split_k: int = 1
+    # stages >= 2: the chunks go global -> shared with cp.async into a ring of `stages` buffers in dynamic shared
+    # memory (stages - 1 chunks in flight while the warps multiply one; no register staging, so larger warp tiles fit).
+    # 0: the register-staged double buffer
+    stages: int = 0
+    # M tiles per raster group (0: none, blockIdx.x walks M): the blocks of a wave share a few M tiles and a few W tiles,
+    # so both come from L2. blog-a's X (65 MB fp16) and W (52 MB) do not fit the H100's 50 MB L2 together, and walking
+    # all of M for each column of tiles reads X from HBM once per column tile
+    group: int = 0
 
     @property
     def block(self) -> tuple[int, int]:
@@ -58,26 +72,34 @@ class StagedConfig:
         return 32 * self.warps_m * self.warps_n
 
     def smem_bytes(self, dtype: str) -> int:
-        """Both buffers: static shared memory, at most 48 KB a block."""
+        """Every buffer: static shared memory for the double buffer, dynamic for the cp.async ring."""
         bm, bn = self.block
-        return 2 * (bm + bn) * KC * (4 if dtype == F32 else 2)
+        return max(2, self.stages) * (bm + bn) * KC * (4 if dtype == F32 else 2)
+
+    @property
+    def smem_limit(self) -> int:
+        return SMEM_LIMIT["sm_90"] if self.stages else 48 * 1024
 
 
 SMALL_M = 512  # up to this many rows (batch 1-5 at T = 100) 32-row tiles, so more blocks share the few rows
 
 
 def default_config(mode: str, rows: int | None = None) -> StagedConfig:
-    """The measured best of StagedConfig's points on the H100 (benchmarks/results/2026-11-23-h100-projection-staged.md):
-    32 x 128 tiles up to SMALL_M rows; above, 64 x 128 in fp16/bf16 (blog-a 3.64 ms against 128 x 128's 5.42) and
-    3xTF32, 128 x 64 in TF32. 3xTF32 accumulates chunk by chunk (chunk_acc). K is not split (split_k): in whole batch-1
-    models it ran 0.97-1.05x the time of K whole in fp32 and 1.03-1.04x in fp16
+    """The measured best of StagedConfig's points on the H100: 32 x 128 register-staged tiles up to SMALL_M rows
+    (benchmarks/results/2026-11-23-h100-projection-staged.md); above, the cp.async ring of 4 chunks with 8 M tiles per
+    raster group (benchmarks/results/2026-11-24-h100-projection-cp-async.md): in fp16/bf16 128 x 128 blocks of four
+    64 x 64 warp tiles (blog-a 1.96 ms against the register-staged 64 x 128's 3.64; b64-h1024 0.193 against 0.307;
+    ds2-lstm 0.115 against 0.182), in fp32 (3xTF32, TF32) 128 x 64 blocks of four 64 x 32 warp tiles, the widest whose
+    3xTF32 fragments fit the registers (3xTF32: blog-a 9.61 against 14.4, b64-h1024 0.812 against 1.10; TF32 within
+    4% of the best point on each shape). 3xTF32 accumulates chunk by chunk (chunk_acc). K is not split (split_k): in
+    whole batch-1 models it ran 0.97-1.05x the time of K whole in fp32 and 1.03-1.04x in fp16
     (benchmarks/results/2026-11-24-h100-projection-split-ab.md)."""
     exact = mode == "tf32x3"
     if rows is not None and rows <= SMALL_M:
         return StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2, chunk_acc=exact)
-    if mode == "tf32":
-        return StagedConfig(warps_m=4, warps_n=2, mt=2)
-    return StagedConfig(mt=2, chunk_acc=exact)
+    if MODES[mode].storage == F32:
+        return StagedConfig(warps_m=2, warps_n=2, mt=4, nt=4, chunk_acc=exact, stages=4, group=8)
+    return StagedConfig(warps_m=2, warps_n=2, mt=4, nt=8, stages=4, group=8)
 
 
 def _configs(mode: str, cfg: StagedConfig | None, rows: int | None) -> list[StagedConfig]:
@@ -92,7 +114,8 @@ def supported(mode: str | None, K: int, cols: int, cfg: StagedConfig | None = No
     """A tensor-core mode, whole 32-column chunks, column pairs (8-byte stores), both buffers in 48 KB."""
     if mode not in MODES or K % KC or cols % 2:
         return False
-    return all(c.smem_bytes(MODES[mode].storage) <= 48 * 1024 and (K // KC) % c.split_k == 0 for c in _configs(mode, cfg, rows))
+    return all(c.smem_bytes(MODES[mode].storage) <= c.smem_limit and (K // KC) % c.split_k == 0 and not (c.stages and c.split_k > 1)
+               for c in _configs(mode, cfg, rows))
 
 
 def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = None, rows: int | None = None) -> tirx.PrimFunc:
@@ -125,6 +148,12 @@ def _gemm(mode: str, K: int, cols: int, cfg: StagedConfig, X, W, bias, XW, M):
     """One configuration's launches: (with split_k) the bias fill, then the tiled GEMM, split_k blocks per tile."""
     BM, BN = cfg.block
     chunks = K // KC // cfg.split_k  # per block
+    if cfg.stages:
+        m_tiles, n_tiles = tirx.ceildiv(M, i64(BM)), i64(-(-cols // BN))
+        with T.thread_binding(0, m_tiles * n_tiles, "blockIdx.x") as b:
+            bx, by = _raster(b, m_tiles, n_tiles, cfg.group)
+            _tile_async(mode, K, cols, cfg, X, W, bias, XW, M, bx, by, chunks)
+        return
     if cfg.split_k > 1:
         _fill_bias(XW, bias, M, cols)
     with T.thread_binding(0, tirx.ceildiv(M, i64(BM)), "blockIdx.x") as bx:
@@ -136,15 +165,109 @@ def _gemm(mode: str, K: int, cols: int, cfg: StagedConfig, X, W, bias, XW, M):
                     _tile(mode, K, cols, cfg, X, W, bias, XW, M, bx, by, bz * i64(chunks), chunks)
 
 
+def _raster(b, m_tiles, n_tiles, group: int):
+    """(M tile, column tile) of block b: without a group M fastest; with one, blocks walk `group` M tiles (fewer in the
+    last group), then the next column tile, so a wave covers a compact patch of XW."""
+    if not group:
+        return b % m_tiles, b // m_tiles
+    per_group = i64(group) * n_tiles
+    first = b // per_group * i64(group)
+    size = tirx.min(i64(group), m_tiles - first)
+    inside = b % per_group
+    return first + inside % size, inside // size
+
+
+def _copies(cfg: StagedConfig, vec: int):
+    """This thread's 16-byte copies of one chunk: (slot, rows, first shared row) for X's BM rows, then W's BN rows (a
+    copy past the rows is skipped where the block's threads do not divide them evenly)."""
+    BM, BN = cfg.block
+    segs = KC // vec
+    return [(i, rows, first) for rows, first in ((BM, 0), (BN, BM)) for i in range(-(-rows * segs // cfg.threads))]
+
+
+def _each_copy(plan, cfg: StagedConfig, segs: int, tid, body):
+    """body(slot, row in the shared tile, 16-byte segment, source row index) for this thread's copies."""
+    for slot, (i, rows, first) in enumerate(plan):
+        e = i64(i * cfg.threads) + tid
+        r, seg = e // i64(segs), e % i64(segs)
+        if (i + 1) * cfg.threads <= rows * segs:
+            body(slot, i64(first) + r, seg, r)
+        else:
+            with T.If(r < i64(rows)):
+                with T.Then():
+                    body(slot, i64(first) + r, seg, r)
+
+
+def _shared_element(tiles: WarpTiles, sm, base, row, v0, v, swizzle: bool):
+    """Element v0 + v of the lane's 8 k (8t..8t+7) of shared row `row` (row % 2 == g % 2) of the buffer at `base`."""
+    flip = (tiles.g % i64(2)) * i64(4)  # v0 XOR flip, spelled affine so the load stays one vector
+    col = tiles.t * i64(8) + ((flip if v0 == 0 else i64(4) - flip) if swizzle else i64(v0))
+    return sm[base + row * i64(KC) + col + v]
+
+
+def _multiply_chunk(tiles: WarpTiles, cfg: StagedConfig, sm, base, wm, wn, swizzle: bool):
+    """The warp's fragments of one staged chunk (X rows, then W rows from shared row BM) and their mma's."""
+    BM = cfg.block[0]
+    tiles.load_a(lambda mt, half, v0, v: _shared_element(tiles, sm, base, wm * i64(cfg.mt * 16) + i64(mt * 16 + 8 * half) + tiles.g,
+                                                         v0, v, swizzle), True)
+    tiles.load_b_parts(lambda nt, v0, v: _shared_element(tiles, sm, base, i64(BM) + wn * i64(cfg.nt * 8) + i64(nt * 8) + tiles.g,
+                                                         v0, v, swizzle), True)
+    tiles.multiply()
+
+
+def _tile_async(mode: str, K: int, cols: int, cfg: StagedConfig, X, W, bias, XW, M, bx, by, chunks: int):
+    """One block's BM x BN tile of XW through a cp.async ring of cfg.stages chunk buffers: chunk ck + stages - 1 is
+    copied while chunk ck is multiplied; one barrier per chunk (after it, the buffer the last chunk used is free)."""
+    dtype = MODES[mode].storage
+    BM, BN = cfg.block
+    vec = WarpTiles.width(dtype)
+    segs, size, swizzle = KC // vec, (BM + BN) * KC, dtype == F32
+    plan = _copies(cfg, vec)
+    ahead = cfg.stages - 1
+    with T.thread_binding(0, i64(cfg.warps_m * cfg.warps_n), "threadIdx.y") as wy:
+        with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
+            tid = wy * i64(32) + lane
+            mb, nb = bx * i64(BM), by * i64(BN)
+            wm, wn = wy // i64(cfg.warps_n), wy % i64(cfg.warps_n)
+            sm = T.alloc_buffer((cfg.stages * size,), dtype, scope="shared.dyn")
+            tiles = WarpTiles(lane, cfg.mt, cfg.nt, mode, dtype, dtype, 1, chunk_acc=cfg.chunk_acc)
+
+            def issue(ck, buf):
+                def copy(slot, row, seg, r):
+                    k = ck * i64(KC) + seg * i64(vec)
+                    src, off = (X, tirx.min(mb + r, M - i64(1)) * i64(K) + k) if plan[slot][2] == 0 else \
+                        (W, tirx.min(nb + r, i64(cols - 1)) * i64(K) + k)
+                    pos = tirx.bitwise_xor(seg, row % i64(2)) if swizzle else seg  # odd rows: halves swapped
+                    T.evaluate(T.s_tir.cp_async_raw(dtype, sm.data, buf * i64(size) + row * i64(KC) + pos * i64(vec), src.data, off, 16))
+
+                _each_copy(plan, cfg, segs, tid, copy)
+
+            for s in range(min(ahead, chunks)):
+                issue(i64(s), i64(s))
+                T.evaluate(T.ptx.cp.async_.commit_group())
+            with T.serial(0, i64(chunks)) as ck:
+                # chunk ck's group and those before it done: ahead - 1 younger ones may still fly (a group is
+                # committed every iteration, empty past the end); with every chunk in the prologue, all of them
+                T.evaluate(T.ptx.cp.async_.wait_group(ahead - 1 if ahead < chunks else 0))
+                block_sync()
+                nxt = ck + i64(ahead)
+                if ahead < chunks:
+                    with T.If(nxt < i64(chunks)):
+                        with T.Then():
+                            issue(nxt, nxt % i64(cfg.stages))
+                    T.evaluate(T.ptx.cp.async_.commit_group())
+                _multiply_chunk(tiles, cfg, sm, ck % i64(cfg.stages) * i64(size), wm, wn, swizzle)
+            tiles.finish()
+            store_xw(tiles, XW, bias, M, cols, mb + wm * i64(cfg.mt * 16), nb + wn * i64(cfg.nt * 8))
+
+
 def _tile(mode: str, K: int, cols: int, cfg: StagedConfig, X, W, bias, XW, M, bx, by, k0, chunks: int):
-    """One block: its BM x BN tile of XW over `chunks` chunks of K from chunk k0."""
+    """One block: its BM x BN tile of XW over `chunks` chunks of K from chunk k0, through two register-staged buffers."""
     dtype = MODES[mode].storage
     BM, BN = cfg.block
     vec = WarpTiles.width(dtype)  # elements per 16-byte copy
     segs = KC // vec  # copies per 32-element row
-    # 16-byte copies per thread per chunk: X's rows, then W's (a copy past the rows is skipped where the block's threads
-    # do not divide them evenly)
-    plan = [(i, rows, first) for rows, first in ((BM, 0), (BN, BM)) for i in range(-(-rows * segs // cfg.threads))]
+    plan = _copies(cfg, vec)
     swizzle = dtype == F32
     size = (BM + BN) * KC  # one buffer
     with T.thread_binding(0, i64(cfg.warps_m * cfg.warps_n), "threadIdx.y") as wy:
@@ -158,18 +281,6 @@ def _tile(mode: str, K: int, cols: int, cfg: StagedConfig, X, W, bias, XW, M, bx
             staged = T.alloc_buffer((len(plan), vec), dtype, scope="local")
             tiles = WarpTiles(lane, cfg.mt, cfg.nt, mode, dtype, dtype, 1, chunk_acc=cfg.chunk_acc)
 
-            def each_copy(body):
-                """body(slot, row in the shared tile, 16-byte segment, source row index) for this thread's copies."""
-                for slot, (i, rows, first) in enumerate(plan):
-                    e = i64(i * cfg.threads) + tid
-                    r, seg = e // i64(segs), e % i64(segs)
-                    if (i + 1) * cfg.threads <= rows * segs:
-                        body(slot, i64(first) + r, seg, r)
-                    else:
-                        with T.If(r < i64(rows)):
-                            with T.Then():
-                                body(slot, i64(first) + r, seg, r)
-
             def fetch(ck):
                 def copy(slot, row, seg, r):
                     k = (k0 + ck) * i64(KC) + seg * i64(vec)
@@ -178,7 +289,7 @@ def _tile(mode: str, K: int, cols: int, cfg: StagedConfig, X, W, bias, XW, M, bx
                             W[tirx.min(nb + r, i64(cols - 1)), k + v]
                         T.buffer_store(staged, val, [i64(slot), v])
 
-                each_copy(copy)
+                _each_copy(plan, cfg, segs, tid, copy)
 
             def store(buf):
                 def copy(slot, row, seg, r):
@@ -186,21 +297,13 @@ def _tile(mode: str, K: int, cols: int, cfg: StagedConfig, X, W, bias, XW, M, bx
                     with T.vectorized(0, i64(vec)) as v:
                         T.buffer_store(sm[buf], staged[i64(slot), v], [row * i64(KC) + pos * i64(vec) + v])
 
-                each_copy(copy)
-
-            def element(buf, row, v0, v):
-                """Element v0 + v of the lane's 8 k (8t..8t+7) of shared row `row` (row % 2 == g % 2)."""
-                flip = (tiles.g % i64(2)) * i64(4)  # v0 XOR flip, spelled affine so the load stays one vector
-                col = tiles.t * i64(8) + ((flip if v0 == 0 else i64(4) - flip) if swizzle else i64(v0))
-                return sm[buf][row * i64(KC) + col + v]
+                _each_copy(plan, cfg, segs, tid, copy)
 
             def step(ck, cur: int):
                 """Multiply chunk ck from buffer `cur` while chunk ck + 1 is fetched, then store that in the other
                 buffer (the one every warp finished reading before the last barrier)."""
                 fetch(tirx.min(ck + i64(1), i64(chunks - 1)))  # in flight during the mma's (the last one idle)
-                tiles.load_a(lambda mt, half, v0, v: element(cur, wm * i64(cfg.mt * 16) + i64(mt * 16 + 8 * half) + tiles.g, v0, v), True)
-                tiles.load_b_parts(lambda nt, v0, v: element(cur, i64(BM) + wn * i64(cfg.nt * 8) + i64(nt * 8) + tiles.g, v0, v), True)
-                tiles.multiply()
+                _multiply_chunk(tiles, cfg, sm[cur], i64(0), wm, wn, swizzle)
                 store(1 - cur)
                 block_sync()
 

@@ -240,12 +240,18 @@ def test_projection_mma_matches_float64(M, K, cols, mode, tol):
 @pytest.mark.parametrize("mode, tol, config", [(m, tol, c) for m, tol in [("float16", 1e-5), ("tf32", 3e-3), ("tf32x3", 1e-5)]
                                                for c in (StagedConfig(), StagedConfig(mt=2), StagedConfig(warps_m=4, warps_n=2, mt=2),
                                                          StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2),  # 32 rows: guarded copies
-                                                         StagedConfig(mt=2, chunk_acc=True))
+                                                         StagedConfig(mt=2, chunk_acc=True),
+                                                         # the cp.async ring: 64 x 64 warp tiles; guarded copies with a group
+                                                         # that does not divide the M tiles; chunk_acc
+                                                         StagedConfig(warps_m=2, warps_n=2, mt=4, nt=8, stages=4, group=8),
+                                                         StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2, stages=3, group=3),
+                                                         StagedConfig(mt=2, chunk_acc=True, stages=3, group=8))
                                                if projection_staged_supported(m, 32, 2, c)], ids=str)  # fp32's 128 x 128 is over 48 KB
 @pytest.mark.parametrize("M, K, cols", [(1, 32, 2), (333, 64, 2400), (1100, 800, 1022), (6400, 1024, 4096)])
 def test_projection_staged_matches_float64(M, K, cols, mode, tol, config):
     """The shared-memory-staged tensor-core projection against float64, output poisoned first, partial row and column
-    tiles and odd chunk counts (K = 800: 25 chunks) included; 3xTF32 as accurate as fp32."""
+    tiles and odd chunk counts (K = 800: 25 chunks) included; 3xTF32 as accurate as fp32. The cp.async ring at 1 and 2
+    chunks (K = 32, 64: all in the prologue) and at 25."""
     _check_projection(projection_staged(mode, K, cols, config), M, K, cols, "f2" if mode == "float16" else "f4", tol)
 
 
@@ -276,16 +282,20 @@ def test_projection_staged_exact_fp32_over_a_long_reduction(rows):
 
 @pytest.mark.parametrize("mode, shape", [("float16", "m16n8k16"), ("bfloat16", "m16n8k16"), ("tf32", "m16n8k8"), ("tf32x3", "m16n8k8")])
 def test_projection_staged_builds_without_a_gpu(mode, shape):
-    """It compiles through NVRTC with one barrier per 32-column chunk (no extra one between a chunk's reads of one shared
-    buffer and its stores into the other), and 3xTF32 issues three TF32 mma's per tile."""
+    """It compiles through NVRTC with one barrier per 32-column chunk, and 3xTF32 issues three TF32 mma's per tile. The
+    default at many rows, the cp.async ring: 16-byte async copies, waits that leave stages - 2 chunks in flight, no
+    barrier but the loop's. The register-staged double buffer: no extra barrier between a chunk's reads of one shared
+    buffer and its stores into the other."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     build = lambda m, **kw: tvm.compile(tvm.IRModule({"main": projection_staged(m, 800, 3200, **kw)}), target=target).mod.imports[0].inspect_source()  # noqa: E731
-    src = build(mode, rows=6400)
-    assert f"mma.sync.aligned.{shape}" in src
-    # 25 chunks: one barrier after the first copy, two in the loop (two chunks per iteration), one for the odd last chunk
-    assert src.count("__syncthreads()") == 4
+    ring = build(mode, rows=6400)
+    assert f"mma.sync.aligned.{shape}" in ring
+    assert "cp.async.cg.shared.global" in ring and "cp.async.wait_group 2;" in ring
+    assert ring.count("__syncthreads()") == 1
     if mode == "tf32x3":
-        assert src.count("mma.sync") == 3 * build("tf32", rows=6400).count("mma.sync")
+        assert ring.count("mma.sync") == 3 * build("tf32", rows=6400).count("mma.sync")
+    # 25 chunks: one barrier after the first copy, two in the loop (two chunks per iteration), one for the odd last chunk
+    assert build(mode, cfg=StagedConfig(mt=2)).count("__syncthreads()") == 4
 
 
 def test_projection_staged_picks_tiles_by_rows_and_can_split_k():
@@ -294,7 +304,9 @@ def test_projection_staged_picks_tiles_by_rows_and_can_split_k():
     from schedules.projection_staged import SMALL_M, default_config
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    assert default_config("tf32x3", 100).block == (32, 128) and default_config("tf32x3", 6400).block == (64, 128)
+    assert default_config("tf32x3", 100).block == (32, 128) and default_config("tf32x3", 100).stages == 0
+    assert default_config("tf32x3", 6400).block == (128, 64) and default_config("float16", 6400).block == (128, 128)
+    assert default_config("tf32x3", 6400).stages == default_config("float16", 6400).stages == 4
     func = projection_staged("tf32x3", 1024, 4096)
     assert f"    if M <= T.int64({SMALL_M}):" in func.script()
     src = lambda cfg: tvm.compile(tvm.IRModule({"main": projection_staged("tf32x3", 1024, 4096, cfg)}),  # noqa: E731
