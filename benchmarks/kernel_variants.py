@@ -6,7 +6,8 @@ For each row and dtype (mma: fp16 only): cuDNN once, the defaults (BASELINES: th
 before this one, and auto), then each point of the kind (POINTS, as knob dicts; persistent_mma: those
 that fit the row); every result checked against cuDNN's output. Then (not for persistent_mma) a
 CUDA-kernel profile (torch.profiler) of the kind's default on the first row: the projection GEMM
-against the recurrent launches. Writes $OUT/<kind>_variants.json after every point.
+against the recurrent launches. Writes $OUT/<kind>_variants.json after every point. POINTS (JSON) and DTYPES in the
+environment replace the points and dtypes.
 """
 
 import json
@@ -44,6 +45,8 @@ POINTS = {
     + [dict(units=u, n_tiles=nt, n_warps=nw, k_warps=kw, depth=dp, prefetch=1, streamed="fewest")
        for u, nt, nw, kw, dp in [(24, 2, 2, 4, 1), (24, 4, 2, 4, 1), (24, 2, 2, 4, 2), (24, 1, 2, 8, 1), (32, 2, 2, 4, 1), (32, 4, 2, 2, 1)]],
 }[KIND]
+# POINTS='[{"units": 8, ...}, ...]' (environment, JSON) replaces the list above
+POINTS = json.loads(os.environ["POINTS"]) if os.environ.get("POINTS") else POINTS
 # DTYPES=float16 (environment) runs one dtype, where both do not fit one device call
 DTYPES = tuple(os.environ["DTYPES"].split(",")) if os.environ.get("DTYPES") else ("float16",) if KIND == "mma" else ("float32", "float16")
 
