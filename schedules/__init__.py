@@ -30,6 +30,7 @@ from tvm import tirx
 from .recurrent_common import batch_dispatch
 from .recurrent_persistent_mma import MID_BATCH as RESIDENT_MID_BATCH
 from .recurrent_persistent_mma import SMALL_BATCH as RESIDENT_SMALL_BATCH
+from .recurrent_persistent_mma import WIDE_BATCH as RESIDENT_WIDE_BATCH
 from .space import KernelConfig, default_config, emitter, kinds
 
 KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma", "persistent_mma")
@@ -49,7 +50,8 @@ STEPWISE_MAX_BATCH = 32
 # (batch 20) in 1.68 ms against mma's 2.01, b64-h1024-l2 in 2.96 against 2.67; in exact fp32 (3xTF32) it
 # beat the SIMT kinds at every batch tried: 1.43 vs 2.51 ms (b8), 3.25 vs 4.66 (ds2), 6.04 vs tiled's 9.89 (b64)
 # (benchmarks/results/2026-11-23-h100-persistent-mma-variants.md). Exact fp32 (3xTF32) has a third default tile up to
-# RESIDENT_MID_BATCH: three 8-row tiles, so batch 20 pads to 24 rows, not 32 (recurrent_persistent_mma.default_config)
+# RESIDENT_MID_BATCH: three 8-row tiles, so batch 20 pads to 24 rows, not 32, and above RESIDENT_WIDE_BATCH one 64-row pass
+# (recurrent_persistent_mma.default_config)
 RESIDENT_MAX_BATCH = 32
 # Where R does not fit on chip, persistent_mma streaming part of R from L2 each step (streaming_config) runs batches
 # STEPWISE_MAX_BATCH+1 .. STREAMED_MAX_BATCH (its 64 rows per pass): on blog-a (H=2560, batch 64) on the H100 it ran
@@ -169,7 +171,11 @@ def _default_branches(spec, cell, target, allowed) -> list[Branch]:
         if k == "persistent_mma":  # its default depends on the batch
             branches.append(Branch(RESIDENT_SMALL_BATCH, default_config(k, spec, cell, target, RESIDENT_SMALL_BATCH), False))
             branches.append(Branch(RESIDENT_MID_BATCH, default_config(k, spec, cell, target, RESIDENT_MID_BATCH), False))
-        branches.append(Branch(None if i == len(allowed) - 1 else limits[k], default_config(k, spec, cell, target), False))
+        last = Branch(None if i == len(allowed) - 1 else limits[k], default_config(k, spec, cell, target), False)
+        wide = default_config(k, spec, cell, target, RESIDENT_WIDE_BATCH) if k == "persistent_mma" and last.up_to is None else None
+        if wide is not None and wide != last.config:  # exact fp32: 32 rows per pass up to RESIDENT_WIDE_BATCH, 64 above
+            branches.append(Branch(RESIDENT_WIDE_BATCH, wide, False))
+        branches.append(last)
     return branches
 
 

@@ -85,9 +85,11 @@ def fits(spec, cell, arch: str, cfg: MmaConfig) -> bool:
             and cfg.n_warps * cfg.k_warps <= 16)
 
 
-# the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, in exact fp32 three up to MID_BATCH
+# the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, in exact fp32 three up to MID_BATCH,
+# 32 rows per pass up to WIDE_BATCH, and in exact fp32 64 rows per pass above
 SMALL_BATCH = 8
 MID_BATCH = 24
+WIDE_BATCH = 32
 
 
 def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig | None:
@@ -100,7 +102,9 @@ def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig
       2026-11-23-h100-knob-variants.md): b8-h1024-l2 1.38 against 1.40 ms in fp32 and 0.725 against 0.755 in fp16 with
       XW prefetched;
     - exact fp32 (2026-11-24-h100-resident-tiles-ab.md): b8-h1024-l2 1.18 against 1.30 ms with the 16-way reduction;
-      ds2-lstm 2.35 against 3.05, ds2-gru 2.22 against 2.72, ds2-5l-bi 27.1 against 31.4 with three tiles (24 rows).
+      ds2-lstm 2.35 against 3.05, ds2-gru 2.22 against 2.72, ds2-5l-bi 27.1 against 31.4 with three tiles (24 rows);
+      above WIDE_BATCH one 64-row pass of 4 x 2 tiles (A read from shared memory and split into TF32 parts once per
+      step, not twice): b64-h1024-l2 4.33 against 4.95 ms (2026-11-24-h100-persistent-mma-64-rows.md).
       Not measured in fp16, which keeps the first points.
     Where no point holds all of R, streaming_config; None if that does not fit either."""
     from .recurrent_mma import mode
@@ -113,6 +117,8 @@ def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig
         points = [dict(n_tiles=3, n_warps=1, k_warps=8, prefetch=1), dict(n_tiles=3, n_warps=1, k_warps=4, prefetch=1)]
     else:
         points = [dict(n_tiles=2, n_warps=2, k_warps=4, prefetch=int(phases > 1))]
+        if exact and (batch is None or batch > WIDE_BATCH):
+            points.insert(0, dict(n_tiles=4, n_warps=2, k_warps=4, prefetch=int(phases > 1)))
     for units in UNITS:
         for point in points:
             cfg = MmaConfig(units=units, depth=2, **point)

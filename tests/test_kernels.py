@@ -587,8 +587,8 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
 
 
 @pytest.mark.parametrize("dtype, hidden, directions, arch, plan", [
-    # exact fp32: a third persistent_mma tile up to batch 24 (three 8-row tiles)
-    ("float32", 1024, 1, "sm_90", [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", None)]),
+    # exact fp32: a third persistent_mma tile up to batch 24 (three 8-row tiles), 32 rows per pass up to 32, 64 above
+    ("float32", 1024, 1, "sm_90", [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 32), ("persistent_mma", None)]),
     ("float16", 1024, 1, "sm_90", [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 32), ("mma", None)]),
     ("float32", 800, 2, "sm_90", [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", None)]),
     ("float32", 1100, 1, "sm_90", [("persistent", 4), ("stepwise", 32), ("tiled", None)]),  # 138 blocks of 8 units: no wave
