@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # What we run on the lent GPU, in stages that fit one call each (10 minutes):
 #   bash benchmarks/device_run.sh tests [PYTEST ARGS]   pytest -m gpu (+ persistent-kernel smoke runs first)
+#   bash benchmarks/device_run.sh tests-sharded N [PYTEST ARGS]   pytest -m gpu in N processes at once (each a share of the
+#                                            collected tests): the whole suite in one call, where one process takes two
+#   bash benchmarks/device_run.sh ring      persistent_mma's cp.async ring of streamed chunks: GPU tests, compute-sanitizer,
+#                                            then blog-a's streaming default against ring points (kernel_variants)
 #   bash benchmarks/device_run.sh bench    the benchmark table against cuDNN
 #   bash benchmarks/device_run.sh sanitize [KERNEL]   compute-sanitizer racecheck/synccheck/memcheck on one small layer
 #   bash benchmarks/device_run.sh tune     MetaSchedule over the benchmark rows and the zoo (logs to $OUT/tuning_logs)
@@ -39,6 +43,23 @@ case "$1" in
     done
     # PYTEST ARGS replace tests/ (all of pytest -m gpu may not fit one call: run tests/test_kernels.py and tests/test_gpu.py apart)
     timeout 540 python3 -m pytest -m gpu -q -rA -p no:cacheprovider "${@:2}" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -60 ;;
+  tests-sharded)
+    set -- "${@:2}"; shards=$1; shift; [ $# -eq 0 ] && set -- tests/
+    python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep "::" > /tmp/gpu_ids.txt
+    rm -f /tmp/gpu_shard.*; split -n "r/$shards" -d /tmp/gpu_ids.txt /tmp/gpu_shard.
+    wc -l /tmp/gpu_ids.txt
+    for f in /tmp/gpu_shard.*; do  # node ids hold spaces: one per line, passed whole
+      timeout "${TESTS_S:-540}" python3 -c 'import sys, pytest; sys.exit(pytest.main(["-m", "gpu", "-q", "-rA", "-p", "no:cacheprovider"] + open(sys.argv[1]).read().splitlines()))' \
+        "$f" 2>&1 | grep -v "Warning: Scope" > "$OUT/pytest_gpu_${f##*.}.txt" &
+    done
+    wait
+    tail -n 2 "$OUT"/pytest_gpu_*.txt; grep -h "^FAILED\|^ERROR" "$OUT"/pytest_gpu_*.txt ;;
+  ring)
+    timeout 200 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_kernels.py -k "ring or streamed" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4
+    for tool in racecheck synccheck memcheck; do
+      timeout 100 compute-sanitizer --tool $tool python3 benchmarks/sanitize_case.py persistent_mma LSTM ring 2>&1 | grep -v Warning | tail -4 | tee "$OUT/sanitizer_ring_$tool.txt"
+    done
+    BASELINES=auto timeout 300 python3 benchmarks/kernel_variants.py persistent_mma blog-a 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -12 ;;
   bench)
     timeout 560 python3 -m tvmrnn.cli bench --repeats 20 --out "$OUT" "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/bench_log.txt" | tail -40 ;;
   tune)

@@ -7,7 +7,7 @@ before this one, and auto), then each point of the kind (POINTS, as knob dicts; 
 that fit the row); every result checked against cuDNN's output. Then (not for persistent_mma) a
 CUDA-kernel profile (torch.profiler) of the kind's default on the first row: the projection GEMM
 against the recurrent launches. Writes $OUT/<kind>_variants.json after every point. POINTS (JSON) and DTYPES in the
-environment replace the points and dtypes.
+environment replace the points and dtypes, BASELINES (comma-separated kinds) the defaults.
 """
 
 import json
@@ -52,6 +52,8 @@ DTYPES = tuple(os.environ["DTYPES"].split(",")) if os.environ.get("DTYPES") else
 
 
 def baselines(row, dtype):
+    if os.environ.get("BASELINES"):  # BASELINES=auto (environment): the kinds to time first, where the old ones take long
+        return tuple(os.environ["BASELINES"].split(","))
     if KIND != "persistent_mma":
         return ("stepwise", "auto")
     before = "mma" if dtype != "float32" else "tiled" if row.N > 32 else "stepwise"  # the default before persistent_mma

@@ -1,10 +1,11 @@
 """One small persistent-kernel layer under compute-sanitizer (racecheck / synccheck): a few steps, batch 2.
 
-    python3 benchmarks/sanitize_case.py [KERNEL [LSTM|GRU [streamed]]]
+    python3 benchmarks/sanitize_case.py [KERNEL [LSTM|GRU [streamed|ring]]]
     python3 benchmarks/sanitize_case.py wavefront     two stacked LSTM layers in one wavefront kernel
 
 streamed (persistent_mma only): half of each block's R read from global memory every step (the path layers too large
-for shared memory run), instead of all of it resident.
+for shared memory run), instead of all of it resident. ring: hidden 128, three of its four chunks streamed through
+the cp.async ring (two buffers of two chunks, a partial second round) that two batch warps read.
 """
 
 import sys
@@ -15,13 +16,16 @@ sys.path.insert(0, "tests")
 import tvmrnn  # noqa: E402
 from onnx_cases import Case  # noqa: E402
 
+from schedules import recurrent_persistent_mma  # noqa: E402
+from schedules.recurrent_mma import MmaConfig  # noqa: E402
+
 kernel = sys.argv[1] if len(sys.argv) > 1 else "persistent"
 if sys.argv[3:] == ["streamed"]:
-    from schedules import recurrent_persistent_mma
-    from schedules.recurrent_mma import MmaConfig
-
     # hidden 64: two 32-column chunks, the second streamed
     recurrent_persistent_mma.default_config = lambda *_, **__: MmaConfig(units=8, n_tiles=1, n_warps=1, k_warps=2, depth=1, prefetch=1, streamed=1)
+if sys.argv[3:] == ["ring"]:
+    recurrent_persistent_mma.default_config = lambda *_, **__: MmaConfig(units=8, n_tiles=1, n_warps=2, k_warps=2, depth=1, prefetch=1,
+                                                                        streamed=3, ring=2)
 if kernel == "wavefront":
     from test_wavefront import lstm_stack, stack_model, stack_reference
 
@@ -31,7 +35,8 @@ if kernel == "wavefront":
     ours, ref = module.run(feeds), stack_reference(cases, feeds)
     print(kernel, module.metadata["stacks"], {k: float(np.abs(v - ref[k]).max()) for k, v in ours.items()})
     sys.exit(0)
-case = Case(op=sys.argv[2] if len(sys.argv) > 2 else "LSTM", direction="bidirectional", optional=("B", "sequence_lens"), hidden=64, input_size=16)
+case = Case(op=sys.argv[2] if len(sys.argv) > 2 else "LSTM", direction="bidirectional", optional=("B", "sequence_lens"),
+            hidden=128 if sys.argv[3:] == ["ring"] else 64, input_size=16)
 module = tvmrnn.compile(case.model(), target="cuda", kernel=kernel)
 feeds = case.feeds(np.random.default_rng(0), 4, 2)
 ours, ref = module.run(feeds), case.reference(feeds)

@@ -191,6 +191,15 @@ class WarpTiles:
                 T.buffer_store(self.c, self.c[tuple(idx)] + self.c_lo[tuple(idx)], idx)
 
 
+def shared_element(tiles: WarpTiles, sm, base, row, v0, v, swizzle: bool):
+    """Element v0 + v of the lane's 8 k (8t..8t+7) of row `row` (row % 2 == g % 2) of a 32-column chunk in shared memory
+    at `base`, rows of KC elements one after another; swizzle (fp32): odd rows hold their two 16-byte halves of each
+    32-byte span swapped, so a quarter-warp's loads hit distinct banks."""
+    flip = (tiles.g % i64(2)) * i64(4)  # v0 XOR flip, spelled affine so the load stays one vector
+    col = tiles.t * i64(8) + ((flip if v0 == 0 else i64(4) - flip) if swizzle else i64(v0))
+    return sm[base + row * i64(KC) + col + v]
+
+
 def chunk_rounds(chunks: int, ways: int, depth: int, lane_way, load, multiply):
     """The reduction loop: `ways` warps split `chunks` chunks (warp w takes w, w + ways, ...), each staging `depth`
     chunks per round, then multiplying them. load(chunk, slot) / multiply(slot) emit one chunk's part."""

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .mma_tiles import KC, MODES, WarpTiles
+from .mma_tiles import KC, MODES, WarpTiles, shared_element
 from .projection_mma import add_xw, store_xw
 from .recurrent_common import block_sync, each_element, i64, projection_prim_func
 from .recurrent_persistent import SMEM_LIMIT
@@ -198,19 +198,12 @@ def _each_copy(plan, cfg: StagedConfig, segs: int, tid, body):
                     body(slot, i64(first) + r, seg, r)
 
 
-def _shared_element(tiles: WarpTiles, sm, base, row, v0, v, swizzle: bool):
-    """Element v0 + v of the lane's 8 k (8t..8t+7) of shared row `row` (row % 2 == g % 2) of the buffer at `base`."""
-    flip = (tiles.g % i64(2)) * i64(4)  # v0 XOR flip, spelled affine so the load stays one vector
-    col = tiles.t * i64(8) + ((flip if v0 == 0 else i64(4) - flip) if swizzle else i64(v0))
-    return sm[base + row * i64(KC) + col + v]
-
-
 def _multiply_chunk(tiles: WarpTiles, cfg: StagedConfig, sm, base, wm, wn, swizzle: bool):
     """The warp's fragments of one staged chunk (X rows, then W rows from shared row BM) and their mma's."""
     BM = cfg.block[0]
-    tiles.load_a(lambda mt, half, v0, v: _shared_element(tiles, sm, base, wm * i64(cfg.mt * 16) + i64(mt * 16 + 8 * half) + tiles.g,
+    tiles.load_a(lambda mt, half, v0, v: shared_element(tiles, sm, base, wm * i64(cfg.mt * 16) + i64(mt * 16 + 8 * half) + tiles.g,
                                                          v0, v, swizzle), True)
-    tiles.load_b_parts(lambda nt, v0, v: _shared_element(tiles, sm, base, i64(BM) + wn * i64(cfg.nt * 8) + i64(nt * 8) + tiles.g,
+    tiles.load_b_parts(lambda nt, v0, v: shared_element(tiles, sm, base, i64(BM) + wn * i64(cfg.nt * 8) + i64(nt * 8) + tiles.g,
                                                          v0, v, swizzle), True)
     tiles.multiply()
 

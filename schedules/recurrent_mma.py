@@ -59,6 +59,10 @@ class MmaConfig:
     # persistent_mma: the last `streamed` 32-column chunks of R are read from L2 every step instead of kept in shared
     # memory, for layers whose R does not fit on chip (blog-a: H=2560); 0 keeps all of R resident
     streamed: int = 0
+    # persistent_mma with streamed chunks: 0 loads them from L2 straight into each warp's registers, so the n_warps that
+    # share a chunk's rows of R read them once each; k >= 2: they pass through a ring of k shared buffers of one round's
+    # chunks (k_warps x depth) that the whole block fills with cp.async, k - 1 rounds ahead (recurrent_persistent_mma)
+    ring: int = 0
 
     @property
     def rows(self) -> int:
@@ -158,8 +162,8 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     for a padding row; B (h or an earlier phase's value) comes from global memory. Both kernels run it.
     shared_a: A comes from the same dynamic shared memory as acc_s (one merged buffer to TVM's sync planner), so the
     reads of A must be fenced from the first writes of partial sums here, outside the tree's branches.
-    streamed: None, or (resident chunks, a_at for the chunks from there on): those chunks' A comes from the second
-    accessor (global_a), in a reduction loop of their own ahead of the resident ones."""
+    streamed: None, or (resident chunks, reduce_streamed(loader, tiles, wk)): the chunks from there on come first, in a
+    reduction loop of their own that reduce_streamed emits (loader(a_at, a_vector, first) gives load_chunk(chunk, slot))."""
     H, N = a.spec.hidden_size, a.batch
     UB, NT, NW, KW = cfg.units, cfg.n_tiles, cfg.n_warps, cfg.k_warps
     assert UB % 8 == 0 and KW & (KW - 1) == 0, cfg  # gate-aligned m-tiles; the partial-sum tree halves k_warps
@@ -192,9 +196,9 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     if streamed is None:
         chunk_rounds(chunks, KW, cfg.depth, wk, loader(a_at, a_vector), tiles.multiply)
     else:
-        resident, a_global = streamed
         # the L2 chunks first: their loads wait longest, and the shared-memory ones then run back to back
-        chunk_rounds(chunks - resident, KW, cfg.depth, wk, loader(a_global, exact, resident), tiles.multiply)
+        resident, reduce_streamed = streamed
+        reduce_streamed(loader, tiles, wk)
         if resident:
             chunk_rounds(resident, KW, cfg.depth, wk, loader(a_at, a_vector), tiles.multiply)
     tiles.finish()

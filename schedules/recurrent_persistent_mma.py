@@ -19,7 +19,9 @@ lanes of each quarter-warp hit distinct banks.
 Layers whose R does not fit on chip (blog-a: H=2560, 52 MB in fp16): a block keeps its rows' first
 chunks in shared memory and reads the last `streamed` chunks from R in global memory every step
 (L2 holds them across steps), in a reduction loop of their own before the resident ones
-(fewest_streamed picks the least that fits). streaming_config is the default for such layers, which
+(fewest_streamed picks the least that fits), through a ring of shared buffers that the block fills
+with cp.async a round ahead, so the n_warps that share R's rows read each element of the streamed
+chunks from L2 once per step between them (streamed_rounds). streaming_config is the default for such layers, which
 auto runs at batch 33-64 (schedules.STREAMED_MAX_BATCH): on the H100 blog-a ran 31.3 ms in exact fp32
 against the tiled kernel's 46.2, and 13.6 ms in fp16 against mma's 15.8
 (benchmarks/results/2026-11-23-h100-streamed-blog-a.md).
@@ -35,7 +37,7 @@ from dataclasses import replace
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .mma_tiles import KC
+from .mma_tiles import KC, WarpTiles, chunk_rounds, shared_element
 from .recurrent_common import KernelArgs, block_sync, i64, step_phases
 from .recurrent_mma import MmaConfig, block_phase, global_a, operand_copies, partial_sums
 from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, _strided, final_states, initial_states, sm_count
@@ -65,8 +67,17 @@ def r_bytes(spec, cell, units: int, chunks: int | None = None) -> int:
     return cell.gates * units * (-(-spec.hidden_size // KC) if chunks is None else chunks) * KC * size
 
 
+def ring_bytes(spec, cell, cfg: MmaConfig) -> int:
+    """Shared memory for the ring of streamed chunks (cfg.ring buffers of one round's k_warps x depth chunks of the
+    widest phase's rows); none where nothing streams or the ring is off."""
+    if not (cfg.ring and cfg.streamed):
+        return 0
+    rows = max(len(phase.gates) for phase in cell.phases) * cfg.units
+    return cfg.ring * cfg.k_warps * cfg.depth * rows * KC * (4 if spec.dtype == F32 else 2)
+
+
 def smem_bytes(spec, cell, cfg: MmaConfig) -> int:
-    return r_bytes(spec, cell, cfg.units, resident_chunks(spec, cfg)) + cfg.smem_bytes(cell.gates)
+    return r_bytes(spec, cell, cfg.units, resident_chunks(spec, cfg)) + cfg.smem_bytes(cell.gates) + ring_bytes(spec, cell, cfg)
 
 
 def fewest_streamed(spec, cell, arch: str, cfg: MmaConfig) -> int | None:
@@ -74,7 +85,7 @@ def fewest_streamed(spec, cell, arch: str, cfg: MmaConfig) -> int | None:
     None where the blocks do not fit one wave."""
     if blocks(spec, cfg.units) > sm_count(arch):
         return None
-    room = SMEM_LIMIT.get(arch, SMEM_DEFAULT) - cfg.smem_bytes(cell.gates)
+    room = SMEM_LIMIT.get(arch, SMEM_DEFAULT) - cfg.smem_bytes(cell.gates) - ring_bytes(spec, cell, replace(cfg, streamed=1))
     return max(0, -(-spec.hidden_size // KC) - max(0, room // r_bytes(spec, cell, cfg.units, 1)))
 
 
@@ -82,7 +93,8 @@ def fits(spec, cell, arch: str, cfg: MmaConfig) -> bool:
     """One wave of blocks (one per SM) holds all of R (every direction) in shared memory."""
     return (blocks(spec, cfg.units) <= sm_count(arch)
             and smem_bytes(spec, cell, cfg) <= SMEM_LIMIT.get(arch, SMEM_DEFAULT)
-            and cfg.n_warps * cfg.k_warps <= 16)
+            and cfg.n_warps * cfg.k_warps <= 16
+            and not (cfg.ring and (cfg.ring < 2 or not cfg.streamed or spec.hidden_size % KC)))  # the ring copies whole chunks
 
 
 # the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, in exact fp32 three up to MID_BATCH,
@@ -129,14 +141,16 @@ def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig
 
 def streaming_config(spec, cell, arch: str) -> MmaConfig | None:
     """For a layer whose R does not fit on chip: the fewest units per block that make one wave, 4 x 2 batch tiles (64
-    rows per pass), the reduction split 4 ways, XW prefetched, and the fewest chunks streamed; the best of the points
-    tried on blog-a (H=2560, batch 64) in both fp32 and fp16. None where no wave of blocks holds H, or where R (every
+    rows per pass), the reduction split 4 ways, XW prefetched, the streamed chunks through a ring of two buffers, and
+    the fewest chunks streamed; the best of the points tried on blog-a (H=2560, batch 64) in both fp32 and fp16. The ring
+    (H100, benchmarks/results/2026-11-25-h100-streamed-ring.md): fp16 9.36 against 10.03 ms without it, fp32 26.3
+    against 26.6; three buffers (more chunks streamed to make room) 9.83 and 28.0. None where no wave of blocks holds H, or where R (every
     direction) would fit in a wave's shared memory: there more units per block than UNITS would keep it all resident,
     which is what tuning is for, and streaming has not been measured against that."""
     if r_bytes(spec, cell, spec.hidden_size) * spec.num_directions <= sm_count(arch) * SMEM_LIMIT.get(arch, SMEM_DEFAULT):
         return None
     for units in STREAM_UNITS:
-        cfg = MmaConfig(units=units, n_tiles=4, n_warps=2, k_warps=4, depth=1, prefetch=1)
+        cfg = MmaConfig(units=units, n_tiles=4, n_warps=2, k_warps=4, depth=1, prefetch=1, ring=2)
         streamed = fewest_streamed(spec, cell, arch, cfg)
         if streamed is not None:
             return replace(cfg, streamed=streamed) if streamed else None
@@ -170,6 +184,8 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                 wsm = T.alloc_buffer((max(1, total * CR * 8 * KC),), spec.dtype, scope="shared.dyn")
                 # dynamic too: the launch asks for static + dynamic bytes above 48 KB only through the dynamic size
                 acc_s = partial_sums(cfg, cell.gates, "shared.dyn")
+                ring_elems = ring_bytes(spec, cell, cfg) // (4 if spec.dtype == F32 else 2)
+                ring = T.alloc_buffer((ring_elems,), spec.dtype, scope="shared.dyn") if ring_elems else None
 
                 def position(g, lane_k):
                     """Where column lane_k (0..31 of a chunk) of row g sits in its 32-element row: the XOR swizzle in fp32."""
@@ -207,7 +223,7 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                         col = tiles.t * i64(8) + ((flip if v0 == 0 else i64(4) - flip) if swizzle else i64(v0))
                         return wsm[((i64((group0[pi] + grp) * CR) + ck) * i64(8) + tiles.g) * i64(KC) + col + v]
 
-                    streamed = None if CR == chunks else (CR, global_a(a, phase, UB, d, u0))
+                    streamed = None if CR == chunks else (CR, streamed_rounds(a, phase, cfg, ring, d, u0, CR, tid))
                     with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
                         block_phase(a, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg, d, u0, chunk * i64(NB),
                                     wy, lane, acc_s, a_at, True, shared_a=True, streamed=streamed)
@@ -217,3 +233,74 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                 step_phases(a, hbuf, scratch, phase_step)
 
                 final_states(a, hbuf, d, u0, UB, threads, tid)
+
+
+def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident: int, tid):
+    """block_phase's reduce_streamed for the chunks of R past `resident`. Without a ring each warp loads its chunks' A
+    from R in global memory (L2) into registers. With one (cfg.ring buffers in shared memory, each one round's
+    k_warps x depth chunks of the phase's rows in the resident layout), the block's threads copy round r + ring - 1 with
+    cp.async while its warps multiply round r out of shared memory: the n_warps that share a chunk's rows read them
+    from shared memory, and L2 serves each element once per block and step instead of n_warps times. One barrier per
+    round: after it round r has landed and the buffer round r - 1 used is free."""
+    spec, H, UB, KW, depth = a.spec, a.spec.hidden_size, cfg.units, cfg.k_warps, cfg.depth
+    chunks = -(-H // KC)
+    streamed = chunks - resident
+    if ring is None:
+        return lambda loader, tiles, wk: chunk_rounds(streamed, KW, depth, wk, loader(global_a(a, phase, UB, d, u0), H % KC == 0, resident),
+                                                      tiles.multiply)
+    dtype, swizzle = spec.dtype, spec.dtype == F32
+    vec = WarpTiles.width(dtype)
+    segs, rows, per_round = KC // vec, len(phase.gates) * UB, KW * depth
+    size, copies, threads = per_round * rows * KC, per_round * rows * KC // vec, 32 * cfg.n_warps * KW
+    rounds, ahead = -(-streamed // per_round), cfg.ring - 1
+
+    def guarded(cond, exact: bool, body):
+        if exact:
+            body()
+        else:
+            with T.If(cond):
+                with T.Then():
+                    body()
+
+    def issue(r, buf):
+        """This thread's cp.async copies of round r's chunks into ring buffer `buf` (16 bytes each)."""
+        for i in range(-(-copies // threads)):
+            e = i64(i * threads) + tid
+            seg, row, j = e % i64(segs), e // i64(segs) % i64(rows), e // i64(segs * rows)
+            ck = i64(resident) + r * i64(per_round) + j
+            gate = tirx.const(phase.gates[-1], "int64")
+            for gi in reversed(range(len(phase.gates) - 1)):
+                gate = tirx.Select(row // i64(UB) == i64(gi), i64(phase.gates[gi]), gate)
+            src = (d * i64(a.cell.gates * H) + gate * i64(H) + tirx.min(u0 + row % i64(UB), i64(H - 1))) * i64(H) + ck * i64(KC) + seg * i64(vec)
+            pos = tirx.bitwise_xor(seg, row % i64(2)) if swizzle else seg  # odd rows: 16-byte halves swapped
+            dst = buf * i64(size) + (j * i64(rows) + row) * i64(KC) + pos * i64(vec)
+            whole = (i + 1) * threads <= copies and streamed % per_round == 0
+            guarded(tirx.all(e < i64(copies), ck < i64(chunks)), whole,
+                    lambda src=src, dst=dst: T.evaluate(T.s_tir.cp_async_raw(dtype, ring.data, dst, a.R.data, src, 16)))
+
+    def reduce(loader, tiles, wk):
+        for s in range(min(ahead, rounds)):
+            issue(i64(s), i64(s))
+            T.evaluate(T.ptx.cp.async_.commit_group())
+        with T.serial(0, i64(rounds)) as r:
+            # round r's group and those before it done (one group a round, empty past the end); the barrier makes every
+            # thread's copies visible and frees the buffer of round r - 1, which round r + ahead refills
+            T.evaluate(T.ptx.cp.async_.wait_group(ahead - 1 if ahead < rounds else 0))
+            block_sync()
+            if ahead < rounds:
+                guarded(r + i64(ahead) < i64(rounds), False, lambda: issue(r + i64(ahead), (r + i64(ahead)) % i64(cfg.ring)))
+                T.evaluate(T.ptx.cp.async_.commit_group())
+            for step in ("load", "multiply"):
+                for j in range(depth):
+                    local = i64(j * KW) + wk  # the chunk of the round this warp takes, as chunk_rounds assigns them
+                    base = (r % i64(cfg.ring) * i64(per_round) + local) * i64(rows * KC)
+
+                    def a_at(tiles, _ck, mt, half, v0, v, base=base):
+                        first = mt * 16 + 8 * half
+                        return None if first >= rows else shared_element(tiles, ring, base, i64(first) + tiles.g, v0, v, swizzle)
+
+                    ck = i64(resident) + r * i64(per_round) + local
+                    guarded(ck < i64(chunks), streamed % per_round == 0,
+                            (lambda: loader(a_at, True)(ck, j)) if step == "load" else (lambda: tiles.multiply(j)))
+
+    return reduce

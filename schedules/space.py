@@ -11,7 +11,8 @@ A point of a space is a `KernelConfig`: a schedule kind and a value for each of 
                 and in fp16/bf16 half_operand (B read from a half-precision copy of h)
     persistent_mma  the same knobs, prefetch (XW loaded before the reduction) and in exact fp32 split_acc (3xTF32's
                 cross products in accumulators of their own) and chunk_acc (each k-chunk summed apart, added in fp32), for the persistent tensor-core kernel (one wave, R in shared memory;
-                where R is larger than that, streamed: the chunks of R read from L2 every step)
+                where R is larger than that, streamed: the chunks of R read from L2 every step, and ring: the buffers in
+                shared memory they pass through)
 
 The kind is itself a knob: persistent, stepwise, tiled, mma and persistent_mma are design spaces of one CUDA tuning task.
 MetaSchedule samples the knobs (tvmrnn/tuning/search.py); compile builds each layer's kernel as a
@@ -27,7 +28,7 @@ CPU_ROWS = (1, 2, 4, 8)
 CPU_UNITS = (8, 16, 32, 64, 128, 256)
 # Knobs added to a kind after tuning logs were written for it, with the value that is what the kernel did before: a point
 # names them only when set otherwise, so a logged point without the knob and today's point with that value are one point
-LATER_KNOBS = {"persistent": {"prefetch": 0}, "mma": {"chunk_acc": 0}, "persistent_mma": {"chunk_acc": 0}}
+LATER_KNOBS = {"persistent": {"prefetch": 0}, "mma": {"chunk_acc": 0}, "persistent_mma": {"chunk_acc": 0, "ring": 0}}
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ def _streaming_tiles(spec, cell, arch) -> dict[str, tuple[int, ...]]:
     point = streaming_config(spec, cell, arch)
     if point is None:
         return {}
-    space = {"units": (point.units,), "n_tiles": (2, 4), "n_warps": (point.n_warps,), "k_warps": (2, 4), "depth": (1, 2)}
+    space = {"units": (point.units,), "n_tiles": (2, 4), "n_warps": (point.n_warps,), "k_warps": (2, 4), "depth": (1, 2), "ring": (point.ring,)}
     need = [fewest_streamed(spec, cell, arch, MmaConfig(**dict(zip(space, values)))) for values in itertools.product(*space.values())]
     return space | {"streamed": (max(need),)}
 
@@ -255,6 +256,8 @@ def default_config(kind: str, spec, cell, target, batch: int | None = None) -> K
             knobs["half_operand"] = c.half_operand
         if c.streamed:  # R does not fit on chip: the default streams part of it (streaming_config)
             knobs["streamed"] = c.streamed
+        if c.ring:  # ... through a ring of shared buffers
+            knobs["ring"] = c.ring
         return KernelConfig.of(kind, **knobs)
     from . import recurrent_persistent as persistent
 

@@ -453,6 +453,63 @@ def test_persistent_mma_knobs_are_correct(case, dtype, knobs):
                   "rows", batches=(6, 37), note=point.describe())
 
 
+# layers whose streamed chunks pass through persistent_mma's cp.async ring: H a multiple of 32 (whole chunks); rounds of
+# k_warps x depth chunks: one round (the prologue copies it), two with a partial last one, four with the copies issued
+# inside the loop; GRU's two phases have rows of different widths
+RING_CASES = [
+    (Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h", "initial_c"), hidden=96, input_size=7),
+     "float32", dict(streamed=2, ring=2, k_warps=2, depth=1)),
+    (Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h", "initial_c"), hidden=96, input_size=7),
+     "float16", dict(streamed=3, ring=2, k_warps=2, depth=1)),
+    (Case(op="GRU", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=128, input_size=5, layout=1),
+     "float32", dict(streamed=3, ring=2, k_warps=2, depth=2)),
+    (Case(op="GRU", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=256, input_size=5, layout=1),
+     "float16", dict(streamed=7, ring=3, k_warps=2, depth=1)),
+    (Case(op="GRU", direction="forward", optional=("sequence_lens",), hidden=256, input_size=5),
+     "float32", dict(streamed=7, ring=3, k_warps=2, depth=1, n_tiles=2, n_warps=2)),
+]
+
+
+def test_streamed_ring_copies_with_cp_async():
+    """persistent_mma's ring (cfg.ring buffers of streamed chunks in shared memory, filled with cp.async): the kernel copies
+    R with cp.async and waits on it inside the step loop, where the ring is off it does neither; the ring's bytes count
+    against shared memory (more chunks stream to make room); it needs whole chunks (H % 32 == 0), 2+ buffers, and
+    something streamed."""
+    from schedules.recurrent_mma import MmaConfig
+    from schedules.recurrent_persistent_mma import fewest_streamed, fits, ring_bytes, smem_bytes
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    case, dtype, knobs = RING_CASES[1]
+    _, spec, (base, _) = _with_knobs(case, dtype)
+    cell = cell_for(spec)
+    ring, plain = (KernelConfig.of("persistent_mma", **{**dict(base.knobs), **knobs, "ring": r}) for r in (2, 0))
+    for config, copies in ((ring, True), (plain, False)):
+        src = _source(target, spec, config)
+        loop = src[re.search(r"for \(int64_t \w+ = \(int64_t\)0; \w+ < seq;", src).start():]
+        assert ("cp.async.cg.shared.global" in src and "cp_async_wait_group" in loop) == copies, config.describe()
+        assert "R_ptr" in loop, config.describe()
+    cfg = MmaConfig(**dict(ring.knobs))
+    assert smem_bytes(spec, cell, cfg) - smem_bytes(spec, cell, MmaConfig(**dict(plain.knobs))) == ring_bytes(spec, cell, cfg) > 0
+    assert fits(spec, cell, "sm_90", cfg)
+    for bad in (dict(ring=1), dict(streamed=0)):
+        assert not fits(spec, cell, "sm_90", dataclasses.replace(cfg, **bad)), bad
+    odd = find_rnn_layers(Case(op="LSTM", hidden=72, input_size=8, dtype=dtype).model())[0].spec
+    assert not fits(odd, cell_for(odd), "sm_90", cfg)  # a partial last chunk
+    big = find_rnn_layers(Case(op="LSTM", hidden=2560, input_size=8, dtype=dtype).model())[0].spec
+    wide = MmaConfig(units=24, n_tiles=4, n_warps=2, k_warps=4, depth=1, prefetch=1)
+    assert fewest_streamed(big, cell_for(big), "sm_90", dataclasses.replace(wide, ring=2)) > fewest_streamed(big, cell_for(big), "sm_90", wide)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case, dtype, knobs", RING_CASES, ids=lambda c: str(c) if isinstance(c, (str, dict)) else f"{c.op}-h{c.hidden}")
+def test_streamed_ring_is_correct(case, dtype, knobs):
+    """Streamed chunks through the cp.async ring against float64 on poisoned outputs, at a batch under one pass of batch
+    tiles and one over it (the ring refilled for every pass, phase and step)."""
+    _, spec, (_, point) = _with_knobs(case, dtype, **knobs)
+    _check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec, point_kernel(spec, cell_for(spec), _target("cuda"), point),
+                  "rows", batches=(6, 37), note=point.describe())
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_streamed_chunks_read_r_from_global_memory(dtype):
     """persistent_mma with `streamed` chunks: a layer whose R does not fit on chip (blog-a's H=2560 LSTM) fits one wave
