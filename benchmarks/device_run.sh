@@ -45,15 +45,15 @@ case "$1" in
     timeout 540 python3 -m pytest -m gpu -q -rA -p no:cacheprovider "${@:2}" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -60 ;;
   tests-sharded)
     set -- "${@:2}"; shards=$1; shift; [ $# -eq 0 ] && set -- tests/
-    python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep "::" > /tmp/gpu_ids.txt
+    python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep "^tests/.*::" > /tmp/gpu_ids.txt
     rm -f /tmp/gpu_shard.*; split -n "r/$shards" -d /tmp/gpu_ids.txt /tmp/gpu_shard.
     wc -l /tmp/gpu_ids.txt
     for f in /tmp/gpu_shard.*; do  # node ids hold spaces: one per line, passed whole
-      timeout "${TESTS_S:-540}" python3 -c 'import sys, pytest; sys.exit(pytest.main(["-m", "gpu", "-q", "-rA", "-p", "no:cacheprovider"] + open(sys.argv[1]).read().splitlines()))' \
+      timeout "${TESTS_S:-540}" python3 -c 'import sys, pytest; sys.exit(pytest.main(["-m", "gpu", "-v", "-rfE", "-p", "no:cacheprovider"] + open(sys.argv[1]).read().splitlines()))' \
         "$f" 2>&1 | grep -v "Warning: Scope" > "$OUT/pytest_gpu_${f##*.}.txt" &
     done
     wait
-    tail -n 2 "$OUT"/pytest_gpu_*.txt; grep -h "^FAILED\|^ERROR" "$OUT"/pytest_gpu_*.txt ;;
+    tail -qn 1 "$OUT"/pytest_gpu_*.txt; echo "PASSED: $(cat "$OUT"/pytest_gpu_*.txt | grep -c ' PASSED')"; grep -h "FAILED\|ERROR" "$OUT"/pytest_gpu_*.txt ;;
   ring)
     timeout 200 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_kernels.py -k "ring or streamed" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4
     for tool in racecheck synccheck memcheck; do
