@@ -25,7 +25,7 @@ from tvm import tirx
 from tvm.backend.cuda.op import ptx_legacy_mma
 from tvm.script.ir_builder import tirx as T
 
-from .recurrent_common import i64
+from .recurrent_common import block_sync, i64
 
 F32 = "float32"
 KC = 32  # reduction columns per chunk: 8 consecutive k per lane
@@ -198,6 +198,28 @@ def shared_element(tiles: WarpTiles, sm, base, row, v0, v, swizzle: bool):
     flip = (tiles.g % i64(2)) * i64(4)  # v0 XOR flip, spelled affine so the load stays one vector
     col = tiles.t * i64(8) + ((flip if v0 == 0 else i64(4) - flip) if swizzle else i64(v0))
     return sm[base + row * i64(KC) + col + v]
+
+
+def cp_async_ring(count: int, stages: int, issue, consume):
+    """A ring of `stages` shared buffers filled with cp.async: issue(i, buf) emits this thread's copies of item i into
+    buffer buf, consume(i, buf) the work on it; item i + stages - 1 is copied while item i is consumed. One barrier per
+    item: after it every thread's copies of item i have landed and the buffer item i - 1 used is free."""
+    ahead = stages - 1
+    for s in range(min(ahead, count)):
+        issue(i64(s), i64(s))
+        T.evaluate(T.ptx.cp.async_.commit_group())
+    with T.serial(0, i64(count)) as i:
+        # item i's group and those before it done: ahead - 1 younger ones may still fly (a group is committed every
+        # iteration, empty past the end); with every item in the prologue, all of them
+        T.evaluate(T.ptx.cp.async_.wait_group(ahead - 1 if ahead < count else 0))
+        block_sync()
+        if ahead < count:
+            nxt = i + i64(ahead)
+            with T.If(nxt < i64(count)):
+                with T.Then():
+                    issue(nxt, nxt % i64(stages))
+            T.evaluate(T.ptx.cp.async_.commit_group())
+        consume(i, i % i64(stages))
 
 
 def chunk_rounds(chunks: int, ways: int, depth: int, lane_way, load, multiply):

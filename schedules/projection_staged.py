@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .mma_tiles import KC, MODES, WarpTiles, shared_element
+from .mma_tiles import KC, MODES, WarpTiles, cp_async_ring, shared_element
 from .projection_mma import add_xw, store_xw
 from .recurrent_common import block_sync, each_element, i64, projection_prim_func
 from .recurrent_persistent import SMEM_LIMIT
@@ -216,7 +216,6 @@ def _tile_async(mode: str, K: int, cols: int, cfg: StagedConfig, X, W, bias, XW,
     vec = WarpTiles.width(dtype)
     segs, size, swizzle = KC // vec, (BM + BN) * KC, dtype == F32
     plan = _copies(cfg, vec)
-    ahead = cfg.stages - 1
     with T.thread_binding(0, i64(cfg.warps_m * cfg.warps_n), "threadIdx.y") as wy:
         with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
             tid = wy * i64(32) + lane
@@ -235,21 +234,7 @@ def _tile_async(mode: str, K: int, cols: int, cfg: StagedConfig, X, W, bias, XW,
 
                 _each_copy(plan, cfg, segs, tid, copy)
 
-            for s in range(min(ahead, chunks)):
-                issue(i64(s), i64(s))
-                T.evaluate(T.ptx.cp.async_.commit_group())
-            with T.serial(0, i64(chunks)) as ck:
-                # chunk ck's group and those before it done: ahead - 1 younger ones may still fly (a group is
-                # committed every iteration, empty past the end); with every chunk in the prologue, all of them
-                T.evaluate(T.ptx.cp.async_.wait_group(ahead - 1 if ahead < chunks else 0))
-                block_sync()
-                nxt = ck + i64(ahead)
-                if ahead < chunks:
-                    with T.If(nxt < i64(chunks)):
-                        with T.Then():
-                            issue(nxt, nxt % i64(cfg.stages))
-                    T.evaluate(T.ptx.cp.async_.commit_group())
-                _multiply_chunk(tiles, cfg, sm, ck % i64(cfg.stages) * i64(size), wm, wn, swizzle)
+            cp_async_ring(chunks, cfg.stages, issue, lambda ck, buf: _multiply_chunk(tiles, cfg, sm, buf * i64(size), wm, wn, swizzle))
             tiles.finish()
             store_xw(tiles, XW, bias, M, cols, mb + wm * i64(cfg.mt * 16), nb + wn * i64(cfg.nt * 8))
 

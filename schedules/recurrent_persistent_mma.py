@@ -37,7 +37,7 @@ from dataclasses import replace
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .mma_tiles import KC, WarpTiles, chunk_rounds, shared_element
+from .mma_tiles import KC, WarpTiles, chunk_rounds, cp_async_ring, shared_element
 from .recurrent_common import KernelArgs, block_sync, i64, step_phases
 from .recurrent_mma import MmaConfig, block_phase, global_a, operand_copies, partial_sums
 from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, _strided, final_states, initial_states, sm_count
@@ -252,7 +252,7 @@ def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident:
     vec = WarpTiles.width(dtype)
     segs, rows, per_round = KC // vec, len(phase.gates) * UB, KW * depth
     size, copies, threads = per_round * rows * KC, per_round * rows * KC // vec, 32 * cfg.n_warps * KW
-    rounds, ahead = -(-streamed // per_round), cfg.ring - 1
+    rounds = -(-streamed // per_round)
 
     def guarded(cond, exact: bool, body):
         if exact:
@@ -279,21 +279,11 @@ def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident:
                     lambda src=src, dst=dst: T.evaluate(T.s_tir.cp_async_raw(dtype, ring.data, dst, a.R.data, src, 16)))
 
     def reduce(loader, tiles, wk):
-        for s in range(min(ahead, rounds)):
-            issue(i64(s), i64(s))
-            T.evaluate(T.ptx.cp.async_.commit_group())
-        with T.serial(0, i64(rounds)) as r:
-            # round r's group and those before it done (one group a round, empty past the end); the barrier makes every
-            # thread's copies visible and frees the buffer of round r - 1, which round r + ahead refills
-            T.evaluate(T.ptx.cp.async_.wait_group(ahead - 1 if ahead < rounds else 0))
-            block_sync()
-            if ahead < rounds:
-                guarded(r + i64(ahead) < i64(rounds), False, lambda: issue(r + i64(ahead), (r + i64(ahead)) % i64(cfg.ring)))
-                T.evaluate(T.ptx.cp.async_.commit_group())
+        def consume(r, buf):
             for step in ("load", "multiply"):
                 for j in range(depth):
                     local = i64(j * KW) + wk  # the chunk of the round this warp takes, as chunk_rounds assigns them
-                    base = (r % i64(cfg.ring) * i64(per_round) + local) * i64(rows * KC)
+                    base = (buf * i64(per_round) + local) * i64(rows * KC)
 
                     def a_at(tiles, _ck, mt, half, v0, v, base=base):
                         first = mt * 16 + 8 * half
@@ -302,5 +292,7 @@ def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident:
                     ck = i64(resident) + r * i64(per_round) + local
                     guarded(ck < i64(chunks), streamed % per_round == 0,
                             (lambda: loader(a_at, True)(ck, j)) if step == "load" else (lambda: tiles.multiply(j)))
+
+        cp_async_ring(rounds, cfg.ring, issue, consume)
 
     return reduce
