@@ -143,7 +143,7 @@ def _resident_tiles(spec, cell, arch) -> dict[str, tuple[int, ...]]:
 
 
 def _streaming_tiles(spec, cell, arch) -> dict[str, tuple[int, ...]]:
-    """Where streaming_config applies: its units and warps, batch tiles, reduction splits and depths around its point,
+    """Where streaming_config applies: its units, warps, depth and ring, batch tiles and reduction splits around its point,
     and one value of `streamed`, the most any combination needs (streaming_config's own), so every combination fits and
     none streams far more than it must."""
     import itertools
@@ -154,7 +154,9 @@ def _streaming_tiles(spec, cell, arch) -> dict[str, tuple[int, ...]]:
     point = streaming_config(spec, cell, arch)
     if point is None:
         return {}
-    space = {"units": (point.units,), "n_tiles": (2, 4), "n_warps": (point.n_warps,), "k_warps": (2, 4), "depth": (1, 2), "ring": (point.ring,)}
+    # depth 1 only: with the ring, depth 2 doubles its buffers (more of R streamed) and ran 10x slower in fp16 and 1.15x in
+    # fp32 on the H100 (benchmarks/results/2026-11-25-h100-streamed-ring.md)
+    space = {"units": (point.units,), "n_tiles": (2, 4), "n_warps": (point.n_warps,), "k_warps": (2, 4), "depth": (1,), "ring": (point.ring,)}
     need = [fewest_streamed(spec, cell, arch, MmaConfig(**dict(zip(space, values)))) for values in itertools.product(*space.values())]
     return space | {"streamed": (max(need),)}
 
