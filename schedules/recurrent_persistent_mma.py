@@ -157,6 +157,15 @@ def streaming_config(spec, cell, arch: str) -> MmaConfig | None:
     return None
 
 
+def r_row_of(phase, units: int, H: int, u0, r):
+    """R's row for row r (a run-time index) of a block's rows of the phase: gate-major, `units` units each from u0
+    (clamped to H - 1 past the last unit)."""
+    gate = tirx.const(phase.gates[-1], "int64")
+    for gi in reversed(range(len(phase.gates) - 1)):
+        gate = tirx.Select(r // i64(units) == i64(gi), i64(phase.gates[gi]), gate)
+    return gate * i64(H) + tirx.min(u0 + r % i64(units), i64(H - 1))
+
+
 def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
     from .recurrent_mma import supported
 
@@ -198,10 +207,7 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                         p, g, ck, grp = e % i64(KC), e // i64(KC) % i64(8), e // i64(8 * KC) % i64(CR), e // i64(8 * KC * CR)
                         r = grp * i64(8) + g  # row of the phase's tile: gate r // UB, unit r % UB
                         k = ck * i64(KC) + position(g, p)  # the inverse of position: the XOR is its own inverse
-                        gate = tirx.const(phase.gates[-1], "int64")
-                        for gi in reversed(range(len(phase.gates) - 1)):
-                            gate = tirx.Select(r // i64(UB) == i64(gi), i64(phase.gates[gi]), gate)
-                        row = gate * i64(H) + tirx.min(u0 + r % i64(UB), i64(H - 1))
+                        row = r_row_of(phase, UB, H, u0, r)
                         val = tirx.if_then_else(k < i64(H), a.R[d, row, tirx.min(k, i64(H - 1))], tirx.const(0, spec.dtype))
                         T.buffer_store(wsm, val, [i64(group0[pi] * CR * 8 * KC) + e])
 
@@ -268,10 +274,7 @@ def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident:
             e = i64(i * threads) + tid
             seg, row, j = e % i64(segs), e // i64(segs) % i64(rows), e // i64(segs * rows)
             ck = i64(resident) + r * i64(per_round) + j
-            gate = tirx.const(phase.gates[-1], "int64")
-            for gi in reversed(range(len(phase.gates) - 1)):
-                gate = tirx.Select(row // i64(UB) == i64(gi), i64(phase.gates[gi]), gate)
-            src = (d * i64(a.cell.gates * H) + gate * i64(H) + tirx.min(u0 + row % i64(UB), i64(H - 1))) * i64(H) + ck * i64(KC) + seg * i64(vec)
+            src = (d * i64(a.cell.gates * H) + r_row_of(phase, UB, H, u0, row)) * i64(H) + ck * i64(KC) + seg * i64(vec)
             pos = tirx.bitwise_xor(seg, row % i64(2)) if swizzle else seg  # odd rows: 16-byte halves swapped
             dst = buf * i64(size) + (j * i64(rows) + row) * i64(KC) + pos * i64(vec)
             whole = (i + 1) * threads <= copies and streamed % per_round == 0
