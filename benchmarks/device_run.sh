@@ -3,8 +3,9 @@
 #   bash benchmarks/device_run.sh tests [PYTEST ARGS]   pytest -m gpu (+ persistent-kernel smoke runs first)
 #   bash benchmarks/device_run.sh tests-sharded N [PYTEST ARGS]   pytest -m gpu in N processes at once (each a share of the
 #                                            collected tests): the whole suite in one call, where one process takes two
-#   bash benchmarks/device_run.sh ring      persistent_mma's cp.async ring of streamed chunks: GPU tests, compute-sanitizer,
-#                                            then blog-a's streaming default against ring points (kernel_variants)
+#   bash benchmarks/device_run.sh ring      persistent_mma's cp.async ring of streamed chunks (A, and with ring_h B): GPU tests,
+#                                            compute-sanitizer, then blog-a's streaming default against the points in POINTS
+#                                            (kernel_variants; e.g. ring_h=1 beside today's ring=2)
 #   bash benchmarks/device_run.sh bench    the benchmark table against cuDNN
 #   bash benchmarks/device_run.sh sanitize [KERNEL]   compute-sanitizer racecheck/synccheck/memcheck on one small layer
 #   bash benchmarks/device_run.sh tune     MetaSchedule over the benchmark rows and the zoo (logs to $OUT/tuning_logs)
@@ -56,8 +57,10 @@ case "$1" in
     tail -qn 1 "$OUT"/pytest_gpu_*.txt; echo "PASSED: $(cat "$OUT"/pytest_gpu_*.txt | grep -c ' PASSED')"; grep -h "FAILED\|ERROR" "$OUT"/pytest_gpu_*.txt ;;
   ring)
     timeout 200 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_kernels.py -k "ring or streamed" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4
-    for tool in racecheck synccheck memcheck; do
-      timeout 100 compute-sanitizer --tool $tool python3 benchmarks/sanitize_case.py persistent_mma LSTM ring 2>&1 | grep -v Warning | tail -4 | tee "$OUT/sanitizer_ring_$tool.txt"
+    for mode in ring ring-h; do
+      for tool in racecheck synccheck memcheck; do
+        timeout 100 compute-sanitizer --tool $tool python3 benchmarks/sanitize_case.py persistent_mma LSTM $mode 2>&1 | grep -v Warning | tail -4 | tee "$OUT/sanitizer_${mode}_$tool.txt"
+      done
     done
     BASELINES=auto timeout 300 python3 benchmarks/kernel_variants.py persistent_mma blog-a 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -12 ;;
   bench)

@@ -1,11 +1,12 @@
 """One small persistent-kernel layer under compute-sanitizer (racecheck / synccheck): a few steps, batch 2.
 
-    python3 benchmarks/sanitize_case.py [KERNEL [LSTM|GRU [streamed|ring]]]
+    python3 benchmarks/sanitize_case.py [KERNEL [LSTM|GRU [streamed|ring|ring-h]]]
     python3 benchmarks/sanitize_case.py wavefront     two stacked LSTM layers in one wavefront kernel
 
 streamed (persistent_mma only): half of each block's R read from global memory every step (the path layers too large
 for shared memory run), instead of all of it resident. ring: hidden 128, three of its four chunks streamed through
-the cp.async ring (two buffers of two chunks, a partial second round) that two batch warps read.
+the cp.async ring (two buffers of two chunks, a partial second round) that two batch warps read; ring-h: the same with
+h's chunks copied into the ring too.
 """
 
 import sys
@@ -23,9 +24,9 @@ kernel = sys.argv[1] if len(sys.argv) > 1 else "persistent"
 if sys.argv[3:] == ["streamed"]:
     # hidden 64: two 32-column chunks, the second streamed
     recurrent_persistent_mma.default_config = lambda *_, **__: MmaConfig(units=8, n_tiles=1, n_warps=1, k_warps=2, depth=1, prefetch=1, streamed=1)
-if sys.argv[3:] == ["ring"]:
+if sys.argv[3:] in (["ring"], ["ring-h"]):
     recurrent_persistent_mma.default_config = lambda *_, **__: MmaConfig(units=8, n_tiles=1, n_warps=2, k_warps=2, depth=1, prefetch=1,
-                                                                        streamed=3, ring=2)
+                                                                        streamed=3, ring=2, ring_h=int(sys.argv[3] == "ring-h"))
 if kernel == "wavefront":
     from test_wavefront import lstm_stack, stack_model, stack_reference
 
@@ -36,7 +37,7 @@ if kernel == "wavefront":
     print(kernel, module.metadata["stacks"], {k: float(np.abs(v - ref[k]).max()) for k, v in ours.items()})
     sys.exit(0)
 case = Case(op=sys.argv[2] if len(sys.argv) > 2 else "LSTM", direction="bidirectional", optional=("B", "sequence_lens"),
-            hidden=128 if sys.argv[3:] == ["ring"] else 64, input_size=16)
+            hidden=128 if sys.argv[3:] in (["ring"], ["ring-h"]) else 64, input_size=16)
 module = tvmrnn.compile(case.model(), target="cuda", kernel=kernel)
 feeds = case.feeds(np.random.default_rng(0), 4, 2)
 ours, ref = module.run(feeds), case.reference(feeds)

@@ -63,6 +63,9 @@ class MmaConfig:
     # share a chunk's rows of R read them once each; k >= 2: they pass through a ring of k shared buffers of one round's
     # chunks (k_warps x depth) that the whole block fills with cp.async, k - 1 rounds ahead (recurrent_persistent_mma)
     ring: int = 0
+    # with a ring: 1 also copies the streamed chunks' B (the block's batch rows of h, or of GRU's r*h) into it, so neither
+    # operand of those chunks is a synchronous L2 read (the ncu profile of blog-a: 36% of warp cycles waiting on L1TEX)
+    ring_h: int = 0
 
     @property
     def rows(self) -> int:
@@ -162,8 +165,11 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     for a padding row; B (h or an earlier phase's value) comes from global memory. Both kernels run it.
     shared_a: A comes from the same dynamic shared memory as acc_s (one merged buffer to TVM's sync planner), so the
     reads of A must be fenced from the first writes of partial sums here, outside the tree's branches.
-    streamed: None, or (resident chunks, reduce_streamed(loader, tiles, wk)): the chunks from there on come first, in a
-    reduction loop of their own that reduce_streamed emits (loader(a_at, a_vector, first) gives load_chunk(chunk, slot))."""
+    streamed: None, or (resident chunks, reduce_streamed(loader, tiles, wk, b_operand)): the chunks from there on come
+    first, in a reduction loop of their own that reduce_streamed emits (loader(a_at, a_vector, first, b_shared) gives
+    load_chunk(chunk, slot); b_shared(row, v0, v), where given, B's element for the pass's batch row `row` from shared
+    memory instead of global);
+    b_operand = (B's buffer, its flat offset of (batch row, k), the pass's first batch row n0)."""
     H, N = a.spec.hidden_size, a.batch
     UB, NT, NW, KW = cfg.units, cfg.n_tiles, cfg.n_warps, cfg.k_warps
     assert UB % 8 == 0 and KW & (KW - 1) == 0, cfg  # gate-aligned m-tiles; the partial-sum tree halves k_warps
@@ -180,7 +186,7 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     tid = wy * i64(32) + lane
     xw = _prefetch_xw(a, phase, s, d, u0, n0, UB, NB, threads, tid) if cfg.prefetch else None
 
-    def loader(a_at, a_vector, first=0):
+    def loader(a_at, a_vector, first=0, b_shared=None):
         def load_chunk(ck, slot):
             ck = ck + i64(first) if first else ck
 
@@ -189,7 +195,10 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
                 return guarded(ck * i64(KC) + k, H, exact, lambda k: operand_at(b_src, phase, cur, d, n, k), b_dtype)
 
             tiles.load_a(lambda mt, half, v0, v: a_at(tiles, ck, mt, half, v0, v), a_vector, slot)
-            tiles.load_b(b_at, exact, slot)
+            if b_shared is None:
+                tiles.load_b(b_at, exact, slot)
+            else:
+                tiles.load_b_parts(lambda nt, v0, v: b_shared((wn * i64(NT) + i64(nt)) * i64(8) + tiles.g, v0, v), True, slot)
 
         return load_chunk
 
@@ -198,7 +207,8 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     else:
         # the L2 chunks first: their loads wait longest, and the shared-memory ones then run back to back
         resident, reduce_streamed = streamed
-        reduce_streamed(loader, tiles, wk)
+        idx = (lambda n, k: [cur, d, n, k]) if phase.operand == "h" else (lambda n, k: [d, n, k])
+        reduce_streamed(loader, tiles, wk, (b_src, lambda n, k: b_src.offset_of(idx(n, k))[0], n0))
         if resident:
             chunk_rounds(resident, KW, cfg.depth, wk, loader(a_at, a_vector), tiles.multiply)
     tiles.finish()

@@ -67,13 +67,23 @@ def r_bytes(spec, cell, units: int, chunks: int | None = None) -> int:
     return cell.gates * units * (-(-spec.hidden_size // KC) if chunks is None else chunks) * KC * size
 
 
+def ring_a_elems(cell, cfg: MmaConfig) -> int:
+    """Elements of A (R's rows) in one buffer of the ring: one round's k_warps x depth chunks of the widest phase's rows."""
+    return cfg.k_warps * cfg.depth * max(len(phase.gates) for phase in cell.phases) * cfg.units * KC
+
+
+def ring_b_dtype(spec, cfg: MmaConfig) -> str:
+    """The dtype B is read in: the half-precision copy of h where the kernel keeps one, else fp32."""
+    return spec.dtype if spec.dtype != F32 and cfg.half_operand else F32
+
+
 def ring_bytes(spec, cell, cfg: MmaConfig) -> int:
-    """Shared memory for the ring of streamed chunks (cfg.ring buffers of one round's k_warps x depth chunks of the
-    widest phase's rows); none where nothing streams or the ring is off."""
+    """Shared memory for the ring of streamed chunks (cfg.ring buffers of A's chunks, and with ring_h B's: the pass's
+    batch rows by the same chunks); none where nothing streams or the ring is off."""
     if not (cfg.ring and cfg.streamed):
         return 0
-    rows = max(len(phase.gates) for phase in cell.phases) * cfg.units
-    return cfg.ring * cfg.k_warps * cfg.depth * rows * KC * (4 if spec.dtype == F32 else 2)
+    b = cfg.k_warps * cfg.depth * cfg.rows * KC * (4 if ring_b_dtype(spec, cfg) == F32 else 2) if cfg.ring_h else 0
+    return cfg.ring * (ring_a_elems(cell, cfg) * (4 if spec.dtype == F32 else 2) + b)
 
 
 def smem_bytes(spec, cell, cfg: MmaConfig) -> int:
@@ -94,7 +104,8 @@ def fits(spec, cell, arch: str, cfg: MmaConfig) -> bool:
     return (blocks(spec, cfg.units) <= sm_count(arch)
             and smem_bytes(spec, cell, cfg) <= SMEM_LIMIT.get(arch, SMEM_DEFAULT)
             and cfg.n_warps * cfg.k_warps <= 16
-            and not (cfg.ring and (cfg.ring < 2 or not cfg.streamed or spec.hidden_size % KC)))  # the ring copies whole chunks
+            and not (cfg.ring and (cfg.ring < 2 or not cfg.streamed or spec.hidden_size % KC))  # the ring copies whole chunks
+            and not (cfg.ring_h and not cfg.ring))
 
 
 # the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, in exact fp32 three up to MID_BATCH,
@@ -193,8 +204,11 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                 wsm = T.alloc_buffer((max(1, total * CR * 8 * KC),), spec.dtype, scope="shared.dyn")
                 # dynamic too: the launch asks for static + dynamic bytes above 48 KB only through the dynamic size
                 acc_s = partial_sums(cfg, cell.gates, "shared.dyn")
-                ring_elems = ring_bytes(spec, cell, cfg) // (4 if spec.dtype == F32 else 2)
-                ring = T.alloc_buffer((ring_elems,), spec.dtype, scope="shared.dyn") if ring_elems else None
+                ring = None
+                if ring_bytes(spec, cell, cfg):
+                    ring = (T.alloc_buffer((cfg.ring * ring_a_elems(cell, cfg),), spec.dtype, scope="shared.dyn"),
+                            T.alloc_buffer((cfg.ring * cfg.k_warps * cfg.depth * cfg.rows * KC,), ring_b_dtype(spec, cfg), scope="shared.dyn")
+                            if cfg.ring_h else None)
 
                 def position(g, lane_k):
                     """Where column lane_k (0..31 of a chunk) of row g sits in its 32-element row: the XOR swizzle in fp32."""
@@ -246,18 +260,17 @@ def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident:
     from R in global memory (L2) into registers. With one (cfg.ring buffers in shared memory, each one round's
     k_warps x depth chunks of the phase's rows in the resident layout), the block's threads copy round r + ring - 1 with
     cp.async while its warps multiply round r out of shared memory: the n_warps that share a chunk's rows read them
-    from shared memory, and L2 serves each element once per block and step instead of n_warps times. One barrier per
-    round: after it round r has landed and the buffer round r - 1 used is free."""
+    from shared memory, and L2 serves each element once per block and step instead of n_warps times. With ring_h the
+    same rounds copy B too (the pass's batch rows by the round's chunks), so no load of a streamed chunk waits on L2.
+    One barrier per round: after it round r has landed and the buffer round r - 1 used is free."""
     spec, H, UB, KW, depth = a.spec, a.spec.hidden_size, cfg.units, cfg.k_warps, cfg.depth
     chunks = -(-H // KC)
     streamed = chunks - resident
     if ring is None:
-        return lambda loader, tiles, wk: chunk_rounds(streamed, KW, depth, wk, loader(global_a(a, phase, UB, d, u0), H % KC == 0, resident),
-                                                      tiles.multiply)
-    dtype, swizzle = spec.dtype, spec.dtype == F32
-    vec = WarpTiles.width(dtype)
-    segs, rows, per_round = KC // vec, len(phase.gates) * UB, KW * depth
-    size, copies, threads = per_round * rows * KC, per_round * rows * KC // vec, 32 * cfg.n_warps * KW
+        return lambda loader, tiles, wk, _b: chunk_rounds(streamed, KW, depth, wk, loader(global_a(a, phase, UB, d, u0), H % KC == 0, resident),
+                                                          tiles.multiply)
+    ring_a, ring_b = ring
+    threads, rows, per_round, NB = 32 * cfg.n_warps * KW, len(phase.gates) * UB, KW * depth, cfg.rows
     rounds = -(-streamed // per_round)
 
     def guarded(cond, exact: bool, body):
@@ -268,33 +281,51 @@ def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident:
                 with T.Then():
                     body()
 
-    def issue(r, buf):
-        """This thread's cp.async copies of round r's chunks into ring buffer `buf` (16 bytes each)."""
-        for i in range(-(-copies // threads)):
+    def copies(r, buf, sm, dtype, rows, source):
+        """This thread's cp.async copies (16 bytes each) of round r's chunks, `rows` rows each, into buffer `buf` of sm:
+        source(row, k) is the flat offset of (row, k) in the source buffer. fp32 rows swap their 16-byte halves on odd
+        rows (the swizzle shared_element reads)."""
+        vec = WarpTiles.width(dtype)
+        segs, count, size = KC // vec, per_round * rows * KC // vec, per_round * rows * KC
+        for i in range(-(-count // threads)):
             e = i64(i * threads) + tid
             seg, row, j = e % i64(segs), e // i64(segs) % i64(rows), e // i64(segs * rows)
             ck = i64(resident) + r * i64(per_round) + j
-            src = (d * i64(a.cell.gates * H) + r_row_of(phase, UB, H, u0, row)) * i64(H) + ck * i64(KC) + seg * i64(vec)
-            pos = tirx.bitwise_xor(seg, row % i64(2)) if swizzle else seg  # odd rows: 16-byte halves swapped
+            pos = tirx.bitwise_xor(seg, row % i64(2)) if dtype == F32 else seg
             dst = buf * i64(size) + (j * i64(rows) + row) * i64(KC) + pos * i64(vec)
-            whole = (i + 1) * threads <= copies and streamed % per_round == 0
-            guarded(tirx.all(e < i64(copies), ck < i64(chunks)), whole,
-                    lambda src=src, dst=dst: T.evaluate(T.s_tir.cp_async_raw(dtype, ring.data, dst, a.R.data, src, 16)))
+            yield (i + 1) * threads <= count and streamed % per_round == 0, tirx.all(e < i64(count), ck < i64(chunks)), dst, \
+                source(row, ck * i64(KC) + seg * i64(vec))
 
-    def reduce(loader, tiles, wk):
+    def reduce(loader, tiles, wk, b_operand):
+        b_src, b_offset, n0 = b_operand
+
+        def issue(r, buf):
+            plan = [(ring_a, a.R, rows, lambda row, k: (d * i64(a.cell.gates * H) + r_row_of(phase, UB, H, u0, row)) * i64(H) + k)]
+            if ring_b is not None:  # rows past the batch: a clamped row, never stored
+                plan.append((ring_b, b_src, NB, lambda row, k: b_offset(tirx.min(n0 + row, a.batch - i64(1)), k)))
+            for sm, src_buf, n_rows, source in plan:
+                for whole, cond, dst, src in copies(r, buf, sm, str(sm.dtype), n_rows, source):
+                    guarded(cond, whole, lambda sm=sm, src_buf=src_buf, dst=dst, src=src:
+                            T.evaluate(T.s_tir.cp_async_raw(str(sm.dtype), sm.data, dst, src_buf.data, src, 16)))
+
         def consume(r, buf):
             for step in ("load", "multiply"):
                 for j in range(depth):
                     local = i64(j * KW) + wk  # the chunk of the round this warp takes, as chunk_rounds assigns them
                     base = (buf * i64(per_round) + local) * i64(rows * KC)
+                    base_b = (buf * i64(per_round) + local) * i64(NB * KC)
 
                     def a_at(tiles, _ck, mt, half, v0, v, base=base):
                         first = mt * 16 + 8 * half
-                        return None if first >= rows else shared_element(tiles, ring, base, i64(first) + tiles.g, v0, v, swizzle)
+                        return None if first >= rows else shared_element(tiles, ring_a, base, i64(first) + tiles.g, v0, v, spec.dtype == F32)
+
+                    def b_shared(row, v0, v, base_b=base_b):
+                        return shared_element(tiles, ring_b, base_b, row, v0, v, str(ring_b.dtype) == F32)
 
                     ck = i64(resident) + r * i64(per_round) + local
                     guarded(ck < i64(chunks), streamed % per_round == 0,
-                            (lambda: loader(a_at, True)(ck, j)) if step == "load" else (lambda: tiles.multiply(j)))
+                            (lambda: loader(a_at, True, 0, None if ring_b is None else b_shared)(ck, j)) if step == "load"
+                            else (lambda: tiles.multiply(j)))
 
         cp_async_ring(rounds, cfg.ring, issue, consume)
 

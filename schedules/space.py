@@ -28,7 +28,7 @@ CPU_ROWS = (1, 2, 4, 8)
 CPU_UNITS = (8, 16, 32, 64, 128, 256)
 # Knobs added to a kind after tuning logs were written for it, with the value that is what the kernel did before: a point
 # names them only when set otherwise, so a logged point without the knob and today's point with that value are one point
-LATER_KNOBS = {"persistent": {"prefetch": 0}, "mma": {"chunk_acc": 0}, "persistent_mma": {"chunk_acc": 0, "ring": 0}}
+LATER_KNOBS = {"persistent": {"prefetch": 0}, "mma": {"chunk_acc": 0}, "persistent_mma": {"chunk_acc": 0, "ring": 0, "ring_h": 0}}
 
 
 @dataclass(frozen=True)
@@ -260,6 +260,8 @@ def default_config(kind: str, spec, cell, target, batch: int | None = None) -> K
             knobs["streamed"] = c.streamed
         if c.ring:  # ... through a ring of shared buffers
             knobs["ring"] = c.ring
+        if c.ring_h:
+            knobs["ring_h"] = c.ring_h
         return KernelConfig.of(kind, **knobs)
     from . import recurrent_persistent as persistent
 

@@ -467,14 +467,19 @@ RING_CASES = [
      "float16", dict(streamed=7, ring=3, k_warps=2, depth=1)),
     (Case(op="GRU", direction="forward", optional=("sequence_lens",), hidden=256, input_size=5),
      "float32", dict(streamed=7, ring=3, k_warps=2, depth=1, n_tiles=2, n_warps=2)),
+    # ring_h: B (h, and GRU's r*h in its second phase) copied into the ring beside A
+    (Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h", "initial_c"), hidden=96, input_size=7),
+     "float16", dict(streamed=3, ring=2, ring_h=1, k_warps=2, depth=1)),
+    (Case(op="GRU", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=256, input_size=5, layout=1),
+     "float32", dict(streamed=7, ring=3, ring_h=1, k_warps=2, depth=1, n_tiles=2, n_warps=2)),
 ]
 
 
 def test_streamed_ring_copies_with_cp_async():
     """persistent_mma's ring (cfg.ring buffers of streamed chunks in shared memory, filled with cp.async): the kernel copies
-    R with cp.async and waits on it inside the step loop, where the ring is off it does neither; the ring's bytes count
-    against shared memory (more chunks stream to make room); it needs whole chunks (H % 32 == 0), 2+ buffers, and
-    something streamed."""
+    R with cp.async and waits on it inside the step loop, where the ring is off it does neither; with ring_h it copies B
+    too; the ring's bytes count against shared memory (more chunks stream to make room); it needs whole chunks
+    (H % 32 == 0), 2+ buffers, and something streamed, and ring_h needs the ring."""
     from schedules.recurrent_mma import MmaConfig
     from schedules.recurrent_persistent_mma import fewest_streamed, fits, ring_bytes, smem_bytes
 
@@ -491,7 +496,14 @@ def test_streamed_ring_copies_with_cp_async():
     cfg = MmaConfig(**dict(ring.knobs))
     assert smem_bytes(spec, cell, cfg) - smem_bytes(spec, cell, MmaConfig(**dict(plain.knobs))) == ring_bytes(spec, cell, cfg) > 0
     assert fits(spec, cell, "sm_90", cfg)
-    for bad in (dict(ring=1), dict(streamed=0)):
+    # ring_h: B's chunks (the pass's batch rows) through the ring too: more copies in the step loop, more shared memory
+    with_h = KernelConfig.of("persistent_mma", **dict(ring.knobs), ring_h=1)
+    counts = [(lambda src: src[re.search(r"for \(int64_t \w+ = \(int64_t\)0; \w+ < seq;", src).start():].count("ptx_cp_async_legacy"))(_source(target, spec, c))
+              for c in (ring, with_h)]
+    assert counts[1] > counts[0] > 0, counts
+    h_cfg = MmaConfig(**dict(with_h.knobs))
+    assert ring_bytes(spec, cell, h_cfg) - ring_bytes(spec, cell, cfg) == 2 * cfg.k_warps * cfg.depth * cfg.rows * 32 * 2  # two buffers, fp16
+    for bad in (dict(ring=1), dict(streamed=0), dict(ring=0, ring_h=1)):
         assert not fits(spec, cell, "sm_90", dataclasses.replace(cfg, **bad)), bad
     odd = find_rnn_layers(Case(op="LSTM", hidden=72, input_size=8, dtype=dtype).model())[0].spec
     assert not fits(odd, cell_for(odd), "sm_90", cfg)  # a partial last chunk
