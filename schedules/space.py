@@ -11,8 +11,8 @@ A point of a space is a `KernelConfig`: a schedule kind and a value for each of 
                 and in fp16/bf16 half_operand (B read from a half-precision copy of h)
     persistent_mma  the same knobs, prefetch (XW loaded before the reduction) and in exact fp32 split_acc (3xTF32's
                 cross products in accumulators of their own) and chunk_acc (each k-chunk summed apart, added in fp32), for the persistent tensor-core kernel (one wave, R in shared memory;
-                where R is larger than that, streamed: the chunks of R read from L2 every step, and ring: the buffers in
-                shared memory they pass through)
+                where R is larger than that, streamed: the chunks of R read from L2 every step, ring: the buffers in
+                shared memory they pass through, and ring_h: h's chunks through them too)
 
 The kind is itself a knob: persistent, stepwise, tiled, mma and persistent_mma are design spaces of one CUDA tuning task.
 MetaSchedule samples the knobs (tvmrnn/tuning/search.py); compile builds each layer's kernel as a
