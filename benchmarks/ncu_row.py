@@ -1,6 +1,6 @@
 """One benchmark row's layer compiled and run a few times, for Nsight Compute to profile its recurrent kernel.
 
-    ncu -k regex:recurrent --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+    ncu -k regex:rnn_ --launch-count 1 --section SpeedOfLight --section WarpStateStats \
         python3 benchmarks/ncu_row.py blog-a float16 [T]
 
 T (default 20) shortens the sequence: each step does the same work, and ncu replays the kernel once per section pass.

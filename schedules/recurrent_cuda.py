@@ -131,9 +131,15 @@ def _phase_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nx
                         warp_gates(lane, H, phase.gates, UW, NB, V, h_at, w_at, finish)
 
 
+def operand_index(phase, cur, d, n, k):
+    """The index of element k of batch row n in the vector a phase multiplies: the double-buffered h [2, D, N, H], or a
+    value an earlier phase stored [D, N, H]."""
+    return [cur, d, n, k] if phase.operand == "h" else [d, n, k]
+
+
 def operand_at(operand, phase, cur, d, n, k):
-    """Element k of the vector a phase multiplies: the double-buffered h, or a value an earlier phase stored."""
-    return operand[cur, d, n, k] if phase.operand == "h" else operand[d, n, k]
+    """Element k of the vector a phase multiplies (operand_index)."""
+    return operand[tuple(operand_index(phase, cur, d, n, k))]
 
 
 def accurate_math(spec) -> bool:

@@ -25,7 +25,7 @@ from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC, MODES, WarpTiles, chunk_rounds
 from .recurrent_common import KernelArgs, block_sync, guarded, half_operands, i64, load_xw_ahead
-from .recurrent_cuda import epilogue, operand_at, step_launches
+from .recurrent_cuda import epilogue, operand_at, operand_index, step_launches
 
 F32 = "float32"
 HALF = ("float16", "bfloat16")
@@ -125,9 +125,15 @@ def _mma_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
                                     acc_s, global_a(a, phase, UB, d, u0), exact)
 
 
+def operand_dtype(spec, cfg: MmaConfig) -> str:
+    """The dtype the kernel reads B in: the storage dtype where it keeps half-precision copies of the operands
+    (half_operand in fp16/bf16), else the fp32 state."""
+    return spec.dtype if cfg.half_operand and spec.dtype in HALF else F32
+
+
 def operand_copies(a: KernelArgs, cfg: MmaConfig):
     """Allocate the half-precision copies of the phases' operands where the config reads B from them."""
-    if cfg.half_operand and a.spec.dtype in HALF:
+    if operand_dtype(a.spec, cfg) != F32:
         half_operands(a, a.spec.dtype)
 
 
@@ -207,8 +213,7 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     else:
         # the L2 chunks first: their loads wait longest, and the shared-memory ones then run back to back
         resident, reduce_streamed = streamed
-        idx = (lambda n, k: [cur, d, n, k]) if phase.operand == "h" else (lambda n, k: [d, n, k])
-        reduce_streamed(loader, tiles, wk, (b_src, lambda n, k: b_src.offset_of(idx(n, k))[0], n0))
+        reduce_streamed(loader, tiles, wk, (b_src, lambda n, k: b_src.offset_of(operand_index(phase, cur, d, n, k))[0], n0))
         if resident:
             chunk_rounds(resident, KW, cfg.depth, wk, loader(a_at, a_vector), tiles.multiply)
     tiles.finish()

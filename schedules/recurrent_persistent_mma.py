@@ -39,7 +39,7 @@ from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC, WarpTiles, chunk_rounds, cp_async_ring, shared_element
 from .recurrent_common import KernelArgs, block_sync, i64, step_phases
-from .recurrent_mma import MmaConfig, block_phase, global_a, operand_copies, partial_sums
+from .recurrent_mma import MmaConfig, block_phase, global_a, operand_copies, operand_dtype, partial_sums
 from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, _strided, final_states, initial_states, sm_count
 
 F32 = "float32"
@@ -61,10 +61,13 @@ def resident_chunks(spec, cfg: MmaConfig) -> int:
     return max(0, -(-spec.hidden_size // KC) - cfg.streamed)
 
 
+def itemsize(dtype: str) -> int:
+    return 4 if dtype == F32 else 2  # fp32, or the half-precision storage dtypes
+
+
 def r_bytes(spec, cell, units: int, chunks: int | None = None) -> int:
     """Shared memory for one block's rows of R (whole 32-column chunks, zeros past H; `chunks` of them, default all)."""
-    size = 4 if spec.dtype == F32 else 2
-    return cell.gates * units * (-(-spec.hidden_size // KC) if chunks is None else chunks) * KC * size
+    return cell.gates * units * (-(-spec.hidden_size // KC) if chunks is None else chunks) * KC * itemsize(spec.dtype)
 
 
 def ring_a_elems(cell, cfg: MmaConfig) -> int:
@@ -72,9 +75,9 @@ def ring_a_elems(cell, cfg: MmaConfig) -> int:
     return cfg.k_warps * cfg.depth * max(len(phase.gates) for phase in cell.phases) * cfg.units * KC
 
 
-def ring_b_dtype(spec, cfg: MmaConfig) -> str:
-    """The dtype B is read in: the half-precision copy of h where the kernel keeps one, else fp32."""
-    return spec.dtype if spec.dtype != F32 and cfg.half_operand else F32
+def ring_b_elems(cfg: MmaConfig) -> int:
+    """Elements of B in one buffer of the ring (ring_h): the pass's batch rows by one round's chunks."""
+    return cfg.k_warps * cfg.depth * cfg.rows * KC
 
 
 def ring_bytes(spec, cell, cfg: MmaConfig) -> int:
@@ -82,8 +85,8 @@ def ring_bytes(spec, cell, cfg: MmaConfig) -> int:
     batch rows by the same chunks); none where nothing streams or the ring is off."""
     if not (cfg.ring and cfg.streamed):
         return 0
-    b = cfg.k_warps * cfg.depth * cfg.rows * KC * (4 if ring_b_dtype(spec, cfg) == F32 else 2) if cfg.ring_h else 0
-    return cfg.ring * (ring_a_elems(cell, cfg) * (4 if spec.dtype == F32 else 2) + b)
+    b = ring_b_elems(cfg) * itemsize(operand_dtype(spec, cfg)) if cfg.ring_h else 0
+    return cfg.ring * (ring_a_elems(cell, cfg) * itemsize(spec.dtype) + b)
 
 
 def smem_bytes(spec, cell, cfg: MmaConfig) -> int:
@@ -207,7 +210,7 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                 ring = None
                 if ring_bytes(spec, cell, cfg):
                     ring = (T.alloc_buffer((cfg.ring * ring_a_elems(cell, cfg),), spec.dtype, scope="shared.dyn"),
-                            T.alloc_buffer((cfg.ring * cfg.k_warps * cfg.depth * cfg.rows * KC,), ring_b_dtype(spec, cfg), scope="shared.dyn")
+                            T.alloc_buffer((cfg.ring * ring_b_elems(cfg),), operand_dtype(spec, cfg), scope="shared.dyn")
                             if cfg.ring_h else None)
 
                 def position(g, lane_k):
