@@ -3,8 +3,6 @@
 #   bash benchmarks/device_run.sh tests [PYTEST ARGS]   pytest -m gpu (+ persistent-kernel smoke runs first)
 #   bash benchmarks/device_run.sh tests-sharded N [PYTEST ARGS]   pytest -m gpu in N processes at once (each a share of the
 #                                            collected tests): the whole suite in one call, where one process takes two
-#   bash benchmarks/device_run.sh l2        persistent_mma's l2_keep (L2 eviction priorities on the streamed chunks): ring GPU
-#                                            tests, blog-a at POINTS, then SET_ASIDE_POINTS with SET_ASIDE_MB of L2 set aside
 #   bash benchmarks/device_run.sh ring      persistent_mma's cp.async ring of streamed chunks (A, and with ring_h B): GPU tests,
 #                                            compute-sanitizer, then blog-a's streaming default against the points in POINTS
 #                                            (kernel_variants; e.g. ring_h=1 beside today's ring=2)
@@ -65,14 +63,6 @@ case "$1" in
       done
     done
     BASELINES=auto timeout 300 python3 benchmarks/kernel_variants.py persistent_mma blog-a 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -12 ;;
-  l2)
-    # l2_keep (evict_last on the first streamed chunks, evict_first after): the ring's GPU tests, then blog-a at the
-    # POINTS, then the first SET_ASIDE_POINTS again (fp16) with L2 set aside for persisting lines
-    timeout 150 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_kernels.py -k "ring or streamed" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -3
-    BASELINES=auto timeout 330 python3 benchmarks/kernel_variants.py persistent_mma blog-a 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | grep point
-    cp "$OUT/persistent_mma_variants.json" "$OUT/l2_keep_variants.json"
-    POINTS="$SET_ASIDE_POINTS" DTYPES=float16 L2_SET_ASIDE_MB=${SET_ASIDE_MB:-30} BASELINES=auto timeout 150 python3 benchmarks/kernel_variants.py persistent_mma blog-a 2>&1 \
-      | grep -v Warning | tee "$OUT/variants_set_aside_log.txt" | grep point ;;
   bench)
     timeout 560 python3 -m tvmrnn.cli bench --repeats 20 --out "$OUT" "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/bench_log.txt" | tail -40 ;;
   tune)

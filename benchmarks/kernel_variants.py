@@ -47,12 +47,6 @@ POINTS = {
 }[KIND]
 # POINTS='[{"units": 8, ...}, ...]' (environment, JSON) replaces the list above
 POINTS = json.loads(os.environ["POINTS"]) if os.environ.get("POINTS") else POINTS
-# L2_SET_ASIDE_MB (environment): that much L2 set aside for persisting lines (cudaLimitPersistingL2CacheSize) first,
-# for points with l2_keep, in case the evict_last hint needs it
-if os.environ.get("L2_SET_ASIDE_MB"):
-    import cupy
-
-    cupy.cuda.runtime.deviceSetLimit(0x06, int(float(os.environ["L2_SET_ASIDE_MB"]) * 2**20))
 # DTYPES=float16 (environment) runs one dtype, where both do not fit one device call
 DTYPES = tuple(os.environ["DTYPES"].split(",")) if os.environ.get("DTYPES") else ("float16",) if KIND == "mma" else ("float32", "float16")
 

@@ -66,10 +66,6 @@ class MmaConfig:
     # with a ring: 1 also copies the streamed chunks' B (the block's batch rows of h, or of GRU's r*h) into it, so neither
     # operand of those chunks is a synchronous L2 read (the ncu profile of blog-a: 36% of warp cycles waiting on L1TEX)
     ring_h: int = 0
-    # with a ring: the first l2_keep streamed chunks (per block, every step) are copied with the L2 eviction priority
-    # evict_last and the rest with evict_first, so that the part of R L2 can hold stays there across steps instead of
-    # the whole streamed set (blog-a fp16: 42 MB a step, against the H100's 50 MB L2) evicting itself; 0: no hints
-    l2_keep: int = 0
 
     @property
     def rows(self) -> int:

@@ -108,8 +108,7 @@ def fits(spec, cell, arch: str, cfg: MmaConfig) -> bool:
             and smem_bytes(spec, cell, cfg) <= SMEM_LIMIT.get(arch, SMEM_DEFAULT)
             and cfg.n_warps * cfg.k_warps <= 16
             and not (cfg.ring and (cfg.ring < 2 or not cfg.streamed or spec.hidden_size % KC))  # the ring copies whole chunks
-            and not (cfg.ring_h and not cfg.ring)
-            and not (cfg.l2_keep and not (cfg.ring and cfg.l2_keep <= cfg.streamed)))
+            and not (cfg.ring_h and not cfg.ring))
 
 
 # the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, in exact fp32 three up to MID_BATCH,
@@ -161,9 +160,9 @@ def streaming_config(spec, cell, arch: str) -> MmaConfig | None:
     fp16 (H100). The ring of R's chunks (benchmarks/results/2026-11-25-h100-streamed-ring.md): fp16 9.36 against 10.03 ms
     without it, fp32 26.3 against 26.6; three buffers (more chunks streamed to make room) 9.83 and 28.0. h's chunks in the
     ring too (ring_h, benchmarks/results/2026-11-25-h100-ring-h.md): fp16 8.69 against 9.40 ms, fp32 24.2 against 26.5.
-    None where no wave of blocks holds H, or where R (every
-    direction) would fit in a wave's shared memory: there more units per block than UNITS would keep it all resident,
-    which is what tuning is for, and streaming has not been measured against that."""
+    None where no wave of blocks holds H, or where R (every direction) would fit in a wave's shared memory: there more
+    units per block than UNITS would keep it all resident, which is what tuning is for, and streaming has not been
+    measured against that."""
     if r_bytes(spec, cell, spec.hidden_size) * spec.num_directions <= sm_count(arch) * SMEM_LIMIT.get(arch, SMEM_DEFAULT):
         return None
     for units in STREAM_UNITS:
@@ -172,18 +171,6 @@ def streaming_config(spec, cell, arch: str) -> MmaConfig | None:
         if streamed is not None:
             return replace(cfg, streamed=streamed) if streamed else None
     return None
-
-
-# createpolicy's encodings of a whole-range eviction priority (PTX ISA createpolicy; CUTLASS's CacheHintSm90 spells the same)
-EVICT_LAST, EVICT_FIRST = 0x14F0000000000000, 0x12F0000000000000
-
-
-def hinted_copy(sm, dst, src_buf, src, keep):
-    """A 16-byte cp.async of src_buf[src] into sm[dst] (flat element offsets) with an L2 eviction priority: evict_last
-    where keep, else evict_first."""
-    policy = tirx.Select(keep, tirx.const(EVICT_LAST, "uint64"), tirx.const(EVICT_FIRST, "uint64"))
-    return T.ptx["cp.async.cg.shared.global.L2::cache_hint"](
-        sm.access_ptr("w", offset=dst), src_buf.access_ptr("r", offset=src), 16, policy)
 
 
 def r_row_of(phase, units: int, H: int, u0, r):
@@ -312,7 +299,7 @@ def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident:
             pos = tirx.bitwise_xor(seg, row % i64(2)) if dtype == F32 else seg
             dst = buf * i64(size) + (j * i64(rows) + row) * i64(KC) + pos * i64(vec)
             yield (i + 1) * threads <= count and streamed % per_round == 0, tirx.all(e < i64(count), ck < i64(chunks)), dst, \
-                source(row, ck * i64(KC) + seg * i64(vec)), ck
+                source(row, ck * i64(KC) + seg * i64(vec))
 
     def reduce(loader, tiles, wk, b_operand):
         b_src, b_offset, n0 = b_operand
@@ -322,11 +309,9 @@ def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident:
             if ring_b is not None:  # rows past the batch: a clamped row, never stored
                 plan.append((ring_b, b_src, NB, lambda row, k: b_offset(tirx.min(n0 + row, a.batch - i64(1)), k)))
             for sm, src_buf, n_rows, source in plan:
-                for whole, cond, dst, src, ck in copies(r, buf, sm, str(sm.dtype), n_rows, source):
-                    hinted = cfg.l2_keep and sm is ring_a
-                    guarded(cond, whole, lambda sm=sm, src_buf=src_buf, dst=dst, src=src, ck=ck, hinted=hinted:
-                            T.evaluate(hinted_copy(sm, dst, src_buf, src, ck < i64(resident + cfg.l2_keep)) if hinted
-                                       else T.s_tir.cp_async_raw(str(sm.dtype), sm.data, dst, src_buf.data, src, 16)))
+                for whole, cond, dst, src in copies(r, buf, sm, str(sm.dtype), n_rows, source):
+                    guarded(cond, whole, lambda sm=sm, src_buf=src_buf, dst=dst, src=src:
+                            T.evaluate(T.s_tir.cp_async_raw(str(sm.dtype), sm.data, dst, src_buf.data, src, 16)))
 
         def consume(r, buf):
             for step in ("load", "multiply"):

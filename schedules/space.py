@@ -28,7 +28,7 @@ CPU_ROWS = (1, 2, 4, 8)
 CPU_UNITS = (8, 16, 32, 64, 128, 256)
 # Knobs added to a kind after tuning logs were written for it, with the value that is what the kernel did before: a point
 # names them only when set otherwise, so a logged point without the knob and today's point with that value are one point
-LATER_KNOBS = {"persistent": {"prefetch": 0}, "mma": {"chunk_acc": 0}, "persistent_mma": {"chunk_acc": 0, "ring": 0, "ring_h": 0, "l2_keep": 0}}
+LATER_KNOBS = {"persistent": {"prefetch": 0}, "mma": {"chunk_acc": 0}, "persistent_mma": {"chunk_acc": 0, "ring": 0, "ring_h": 0}}
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def _persistent_mma_space(spec, cell, arch) -> dict[str, tuple[int, ...]]:
         if mode(spec) == "tf32x3":
             space["split_acc"] = (0, 1)
             space["chunk_acc"] = (0, 1)
-        space |= _half_operand(spec)
+        space = _half_operand(spec) | space  # the streaming space fixes half_operand (_streaming_tiles)
     return space
 
 
@@ -158,6 +158,8 @@ def _streaming_tiles(spec, cell, arch) -> dict[str, tuple[int, ...]]:
     # fp32 on the H100 (benchmarks/results/2026-11-25-h100-streamed-ring.md)
     space = {"units": (point.units,), "n_tiles": (2, 4), "n_warps": (point.n_warps,), "k_warps": (2, 4), "depth": (1,), "ring": (point.ring,),
              "ring_h": (point.ring_h,)}
+    if _half_operand(spec):  # B's ring buffers in fp32 would take twice the bytes for what the mma rounds to fp16 anyway
+        space["half_operand"] = (point.half_operand,)
     need = [fewest_streamed(spec, cell, arch, MmaConfig(**dict(zip(space, values)))) for values in itertools.product(*space.values())]
     return space | {"streamed": (max(need),)}
 

@@ -472,11 +472,6 @@ RING_CASES = [
      "float16", dict(streamed=3, ring=2, ring_h=1, k_warps=2, depth=1)),
     (Case(op="GRU", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=256, input_size=5, layout=1),
      "float32", dict(streamed=7, ring=3, ring_h=1, k_warps=2, depth=1, n_tiles=2, n_warps=2)),
-    # l2_keep: the first streamed chunks copied evict_last, the rest evict_first (a hint: the same values either way)
-    (Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h", "initial_c"), hidden=96, input_size=7),
-     "float16", dict(streamed=3, ring=2, ring_h=1, k_warps=2, depth=1, l2_keep=2)),
-    (Case(op="GRU", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=256, input_size=5, layout=1),
-     "float32", dict(streamed=7, ring=2, ring_h=1, k_warps=2, depth=1, l2_keep=3)),
 ]
 
 
@@ -484,7 +479,7 @@ def test_streamed_ring_copies_with_cp_async():
     """persistent_mma's ring (cfg.ring buffers of streamed chunks in shared memory, filled with cp.async): the kernel copies
     R with cp.async and waits on it inside the step loop, where the ring is off it does neither; with ring_h it copies B
     too; the ring's bytes count against shared memory (more chunks stream to make room); it needs whole chunks
-    (H % 32 == 0), 2+ buffers, and something streamed, and ring_h and l2_keep (at most the streamed chunks) need the ring."""
+    (H % 32 == 0), 2+ buffers, and something streamed, and ring_h needs the ring."""
     from schedules.recurrent_mma import MmaConfig
     from schedules.recurrent_persistent_mma import fewest_streamed, fits, ring_bytes, smem_bytes
 
@@ -508,11 +503,7 @@ def test_streamed_ring_copies_with_cp_async():
     assert counts[1] > counts[0] > 0, counts
     h_cfg = MmaConfig(**dict(with_h.knobs))
     assert ring_bytes(spec, cell, h_cfg) - ring_bytes(spec, cell, cfg) == 2 * cfg.k_warps * cfg.depth * cfg.rows * 32 * 2  # two buffers, fp16
-    # l2_keep: R's copies carry an L2 eviction priority (evict_last for the first l2_keep streamed chunks, evict_first after)
-    kept = KernelConfig.of("persistent_mma", **dict(with_h.knobs), l2_keep=1)
-    hints = [_source(target, spec, c).count("cp.async.cg.shared.global.L2::cache_hint") for c in (with_h, kept)]
-    assert hints[0] == 0 < hints[1], hints
-    for bad in (dict(ring=1), dict(streamed=0), dict(ring=0, ring_h=1), dict(ring=0, l2_keep=1), dict(l2_keep=cfg.streamed + 1)):
+    for bad in (dict(ring=1), dict(streamed=0), dict(ring=0, ring_h=1)):
         assert not fits(spec, cell, "sm_90", dataclasses.replace(cfg, **bad)), bad
     odd = find_rnn_layers(Case(op="LSTM", hidden=72, input_size=8, dtype=dtype).model())[0].spec
     assert not fits(odd, cell_for(odd), "sm_90", cfg)  # a partial last chunk
