@@ -22,6 +22,8 @@ import tvm
 from schedules.projection_cuda import projection_cuda
 from schedules.projection_mma import projection_mma
 from schedules.projection_staged import StagedConfig, projection_staged, supported
+from schedules.projection_wgmma import WgmmaConfig, projection_wgmma
+from schedules.projection_wgmma import supported as wgmma_supported
 
 SHAPES = {"lat-b1-h512": (100, 512, 2048), "lat-b1-h1024": (100, 1024, 4096), "b8-h1024": (800, 1024, 4096), "ds2-lstm": (6000, 800, 3200),
           "b64-h1024": (6400, 1024, 4096), "ds2-5l-bi l1+": (6000, 1600, 6400), "blog-a": (12800, 2560, 10240)}
@@ -43,8 +45,16 @@ STAGED = {"64x128 (2x4 warps, 2x4 tiles)": StagedConfig(mt=2), "128x64 (4x2 warp
 # fp32 registers: 3xTF32's high and low fragments of both operands; the 64 x 64 warp tile would spill
 FP32_SKIP = {"128x128 (2x2 warps, 4x8 tiles) s3 g8", "128x128 (2x2 warps, 4x8 tiles) s4 g8", "128x128 (2x2 warps, 4x8 tiles) s4 g16",
              "128x256 (2x4 warps, 4x8 tiles) s3 g8"}
+# the warpgroup GEMM (fp16): block columns (the wgmma's N), warpgroups of 64 rows, ring stages, raster group
+WGMMA = {f"wgmma {c.warpgroups * 64}x{c.bn} s{c.stages} k{c.k_chunks * 32}{' overlap' if c.overlap else ''}": c
+         for c in (WgmmaConfig(), WgmmaConfig(stages=6, overlap=1), WgmmaConfig(k_chunks=2, stages=4, overlap=1),
+                   WgmmaConfig(bn=256, stages=6, overlap=1), WgmmaConfig(bn=256, k_chunks=2, stages=3, overlap=1),
+                   WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1), WgmmaConfig(bn=256, warpgroups=1, k_chunks=2, stages=4, overlap=1))}
+# STAGED=default (environment): of the staged points only today's default, beside cuBLAS and the wgmma points
+ONLY_DEFAULT = os.environ.get("STAGED") == "default"
 OUT = os.environ.get("OUT", "/tmp")
 dev, target = tvm.cuda(0), tvm.target.Target.from_device(tvm.cuda(0))
+hopper = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
 results = []
 
 
@@ -62,9 +72,9 @@ def cublas_ms(fn):
     return float(np.median(times))
 
 
-def ours(func, x, w, b, expected, tol):
+def ours(func, x, w, b, expected, tol, on=None):
     """(ms, rel. err) of one PrimFunc, output poisoned first; None where it does not build or is wrong."""
-    lib = tvm.tirx.build(tvm.IRModule({"main": func}), target=target)
+    lib = tvm.tirx.build(tvm.IRModule({"main": func}), target=on or target)
     args = [tvm.runtime.tensor(v, dev) for v in (x, w, b)] + [tvm.runtime.tensor(np.full(expected.shape, np.nan, "f4"), dev)]
     lib["main"](*args)
     got = args[-1].numpy()
@@ -97,7 +107,10 @@ for shape, (M, K, cols) in SHAPES.items():
         if dtype == "float16":
             keep(shape, dtype, "cuBLAS fp16", cublas_ms(lambda: tx @ tw.T), None, flop)
             keep(shape, dtype, "projection_mma (built today)", *ours(projection_mma("float16", K, cols), x, w, b, expected, 1e-5), flop)
-            variants = [(f"staged {n}", "float16", c) for n, c in STAGED.items()]
+            variants = [(f"staged {n}", "float16", c) for n, c in STAGED.items() if not ONLY_DEFAULT or n.endswith("(2x2 warps, 4x8 tiles) s4 g8")]
+            for name, cfg in WGMMA.items():
+                if wgmma_supported("float16", K, cols, "sm_90a", cfg):
+                    keep(shape, dtype, name, *ours(projection_wgmma("float16", K, cols, cfg), x, w, b, expected, 1e-5, hopper), flop)
         else:
             for tf32 in (False, True):
                 torch.backends.cuda.matmul.allow_tf32 = tf32

@@ -200,11 +200,13 @@ def shared_element(tiles: WarpTiles, sm, base, row, v0, v, swizzle: bool):
     return sm[base + row * i64(KC) + col + v]
 
 
-def cp_async_ring(count: int, stages: int, issue, consume):
+def cp_async_ring(count: int, stages: int, issue, consume, landed=None, lag: int = 1):
     """A ring of `stages` shared buffers filled with cp.async: issue(i, buf) emits this thread's copies of item i into
-    buffer buf, consume(i, buf) the work on it; item i + stages - 1 is copied while item i is consumed. One barrier per
-    item: after it every thread's copies of item i have landed and the buffer item i - 1 used is free."""
-    ahead = stages - 1
+    buffer buf, consume(i, buf) the work on it; item i + stages - lag is copied while item i is consumed. One barrier per
+    item: after it every thread's copies of item i have landed and the buffer item i - lag used is free (lag 2: the
+    consumer's reads of item i - 1 may still be in flight, as an asynchronous wgmma's are). landed(): what each thread
+    emits between its copies' completion and that barrier (a proxy fence where the async proxy reads)."""
+    ahead = stages - lag
     for s in range(min(ahead, count)):
         issue(i64(s), i64(s))
         T.evaluate(T.ptx.cp.async_.commit_group())
@@ -212,6 +214,8 @@ def cp_async_ring(count: int, stages: int, issue, consume):
         # item i's group and those before it done: ahead - 1 younger ones may still fly (a group is committed every
         # iteration, empty past the end); with every item in the prologue, all of them
         T.evaluate(T.ptx.cp.async_.wait_group(ahead - 1 if ahead < count else 0))
+        if landed is not None:
+            landed()
         block_sync()
         if ahead < count:
             nxt = i + i64(ahead)

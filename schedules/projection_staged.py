@@ -128,13 +128,13 @@ def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = N
 
     def body(X, W, bias, XW, M):
         if len(configs) == 1:
-            _gemm(mode, K, cols, configs[0], X, W, bias, XW, M)
+            gemm(mode, K, cols, configs[0], X, W, bias, XW, M)
             return
         with T.If(M <= i64(SMALL_M)):
             with T.Then():
-                _gemm(mode, K, cols, configs[0], X, W, bias, XW, M)
+                gemm(mode, K, cols, configs[0], X, W, bias, XW, M)
             with T.Else():
-                _gemm(mode, K, cols, configs[1], X, W, bias, XW, M)
+                gemm(mode, K, cols, configs[1], X, W, bias, XW, M)
 
     return projection_prim_func(f"projection_staged_{mode}", MODES[mode].storage, K, cols, (cols, K), body)
 
@@ -144,14 +144,14 @@ def _fill_bias(XW, bias, M, cols: int):
     each_element(M * i64(cols), lambda e: T.buffer_store(XW, bias[e % i64(cols)], [e // i64(cols), e % i64(cols)]))
 
 
-def _gemm(mode: str, K: int, cols: int, cfg: StagedConfig, X, W, bias, XW, M):
+def gemm(mode: str, K: int, cols: int, cfg: StagedConfig, X, W, bias, XW, M):
     """One configuration's launches: (with split_k) the bias fill, then the tiled GEMM, split_k blocks per tile."""
     BM, BN = cfg.block
     chunks = K // KC // cfg.split_k  # per block
     if cfg.stages:
         m_tiles, n_tiles = tirx.ceildiv(M, i64(BM)), i64(-(-cols // BN))
         with T.thread_binding(0, m_tiles * n_tiles, "blockIdx.x") as b:
-            bx, by = _raster(b, m_tiles, n_tiles, cfg.group)
+            bx, by = raster(b, m_tiles, n_tiles, cfg.group)
             _tile_async(mode, K, cols, cfg, X, W, bias, XW, M, bx, by, chunks)
         return
     if cfg.split_k > 1:
@@ -165,7 +165,7 @@ def _gemm(mode: str, K: int, cols: int, cfg: StagedConfig, X, W, bias, XW, M):
                     _tile(mode, K, cols, cfg, X, W, bias, XW, M, bx, by, bz * i64(chunks), chunks)
 
 
-def _raster(b, m_tiles, n_tiles, group: int):
+def raster(b, m_tiles, n_tiles, group: int):
     """(M tile, column tile) of block b: without a group M fastest; with one, blocks walk `group` M tiles (fewer in the
     last group), then the next column tile, so a wave covers a compact patch of XW."""
     if not group:

@@ -14,12 +14,15 @@ import numpy as np
 import pytest
 import tvm
 
+import tvmrnn
+
 from onnx_cases import Case
 from schedules import cooperative, point_kernel, recurrent_kernel
 from schedules.projection_cuda import projection_cuda
 from schedules.projection_mma import projection_mma
 from schedules.projection_staged import StagedConfig, projection_staged
 from schedules.projection_staged import supported as projection_staged_supported
+from schedules.projection_wgmma import WgmmaConfig, projection_wgmma
 from schedules.recurrent_common import PANEL
 from schedules.space import KernelConfig, default_config, knob_space
 from tvmrnn.cells import cell_for
@@ -253,6 +256,90 @@ def test_projection_staged_matches_float64(M, K, cols, mode, tol, config):
     tiles and odd chunk counts (K = 800: 25 chunks) included; 3xTF32 as accurate as fp32. The cp.async ring at 1 and 2
     chunks (K = 32, 64: all in the prologue) and at 25."""
     _check_projection(projection_staged(mode, K, cols, config), M, K, cols, "f2" if mode == "float16" else "f4", tol)
+
+
+# the default; 256 columns; one warpgroup of 64 columns with a group that does not divide the M tiles; two chunks per
+# buffer (K = 800's 25 chunks: a partial last buffer) with the next buffer's wgmma's issued before the last one's finish
+WGMMA_CONFIGS = [WgmmaConfig(), WgmmaConfig(bn=256, stages=3), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3),
+                 WgmmaConfig(k_chunks=2, stages=4, overlap=1), WgmmaConfig(bn=256, stages=6, overlap=1)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", WGMMA_CONFIGS, ids=str)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("M, K, cols", [(1, 32, 256), (333, 64, 2560), (1100, 800, 1024), (6400, 1024, 4096)])
+def test_projection_wgmma_matches_float64(M, K, cols, dtype, config):
+    """The warpgroup (wgmma) projection against float64 on the same half-precision inputs, output poisoned first: a
+    partial last row tile, one and two chunks (all in the ring's prologue), 25 chunks (K = 800), a raster group that does
+    not divide the M tiles."""
+    import ml_dtypes
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    lib = tvm.compile(tvm.IRModule({"main": projection_wgmma(dtype, K, cols, config)}), target=target)
+    rng = np.random.default_rng(M)
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+    x, w = (rng.standard_normal(s).astype(np_dtype) for s in ((M, K), (cols, K)))
+    b = rng.standard_normal(cols).astype("f4")
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full((M, cols), np.nan, "f4"), dev)
+    lib["main"](*[tvm.runtime.tensor(v, dev) for v in (x, w, b)], out)
+    expected = x.astype("f8") @ w.astype("f8").T + b
+    got = out.numpy()
+    assert not np.isnan(got).any(), f"{np.isnan(got).sum()} elements never written"
+    assert np.abs(got - expected).max() / np.abs(expected).max() < 1e-5
+
+
+def test_projection_wgmma_builds_without_a_gpu():
+    """It compiles through NVRTC for sm_90a: wgmma m64nBNk16 from two shared-memory descriptors, a proxy fence between
+    the cp.async copies landing and the barrier, and is refused where it cannot run (fp32, sm_90 without the a, a
+    partial column tile)."""
+    from schedules.projection_wgmma import supported
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    for cfg in WGMMA_CONFIGS:
+        src = tvm.compile(tvm.IRModule({"main": projection_wgmma("float16", 800, 1024, cfg)}), target=target).mod.imports[0].inspect_source()
+        assert f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}k16.f32.f16.f16" in src and "fence.proxy.async.shared::cta" in src
+        assert src.count("ptx_wgmma_encode_matrix_descriptor(") >= 4
+    assert supported("float16", 800, 1024, "sm_90a")
+    assert not supported("float32", 800, 1024, "sm_90a") and not supported("float16", 800, 1024, "sm_90")
+    assert not supported("float16", 800, 1000, "sm_90a") and not supported("float16", 80, 1024, "sm_90a")
+    assert not supported("float16", 800, 1024, "sm_90a", WgmmaConfig(stages=2, overlap=1))  # no buffer left to copy into
+
+
+def _cuda_sources(module) -> str:
+    """The CUDA source of a compiled model (the VM executable imports the host module, which imports the device one)."""
+    found, todo = [], list(module.executable.mod.imports)
+    while todo:
+        m = todo.pop()
+        found += [m.inspect_source()] if m.kind == "cuda" else []
+        todo += list(m.imports)
+    return "".join(found)
+
+
+@pytest.mark.parametrize("arch, wgmma", [("sm_90a", True), ("sm_90", False)])
+def test_half_models_project_with_wgmma_on_sm90a(arch, wgmma):
+    """A half-precision layer whose gates fill 256-column tiles projects with the warpgroup GEMM on sm_90a (the H100
+    tag's arch), and with projection_staged on sm_90, which has no wgmma."""
+    case = Case(op="LSTM", hidden=64, input_size=32, dtype="float16")
+    module = tvmrnn.compile(case.model(), target={"kind": "cuda", "arch": arch}, logs=False)
+    src = _cuda_sources(module)
+    assert ("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in src) == wgmma
+    assert "mma.sync.aligned.m16n8k16" in src  # the recurrent kernels, and the small-row branch of either projection
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("T, N", [(300, 2), (5, 1)])  # 600 rows: the wgmma branch; 5: projection_staged's small tiles
+def test_half_model_with_wgmma_projection_matches_float64(dtype, T, N):
+    """A whole half-precision model on the H100 tag with the wgmma projection, against the float64 reference on the
+    same half-precision weights and inputs."""
+    case = Case(op="LSTM", hidden=64, input_size=32, dtype=dtype, optional=("initial_h", "initial_c"))
+    module = tvmrnn.compile(case.model(), target="nvidia/nvidia-h100", logs=False)
+    assert "wgmma.mma_async" in _cuda_sources(module)
+    feeds = case.feeds(np.random.default_rng(T), T, N)
+    ref = case.reference(feeds)
+    for name, value in module.run(feeds).items():
+        np.testing.assert_allclose(np.asarray(value, "f8"), np.asarray(ref[name], "f8"), rtol=1e-2, atol=1e-2, err_msg=name)
 
 
 SMALL_TILES = StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2)

@@ -1,0 +1,173 @@
+"""The input projection on Hopper's warpgroup tensor cores (wgmma): XW = X @ W^T + bias, fp16/bf16 in, fp32 out.
+
+projection_staged feeds mma.sync from shared memory, one warp's fragments at a time: on the H100 blog-a's
+GEMM (12800 x 2560 x 10240, fp16) ran 1.96 ms there, 343 TFLOP/s, against cuBLAS's 0.93 (which uses
+wgmma). Here each warpgroup (4 warps, 128 threads) multiplies 64 rows of X by a block's BN rows of W
+with wgmma.mma_async m64nBNk16, both operands read by the tensor cores straight from shared memory
+through matrix descriptors, the fp32 accumulators in registers (BN / 2 per thread). The block's
+threads fill a cp.async ring of `stages` buffers of one 32-column chunk each (mma_tiles.cp_async_ring,
+as projection_staged does), one barrier per chunk; blocks walk XW in raster groups.
+
+Shared layout per buffer: the block's 64 * warpgroups rows of X, then BN rows of W, each row a chunk's
+32 half-precision columns (64 bytes), in the 64-byte swizzle wgmma reads (the canonical K-major SW64
+layout): a row's four 16-byte segments are permuted by XOR with bits 1-2 of the row, and each
+8-row group (512 bytes) is one swizzle atom. A descriptor names the first row of a 64-row (A) or
+BN-row (B) block, rows 512 bytes apart per 8-row group; the chunk's second k16 starts 32 bytes in.
+
+Accumulator i of a thread (warp w of its warpgroup, lane l) holds XW row 16w + l / 4 + 8 * (i % 4 >= 2)
+and column 8 * (i // 4) + 2 * (l % 4) + i % 2 of the warpgroup's 64 x BN tile (PTX ISA, wgmma D fragments).
+Needs sm_90a (the H100 tag's arch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from .mma_tiles import KC, cp_async_ring
+from .projection_staged import raster
+from .recurrent_common import i64, projection_prim_func
+
+HALF_PTX = {"float16": "f16", "bfloat16": "bf16"}
+ROW_BYTES = KC * 2  # a chunk's row in half precision
+ATOM = 8 * ROW_BYTES  # one 64-byte-swizzle atom: 8 rows
+SW64 = 2  # tirx.cuda.wgmma_encode_matrix_descriptor's swizzle code for 64 bytes
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    bn: int = 128  # W rows (XW columns) per block: the wgmma's N
+    warpgroups: int = 2  # 64 X rows each
+    stages: int = 4  # buffers of the cp.async ring
+    group: int = 8  # M tiles per raster group (projection_staged.raster)
+    k_chunks: int = 1  # 32-column chunks per buffer (wgmma's per barrier: 2 per chunk)
+    # 1: a buffer's wgmma's are still running while the warpgroup waits for the next buffer (wgmma.wait_group 1), so the
+    # copies go stages - 2 buffers ahead instead of stages - 1
+    overlap: int = 0
+
+    @property
+    def block(self) -> tuple[int, int]:
+        return 64 * self.warpgroups, self.bn
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.warpgroups
+
+    def smem_bytes(self) -> int:
+        return self.stages * self.k_chunks * sum(self.block) * ROW_BYTES
+
+
+# the best point on the H100 (benchmarks/results/2026-11-25-h100-projection-wgmma.md): 128 x 256 blocks, two chunks per
+# buffer, four buffers, the next buffer's wgmma's issued while the last one's run. blog-a 1.44 ms against
+# projection_staged's 1.96 (cuBLAS 0.93), b64-h1024 0.179 against 0.191
+DEFAULT = WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1)
+
+
+def supported(dtype: str, K: int, cols: int, arch: str, cfg: WgmmaConfig = DEFAULT) -> bool:
+    """Half-precision storage, sm_90a, whole 32-column chunks and whole BN-column tiles (BN a multiple of 32 rows per
+    warpgroup, so W's copies take whole passes of the block's threads)."""
+    return (dtype in HALF_PTX and arch == "sm_90a" and K % KC == 0 and cols % cfg.bn == 0 and cfg.bn % (32 * cfg.warpgroups) == 0
+            and cfg.bn <= 256 and cfg.smem_bytes() <= 227 * 1024 and cfg.stages - cfg.overlap >= 2)
+
+
+def projection_wgmma(dtype: str, K: int, cols: int, cfg: WgmmaConfig | None = None, rows: int | None = None) -> tirx.PrimFunc:
+    """PrimFunc(X [M, K], W [cols, K] in dtype, bias [cols] fp32, XW [M, cols] fp32), M symbolic. Without cfg: DEFAULT,
+    and where the model does not fix M (rows None) projection_staged's small-row tiles up to its SMALL_M rows, picked
+    by M at run time (a 128-row block tile leaves most SMs idle at batch 1)."""
+    from .projection_staged import SMALL_M, gemm
+    from .projection_staged import default_config as staged_default
+
+    point = cfg or DEFAULT
+    assert supported(dtype, K, cols, "sm_90a", point), (dtype, K, cols, point)
+    BM, BN = point.block
+
+    def wgmma(X, W, bias, XW, M):
+        m_tiles, n_tiles = tirx.ceildiv(M, i64(BM)), i64(cols // BN)
+        with T.thread_binding(0, m_tiles * n_tiles, "blockIdx.x") as b:
+            bx, by = raster(b, m_tiles, n_tiles, point.group)
+            with T.thread_binding(0, i64(point.threads), "threadIdx.x") as tid:
+                _tile(dtype, K, cols, point, X, W, bias, XW, M, bx * i64(BM), by * i64(BN), tid, (BM + BN) * KC, K // KC)
+
+    def body(X, W, bias, XW, M):
+        if cfg is not None or rows is not None:
+            wgmma(X, W, bias, XW, M)
+            return
+        with T.If(M <= i64(SMALL_M)):
+            with T.Then():
+                gemm(dtype, K, cols, staged_default(dtype, SMALL_M), X, W, bias, XW, M)
+            with T.Else():
+                wgmma(X, W, bias, XW, M)
+
+    return projection_prim_func(f"projection_wgmma_{dtype}", dtype, K, cols, (cols, K), body)
+
+
+def _tile(dtype, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
+    BM, BN = cfg.block
+    KCH = cfg.k_chunks
+    wg, t = tid // i64(128), tid % i64(128)
+    sm = T.alloc_buffer((cfg.stages * KCH * size,), dtype, scope="shared.dyn")
+    acc = T.alloc_buffer((BN // 2,), "float32", scope="local")
+    desc = T.alloc_buffer((2,), "uint64", scope="local")
+    for i in range(BN // 2):
+        T.buffer_store(acc, tirx.const(0, "float32"), [i])
+
+    def each_plane(item, body):
+        """body(j, ck) for the chunks of ring item `item` (a partial last item skips the chunks past K)."""
+        for j in range(KCH):
+            ck = item * i64(KCH) + i64(j)
+            if chunks % KCH == 0:
+                body(j, ck)
+            else:
+                with T.If(ck < i64(chunks)):
+                    with T.Then():
+                        body(j, ck)
+
+    def issue(item, buf):
+        """This thread's 16-byte copies of the item's chunks' X rows, then W rows, into buffer buf, in the swizzled layout:
+        X's take exactly two passes of the block's threads (4 copies a row, 64 rows per 128 threads), W's BN / 32 / warpgroups."""
+        def plane(j, ck):
+            for i in range((BM + BN) * 4 // cfg.threads):
+                r = i64(i * cfg.threads) // i64(4) + tid // i64(4)  # the row in the plane
+                seg = tid % i64(4)
+                row_off = tirx.min(mb + r, M - i64(1)) * i64(K) if i < 2 else (nb + r - i64(BM)) * i64(K)
+                dst = (buf * i64(KCH) + i64(j)) * i64(size) + r * i64(KC) + tirx.bitwise_xor(seg, (r // i64(2)) % i64(4)) * i64(8)
+                T.evaluate(T.s_tir.cp_async_raw(dtype, sm.data, dst, (X if i < 2 else W).data, row_off + ck * i64(KC) + seg * i64(8), 16))
+
+        each_plane(item, plane)
+
+    def landed():
+        # the chunk was written through the generic proxy (cp.async) and is read through the async proxy (wgmma)
+        T.evaluate(T.ptx.fence.proxy.async_.shared__cta())
+
+    def consume(item, buf):
+        T.evaluate(T.ptx.wgmma.fence.sync.aligned())
+
+        def plane(j, ck):
+            base = (buf * i64(KCH) + i64(j)) * i64(size)
+            for kk in range(KC // 16):
+                a_at = base + wg * i64(64 * KC) + i64(kk * 16)
+                b_at = base + i64(BM * KC + kk * 16)
+                for d, at in enumerate((a_at, b_at)):
+                    T.evaluate(T.cuda.wgmma.encode_matrix_descriptor(desc.access_ptr("w", offset=d), sm.access_ptr("r", offset=at),
+                                                                     1, ATOM // 16, SW64))
+                T.evaluate(T.ptx[f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{HALF_PTX[dtype]}.{HALF_PTX[dtype]}"](
+                    *[acc[i] for i in range(BN // 2)], desc[0], desc[1], tirx.const(True, "bool"), 1, 1, 0, 0))
+
+        each_plane(item, plane)
+        T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
+        # before the barrier that frees a buffer for the next copies: this item's wgmma's (or, overlapping, the last one's)
+        T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(cfg.overlap))
+
+    cp_async_ring(-(-chunks // KCH), cfg.stages, issue, consume, landed, lag=1 + cfg.overlap)
+    if cfg.overlap:
+        T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+    w, lane = t // i64(32), t % i64(32)
+    for i in range(0, BN // 2, 2):  # column pairs
+        m = mb + wg * i64(64) + w * i64(16) + lane // i64(4) + i64(8 * (i % 4 >= 2))
+        n = nb + i64(8 * (i // 4)) + i64(2) * (lane % i64(4))
+        with T.If(m < M):
+            with T.Then():
+                for v in range(2):
+                    T.buffer_store(XW, acc[i + v] + bias[n + i64(v)], [m, n + i64(v)])
