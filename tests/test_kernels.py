@@ -331,15 +331,17 @@ def test_half_models_project_with_wgmma_on_sm90a(arch, wgmma):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("T, N", [(300, 2), (5, 1)])  # 600 rows: the wgmma branch; 5: projection_staged's small tiles
 def test_half_model_with_wgmma_projection_matches_float64(dtype, T, N):
-    """A whole half-precision model on the H100 tag with the wgmma projection, against the float64 reference on the
-    same half-precision weights and inputs."""
-    case = Case(op="LSTM", hidden=64, input_size=32, dtype=dtype, optional=("initial_h", "initial_c"))
-    module = tvmrnn.compile(case.model(), target="nvidia/nvidia-h100", logs=False)
-    assert "wgmma.mma_async" in _cuda_sources(module)
+    """A whole half-precision model with the wgmma projection, against the float64 reference on the same fp16 weights
+    and inputs (bfloat16 rounds them again: 2^-8, within the tolerance)."""
+    # ONNX has no bfloat16 LSTM: an fp16 model, converted (compile's dtype), against the reference on its fp16 values
+    case = Case(op="LSTM", hidden=64, input_size=32, dtype="float16", optional=("initial_h", "initial_c"))
+    module = tvmrnn.compile(case.model(), target="cuda", logs=False, dtype=dtype)
+    assert "wgmma.mma_async" in _cuda_sources(module)  # "cuda" on the H100: its own arch, sm_90a
     feeds = case.feeds(np.random.default_rng(T), T, N)
     ref = case.reference(feeds)
     for name, value in module.run(feeds).items():
-        np.testing.assert_allclose(np.asarray(value, "f8"), np.asarray(ref[name], "f8"), rtol=1e-2, atol=1e-2, err_msg=name)
+        tol = 1e-2 if dtype == "float16" else 3e-2
+        np.testing.assert_allclose(np.asarray(value, "f8"), np.asarray(ref[name], "f8"), rtol=tol, atol=tol, err_msg=name)
 
 
 SMALL_TILES = StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2)
