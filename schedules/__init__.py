@@ -99,6 +99,7 @@ class KernelPlan:
     target_kind: str
     branches: tuple[Branch, ...]
     why: str  # why these kinds (does R fit on chip?)
+    projection: str = ""  # the GEMM of its input projection (tvmrnn.lowering fills it in as it emits it)
 
     def describe(self) -> str:
         parts = []

@@ -33,7 +33,7 @@ def test_compile_run_inspect(tmp_path):
     res = runner.invoke(main, ["inspect", MODEL])
     assert res.exit_code == 0 and "GRU" in res.output and "supported" in res.output and "kernel: cuda: batch <= " in res.output and ": persistent(" in res.output
     res = runner.invoke(main, ["inspect", str(out)])
-    assert res.exit_code == 0 and "kernel cpu" in res.output
+    assert res.exit_code == 0 and "kernel cpu" in res.output and "input projection CPU register-blocked" in res.output
 
 
 def test_errors_exit_2_with_a_message(tmp_path):

@@ -313,6 +313,7 @@ def test_half_models_project_with_wgmma_on_sm90a(arch, wgmma):
     module = tvmrnn.compile(case.model(), target={"kind": "cuda", "arch": arch}, logs=False)
     src = _cuda_sources(module)
     assert ("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in src) == wgmma
+    assert module.metadata["layers"][0]["projection"] == ("wgmma 128x256 (staged mma.sync up to 512 rows)" if wgmma else "staged mma.sync float16")
     assert "mma.sync.aligned.m16n8k16" in src  # the recurrent kernels, and the small-row branch of either projection
 
 

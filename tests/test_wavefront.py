@@ -123,6 +123,9 @@ def test_layers_reading_the_same_lengths_are_stacked():
     assert [(m.index, m.lengths) for m in chains[0]] == [(1, True), (2, True)]
     module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 50, "batch": 4}, logs=False)
     assert _kinds(module) == ["wavefront"] * 3 and module.metadata["layers"][0]["graph_inputs"] == {"X": "X", "sequence_lens": "lengths"}
+    # the first layer's input projection is one GEMM before the kernel; the layers above project inside it
+    first, *above = [layer["projection"] for layer in module.metadata["layers"]]
+    assert first and first != "in the wavefront kernel" and above == ["in the wavefront kernel"] * 2
     cases[2] = dataclasses.replace(cases[2], optional=("B",))
     assert [m.index for m in find_chains(stack_model(cases))[0]] == [1]
     model = stack_model(cases)

@@ -74,6 +74,7 @@ def _layer_dict(spec, imported) -> dict:
     d["activations"] = [[asdict(a) for a in acts] for acts in spec.activations]
     plan = imported.kernels.get(spec.name)
     d["kernel"] = plan.describe()
+    d["projection"] = plan.projection  # the input projection's GEMM
     d["tuned"] = plan.tuned  # some batch bucket runs a point from the tuning logs (schedule says which)
     d["schedule"] = [b.as_dict() for b in plan.branches]
     from schedules.space import cooperative_blocks
@@ -175,7 +176,7 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
         f"({time.perf_counter() - started:.1f} s)")
     for spec in imported.layers:
         log(f"      {spec.op} '{spec.name}': hidden {spec.hidden_size}, input {spec.input_size}, {spec.direction}, "
-            f"layout {spec.layout}, {spec.dtype}{'' if spec.precision == 'exact' else ' (' + spec.precision + ')'} -> {imported.kernels[spec.name].describe()}")
+            f"layout {spec.layout}, {spec.dtype}{'' if spec.precision == 'exact' else ' (' + spec.precision + ')'} -> {imported.kernels[spec.name].describe()}; input projection: {imported.kernels[spec.name].projection}")
     for stack in imported.stacks:
         log(f"      stack {stack}")
     started = time.perf_counter()

@@ -10,6 +10,8 @@ weights that arrive as graph inputs take the same path at run time.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from tvm import relax, tirx
 
@@ -57,7 +59,7 @@ def _f32(x):
 
 
 def _projection(bb, X, w, bias, cols, In, target, mode):
-    """XW = X @ w^T + bias for all steps at once, fp32 results. On CUDA our GEMMs: half-precision layers on sm_90a (the
+    """XW = X @ w^T + bias for all steps at once, fp32 results, and what computes it (for the plan). On CUDA our GEMMs: half-precision layers on sm_90a (the
     H100 tag) above SMALL_M rows, the warpgroup GEMM (projection_wgmma) where its 256-column tiles divide the gates;
     with tensor cores, the staged tensor-core GEMM (projection_staged) in the layer's mode (fp16/bf16, TF32 with precision="tf32", 3xTF32 for exact
     fp32), else projection_mma / the exact-fp32 SIMT GEMM (projection_cuda) where it does not apply; TVM's default
@@ -74,30 +76,36 @@ def _projection(bb, X, w, bias, cols, In, target, mode):
     if half and (rows is None or rows > projection_staged.SMALL_M) and projection_wgmma.supported(str(X.ty.dtype), In, cols, arch):
         func = projection_wgmma.projection_wgmma(str(X.ty.dtype), In, cols, rows=rows)
         weight, name = bb.emit(op.astype(w, str(X.ty.dtype))), f"projection_wgmma_{X.ty.dtype}" + ("" if rows is None else f"_m{rows}")
+        bm, bn = projection_wgmma.DEFAULT.block
+        label = f"wgmma {bm}x{bn}" + (f" (staged mma.sync up to {projection_staged.SMALL_M} rows)" if rows is None else "")
     elif cuda and projection_staged.supported(staged, In, cols, rows=rows):
         func = projection_staged.projection_staged(staged, In, cols, rows=rows)
         weight, name = bb.emit(op.astype(w, str(X.ty.dtype))), f"projection_staged_{staged}" + ("" if rows is None else f"_m{rows}")
+        label = f"staged mma.sync {staged}"
     elif cuda and projection_mma.supported(mode, In, cols):
         func, weight, name = projection_mma.projection_mma(mode, In, cols), bb.emit(op.astype(w, str(X.ty.dtype))), f"projection_{mode}"
+        label = f"mma.sync {mode}"
     elif cuda and not half and projection_cuda.supported(In, cols):
         X = _f32(X)
         func, weight, name = projection_cuda.projection_cuda(In, cols), _f32(w), "projection"  # W as ONNX stacks it: [cols, In]
+        label = "SIMT fp32"
     elif cuda:
         xw = bb.emit(op.matmul(X, op.permute_dims(w), out_dtype="float32"))  # fp32 results whatever the inputs
-        return bb.emit(op.add(xw, bias)) if bias is not None else xw
+        return (bb.emit(op.add(xw, bias)) if bias is not None else xw), "TVM matmul"
     else:
         from schedules.projection_cpu import panel_width, projection_cpu
 
         X, nr = _f32(X), panel_width(cols)
         panels = op.permute_dims(op.reshape(_f32(w), [cols // nr, nr, In]), [0, 2, 1])  # [cols/nr, In, nr]
         func, weight, name = projection_cpu(In, cols), bb.emit(panels), "projection"
+        label = "CPU register-blocked"
     if bias is None:
         bias = relax.const(np.zeros(cols, "float32"))
     name = f"{name}_{In}x{cols}"  # same shape, same function: add_func shares it between layers
     gv = bb.add_func(func.with_attr("global_symbol", name), name)
     flat = bb.emit(relax.call_tir(gv, [bb.emit(op.reshape(X, [m, In])), weight, bias],
                                   relax.TensorType([m, cols], "float32")))
-    return bb.emit(op.reshape(flat, [shape[0], shape[1], cols]))
+    return bb.emit(op.reshape(flat, [shape[0], shape[1], cols])), label
 
 
 def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, target, kernel_choice="auto", tuned=None):
@@ -108,14 +116,14 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
     """
     cell = cell_for(spec)
     kernel = _recurrent_kernel(spec, cell, target, kernel_choice, tuned)
-    args = _kernel_inputs(bb, spec, cell, inputs, target, kernel.r_layout)
+    args, gemm = _kernel_inputs(bb, spec, cell, inputs, target, kernel.r_layout)
     results = _call(bb, kernel.func, spec.name, args, _output_types(spec, cell, inputs[0]))
-    return _storage_dtype(bb, spec, results), kernel.plan
+    return _storage_dtype(bb, spec, results), replace(kernel.plan, projection=gemm)
 
 
 def _kernel_inputs(bb, spec, cell, inputs: list, target, r_layout: str) -> list:
     """What a layer's recurrent kernel takes before its outputs (recurrent_common.KernelArgs): XW (the projection of all
-    steps, one GEMM), R in r_layout, then the lengths, states and per-unit parameters the node has."""
+    steps, one GEMM), R in r_layout, then the lengths, states and per-unit parameters the node has; and that GEMM's label."""
     inputs = list(inputs) + [None] * (8 - len(inputs))
     X, W, R, B = inputs[:4]
     # Only R keeps the storage dtype inside our kernels (fp16/bf16 halve its bytes on chip); the
@@ -128,14 +136,14 @@ def _kernel_inputs(bb, spec, cell, inputs: list, target, r_layout: str) -> list:
     bias, rb_cell = _split_bias(B, spec, cell) if B is not None else (None, None)
     from schedules.space import rounding_mode  # the layer's tensor-core mode on this target, if any
 
-    xw = _projection(bb, X, op.reshape(W, [D * G * H, In]), bias, D * G * H, In, target, rounding_mode(spec, target))
+    xw, gemm = _projection(bb, X, op.reshape(W, [D * G * H, In]), bias, D * G * H, In, target, rounding_mode(spec, target))
     args = [xw, _r_layout(bb, R, r_layout, D, G, H)]
     for name in ("sequence_lens", "initial_h", "initial_c"):
         if spec.has(name) and (name != "initial_c" or "c" in cell.states):
             args.append(named[name])
     if cell.params:
         args.append(bb.emit(_params(spec, cell, named["P"], rb_cell)))
-    return args
+    return args, gemm
 
 
 def _output_types(spec, cell, X) -> list:
@@ -163,9 +171,10 @@ def emit_rnn_stack(bb: relax.BlockBuilder, specs: list, first_inputs: list, cons
     """Emit a chain of stacked layers as one wavefront kernel (schedules.stack_kernel): the first layer's inputs as its
     own kernel would take them (its projection as one GEMM), then each higher layer's constants, in one call that runs
     every layer. first_inputs: the first node's Relax inputs in ONNX order (the layers above read its lengths);
-    constants: for each layer above it, its W, R, B, P as arrays. Returns [[Y, Y_h(, Y_c)] per layer]."""
+    constants: for each layer above it, its W, R, B, P as arrays. Returns [[Y, Y_h(, Y_c)] per layer] and each layer's plan
+    with its projection named."""
     cells = [cell_for(s) for s in specs]
-    args = _kernel_inputs(bb, specs[0], cells[0], first_inputs, target, "rows")
+    args, gemm = _kernel_inputs(bb, specs[0], cells[0], first_inputs, target, "rows")
     for spec, cell, w in zip(specs[1:], cells[1:], constants):
         wr, bias, params = _stacked_weights(spec, cell, w)
         wr = relax.const(wr)  # cast by Relax: numpy has no bfloat16 (FoldConstant folds it)
@@ -179,7 +188,9 @@ def emit_rnn_stack(bb: relax.BlockBuilder, specs: list, first_inputs: list, cons
     for spec, layer in zip(specs, outs):
         per_layer.append(_storage_dtype(bb, spec, results[at:at + len(layer)]))
         at += len(layer)
-    return per_layer
+    # the layers above the first project their input (the layer below's h) inside the kernel, step by step
+    plans = [replace(kernel.plans[0], projection=gemm)] + [replace(p, projection="in the wavefront kernel") for p in kernel.plans[1:]]
+    return per_layer, plans
 
 
 def _stacked_weights(spec, cell, w: dict):

@@ -129,10 +129,10 @@ def _stack(ctx, bb, spec, members, inputs, convert, model_dtype):
     ctx.stacks.append(f"{' -> '.join(s.name for s in specs)}: " + (why if kernel else f"layer by layer ({why})"))
     if kernel is None:
         return None
-    results = emit_rnn_stack(bb, specs, inputs, [m.constants for m in members], ctx.target, kernel)
-    for m, s, outs, plan in zip(members, specs[1:], results[1:], kernel.plans[1:]):
+    results, plans = emit_rnn_stack(bb, specs, inputs, [m.constants for m in members], ctx.target, kernel)
+    for m, s, outs, plan in zip(members, specs[1:], results[1:], plans[1:]):
         ctx.stashed[m.index] = (s, outs, plan, convert)
-    return results[0], kernel.plans[0]
+    return results[0], plans[0]
 
 
 def member_spec(member, x_shape, dtype, ctx):

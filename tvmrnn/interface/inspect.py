@@ -26,7 +26,8 @@ def inspect_command(path: str, echo=print, target: str | None = "nvidia/nvidia-h
             for t in meta[io]:
                 echo(f"  {io[:-1]:<6} {t['name']:<20} {t['dtype']:<8} {t['shape']}")
         for layer in meta["layers"]:
-            echo(_layer_line(layer["op"], layer["name"], layer) + f"  kernel {layer['kernel']}")
+            projection = f"; input projection {layer['projection']}" if layer.get("projection") else ""  # older modules lack it
+            echo(_layer_line(layer["op"], layer["name"], layer) + f"  kernel {layer['kernel']}{projection}")
         if meta.get("max_dims"):
             echo("  bounds " + ", ".join(f"{k} <= {v}" for k, v in meta["max_dims"].items()))
         if "cuda_graph" in meta:
