@@ -171,7 +171,8 @@ def bench_gpu_row(row: Row, kernels=("stepwise", "auto"), repeats=20, warmup=5, 
         except tvmrnn.UnsupportedModelError as err:  # e.g. persistent where R does not fit on chip
             result[f"{kernel}_kernel"] = f"n/a: {err}"
             continue
-        choice = compiled.metadata["layers"][0]["kernel"]
+        layer = compiled.metadata["layers"][0]
+        choice = f"{layer['kernel']}; input projection: {layer['projection']}"
         dev_inputs = [compiled.to_device({"X": x.cpu().numpy()}) for x in xs]
         ours = compiled.run({"X": xs[0].cpu().numpy()})["Y"]
         result[f"{kernel}_kernel"] = choice
