@@ -1,4 +1,7 @@
-"""The input projection on Hopper's warpgroup tensor cores (wgmma): XW = X @ W^T + bias, fp16/bf16 in, fp32 out.
+"""The input projection on Hopper's warpgroup tensor cores (wgmma): XW = X @ W^T + bias, fp16/bf16 (or fp32 as TF32) in,
+fp32 out. compile uses it for half-precision layers (tvmrnn.lowering); the TF32 mode (fp32 rows of 128 bytes in the
+128-byte swizzle, k8 wgmma's) builds and has GPU tests, but has not run on a GPU yet, so precision="tf32" still
+projects with projection_staged.
 
 projection_staged feeds mma.sync from shared memory, one warp's fragments at a time: on the H100 blog-a's
 GEMM (12800 x 2560 x 10240, fp16) ran 1.96 ms there, 343 TFLOP/s, against cuBLAS's 0.93 (which uses
@@ -30,10 +33,14 @@ from .mma_tiles import KC, cp_async_ring
 from .projection_staged import raster
 from .recurrent_common import i64, projection_prim_func
 
-HALF_PTX = {"float16": "f16", "bfloat16": "bf16"}
-ROW_BYTES = KC * 2  # a chunk's row in half precision
-ATOM = 8 * ROW_BYTES  # one 64-byte-swizzle atom: 8 rows
-SW64 = 2  # tirx.cuda.wgmma_encode_matrix_descriptor's swizzle code for 64 bytes
+# mode -> (storage dtype, PTX operand type, k per wgmma): each wgmma takes 32 bytes of every row's chunk
+MODES = {"float16": ("float16", "f16", 16), "bfloat16": ("bfloat16", "bf16", 16), "tf32": ("float32", "tf32", 8)}
+SWIZZLE = {64: 2, 128: 3}  # a chunk row's bytes -> tirx.cuda.wgmma_encode_matrix_descriptor's swizzle code (SW64, SW128)
+
+
+def row_bytes(mode: str) -> int:
+    """A 32-column chunk's row in shared memory: 64 bytes in half precision, 128 in fp32 (TF32)."""
+    return KC * (4 if MODES[mode][0] == "float32" else 2)
 
 
 @dataclass(frozen=True)
@@ -55,8 +62,8 @@ class WgmmaConfig:
     def threads(self) -> int:
         return 128 * self.warpgroups
 
-    def smem_bytes(self) -> int:
-        return self.stages * self.k_chunks * sum(self.block) * ROW_BYTES
+    def smem_bytes(self, mode: str = "float16") -> int:
+        return self.stages * self.k_chunks * sum(self.block) * row_bytes(mode)
 
 
 # the best point on the H100 (benchmarks/results/2026-11-25-h100-projection-wgmma.md): 128 x 256 blocks, two chunks per
@@ -65,22 +72,24 @@ class WgmmaConfig:
 DEFAULT = WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1)
 
 
-def supported(dtype: str, K: int, cols: int, arch: str, cfg: WgmmaConfig = DEFAULT) -> bool:
-    """Half-precision storage, sm_90a, whole 32-column chunks and whole BN-column tiles (BN a multiple of 32 rows per
-    warpgroup, so W's copies take whole passes of the block's threads)."""
-    return (dtype in HALF_PTX and arch == "sm_90a" and K % KC == 0 and cols % cfg.bn == 0 and cfg.bn % (32 * cfg.warpgroups) == 0
-            and cfg.bn <= 256 and cfg.smem_bytes() <= 227 * 1024 and cfg.stages - cfg.overlap >= 2)
+def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig = DEFAULT) -> bool:
+    """fp16/bf16 storage, or fp32 as TF32 (mode "tf32"), on sm_90a; whole 32-column chunks and whole BN-column tiles (BN
+    a multiple of 32 rows per warpgroup, so W's copies take whole passes of the block's threads); the ring in shared
+    memory, with a buffer free to copy into."""
+    return (mode in MODES and arch == "sm_90a" and K % KC == 0 and cols % cfg.bn == 0 and cfg.bn % (32 * cfg.warpgroups) == 0
+            and cfg.bn <= 256 and cfg.smem_bytes(mode) <= 227 * 1024 and cfg.stages - cfg.overlap >= 2)
 
 
-def projection_wgmma(dtype: str, K: int, cols: int, cfg: WgmmaConfig | None = None, rows: int | None = None) -> tirx.PrimFunc:
-    """PrimFunc(X [M, K], W [cols, K] in dtype, bias [cols] fp32, XW [M, cols] fp32), M symbolic. Without cfg: DEFAULT,
+def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = None, rows: int | None = None) -> tirx.PrimFunc:
+    """PrimFunc(X [M, K], W [cols, K] in the mode's storage dtype, bias [cols] fp32, XW [M, cols] fp32), M symbolic. TF32
+    reads fp32 operands' top 19 bits (wgmma truncates; projection_staged's TF32 rounds first). Without cfg: DEFAULT,
     and where the model does not fix M (rows None) projection_staged's small-row tiles up to its SMALL_M rows, picked
     by M at run time (a 128-row block tile leaves most SMs idle at batch 1)."""
     from .projection_staged import SMALL_M, gemm
     from .projection_staged import default_config as staged_default
 
     point = cfg or DEFAULT
-    assert supported(dtype, K, cols, "sm_90a", point), (dtype, K, cols, point)
+    assert supported(mode, K, cols, "sm_90a", point), (mode, K, cols, point)
     BM, BN = point.block
 
     def wgmma(X, W, bias, XW, M):
@@ -88,7 +97,7 @@ def projection_wgmma(dtype: str, K: int, cols: int, cfg: WgmmaConfig | None = No
         with T.thread_binding(0, m_tiles * n_tiles, "blockIdx.x") as b:
             bx, by = raster(b, m_tiles, n_tiles, point.group)
             with T.thread_binding(0, i64(point.threads), "threadIdx.x") as tid:
-                _tile(dtype, K, cols, point, X, W, bias, XW, M, bx * i64(BM), by * i64(BN), tid, (BM + BN) * KC, K // KC)
+                _tile(mode, K, cols, point, X, W, bias, XW, M, bx * i64(BM), by * i64(BN), tid, (BM + BN) * KC, K // KC)
 
     def body(X, W, bias, XW, M):
         if cfg is not None or rows is not None:
@@ -96,16 +105,20 @@ def projection_wgmma(dtype: str, K: int, cols: int, cfg: WgmmaConfig | None = No
             return
         with T.If(M <= i64(SMALL_M)):
             with T.Then():
-                gemm(dtype, K, cols, staged_default(dtype, SMALL_M), X, W, bias, XW, M)
+                gemm(mode, K, cols, staged_default(mode, SMALL_M), X, W, bias, XW, M)
             with T.Else():
                 wgmma(X, W, bias, XW, M)
 
-    return projection_prim_func(f"projection_wgmma_{dtype}", dtype, K, cols, (cols, K), body)
+    return projection_prim_func(f"projection_wgmma_{mode}", MODES[mode][0], K, cols, (cols, K), body)
 
 
-def _tile(dtype, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
+def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
     BM, BN = cfg.block
     KCH = cfg.k_chunks
+    dtype, ptx, kstep = MODES[mode]
+    rb = row_bytes(mode)
+    segs, per_k = rb // 16, 32 * KC // rb  # 16-byte copies per row; elements per wgmma's 32 bytes of a row
+    x_passes = BM * segs // cfg.threads  # X's rows take whole passes of the block's threads (64 rows per warpgroup)
     wg, t = tid // i64(128), tid % i64(128)
     sm = T.alloc_buffer((cfg.stages * KCH * size,), dtype, scope="shared.dyn")
     acc = T.alloc_buffer((BN // 2,), "float32", scope="local")
@@ -126,14 +139,16 @@ def _tile(dtype, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
 
     def issue(item, buf):
         """This thread's 16-byte copies of the item's chunks' X rows, then W rows, into buffer buf, in the swizzled layout:
-        X's take exactly two passes of the block's threads (4 copies a row, 64 rows per 128 threads), W's BN / 32 / warpgroups."""
+        segment seg of row r lands at seg XOR (bits 7.. of r's byte offset), the canonical SW64 / SW128 K-major atom."""
         def plane(j, ck):
-            for i in range((BM + BN) * 4 // cfg.threads):
-                r = i64(i * cfg.threads) // i64(4) + tid // i64(4)  # the row in the plane
-                seg = tid % i64(4)
-                row_off = tirx.min(mb + r, M - i64(1)) * i64(K) if i < 2 else (nb + r - i64(BM)) * i64(K)
-                dst = (buf * i64(KCH) + i64(j)) * i64(size) + r * i64(KC) + tirx.bitwise_xor(seg, (r // i64(2)) % i64(4)) * i64(8)
-                T.evaluate(T.s_tir.cp_async_raw(dtype, sm.data, dst, (X if i < 2 else W).data, row_off + ck * i64(KC) + seg * i64(8), 16))
+            for i in range((BM + BN) * segs // cfg.threads):
+                r = i64(i * cfg.threads // segs) + tid // i64(segs)  # the row in the plane
+                seg = tid % i64(segs)
+                row_off = tirx.min(mb + r, M - i64(1)) * i64(K) if i < x_passes else (nb + r - i64(BM)) * i64(K)
+                swz = (r * i64(rb) // i64(128)) % i64(segs)
+                dst = (buf * i64(KCH) + i64(j)) * i64(size) + r * i64(KC) + tirx.bitwise_xor(seg, swz) * i64(16 * KC // rb)
+                T.evaluate(T.s_tir.cp_async_raw(dtype, sm.data, dst, (X if i < x_passes else W).data,
+                                                row_off + ck * i64(KC) + seg * i64(16 * KC // rb), 16))
 
         each_plane(item, plane)
 
@@ -146,14 +161,15 @@ def _tile(dtype, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
 
         def plane(j, ck):
             base = (buf * i64(KCH) + i64(j)) * i64(size)
-            for kk in range(KC // 16):
-                a_at = base + wg * i64(64 * KC) + i64(kk * 16)
-                b_at = base + i64(BM * KC + kk * 16)
+            for kk in range(rb // 32):
+                a_at = base + wg * i64(64 * KC) + i64(kk * per_k)
+                b_at = base + i64(BM * KC + kk * per_k)
                 for d, at in enumerate((a_at, b_at)):
                     T.evaluate(T.cuda.wgmma.encode_matrix_descriptor(desc.access_ptr("w", offset=d), sm.access_ptr("r", offset=at),
-                                                                     1, ATOM // 16, SW64))
-                T.evaluate(T.ptx[f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{HALF_PTX[dtype]}.{HALF_PTX[dtype]}"](
-                    *[acc[i] for i in range(BN // 2)], desc[0], desc[1], tirx.const(True, "bool"), 1, 1, 0, 0))
+                                                                     1, 8 * rb // 16, SWIZZLE[rb]))
+                transposes = (0, 0) if ptx != "tf32" else ()  # K-major A and B; TF32 has no transpose operands
+                T.evaluate(T.ptx[f"wgmma.mma_async.sync.aligned.m64n{BN}k{kstep}.f32.{ptx}.{ptx}"](
+                    *[acc[i] for i in range(BN // 2)], desc[0], desc[1], tirx.const(True, "bool"), 1, 1, *transposes))
 
         each_plane(item, plane)
         T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())

@@ -265,23 +265,25 @@ WGMMA_CONFIGS = [WgmmaConfig(), WgmmaConfig(bn=256, stages=3), WgmmaConfig(bn=64
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", WGMMA_CONFIGS, ids=str)
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("mode, config", [(m, c) for m in ("float16", "bfloat16", "tf32") for c in WGMMA_CONFIGS
+                                          if c.smem_bytes(m) <= 227 * 1024], ids=str)  # fp32's rows take twice the bytes
 @pytest.mark.parametrize("M, K, cols", [(1, 32, 256), (333, 64, 2560), (1100, 800, 1024), (6400, 1024, 4096)])
-def test_projection_wgmma_matches_float64(M, K, cols, dtype, config):
-    """The warpgroup (wgmma) projection against float64 on the same half-precision inputs, output poisoned first: a
-    partial last row tile, one and two chunks (all in the ring's prologue), 25 chunks (K = 800), a raster group that does
-    not divide the M tiles."""
+def test_projection_wgmma_matches_float64(M, K, cols, mode, config):
+    """The warpgroup (wgmma) projection against float64 on the same inputs, output poisoned first: a partial last row
+    tile, one and two chunks (all in the ring's prologue), 25 chunks (K = 800), a raster group that does not divide the M
+    tiles. Half precision exact to fp32 accumulation; TF32 (fp32 in the 128-byte swizzle, operands truncated to 10
+    mantissa bits by the tensor cores) within TF32's error."""
     import ml_dtypes
 
-    _check_projection(projection_wgmma(dtype, K, cols, config), M, K, cols, ml_dtypes.bfloat16 if dtype == "bfloat16" else "f2", 1e-5,
+    dtype = {"float16": "f2", "bfloat16": ml_dtypes.bfloat16, "tf32": "f4"}[mode]
+    _check_projection(projection_wgmma(mode, K, cols, config), M, K, cols, dtype, 3e-3 if mode == "tf32" else 1e-5,
                       tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
 
 
 def test_projection_wgmma_builds_without_a_gpu():
-    """It compiles through NVRTC for sm_90a: wgmma m64nBNk16 from two shared-memory descriptors, a proxy fence between
-    the cp.async copies landing and the barrier, and is refused where it cannot run (fp32, sm_90 without the a, a
-    partial column tile)."""
+    """It compiles through NVRTC for sm_90a: wgmma m64nBNk16 (TF32: k8) from two shared-memory descriptors, a proxy fence
+    between the cp.async copies landing and the barrier, and is refused where it cannot run (exact fp32, sm_90 without
+    the a, a partial column tile, a ring larger than shared memory)."""
     from schedules.projection_wgmma import supported
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
@@ -289,7 +291,12 @@ def test_projection_wgmma_builds_without_a_gpu():
         src = tvm.compile(tvm.IRModule({"main": projection_wgmma("float16", 800, 1024, cfg)}), target=target).mod.imports[0].inspect_source()
         assert f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}k16.f32.f16.f16" in src and "fence.proxy.async.shared::cta" in src
         assert src.count("ptx_wgmma_encode_matrix_descriptor(") >= 4
-    assert supported("float16", 800, 1024, "sm_90a")
+    # TF32: k8, four wgmma's per 32-column chunk (128-byte rows), no transpose operands
+    tf32 = WgmmaConfig(bn=256, stages=3, overlap=1)
+    src = tvm.compile(tvm.IRModule({"main": projection_wgmma("tf32", 800, 1024, tf32)}), target=target).mod.imports[0].inspect_source()
+    assert "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" in src and src.count("ptx_wgmma_encode_matrix_descriptor(") >= 8
+    assert supported("float16", 800, 1024, "sm_90a") and supported("tf32", 800, 1024, "sm_90a", tf32)
+    assert not supported("tf32", 800, 1024, "sm_90a")  # DEFAULT's 128 x 256 with two chunks per buffer: 384 KB of fp32
     assert not supported("float32", 800, 1024, "sm_90a") and not supported("float16", 800, 1024, "sm_90")
     assert not supported("float16", 800, 1000, "sm_90a") and not supported("float16", 80, 1024, "sm_90a")
     assert not supported("float16", 800, 1024, "sm_90a", WgmmaConfig(stages=2, overlap=1))  # no buffer left to copy into
