@@ -22,6 +22,7 @@ from schedules.projection_cuda import projection_cuda
 from schedules.projection_mma import projection_mma
 from schedules.projection_staged import StagedConfig, projection_staged
 from schedules.projection_staged import supported as projection_staged_supported
+from schedules.projection_wgmma import DEFAULT as WGMMA_DEFAULT
 from schedules.projection_wgmma import WgmmaConfig, projection_wgmma
 from schedules.recurrent_common import PANEL
 from schedules.space import KernelConfig, default_config, knob_space
@@ -258,15 +259,17 @@ def test_projection_staged_matches_float64(M, K, cols, mode, tol, config):
     _check_projection(projection_staged(mode, K, cols, config), M, K, cols, "f2" if mode == "float16" else "f4", tol)
 
 
-# the default; 256 columns; one warpgroup of 64 columns with a group that does not divide the M tiles; two chunks per
-# buffer (K = 800's 25 chunks: a partial last buffer) with the next buffer's wgmma's issued before the last one's finish
+# WgmmaConfig's defaults; 256 columns; one warpgroup of 64 columns with a group that does not divide the M tiles; two
+# chunks per buffer (K = 800's 25 chunks: a partial last buffer) with the next buffer's wgmma's issued before the last
+# one's finish, at 128 columns and at 256 (compile's DEFAULT); one chunk per buffer with that overlap
 WGMMA_CONFIGS = [WgmmaConfig(), WgmmaConfig(bn=256, stages=3), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3),
-                 WgmmaConfig(k_chunks=2, stages=4, overlap=1), WgmmaConfig(bn=256, stages=6, overlap=1)]
+                 WgmmaConfig(k_chunks=2, stages=4, overlap=1), WgmmaConfig(bn=256, stages=6, overlap=1), WGMMA_DEFAULT]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode, config", [(m, c) for m in ("float16", "bfloat16", "tf32") for c in WGMMA_CONFIGS
-                                          if c.smem_bytes(m) <= 227 * 1024], ids=str)  # fp32's rows take twice the bytes
+# bfloat16 differs from float16 in the instruction's type only: compile's DEFAULT covers it; fp32's rows take twice the bytes
+@pytest.mark.parametrize("mode, config", [("float16", c) for c in WGMMA_CONFIGS] + [("bfloat16", WGMMA_DEFAULT)]
+                         + [("tf32", c) for c in WGMMA_CONFIGS if c.smem_bytes("tf32") <= 227 * 1024], ids=str)
 @pytest.mark.parametrize("M, K, cols", [(1, 32, 256), (333, 64, 2560), (1100, 800, 1024), (6400, 1024, 4096)])
 def test_projection_wgmma_matches_float64(M, K, cols, mode, config):
     """The warpgroup (wgmma) projection against float64 on the same inputs, output poisoned first: a partial last row
