@@ -8,14 +8,16 @@ GEMM (12800 x 2560 x 10240, fp16) ran 1.96 ms there, 343 TFLOP/s, against cuBLAS
 wgmma). Here each warpgroup (4 warps, 128 threads) multiplies 64 rows of X by a block's BN rows of W
 with wgmma.mma_async m64nBNk16, both operands read by the tensor cores straight from shared memory
 through matrix descriptors, the fp32 accumulators in registers (BN / 2 per thread). The block's
-threads fill a cp.async ring of `stages` buffers of one 32-column chunk each (mma_tiles.cp_async_ring,
-as projection_staged does), one barrier per chunk; blocks walk XW in raster groups.
+threads fill a cp.async ring of `stages` buffers of k_chunks 32-column chunks each (mma_tiles.cp_async_ring,
+as projection_staged does), one barrier per buffer; with `overlap` a buffer's wgmma's still run while the
+warpgroup moves on to the next barrier (the copies then go one buffer less ahead). Blocks walk XW in
+raster groups.
 
-Shared layout per buffer: the block's 64 * warpgroups rows of X, then BN rows of W, each row a chunk's
-32 half-precision columns (64 bytes), in the 64-byte swizzle wgmma reads (the canonical K-major SW64
-layout): a row's four 16-byte segments are permuted by XOR with bits 1-2 of the row, and each
-8-row group (512 bytes) is one swizzle atom. A descriptor names the first row of a 64-row (A) or
-BN-row (B) block, rows 512 bytes apart per 8-row group; the chunk's second k16 starts 32 bytes in.
+Shared layout per chunk: the block's 64 * warpgroups rows of X, then BN rows of W, each row the chunk's 32
+columns (64 bytes in half precision, 128 in fp32), in the swizzle wgmma reads (the canonical K-major SW64 /
+SW128 layout): a row's 16-byte segments are permuted by XOR with the bits of its byte offset from 128 up,
+and each 8-row group (512 / 1024 bytes) is one swizzle atom. A descriptor names the first row of a 64-row
+(A) or BN-row (B) block, 8-row groups one atom apart; each further wgmma of the chunk starts 32 bytes in.
 
 Accumulator i of a thread (warp w of its warpgroup, lane l) holds XW row 16w + l / 4 + 8 * (i % 4 >= 2)
 and column 8 * (i // 4) + 2 * (l % 4) + i % 2 of the warpgroup's 64 x BN tile (PTX ISA, wgmma D fragments).
