@@ -6,6 +6,8 @@
 #   bash benchmarks/device_run.sh ring      persistent_mma's cp.async ring of streamed chunks (A, and with ring_h B): GPU tests,
 #                                            compute-sanitizer, then blog-a's streaming default against the points in POINTS
 #                                            (kernel_variants; e.g. ring_h=1 beside today's ring=2)
+#   bash benchmarks/device_run.sh wgmma [SHAPE ...]   projection_wgmma's GPU tests, then its points (fp16, TF32, 3xTF32)
+#                                            against projection_staged's default and cuBLAS (benchmarks/projection_staged.py)
 #   bash benchmarks/device_run.sh bench    the benchmark table against cuDNN
 #   bash benchmarks/device_run.sh sanitize [KERNEL]   compute-sanitizer racecheck/synccheck/memcheck on one small layer
 #   bash benchmarks/device_run.sh tune     MetaSchedule over the benchmark rows and the zoo (logs to $OUT/tuning_logs)
@@ -63,6 +65,11 @@ case "$1" in
       done
     done
     BASELINES=auto timeout 300 python3 benchmarks/kernel_variants.py persistent_mma blog-a 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -12 ;;
+  wgmma)
+    # the warpgroup projection: its GPU tests (every mode, the whole-model ones), then its points beside the staged GEMM's
+    # default and cuBLAS in fp16 and fp32 (TF32, 3xTF32)
+    timeout 240 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_kernels.py -k "wgmma or half_model" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -8
+    STAGED=default timeout 320 python3 benchmarks/projection_staged.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/projection_log.txt" | tail -40 ;;
   bench)
     timeout 560 python3 -m tvmrnn.cli bench --repeats 20 --out "$OUT" "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/bench_log.txt" | tail -40 ;;
   tune)

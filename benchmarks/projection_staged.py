@@ -54,6 +54,9 @@ WGMMA = {f"wgmma {c.warpgroups * 64}x{c.bn} s{c.stages} k{c.k_chunks * 32}{' ove
 WGMMA_TF32 = {f"wgmma tf32 {c.warpgroups * 64}x{c.bn} s{c.stages}{' overlap' if c.overlap else ''}": c
               for c in (WgmmaConfig(bn=256, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1), WgmmaConfig(bn=128, stages=6, overlap=1),
                         WgmmaConfig(bn=128, k_chunks=2, stages=3, overlap=1))}
+# exact fp32 as 3xTF32 on wgmma (high and low parts split in shared memory, each chunk summed apart); not built by compile yet
+WGMMA_TF32X3 = {f"wgmma tf32x3 {c.warpgroups * 64}x{c.bn} s{c.stages}": c
+                for c in (WgmmaConfig(bn=128, stages=3), WgmmaConfig(bn=128, stages=2), WgmmaConfig(bn=128, warpgroups=1, stages=4))}
 # STAGED=default (environment): of the staged points only today's default, beside cuBLAS and the wgmma points
 ONLY_DEFAULT = os.environ.get("STAGED") == "default"
 OUT = os.environ.get("OUT", "/tmp")
@@ -127,6 +130,9 @@ for shape, (M, K, cols) in SHAPES.items():
             for name, cfg in WGMMA_TF32.items():
                 if wgmma_supported("tf32", K, cols, "sm_90a", cfg):
                     keep(shape, dtype, name, *ours(projection_wgmma("tf32", K, cols, cfg), x, w, b, expected, 3e-3, hopper), flop)
+            for name, cfg in WGMMA_TF32X3.items():
+                if wgmma_supported("tf32x3", K, cols, "sm_90a", cfg):
+                    keep(shape, dtype, name, *ours(projection_wgmma("tf32x3", K, cols, cfg), x, w, b, expected, 1e-5, hopper), flop)
         for name, mode, cfg in variants:
             if supported(mode, K, cols, cfg):
                 keep(shape, dtype, name, *ours(projection_staged(mode, K, cols, cfg), x, w, b, expected, 3e-3 if mode == "tf32" else 1e-5), flop)

@@ -204,8 +204,9 @@ def cp_async_ring(count: int, stages: int, issue, consume, landed=None, lag: int
     """A ring of `stages` shared buffers filled with cp.async: issue(i, buf) emits this thread's copies of item i into
     buffer buf, consume(i, buf) the work on it; item i + stages - lag is copied while item i is consumed. One barrier per
     item: after it every thread's copies of item i have landed and the buffer item i - lag used is free (lag 2: the
-    consumer's reads of item i - 1 may still be in flight, as an asynchronous wgmma's are). landed(): what each thread
-    emits between its copies' completion and that barrier (a proxy fence where the async proxy reads)."""
+    consumer's reads of item i - 1 may still be in flight, as an asynchronous wgmma's are). landed(i): what each thread
+    emits between its copies of item i landing and that barrier (work on its own copies; a proxy fence where the async
+    proxy reads)."""
     ahead = stages - lag
     for s in range(min(ahead, count)):
         issue(i64(s), i64(s))
@@ -215,7 +216,7 @@ def cp_async_ring(count: int, stages: int, issue, consume, landed=None, lag: int
         # iteration, empty past the end); with every item in the prologue, all of them
         T.evaluate(T.ptx.cp.async_.wait_group(ahead - 1 if ahead < count else 0))
         if landed is not None:
-            landed()
+            landed(i)
         block_sync()
         if ahead < count:
             nxt = i + i64(ahead)

@@ -1,7 +1,9 @@
 """The input projection on Hopper's warpgroup tensor cores (wgmma): XW = X @ W^T + bias, fp16/bf16 (or fp32 as TF32) in,
-fp32 out. compile uses it for half-precision layers (tvmrnn.lowering); the TF32 mode (fp32 rows of 128 bytes in the
-128-byte swizzle, k8 wgmma's) builds and has GPU tests, but has not run on a GPU yet, so precision="tf32" still
-projects with projection_staged.
+fp32 out. compile uses it for half-precision layers (tvmrnn.lowering). The TF32 mode (fp32 rows of 128 bytes in the
+128-byte swizzle, k8 wgmma's) and the 3xTF32 mode (exact fp32: as each chunk lands, the threads split their own copies
+into TF32 high and low parts in a second pair of buffers; hi*hi + hi*lo + lo*hi per k8, each chunk summed apart and
+added in fp32) build and have GPU tests, but have not run on a GPU yet, so fp32 layers still project with
+projection_staged.
 
 projection_staged feeds mma.sync from shared memory, one warp's fragments at a time: on the H100 blog-a's
 GEMM (12800 x 2560 x 10240, fp16) ran 1.96 ms there, 343 TFLOP/s, against cuBLAS's 0.93 (which uses
@@ -31,12 +33,14 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .mma_tiles import KC, cp_async_ring
+from .mma_tiles import KC, cp_async_ring, to_tf32
 from .projection_staged import raster
 from .recurrent_common import i64, projection_prim_func
 
 # mode -> (storage dtype, PTX operand type, k per wgmma): each wgmma takes 32 bytes of every row's chunk
-MODES = {"float16": ("float16", "f16", 16), "bfloat16": ("bfloat16", "bf16", 16), "tf32": ("float32", "tf32", 8)}
+# (tf32x3: exact fp32 as three TF32 products, hi*hi + hi*lo + lo*hi, of each operand's TF32 high and low parts)
+MODES = {"float16": ("float16", "f16", 16), "bfloat16": ("bfloat16", "bf16", 16), "tf32": ("float32", "tf32", 8),
+         "tf32x3": ("float32", "tf32", 8)}
 SWIZZLE = {64: 2, 128: 3}  # a chunk row's bytes -> tirx.cuda.wgmma_encode_matrix_descriptor's swizzle code (SW64, SW128)
 
 
@@ -65,7 +69,8 @@ class WgmmaConfig:
         return 128 * self.warpgroups
 
     def smem_bytes(self, mode: str = "float16") -> int:
-        return self.stages * self.k_chunks * sum(self.block) * row_bytes(mode)
+        """The ring; in tf32x3 also two buffers of each chunk's high and low parts."""
+        return (self.stages + (4 if mode == "tf32x3" else 0)) * self.k_chunks * sum(self.block) * row_bytes(mode)
 
 
 # the best point on the H100 (benchmarks/results/2026-11-25-h100-projection-wgmma.md): 128 x 256 blocks, two chunks per
@@ -75,11 +80,12 @@ DEFAULT = WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1)
 
 
 def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig = DEFAULT) -> bool:
-    """fp16/bf16 storage, or fp32 as TF32 (mode "tf32"), on sm_90a; whole 32-column chunks and whole BN-column tiles (BN
+    """fp16/bf16 storage, or fp32 as TF32 (mode "tf32") or 3xTF32 (mode "tf32x3": at most 128 columns, no overlap), on sm_90a; whole 32-column chunks and whole BN-column tiles (BN
     a multiple of 32 rows per warpgroup, so W's copies take whole passes of the block's threads); the ring in shared
     memory, with a buffer free to copy into."""
     return (mode in MODES and arch == "sm_90a" and K % KC == 0 and cols % cfg.bn == 0 and cfg.bn % (32 * cfg.warpgroups) == 0
-            and cfg.bn <= 256 and cfg.smem_bytes(mode) <= 227 * 1024 and cfg.stages - cfg.overlap >= 2)
+            and cfg.bn <= 256 and cfg.smem_bytes(mode) <= 227 * 1024 and cfg.stages - cfg.overlap >= 2
+            and not (mode == "tf32x3" and (cfg.overlap or cfg.bn > 128)))  # chunk sums: a wait per chunk, twice the registers
 
 
 def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = None, rows: int | None = None) -> tirx.PrimFunc:
@@ -118,12 +124,17 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
     BM, BN = cfg.block
     KCH = cfg.k_chunks
     dtype, ptx, kstep = MODES[mode]
+    split = mode == "tf32x3"
     rb = row_bytes(mode)
     segs, per_k = rb // 16, 32 * KC // rb  # 16-byte copies per row; elements per wgmma's 32 bytes of a row
     x_passes = BM * segs // cfg.threads  # X's rows take whole passes of the block's threads (64 rows per warpgroup)
     wg, t = tid // i64(128), tid % i64(128)
     sm = T.alloc_buffer((cfg.stages * KCH * size,), dtype, scope="shared.dyn")
+    # tf32x3: each landed chunk's high and low parts, in two buffers by item parity, high planes then low ones
+    parts = T.alloc_buffer((2 * 2 * KCH * size,), dtype, scope="shared.dyn") if split else None
     acc = T.alloc_buffer((BN // 2,), "float32", scope="local")
+    chunk_sum = T.alloc_buffer((BN // 2,), "float32", scope="local") if split else None
+    staged = T.alloc_buffer(((BM + BN) * KC // cfg.threads,), "float32", scope="local") if split else None  # a chunk's own copies
     desc = T.alloc_buffer((2,), "uint64", scope="local")
     for i in range(BN // 2):
         T.buffer_store(acc, tirx.const(0, "float32"), [i])
@@ -139,39 +150,78 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
                     with T.Then():
                         body(j, ck)
 
+    def own_segments():
+        """(pass, row in a plane, its 16-byte segment, the segment's place in the plane) of this thread's copies: segment
+        seg of row r lands at seg XOR (bits 7.. of r's byte offset), the canonical SW64 / SW128 K-major atom."""
+        for i in range((BM + BN) * segs // cfg.threads):
+            r = i64(i * cfg.threads // segs) + tid // i64(segs)
+            seg = tid % i64(segs)
+            swz = (r * i64(rb) // i64(128)) % i64(segs)
+            yield i, r, seg, r * i64(KC) + tirx.bitwise_xor(seg, swz) * i64(16 * KC // rb)
+
     def issue(item, buf):
-        """This thread's 16-byte copies of the item's chunks' X rows, then W rows, into buffer buf, in the swizzled layout:
-        segment seg of row r lands at seg XOR (bits 7.. of r's byte offset), the canonical SW64 / SW128 K-major atom."""
+        """This thread's 16-byte copies of the item's chunks' X rows, then W rows, into buffer buf, in the swizzled layout."""
         def plane(j, ck):
-            for i in range((BM + BN) * segs // cfg.threads):
-                r = i64(i * cfg.threads // segs) + tid // i64(segs)  # the row in the plane
-                seg = tid % i64(segs)
+            for i, r, seg, at in own_segments():
                 row_off = tirx.min(mb + r, M - i64(1)) * i64(K) if i < x_passes else (nb + r - i64(BM)) * i64(K)
-                swz = (r * i64(rb) // i64(128)) % i64(segs)
-                dst = (buf * i64(KCH) + i64(j)) * i64(size) + r * i64(KC) + tirx.bitwise_xor(seg, swz) * i64(16 * KC // rb)
+                dst = (buf * i64(KCH) + i64(j)) * i64(size) + at
                 T.evaluate(T.s_tir.cp_async_raw(dtype, sm.data, dst, (X if i < x_passes else W).data,
                                                 row_off + ck * i64(KC) + seg * i64(16 * KC // rb), 16))
 
         each_plane(item, plane)
 
-    def landed():
-        # the chunk was written through the generic proxy (cp.async) and is read through the async proxy (wgmma)
+    def part_plane(item, j, low: int):
+        """Where chunk j of `item`'s high (low=0) or low parts start in `parts`."""
+        return ((item % i64(2) * i64(2) + i64(low)) * i64(KCH) + i64(j)) * i64(size)
+
+    def landed(item):
+        if split:  # this thread's own copies of the item, split into TF32 high and low parts
+            def plane(j, ck):
+                # all reads, then all writes: the shared.dyn buffers are merged into one before TVM plans barriers, and
+                # it puts one between a read and a later write of that one buffer (once here, not after every store)
+                vec, own = 16 * KC // rb, list(own_segments())
+                for n, (_, _, _, at) in enumerate(own):
+                    for v in range(vec):
+                        T.buffer_store(staged, sm[(item % i64(cfg.stages) * i64(KCH) + i64(j)) * i64(size) + at + i64(v)], [n * vec + v])
+                for n, (_, _, _, at) in enumerate(own):
+                    for v in range(vec):
+                        x = staged[n * vec + v]
+                        T.buffer_store(parts, to_tf32(x), [part_plane(item, j, 0) + at + i64(v)])
+                        T.buffer_store(parts, to_tf32(x - to_tf32(x)), [part_plane(item, j, 1) + at + i64(v)])
+
+            each_plane(item, plane)
+        # the chunk was written through the generic proxy (cp.async, the parts) and is read through the async proxy (wgmma)
         T.evaluate(T.ptx.fence.proxy.async_.shared__cta())
+
+    def wgmma(into, buf, a_at, b_at, accumulate):
+        for d, at in enumerate((a_at, b_at)):
+            T.evaluate(T.cuda.wgmma.encode_matrix_descriptor(desc.access_ptr("w", offset=d), buf.access_ptr("r", offset=at),
+                                                             1, 8 * rb // 16, SWIZZLE[rb]))
+        transposes = (0, 0) if ptx != "tf32" else ()  # K-major A and B; TF32 has no transpose operands
+        T.evaluate(T.ptx[f"wgmma.mma_async.sync.aligned.m64n{BN}k{kstep}.f32.{ptx}.{ptx}"](
+            *[into[i] for i in range(BN // 2)], desc[0], desc[1], tirx.const(accumulate, "bool"), 1, 1, *transposes))
 
     def consume(item, buf):
         T.evaluate(T.ptx.wgmma.fence.sync.aligned())
 
         def plane(j, ck):
-            base = (buf * i64(KCH) + i64(j)) * i64(size)
+            if not split:
+                base = (buf * i64(KCH) + i64(j)) * i64(size)
+                for kk in range(rb // 32):
+                    wgmma(acc, sm, base + wg * i64(64 * KC) + i64(kk * per_k), base + i64(BM * KC + kk * per_k), True)
+                return
+            hi, lo = part_plane(item, j, 0), part_plane(item, j, 1)
+            # the chunk's products into a sum of its own, started at zero by its first wgmma and added in fp32 after: the
+            # tensor cores' accumulation truncates, and over K = 2560 one sum was 1.3e-5 off in projection_staged
             for kk in range(rb // 32):
-                a_at = base + wg * i64(64 * KC) + i64(kk * per_k)
-                b_at = base + i64(BM * KC + kk * per_k)
-                for d, at in enumerate((a_at, b_at)):
-                    T.evaluate(T.cuda.wgmma.encode_matrix_descriptor(desc.access_ptr("w", offset=d), sm.access_ptr("r", offset=at),
-                                                                     1, 8 * rb // 16, SWIZZLE[rb]))
-                transposes = (0, 0) if ptx != "tf32" else ()  # K-major A and B; TF32 has no transpose operands
-                T.evaluate(T.ptx[f"wgmma.mma_async.sync.aligned.m64n{BN}k{kstep}.f32.{ptx}.{ptx}"](
-                    *[acc[i] for i in range(BN // 2)], desc[0], desc[1], tirx.const(True, "bool"), 1, 1, *transposes))
+                a, b = wg * i64(64 * KC) + i64(kk * per_k), i64(BM * KC + kk * per_k)
+                for n, (pa, pb) in enumerate(((hi, hi), (hi, lo), (lo, hi))):
+                    wgmma(chunk_sum, parts, pa + a, pb + b, kk > 0 or n > 0)
+            T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
+            T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+            for i in range(BN // 2):
+                T.buffer_store(acc, acc[i] + chunk_sum[i], [i])
+            T.evaluate(T.ptx.wgmma.fence.sync.aligned())  # chunk_sum's registers were read: before the next wgmma writes them
 
         each_plane(item, plane)
         T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())

@@ -269,16 +269,18 @@ WGMMA_CONFIGS = [WgmmaConfig(), WgmmaConfig(bn=256, stages=3), WgmmaConfig(bn=64
 @pytest.mark.gpu
 # bfloat16 differs from float16 in the instruction's type only: compile's DEFAULT covers it; fp32's rows take twice the bytes
 @pytest.mark.parametrize("mode, config", [("float16", c) for c in WGMMA_CONFIGS] + [("bfloat16", WGMMA_DEFAULT)]
-                         + [("tf32", c) for c in WGMMA_CONFIGS if c.smem_bytes("tf32") <= 227 * 1024], ids=str)
+                         + [("tf32", c) for c in WGMMA_CONFIGS if c.smem_bytes("tf32") <= 227 * 1024]
+                         + [("tf32x3", c) for c in (WgmmaConfig(bn=128, stages=3), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3))], ids=str)
 @pytest.mark.parametrize("M, K, cols", [(1, 32, 256), (333, 64, 2560), (1100, 800, 1024), (6400, 1024, 4096)])
 def test_projection_wgmma_matches_float64(M, K, cols, mode, config):
     """The warpgroup (wgmma) projection against float64 on the same inputs, output poisoned first: a partial last row
     tile, one and two chunks (all in the ring's prologue), 25 chunks (K = 800), a raster group that does not divide the M
     tiles. Half precision exact to fp32 accumulation; TF32 (fp32 in the 128-byte swizzle, operands truncated to 10
-    mantissa bits by the tensor cores) within TF32's error."""
+    mantissa bits by the tensor cores) within TF32's error; 3xTF32 (each chunk split into high and low parts, its three
+    products summed apart and added in fp32) within fp32's 1e-5."""
     import ml_dtypes
 
-    dtype = {"float16": "f2", "bfloat16": ml_dtypes.bfloat16, "tf32": "f4"}[mode]
+    dtype = {"float16": "f2", "bfloat16": ml_dtypes.bfloat16, "tf32": "f4", "tf32x3": "f4"}[mode]
     _check_projection(projection_wgmma(mode, K, cols, config), M, K, cols, dtype, 3e-3 if mode == "tf32" else 1e-5,
                       tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
 
@@ -300,6 +302,13 @@ def test_projection_wgmma_builds_without_a_gpu():
     assert "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" in src and src.count("ptx_wgmma_encode_matrix_descriptor(") >= 8
     assert supported("float16", 800, 1024, "sm_90a") and supported("tf32", 800, 1024, "sm_90a", tf32)
     assert not supported("tf32", 800, 1024, "sm_90a")  # DEFAULT's 128 x 256 with two chunks per buffer: 384 KB of fp32
+    # 3xTF32: three k8 wgmma's per 32 bytes of a row into a chunk sum started at zero, the parts split between the
+    # copies landing and the barrier (one barrier more per chunk, not one per store)
+    x3 = WgmmaConfig(bn=128, stages=3)
+    src = tvm.compile(tvm.IRModule({"main": projection_wgmma("tf32x3", 800, 1024, x3)}), target=target).mod.imports[0].inspect_source()
+    assert src.count("wgmma_tf32_ss_mma_async_sync_aligned_m64n128k8_f32_tf32_tf32_1_1(") == 1 + 12  # the helper, its calls
+    assert src.count("__syncthreads()") == 2
+    assert not supported("tf32x3", 800, 1024, "sm_90a", tf32) and not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=4))
     assert not supported("float32", 800, 1024, "sm_90a") and not supported("float16", 800, 1024, "sm_90")
     assert not supported("float16", 800, 1000, "sm_90a") and not supported("float16", 80, 1024, "sm_90a")
     assert not supported("float16", 800, 1024, "sm_90a", WgmmaConfig(stages=2, overlap=1))  # no buffer left to copy into
