@@ -25,10 +25,15 @@ from tvm import tirx
 from tvm.backend.cuda.op import ptx_legacy_mma
 from tvm.script.ir_builder import tirx as T
 
-from .recurrent_common import block_sync, i64
+from .recurrent_common import block_sync, emit_if, i64
 
 F32 = "float32"
 KC = 32  # reduction columns per chunk: 8 consecutive k per lane
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of our kernels' storage dtypes: fp32, or half precision (fp16/bf16)."""
+    return 4 if dtype == F32 else 2
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,7 @@ class WarpTiles:
 
     @staticmethod
     def width(dtype) -> int:
-        return 16 // (4 if dtype == F32 else 2)  # elements per 16-byte load (float4 is the widest fp32 vector)
+        return 16 // itemsize(dtype)  # elements per 16-byte load (float4 is the widest fp32 vector)
 
     def load_a(self, a_at, vector: bool, slot: int = 0):
         """Stage A's part of one chunk: a_at(mt, half, v0, v) gives element v0 + v (v0 a multiple of width(a_dtype),
@@ -236,9 +241,4 @@ def chunk_rounds(chunks: int, ways: int, depth: int, lane_way, load, multiply):
         for step in (load, multiply):
             for j, ck in enumerate(cks):
                 args = (ck, j) if step is load else (j,)
-                if chunks % (ways * depth) == 0:
-                    step(*args)
-                else:
-                    with T.If(ck < i64(chunks)):  # warp-uniform
-                        with T.Then():
-                            step(*args)
+                emit_if(ck < i64(chunks), lambda step=step, args=args: step(*args), chunks % (ways * depth) == 0)  # warp-uniform

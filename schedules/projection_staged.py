@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .mma_tiles import KC, MODES, WarpTiles, cp_async_ring, shared_element
+from .mma_tiles import KC, MODES, WarpTiles, cp_async_ring, itemsize, shared_element
 from .projection_mma import add_xw, store_xw
 from .recurrent_common import block_sync, each_element, i64, projection_prim_func
 from .recurrent_persistent import SMEM_LIMIT
@@ -74,7 +74,7 @@ class StagedConfig:
     def smem_bytes(self, dtype: str) -> int:
         """Every buffer: static shared memory for the double buffer, dynamic for the cp.async ring."""
         bm, bn = self.block
-        return max(2, self.stages) * (bm + bn) * KC * (4 if dtype == F32 else 2)
+        return max(2, self.stages) * (bm + bn) * KC * itemsize(dtype)
 
     @property
     def smem_limit(self) -> int:
@@ -129,14 +129,19 @@ def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = N
     def body(X, W, bias, XW, M):
         if len(configs) == 1:
             gemm(mode, K, cols, configs[0], X, W, bias, XW, M)
-            return
-        with T.If(M <= i64(SMALL_M)):
-            with T.Then():
-                gemm(mode, K, cols, configs[0], X, W, bias, XW, M)
-            with T.Else():
-                gemm(mode, K, cols, configs[1], X, W, bias, XW, M)
+        else:
+            by_rows(M, *[lambda c=c: gemm(mode, K, cols, c, X, W, bias, XW, M) for c in configs])
 
     return projection_prim_func(f"projection_staged_{mode}", MODES[mode].storage, K, cols, (cols, K), body)
+
+
+def by_rows(M, small, large):
+    """small() up to SMALL_M rows, large() above: the run-time pick of a GEMM's tiles where the model does not fix M."""
+    with T.If(M <= i64(SMALL_M)):
+        with T.Then():
+            small()
+        with T.Else():
+            large()
 
 
 def _fill_bias(XW, bias, M, cols: int):

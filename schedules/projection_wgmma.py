@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .mma_tiles import KC, cp_async_ring, to_tf32
+from .mma_tiles import KC, cp_async_ring, itemsize, to_tf32
 from .projection_staged import raster
-from .recurrent_common import i64, projection_prim_func
+from .recurrent_common import emit_if, i64, projection_prim_func
 
 # mode -> (storage dtype, PTX operand type, k per wgmma): each wgmma takes 32 bytes of every row's chunk
 # (tf32x3: exact fp32 as three TF32 products, hi*hi + hi*lo + lo*hi, of each operand's TF32 high and low parts)
@@ -46,7 +46,7 @@ SWIZZLE = {64: 2, 128: 3}  # a chunk row's bytes -> tirx.cuda.wgmma_encode_matri
 
 def row_bytes(mode: str) -> int:
     """A 32-column chunk's row in shared memory: 64 bytes in half precision, 128 in fp32 (TF32)."""
-    return KC * (4 if MODES[mode][0] == "float32" else 2)
+    return KC * itemsize(MODES[mode][0])
 
 
 @dataclass(frozen=True)
@@ -80,9 +80,9 @@ DEFAULT = WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1)
 
 
 def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig = DEFAULT) -> bool:
-    """fp16/bf16 storage, or fp32 as TF32 (mode "tf32") or 3xTF32 (mode "tf32x3": at most 128 columns, no overlap), on sm_90a; whole 32-column chunks and whole BN-column tiles (BN
-    a multiple of 32 rows per warpgroup, so W's copies take whole passes of the block's threads); the ring in shared
-    memory, with a buffer free to copy into."""
+    """fp16/bf16 storage, or fp32 as TF32 (mode "tf32") or 3xTF32 (mode "tf32x3": at most 128 columns, no overlap), on
+    sm_90a; whole 32-column chunks and whole BN-column tiles (BN a multiple of 32 rows per warpgroup, so W's copies take
+    whole passes of the block's threads); the ring in shared memory, with a buffer free to copy into."""
     return (mode in MODES and arch == "sm_90a" and K % KC == 0 and cols % cfg.bn == 0 and cfg.bn % (32 * cfg.warpgroups) == 0
             and cfg.bn <= 256 and cfg.smem_bytes(mode) <= 227 * 1024 and cfg.stages - cfg.overlap >= 2
             and not (mode == "tf32x3" and (cfg.overlap or cfg.bn > 128)))  # chunk sums: a wait per chunk, twice the registers
@@ -93,14 +93,14 @@ def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = Non
     reads fp32 operands' top 19 bits (wgmma truncates; projection_staged's TF32 rounds first). Without cfg: DEFAULT,
     and where the model does not fix M (rows None) projection_staged's small-row tiles up to its SMALL_M rows, picked
     by M at run time (a 128-row block tile leaves most SMs idle at batch 1)."""
-    from .projection_staged import SMALL_M, gemm
+    from .projection_staged import SMALL_M, by_rows, gemm
     from .projection_staged import default_config as staged_default
 
     point = cfg or DEFAULT
     assert supported(mode, K, cols, "sm_90a", point), (mode, K, cols, point)
     BM, BN = point.block
 
-    def wgmma(X, W, bias, XW, M):
+    def warpgroup_tiles(X, W, bias, XW, M):
         m_tiles, n_tiles = tirx.ceildiv(M, i64(BM)), i64(cols // BN)
         with T.thread_binding(0, m_tiles * n_tiles, "blockIdx.x") as b:
             bx, by = raster(b, m_tiles, n_tiles, point.group)
@@ -109,13 +109,10 @@ def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = Non
 
     def body(X, W, bias, XW, M):
         if cfg is not None or rows is not None:
-            wgmma(X, W, bias, XW, M)
-            return
-        with T.If(M <= i64(SMALL_M)):
-            with T.Then():
-                gemm(mode, K, cols, staged_default(mode, SMALL_M), X, W, bias, XW, M)
-            with T.Else():
-                wgmma(X, W, bias, XW, M)
+            warpgroup_tiles(X, W, bias, XW, M)
+        else:
+            by_rows(M, lambda: gemm(mode, K, cols, staged_default(mode, SMALL_M), X, W, bias, XW, M),
+                    lambda: warpgroup_tiles(X, W, bias, XW, M))
 
     return projection_prim_func(f"projection_wgmma_{mode}", MODES[mode][0], K, cols, (cols, K), body)
 
@@ -126,7 +123,7 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
     dtype, ptx, kstep = MODES[mode]
     split = mode == "tf32x3"
     rb = row_bytes(mode)
-    segs, per_k = rb // 16, 32 * KC // rb  # 16-byte copies per row; elements per wgmma's 32 bytes of a row
+    segs, vec, per_k = rb // 16, 16 * KC // rb, 32 * KC // rb  # per row: 16-byte copies; elements per copy, per wgmma
     x_passes = BM * segs // cfg.threads  # X's rows take whole passes of the block's threads (64 rows per warpgroup)
     wg, t = tid // i64(128), tid % i64(128)
     sm = T.alloc_buffer((cfg.stages * KCH * size,), dtype, scope="shared.dyn")
@@ -143,12 +140,7 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
         """body(j, ck) for the chunks of ring item `item` (a partial last item skips the chunks past K)."""
         for j in range(KCH):
             ck = item * i64(KCH) + i64(j)
-            if chunks % KCH == 0:
-                body(j, ck)
-            else:
-                with T.If(ck < i64(chunks)):
-                    with T.Then():
-                        body(j, ck)
+            emit_if(ck < i64(chunks), lambda j=j, ck=ck: body(j, ck), chunks % KCH == 0)
 
     def own_segments():
         """(pass, row in a plane, its 16-byte segment, the segment's place in the plane) of this thread's copies: segment
@@ -157,7 +149,7 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
             r = i64(i * cfg.threads // segs) + tid // i64(segs)
             seg = tid % i64(segs)
             swz = (r * i64(rb) // i64(128)) % i64(segs)
-            yield i, r, seg, r * i64(KC) + tirx.bitwise_xor(seg, swz) * i64(16 * KC // rb)
+            yield i, r, seg, r * i64(KC) + tirx.bitwise_xor(seg, swz) * i64(vec)
 
     def issue(item, buf):
         """This thread's 16-byte copies of the item's chunks' X rows, then W rows, into buffer buf, in the swizzled layout."""
@@ -166,7 +158,7 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
                 row_off = tirx.min(mb + r, M - i64(1)) * i64(K) if i < x_passes else (nb + r - i64(BM)) * i64(K)
                 dst = (buf * i64(KCH) + i64(j)) * i64(size) + at
                 T.evaluate(T.s_tir.cp_async_raw(dtype, sm.data, dst, (X if i < x_passes else W).data,
-                                                row_off + ck * i64(KC) + seg * i64(16 * KC // rb), 16))
+                                                row_off + ck * i64(KC) + seg * i64(vec), 16))
 
         each_plane(item, plane)
 
@@ -179,7 +171,7 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
             def plane(j, ck):
                 # all reads, then all writes: the shared.dyn buffers are merged into one before TVM plans barriers, and
                 # it puts one between a read and a later write of that one buffer (once here, not after every store)
-                vec, own = 16 * KC // rb, list(own_segments())
+                own = list(own_segments())
                 for n, (_, _, _, at) in enumerate(own):
                     for v in range(vec):
                         T.buffer_store(staged, sm[(item % i64(cfg.stages) * i64(KCH) + i64(j)) * i64(size) + at + i64(v)], [n * vec + v])

@@ -269,6 +269,16 @@ def projection_prim_func(name: str, x_dtype: str, K: int, cols: int, w_shape: tu
     return ib.get()
 
 
+def emit_if(cond, body, always: bool = False):
+    """body() inside `if cond`, or plainly where `always` says the condition holds at compile time."""
+    if always:
+        body()
+        return
+    with T.If(cond):
+        with T.Then():
+            body()
+
+
 def guarded(k, size: int, exact: bool, load, dtype):
     """load(k), or zero past `size` (a partial last chunk; k clamped so the address stays in bounds)."""
     if exact:

@@ -24,7 +24,7 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC, MODES, WarpTiles, chunk_rounds
-from .recurrent_common import KernelArgs, block_sync, guarded, half_operands, i64, load_xw_ahead
+from .recurrent_common import KernelArgs, block_sync, emit_if, guarded, half_operands, i64, load_xw_ahead
 from .recurrent_cuda import epilogue, operand_at, operand_index, step_launches
 
 F32 = "float32"
@@ -228,20 +228,15 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
             col = wn * i64(NT * 8) + tiles.col(ci)
             yield ci, (slot * i64(MT * 16) + tiles.row(ci)) * i64(stride) + col
 
-    def when(cond, body):
-        with T.If(cond):
-            with T.Then():
-                body()
-
     half = KW
     while half > 1:
         half //= 2
-        when(tirx.all(wk >= i64(half), wk < i64(2 * half)),
-             lambda: [T.buffer_store(acc_s, tiles.c[ci], [si]) for ci, si in tile_slots(wk - i64(half))])
+        emit_if(tirx.all(wk >= i64(half), wk < i64(2 * half)),
+                lambda: [T.buffer_store(acc_s, tiles.c[ci], [si]) for ci, si in tile_slots(wk - i64(half))])
         block_sync()
-        when(wk < i64(half), lambda: [T.buffer_store(tiles.c, tiles.c[ci] + acc_s[si], ci) for ci, si in tile_slots(wk)])
+        emit_if(wk < i64(half), lambda: [T.buffer_store(tiles.c, tiles.c[ci] + acc_s[si], ci) for ci, si in tile_slots(wk)])
         block_sync()
-    when(wk == i64(0), lambda: [T.buffer_store(acc_s, tiles.c[ci], [si]) for ci, si in tile_slots(i64(0))])
+    emit_if(wk == i64(0), lambda: [T.buffer_store(acc_s, tiles.c[ci], [si]) for ci, si in tile_slots(i64(0))])
     block_sync()
 
     for it in range(-(-UB * NB // threads)):

@@ -37,8 +37,8 @@ from dataclasses import replace
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .mma_tiles import KC, WarpTiles, chunk_rounds, cp_async_ring, shared_element
-from .recurrent_common import KernelArgs, block_sync, i64, step_phases
+from .mma_tiles import KC, WarpTiles, chunk_rounds, cp_async_ring, itemsize, shared_element
+from .recurrent_common import KernelArgs, block_sync, emit_if, i64, step_phases
 from .recurrent_mma import MmaConfig, block_phase, global_a, operand_copies, operand_dtype, partial_sums
 from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, _strided, final_states, initial_states, sm_count
 
@@ -59,10 +59,6 @@ def blocks(spec, units: int) -> int:
 def resident_chunks(spec, cfg: MmaConfig) -> int:
     """32-column chunks of R a block keeps in shared memory (the rest, cfg.streamed, it reads from L2 every step)."""
     return max(0, -(-spec.hidden_size // KC) - cfg.streamed)
-
-
-def itemsize(dtype: str) -> int:
-    return 4 if dtype == F32 else 2  # fp32, or the half-precision storage dtypes
 
 
 def r_bytes(spec, cell, units: int, chunks: int | None = None) -> int:
@@ -244,9 +240,7 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                         grp = 2 * mt + half
                         if grp >= groups:
                             return None  # padding rows of the last m-tile
-                        flip = (tiles.g % i64(2)) * i64(4)  # v0 XOR flip, spelled affine so the load stays one vector
-                        col = tiles.t * i64(8) + ((flip if v0 == 0 else i64(4) - flip) if swizzle else i64(v0))
-                        return wsm[((i64((group0[pi] + grp) * CR) + ck) * i64(8) + tiles.g) * i64(KC) + col + v]
+                        return shared_element(tiles, wsm, (i64((group0[pi] + grp) * CR) + ck) * i64(8 * KC), tiles.g, v0, v, swizzle)
 
                     streamed = None if CR == chunks else (CR, streamed_rounds(a, phase, cfg, ring, d, u0, CR, tid))
                     with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
@@ -278,14 +272,6 @@ def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident:
     threads, rows, per_round, NB = 32 * cfg.n_warps * KW, len(phase.gates) * UB, KW * depth, cfg.rows
     rounds = -(-streamed // per_round)
 
-    def guarded(cond, exact: bool, body):
-        if exact:
-            body()
-        else:
-            with T.If(cond):
-                with T.Then():
-                    body()
-
     def copies(r, buf, sm, dtype, rows, source):
         """This thread's cp.async copies (16 bytes each) of round r's chunks, `rows` rows each, into buffer `buf` of sm:
         source(row, k) is the flat offset of (row, k) in the source buffer. fp32 rows swap their 16-byte halves on odd
@@ -310,8 +296,8 @@ def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident:
                 plan.append((ring_b, b_src, NB, lambda row, k: b_offset(tirx.min(n0 + row, a.batch - i64(1)), k)))
             for sm, src_buf, n_rows, source in plan:
                 for whole, cond, dst, src in copies(r, buf, sm, str(sm.dtype), n_rows, source):
-                    guarded(cond, whole, lambda sm=sm, src_buf=src_buf, dst=dst, src=src:
-                            T.evaluate(T.s_tir.cp_async_raw(str(sm.dtype), sm.data, dst, src_buf.data, src, 16)))
+                    emit_if(cond, lambda sm=sm, src_buf=src_buf, dst=dst, src=src:
+                            T.evaluate(T.s_tir.cp_async_raw(str(sm.dtype), sm.data, dst, src_buf.data, src, 16)), whole)
 
         def consume(r, buf):
             for step in ("load", "multiply"):
@@ -328,9 +314,8 @@ def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident:
                         return shared_element(tiles, ring_b, base_b, row, v0, v, str(ring_b.dtype) == F32)
 
                     ck = i64(resident) + r * i64(per_round) + local
-                    guarded(ck < i64(chunks), streamed % per_round == 0,
-                            (lambda: loader(a_at, True, 0, None if ring_b is None else b_shared)(ck, j)) if step == "load"
-                            else (lambda: tiles.multiply(j)))
+                    emit_if(ck < i64(chunks), (lambda: loader(a_at, True, 0, None if ring_b is None else b_shared)(ck, j)) if step == "load"
+                            else (lambda: tiles.multiply(j)), streamed % per_round == 0)
 
         cp_async_ring(rounds, cfg.ring, issue, consume)
 
