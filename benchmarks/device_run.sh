@@ -8,6 +8,8 @@
 #                                            (kernel_variants; e.g. ring_h=1 beside today's ring=2)
 #   bash benchmarks/device_run.sh wgmma [SHAPE ...]   projection_wgmma's GPU tests, then its points (fp16, TF32, 3xTF32)
 #                                            against projection_staged's default and cuBLAS (benchmarks/projection_staged.py)
+#   bash benchmarks/device_run.sh wgmma-fp32 [ROW ...]   fp32 layers' warpgroup GEMM (3xTF32, TF32): GPU tests, then whole
+#                                            models with it against projection_staged (benchmarks/projection_in_model.py)
 #   bash benchmarks/device_run.sh bench    the benchmark table against cuDNN
 #   bash benchmarks/device_run.sh sanitize [KERNEL]   compute-sanitizer racecheck/synccheck/memcheck on one small layer
 #   bash benchmarks/device_run.sh tune     MetaSchedule over the benchmark rows and the zoo (logs to $OUT/tuning_logs)
@@ -70,6 +72,11 @@ case "$1" in
     # default and cuBLAS in fp16 and fp32 (TF32, 3xTF32)
     timeout 240 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_kernels.py -k "wgmma or half_model" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -8
     STAGED=default timeout 320 python3 benchmarks/projection_staged.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/projection_log.txt" | tail -40 ;;
+  wgmma-fp32)  # fp32 layers on the warpgroup GEMM: its GPU tests (3xTF32 kernels, whole fp32 and TF32 models), then whole
+    # models with it against the staged GEMM in the same mode (benchmarks/projection_in_model.py, DTYPES=float32)
+    timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_kernels.py tests/test_fp32_accuracy.py tests/test_gpu.py \
+      -k "(wgmma and tf32x3) or model_with_wgmma or exact_fp32_long or tf32_precision" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -8
+    DTYPES=float32 timeout 380 python3 benchmarks/projection_in_model.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/in_model_log.txt" | tail -30 ;;
   bench)
     timeout 560 python3 -m tvmrnn.cli bench --repeats 20 --out "$OUT" "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/bench_log.txt" | tail -40 ;;
   tune)

@@ -1,44 +1,53 @@
 """Whole-model time with each input-projection GEMM, same process and inputs, cuDNN beside.
 
-    PYTHONPATH=. python3 benchmarks/projection_in_model.py [ROW ...]
+    PYTHONPATH=. python3 benchmarks/projection_in_model.py [ROW ...]      (DTYPES=float32,float16 in the environment)
 
-The build's projection is projection_staged (fp16/bf16, and 3xTF32 for exact fp32). Beside it, the GEMMs it
-replaced: fp32 our exact SIMT GEMM (projection_cuda) and TVM's default matmul schedule, fp16 projection_mma.
-Each is what the lowering falls back to when projection_staged (then projection_cuda) says it does not apply,
-so turning those off swaps it in and leaves everything else about the model the same.
+The build's projection on the H100 is projection_wgmma where its tiles divide the gates (fp16/bf16; exact fp32 as
+3xTF32, and TF32 with precision="tf32", the bench's "tf32" kernel), else projection_staged in the same mode. Beside
+it the GEMMs it replaced: projection_staged, then fp32 our exact SIMT GEMM (projection_cuda), fp16 projection_mma.
+Each is what the lowering falls back to when the ones before it say they do not apply, so turning those off swaps
+it in and leaves everything else about the model the same.
 """
 
+import os
 import sys
 
-from schedules import projection_cuda, projection_staged
+from schedules import projection_cuda, projection_staged, projection_wgmma
 from tvmrnn import bench
 
-NAMES = sys.argv[1:] or ["lat-b1-h1024", "b8-h1024-l2", "b64-h1024-l2", "blog-a"]
-BUILT = (projection_staged.supported, projection_cuda.supported)
+NAMES = sys.argv[1:] or ["b8-h1024-l2", "b64-h1024-l2", "blog-a"]
+BUILT = (projection_wgmma.supported, projection_staged.supported, projection_cuda.supported)
+
+
+def restore():
+    projection_wgmma.supported, projection_staged.supported, projection_cuda.supported = BUILT
+
+
+def without_wgmma():
+    projection_wgmma.supported = lambda *args, **kwargs: False
 
 
 def without_staged():
+    without_wgmma()
     projection_staged.supported = lambda *args, **kwargs: False
 
 
-def tvm_default():
-    without_staged()
-    projection_cuda.supported = lambda K, cols: False
-
-
-VARIANTS = {"float32": [("staged 3xTF32 (built today)", None), ("SIMT (projection_cuda)", without_staged), ("relax matmul (dlight)", tvm_default)],
-            "float16": [("staged (built today)", None), ("projection_mma", without_staged)]}
+# ALL=1 (environment): also the GEMMs before projection_staged
+VARIANTS = {"float32": [("built today (wgmma 3xTF32 / TF32)", None), ("staged 3xTF32 / TF32", without_wgmma)]
+            + [("SIMT (projection_cuda) / mma.sync TF32", without_staged)] * (os.environ.get("ALL") == "1"),
+            "float16": [("built today (wgmma)", None), ("staged", without_wgmma)] + [("projection_mma", without_staged)] * (os.environ.get("ALL") == "1")}
 for name in NAMES:
     row = next(r for r in bench.ROWS if r.name == name)
-    for dtype, variants in VARIANTS.items():
+    for dtype in os.environ.get("DTYPES", "float32,float16").split(","):
         first = None
-        for variant, swap in variants:
+        for variant, swap in VARIANTS[dtype]:
             if swap:
                 swap()
             try:
-                res = bench.bench_gpu_row(row, kernels=("auto",), repeats=20, dtype=dtype, cudnn=first)
+                res = bench.bench_gpu_row(row, kernels=("auto", "tf32"), repeats=20, dtype=dtype, cudnn=first)
             finally:
-                projection_staged.supported, projection_cuda.supported = BUILT
+                restore()
             first = first or res
-            print(f"{name} {dtype} projection={variant}: auto {res['auto_ms']:.3f} ms, rel. err {res['auto_rel_err']:.2g}, "
+            tf32 = f", TF32 {res['tf32_ms']:.3f} ms (rel. err {res['tf32_rel_err']:.2g})" if "tf32_ms" in res else ""
+            print(f"{name} {dtype} projection={variant}: exact {res['auto_ms']:.3f} ms, rel. err {res['auto_rel_err']:.2g}{tf32}; "
                   f"cuDNN TF32 {res['cudnn_tf32_ms']:.3f} fp32 {res['cudnn_fp32_ms']:.3f}", flush=True)

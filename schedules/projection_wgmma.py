@@ -1,9 +1,8 @@
 """The input projection on Hopper's warpgroup tensor cores (wgmma): XW = X @ W^T + bias, fp16/bf16 (or fp32 as TF32) in,
-fp32 out. compile uses it for half-precision layers (tvmrnn.lowering). The TF32 mode (fp32 rows of 128 bytes in the
-128-byte swizzle, k8 wgmma's) and the 3xTF32 mode (exact fp32: as each chunk lands, the threads split their own copies
-into TF32 high and low parts in a second pair of buffers; hi*hi + hi*lo + lo*hi per k8, each chunk summed apart and
-added in fp32) build and have GPU tests, but have not run on a GPU yet, so fp32 layers still project with
-projection_staged.
+fp32 out. compile uses it on sm_90a for half-precision layers and for fp32 ones (tvmrnn.lowering): with
+precision="tf32" in the TF32 mode (fp32 rows of 128 bytes in the 128-byte swizzle, k8 wgmma's), by default in the
+3xTF32 mode (exact fp32: as each chunk lands, the threads split their own copies into TF32 high and low parts in a
+second pair of buffers; hi*hi + hi*lo + lo*hi per k8, each chunk summed apart and added in fp32).
 
 projection_staged feeds mma.sync from shared memory, one warp's fragments at a time: on the H100 blog-a's
 GEMM (12800 x 2560 x 10240, fp16) ran 1.96 ms there, 343 TFLOP/s, against cuBLAS's 0.93 (which uses
@@ -35,7 +34,7 @@ from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC, cp_async_ring, itemsize, to_tf32
 from .projection_staged import raster
-from .recurrent_common import emit_if, i64, projection_prim_func
+from .recurrent_common import block_sync, emit_if, i64, projection_prim_func
 
 # mode -> (storage dtype, PTX operand type, k per wgmma): each wgmma takes 32 bytes of every row's chunk
 # (tf32x3: exact fp32 as three TF32 products, hi*hi + hi*lo + lo*hi, of each operand's TF32 high and low parts)
@@ -77,12 +76,31 @@ class WgmmaConfig:
 # buffer, four buffers, the next buffer's wgmma's issued while the last one's run. blog-a 1.44 ms against
 # projection_staged's 1.96 (cuBLAS 0.93), b64-h1024 0.179 against 0.191
 DEFAULT = WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1)
+# fp32 rows take twice the bytes (benchmarks/results/2026-11-25-h100-projection-wgmma-fp32.md, against projection_staged's
+# default in the same mode): TF32 128 x 256 with four one-chunk buffers, blog-a 2.08 ms against 4.17 (cuBLAS TF32 1.71),
+# b64-h1024 0.232 against 0.374; where 256 columns do not divide the gates 128 x 128 with six, ds2's 0.174 against
+# 0.208. 3xTF32 128 x 128 with two buffers (the parts' buffers take the rest): blog-a 8.00 against 9.77, b64 0.758
+# against 0.804, ds2 0.437 against 0.448
+TF32 = {256: WgmmaConfig(bn=256, stages=4, overlap=1), 128: WgmmaConfig(bn=128, stages=6, overlap=1)}
+TF32X3 = WgmmaConfig(bn=128, stages=2)
 
 
-def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig = DEFAULT) -> bool:
+def default_config(mode: str, cols: int) -> WgmmaConfig:
+    """compile's point for the mode: the widest tile that divides the gates (in half precision only 256 columns: the
+    128-column tiles lost to projection_staged on ds2's 3200, 0.131 against 0.113 ms)."""
+    if mode == "tf32x3":
+        return TF32X3
+    if mode == "tf32":
+        return TF32[256 if cols % 256 == 0 else 128]
+    return DEFAULT
+
+
+def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig | None = None) -> bool:
     """fp16/bf16 storage, or fp32 as TF32 (mode "tf32") or 3xTF32 (mode "tf32x3": at most 128 columns, no overlap), on
     sm_90a; whole 32-column chunks and whole BN-column tiles (BN a multiple of 32 rows per warpgroup, so W's copies take
-    whole passes of the block's threads); the ring in shared memory, with a buffer free to copy into."""
+    whole passes of the block's threads); the ring in shared memory, with a buffer free to copy into. cfg None: the
+    mode's default_config."""
+    cfg = cfg or default_config(mode, cols)
     return (mode in MODES and arch == "sm_90a" and K % KC == 0 and cols % cfg.bn == 0 and cfg.bn % (32 * cfg.warpgroups) == 0
             and cfg.bn <= 256 and cfg.smem_bytes(mode) <= 227 * 1024 and cfg.stages - cfg.overlap >= 2
             and not (mode == "tf32x3" and (cfg.overlap or cfg.bn > 128)))  # chunk sums: a wait per chunk, twice the registers
@@ -90,13 +108,14 @@ def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig = DEFAUL
 
 def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = None, rows: int | None = None) -> tirx.PrimFunc:
     """PrimFunc(X [M, K], W [cols, K] in the mode's storage dtype, bias [cols] fp32, XW [M, cols] fp32), M symbolic. TF32
-    reads fp32 operands' top 19 bits (wgmma truncates; projection_staged's TF32 rounds first). Without cfg: DEFAULT,
-    and where the model does not fix M (rows None) projection_staged's small-row tiles up to its SMALL_M rows, picked
-    by M at run time (a 128-row block tile leaves most SMs idle at batch 1)."""
+    reads fp32 operands' top 19 bits (wgmma truncates, as cuBLAS's and cuDNN's TF32 kernels on Hopper do;
+    projection_staged's TF32 rounds first). Without cfg: the mode's default_config, and where the model does not fix M
+    (rows None) projection_staged's small-row tiles up to its SMALL_M rows, picked by M at run time (a 128-row block
+    tile leaves most SMs idle at batch 1)."""
     from .projection_staged import SMALL_M, by_rows, gemm
     from .projection_staged import default_config as staged_default
 
-    point = cfg or DEFAULT
+    point = cfg or default_config(mode, cols)
     assert supported(mode, K, cols, "sm_90a", point), (mode, K, cols, point)
     BM, BN = point.block
 
@@ -170,11 +189,13 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
         if split:  # this thread's own copies of the item, split into TF32 high and low parts
             def plane(j, ck):
                 # all reads, then all writes: the shared.dyn buffers are merged into one before TVM plans barriers, and
-                # it puts one between a read and a later write of that one buffer (once here, not after every store)
+                # it wants one between a read and a later write of that one buffer. Ours, here, once (its planner put
+                # one after every store, and cannot put one inside by_rows' condition where M is not fixed)
                 own = list(own_segments())
                 for n, (_, _, _, at) in enumerate(own):
                     for v in range(vec):
                         T.buffer_store(staged, sm[(item % i64(cfg.stages) * i64(KCH) + i64(j)) * i64(size) + at + i64(v)], [n * vec + v])
+                block_sync()
                 for n, (_, _, _, at) in enumerate(own):
                     for v in range(vec):
                         x = staged[n * vec + v]

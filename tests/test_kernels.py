@@ -301,7 +301,9 @@ def test_projection_wgmma_builds_without_a_gpu():
     src = tvm.compile(tvm.IRModule({"main": projection_wgmma("tf32", 800, 1024, tf32)}), target=target).mod.imports[0].inspect_source()
     assert "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" in src and src.count("ptx_wgmma_encode_matrix_descriptor(") >= 8
     assert supported("float16", 800, 1024, "sm_90a") and supported("tf32", 800, 1024, "sm_90a", tf32)
-    assert not supported("tf32", 800, 1024, "sm_90a")  # DEFAULT's 128 x 256 with two chunks per buffer: 384 KB of fp32
+    assert not supported("tf32", 800, 1024, "sm_90a", WGMMA_DEFAULT)  # 128 x 256 with two chunks per buffer: 384 KB of fp32
+    assert supported("tf32", 800, 1024, "sm_90a") and supported("tf32", 800, 3200, "sm_90a")  # TF32's own: 256, 128 columns
+    assert supported("tf32x3", 800, 3200, "sm_90a") and not supported("tf32x3", 800, 3264, "sm_90a")
     # 3xTF32: three k8 wgmma's per 32 bytes of a row into a chunk sum started at zero, the parts split between the
     # copies landing and the barrier (one barrier more per chunk, not one per store)
     x3 = WgmmaConfig(bn=128, stages=3)
@@ -324,33 +326,48 @@ def _cuda_sources(module) -> str:
     return "".join(found)
 
 
-@pytest.mark.parametrize("arch, wgmma", [("sm_90a", True), ("sm_90", False)])
-def test_half_models_project_with_wgmma_on_sm90a(arch, wgmma):
-    """A half-precision layer whose gates fill 256-column tiles projects with the warpgroup GEMM on sm_90a (the H100
-    tag's arch), and with projection_staged on sm_90, which has no wgmma."""
-    case = Case(op="LSTM", hidden=64, input_size=32, dtype="float16")
-    module = tvmrnn.compile(case.model(), target={"kind": "cuda", "arch": arch}, logs=False)
+# (model dtype, compile's precision) -> the wgmma GEMM's mode and its block, the instruction in its CUDA source
+WGMMA_MODELS = {("float16", "exact"): ("float16", "128x256", "m64n256k16.f32.f16.f16"),
+                ("float32", "exact"): ("tf32x3", "128x128", "m64n128k8.f32.tf32.tf32"),
+                ("float32", "tf32"): ("tf32", "128x256", "m64n256k8.f32.tf32.tf32")}
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_90"])
+@pytest.mark.parametrize("dtype, precision", list(WGMMA_MODELS), ids=str)
+def test_models_project_with_wgmma_on_sm90a(dtype, precision, arch):
+    """A layer whose gates fill the mode's column tiles projects with the warpgroup GEMM on sm_90a (the H100 tag's
+    arch): half precision in its dtype, fp32 exact as 3xTF32 and with precision="tf32" as TF32; on sm_90, which has no
+    wgmma, with projection_staged in the same mode."""
+    mode, block, instruction = WGMMA_MODELS[dtype, precision]
+    case = Case(op="LSTM", hidden=64, input_size=32, dtype=dtype)
+    module = tvmrnn.compile(case.model(), target={"kind": "cuda", "arch": arch}, logs=False, precision=precision)
     src = _cuda_sources(module)
-    assert ("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in src) == wgmma
-    assert module.metadata["layers"][0]["projection"] == ("wgmma 128x256 (staged mma.sync up to 512 rows)" if wgmma else "staged mma.sync float16")
-    assert "mma.sync.aligned.m16n8k16" in src  # the recurrent kernels, and the small-row branch of either projection
+    assert (f"wgmma.mma_async.sync.aligned.{instruction}" in src) == (arch == "sm_90a")
+    assert module.metadata["layers"][0]["projection"] == (f"wgmma {mode} {block} (staged mma.sync up to 512 rows)"
+                                                          if arch == "sm_90a" else f"staged mma.sync {mode}")
+    assert "mma.sync.aligned.m16n8k" in src  # the recurrent kernels, and the small-row branch of either projection
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype, precision", [("float16", "exact"), ("bfloat16", "exact"), ("float32", "exact"), ("float32", "tf32")], ids=str)
 @pytest.mark.parametrize("T, N", [(300, 2), (5, 1)])  # 600 rows: the wgmma branch; 5: projection_staged's small tiles
-def test_half_model_with_wgmma_projection_matches_float64(dtype, T, N):
-    """A whole half-precision model with the wgmma projection, against the float64 reference on the same fp16 weights
-    and inputs (bfloat16 rounds them again: 2^-8, within the tolerance)."""
+def test_model_with_wgmma_projection_matches_float64(dtype, precision, T, N):
+    """A whole model with the wgmma projection, against the float64 reference on the same weights and inputs: half
+    precision within 1e-2 (bfloat16 rounds them again: 2^-8, within 3e-2), exact fp32 (3xTF32) within 1e-5 of the
+    largest value, TF32 within 1e-2."""
     # ONNX has no bfloat16 LSTM: an fp16 model, converted (compile's dtype), against the reference on its fp16 values
-    case = Case(op="LSTM", hidden=64, input_size=32, dtype="float16", optional=("initial_h", "initial_c"))
-    module = tvmrnn.compile(case.model(), target="cuda", logs=False, dtype=dtype)
+    case = Case(op="LSTM", hidden=64, input_size=32, dtype="float32" if dtype == "float32" else "float16", optional=("initial_h", "initial_c"))
+    module = tvmrnn.compile(case.model(), target="cuda", logs=False, dtype=dtype, precision=precision)
     assert "wgmma.mma_async" in _cuda_sources(module)  # "cuda" on the H100: its own arch, sm_90a
     feeds = case.feeds(np.random.default_rng(T), T, N)
     ref = case.reference(feeds)
     for name, value in module.run(feeds).items():
-        tol = 1e-2 if dtype == "float16" else 3e-2
-        np.testing.assert_allclose(np.asarray(value, "f8"), np.asarray(ref[name], "f8"), rtol=tol, atol=tol, err_msg=name)
+        value, want = np.asarray(value, "f8"), np.asarray(ref[name], "f8")
+        if dtype == "float32" and precision == "exact":
+            assert np.abs(value - want).max() / np.abs(want).max() < 1e-5, name
+        else:
+            tol = 3e-2 if dtype == "bfloat16" else 1e-2
+            np.testing.assert_allclose(value, want, rtol=tol, atol=tol, err_msg=name)
 
 
 SMALL_TILES = StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2)

@@ -59,11 +59,11 @@ def _f32(x):
 
 
 def _projection(bb, X, w, bias, cols, In, target, mode):
-    """XW = X @ w^T + bias for all steps at once, fp32 results, and what computes it (for the plan). On CUDA our GEMMs: half-precision layers on sm_90a (the
-    H100 tag) above SMALL_M rows, the warpgroup GEMM (projection_wgmma) where its 256-column tiles divide the gates;
-    with tensor cores, the staged tensor-core GEMM (projection_staged) in the layer's mode (fp16/bf16, TF32 with precision="tf32", 3xTF32 for exact
-    fp32), else projection_mma / the exact-fp32 SIMT GEMM (projection_cuda) where it does not apply; TVM's default
-    matmul for shapes none covers. Our register-blocked GEMM on CPUs. mode: schedules.space.rounding_mode's."""
+    """XW = X @ w^T + bias for all steps at once, fp32 results, and what computes it (for the plan). On CUDA our GEMMs:
+    on sm_90a (the H100 tag) above SMALL_M rows, the warpgroup GEMM (projection_wgmma) where its tiles divide the gates
+    (half precision: 256 columns; fp32: 128); otherwise with tensor cores the staged tensor-core GEMM (projection_staged);
+    both in the layer's mode (fp16/bf16, TF32 with precision="tf32", 3xTF32 for exact fp32); else projection_mma / the
+    exact-fp32 SIMT GEMM (projection_cuda) where it does not apply; TVM's default matmul for shapes none covers. Our register-blocked GEMM on CPUs. mode: schedules.space.rounding_mode's."""
     from schedules import projection_cuda, projection_mma, projection_staged, projection_wgmma
     from schedules.space import tensor_cores
 
@@ -73,11 +73,13 @@ def _projection(bb, X, w, bias, cols, In, target, mode):
     rows = int(m) if isinstance(m, (int, tirx.IntImm)) else None  # a model of fixed shape picks the tile for its rows
     staged = mode or ("tf32x3" if cuda and tensor_cores(target) else None)
     arch = str((target.attrs or {}).get("arch", "")) if cuda else ""
-    if half and (rows is None or rows > projection_staged.SMALL_M) and projection_wgmma.supported(str(X.ty.dtype), In, cols, arch):
-        func = projection_wgmma.projection_wgmma(str(X.ty.dtype), In, cols, rows=rows)
-        weight, name = bb.emit(op.astype(w, str(X.ty.dtype))), f"projection_wgmma_{X.ty.dtype}" + ("" if rows is None else f"_m{rows}")
-        bm, bn = projection_wgmma.DEFAULT.block
-        label = f"wgmma {bm}x{bn}" + (f" (staged mma.sync up to {projection_staged.SMALL_M} rows)" if rows is None else "")
+    # both tensor-core GEMMs take the same modes (on sm_90a, which has tensor cores, staged is the half dtype or fp32's
+    # TF32 / 3xTF32)
+    if cuda and (rows is None or rows > projection_staged.SMALL_M) and projection_wgmma.supported(staged, In, cols, arch):
+        func = projection_wgmma.projection_wgmma(staged, In, cols, rows=rows)
+        weight, name = bb.emit(op.astype(w, str(X.ty.dtype))), f"projection_wgmma_{staged}" + ("" if rows is None else f"_m{rows}")
+        bm, bn = projection_wgmma.default_config(staged, cols).block
+        label = f"wgmma {staged} {bm}x{bn}" + (f" (staged mma.sync up to {projection_staged.SMALL_M} rows)" if rows is None else "")
     elif cuda and projection_staged.supported(staged, In, cols, rows=rows):
         func = projection_staged.projection_staged(staged, In, cols, rows=rows)
         weight, name = bb.emit(op.astype(w, str(X.ty.dtype))), f"projection_staged_{staged}" + ("" if rows is None else f"_m{rows}")
