@@ -63,7 +63,8 @@ def _projection(bb, X, w, bias, cols, In, target, mode):
     on sm_90a (the H100 tag) above SMALL_M rows, the warpgroup GEMM (projection_wgmma) where its tiles divide the gates
     (half precision: 256 columns; fp32: 128); otherwise with tensor cores the staged tensor-core GEMM (projection_staged);
     both in the layer's mode (fp16/bf16, TF32 with precision="tf32", 3xTF32 for exact fp32); else projection_mma / the
-    exact-fp32 SIMT GEMM (projection_cuda) where it does not apply; TVM's default matmul for shapes none covers. Our register-blocked GEMM on CPUs. mode: schedules.space.rounding_mode's."""
+    exact-fp32 SIMT GEMM (projection_cuda) where it does not apply; TVM's default matmul for shapes none covers. Our
+    register-blocked GEMM on CPUs. mode: schedules.space.rounding_mode's."""
     from schedules import projection_cuda, projection_mma, projection_staged, projection_wgmma
     from schedules.space import tensor_cores
 
