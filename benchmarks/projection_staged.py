@@ -50,11 +50,11 @@ WGMMA = {f"wgmma {c.warpgroups * 64}x{c.bn} s{c.stages} k{c.k_chunks * 32}{' ove
          for c in (WgmmaConfig(), WgmmaConfig(stages=6, overlap=1), WgmmaConfig(k_chunks=2, stages=4, overlap=1),
                    WgmmaConfig(bn=256, stages=6, overlap=1), WgmmaConfig(bn=256, k_chunks=2, stages=3, overlap=1),
                    WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1), WgmmaConfig(bn=256, warpgroups=1, k_chunks=2, stages=4, overlap=1))}
-# the same in TF32 (fp32 rows are 128 bytes: the ring fits fewer buffers); not built by compile yet
+# the same in TF32 (fp32 rows are 128 bytes: the ring fits fewer buffers); compile builds projection_wgmma.TF32
 WGMMA_TF32 = {f"wgmma tf32 {c.warpgroups * 64}x{c.bn} s{c.stages}{' overlap' if c.overlap else ''}": c
               for c in (WgmmaConfig(bn=256, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1), WgmmaConfig(bn=128, stages=6, overlap=1),
                         WgmmaConfig(bn=128, k_chunks=2, stages=3, overlap=1))}
-# exact fp32 as 3xTF32 on wgmma (high and low parts split in shared memory, each chunk summed apart); not built by compile yet
+# exact fp32 as 3xTF32 on wgmma (high and low parts split in shared memory, each chunk summed apart); compile builds TF32X3
 WGMMA_TF32X3 = {f"wgmma tf32x3 {c.warpgroups * 64}x{c.bn} s{c.stages}": c
                 for c in (WgmmaConfig(bn=128, stages=3), WgmmaConfig(bn=128, stages=2), WgmmaConfig(bn=128, warpgroups=1, stages=4))}
 # STAGED=default (environment): of the staged points only today's default, beside cuBLAS and the wgmma points
