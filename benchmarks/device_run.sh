@@ -10,6 +10,7 @@
 #                                            against projection_staged's default and cuBLAS (benchmarks/projection_staged.py)
 #   bash benchmarks/device_run.sh wgmma-fp32 [ROW ...]   fp32 layers' warpgroup GEMM (3xTF32, TF32): GPU tests, then whole
 #                                            models with it against projection_staged (benchmarks/projection_in_model.py)
+#   bash benchmarks/device_run.sh blog-a-ring   blog-a fp16's spill-free streamed points (more bytes in flight) against auto
 #   bash benchmarks/device_run.sh bench    the benchmark table against cuDNN
 #   bash benchmarks/device_run.sh sanitize [KERNEL]   compute-sanitizer racecheck/synccheck/memcheck on one small layer
 #   bash benchmarks/device_run.sh tune     MetaSchedule over the benchmark rows and the zoo (logs to $OUT/tuning_logs)
@@ -77,6 +78,11 @@ case "$1" in
     timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_kernels.py tests/test_fp32_accuracy.py tests/test_gpu.py \
       -k "(wgmma and tf32x3) or model_with_wgmma or exact_fp32_long or tf32_precision" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -8
     DTYPES=float32 timeout 380 python3 benchmarks/projection_in_model.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/in_model_log.txt" | tail -30 ;;
+  blog-a-ring)  # blog-a fp16's streamed points that build without spills (benchmarks/results/2026-11-25-ptxas-blog-a-ring-points.txt)
+    POINTS='[{"units":24,"n_tiles":4,"n_warps":2,"k_warps":4,"depth":1,"prefetch":1,"ring":3,"ring_h":1,"streamed":"fewest"},
+             {"units":24,"n_tiles":4,"n_warps":2,"k_warps":2,"depth":1,"prefetch":1,"ring":4,"ring_h":1,"streamed":"fewest"},
+             {"units":24,"n_tiles":4,"n_warps":2,"k_warps":2,"depth":1,"prefetch":1,"ring":3,"ring_h":1,"streamed":"fewest"}]' \
+      DTYPES=float16 BASELINES=auto timeout 560 python3 benchmarks/kernel_variants.py persistent_mma blog-a 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -12 ;;
   bench)
     timeout 560 python3 -m tvmrnn.cli bench --repeats 20 --out "$OUT" "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/bench_log.txt" | tail -40 ;;
   tune)

@@ -2,20 +2,28 @@
 
     PYTHONPATH=. python3 benchmarks/ptxas_usage.py [ROW ...]     (DTYPES=float32 to filter)
 
+POINTS (environment, JSON knob dicts of persistent_mma, as benchmarks/kernel_variants.py takes them, streamed "fewest"
+included) reports those points instead of the default, skipping the ones that do not fit the row: a sweep checked for
+spills before it takes device time.
+
 A kernel's register count decides whether an extra set of accumulators (mma_tiles chunk_acc) spills to local memory.
 This generates each row's first layer's kernel (the default point at the row's batch), compiles TVM's CUDA source with
 NVRTC as TVM does (sm_90, fast math) and asks ptxas for its usage report (-v).
 """
 
 import glob
+import json
 import os
 import re
 import sys
+from dataclasses import replace
 
 import tvm
 from cuda.bindings import nvrtc
 
-from schedules import cooperative, plan_kernel, point_kernel
+from schedules import cooperative, plan_kernel, point_kernel, recurrent_persistent_mma
+from schedules.recurrent_mma import MmaConfig
+from schedules.space import KernelConfig
 from tvm.support.nvcc import find_cuda_path
 from tvmrnn import bench
 from tvmrnn.cells import cell_for
@@ -46,15 +54,31 @@ def ptxas_report(source: str) -> str:
     return text
 
 
+POINTS = json.loads(os.environ["POINTS"]) if os.environ.get("POINTS") else None
+
+
+def points(spec, cell, batch):
+    """The configs to report: the row's default, or each of POINTS that fits (streamed "fewest" resolved)."""
+    if POINTS is None:
+        yield next(b.config for b in plan_kernel(spec, cell, TARGET).branches if b.up_to is None or batch <= b.up_to)
+        return
+    for knobs in POINTS:
+        cfg = MmaConfig(**{**knobs, "streamed": 0})
+        if knobs.get("streamed") == "fewest":
+            cfg = replace(cfg, streamed=recurrent_persistent_mma.fewest_streamed(spec, cell, "sm_90a", cfg) or 0)
+        if cfg.streamed and recurrent_persistent_mma.fits(spec, cell, "sm_90a", cfg):
+            yield KernelConfig.of("persistent_mma", **{k: getattr(cfg, k) for k in knobs})
+
+
 for name in NAMES:
     row = next(r for r in bench.ROWS if r.name == name)
     for dtype in DTYPES:
         spec = find_rnn_layers(bench.onnx_model(bench.torch_module(row), row, dtype))[0].spec
         cell = cell_for(spec)
-        config = next(b.config for b in plan_kernel(spec, cell, TARGET).branches if b.up_to is None or row.N <= b.up_to)
-        mod = tvm.tirx.build(point_kernel(spec, cell, TARGET, config, row.T, row.N), target=TARGET, pipeline=cooperative.register())
-        report = ptxas_report(mod.imports[0].inspect_source())
-        regs = re.findall(r"Used (\d+) registers", report)
-        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
-        print(f"{name:16s} {dtype:8s} {config.describe():100s} registers {','.join(regs)}  spill stores/loads "
-              f"{','.join('/'.join(s) for s in spills)} bytes", flush=True)
+        for config in points(spec, cell, row.N):
+            mod = tvm.tirx.build(point_kernel(spec, cell, TARGET, config, row.T, row.N), target=TARGET, pipeline=cooperative.register())
+            report = ptxas_report(mod.imports[0].inspect_source())
+            regs = re.findall(r"Used (\d+) registers", report)
+            spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+            print(f"{name:16s} {dtype:8s} {config.describe():100s} registers {','.join(regs)}  spill stores/loads "
+                  f"{','.join('/'.join(s) for s in spills)} bytes", flush=True)
