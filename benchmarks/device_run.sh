@@ -11,6 +11,7 @@
 #   bash benchmarks/device_run.sh wgmma-fp32 [ROW ...]   fp32 layers' warpgroup GEMM (3xTF32, TF32): GPU tests, then whole
 #                                            models with it against projection_staged (benchmarks/projection_in_model.py)
 #   bash benchmarks/device_run.sh blog-a-ring   blog-a fp16's spill-free streamed points (more bytes in flight) against auto
+#   bash benchmarks/device_run.sh ncu [ROW DTYPE T]   Nsight Compute sections of one row's recurrent kernel (benchmarks/ncu_row.py)
 #   bash benchmarks/device_run.sh bench    the benchmark table against cuDNN
 #   bash benchmarks/device_run.sh sanitize [KERNEL]   compute-sanitizer racecheck/synccheck/memcheck on one small layer
 #   bash benchmarks/device_run.sh tune     MetaSchedule over the benchmark rows and the zoo (logs to $OUT/tuning_logs)
@@ -83,6 +84,10 @@ case "$1" in
              {"units":24,"n_tiles":4,"n_warps":2,"k_warps":2,"depth":1,"prefetch":1,"ring":4,"ring_h":1,"streamed":"fewest"},
              {"units":24,"n_tiles":4,"n_warps":2,"k_warps":2,"depth":1,"prefetch":1,"ring":3,"ring_h":1,"streamed":"fewest"}]' \
       DTYPES=float16 BASELINES=auto timeout 560 python3 benchmarks/kernel_variants.py persistent_mma blog-a 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -12 ;;
+  ncu)  # Nsight Compute on one row's recurrent kernel (ROW DTYPE [T], default blog-a float16 20): where a step's time goes
+    timeout 300 ncu -k regex:rnn_ --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section Occupancy python3 benchmarks/ncu_row.py "${2:-blog-a}" "${3:-float16}" "${4:-20}" 2>&1 \
+      | grep -v Warning | tee "$OUT/ncu_${2:-blog-a}_${3:-float16}.txt" | tail -60 ;;
   bench)
     timeout 560 python3 -m tvmrnn.cli bench --repeats 20 --out "$OUT" "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/bench_log.txt" | tail -40 ;;
   tune)
