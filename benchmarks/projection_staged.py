@@ -22,8 +22,9 @@ import tvm
 from schedules.projection_cuda import projection_cuda
 from schedules.projection_mma import projection_mma
 from schedules.projection_staged import StagedConfig, projection_staged, supported
-from schedules.projection_wgmma import WgmmaConfig, projection_wgmma
+from schedules.projection_wgmma import projection_wgmma
 from schedules.projection_wgmma import supported as wgmma_supported
+from wgmma_points import WGMMA, WGMMA_TF32, WGMMA_TF32X3
 
 SHAPES = {"lat-b1-h512": (100, 512, 2048), "lat-b1-h1024": (100, 1024, 4096), "b8-h1024": (800, 1024, 4096), "ds2-lstm": (6000, 800, 3200),
           "b64-h1024": (6400, 1024, 4096), "ds2-5l-bi l1+": (6000, 1600, 6400), "blog-a": (12800, 2560, 10240)}
@@ -45,18 +46,6 @@ STAGED = {"64x128 (2x4 warps, 2x4 tiles)": StagedConfig(mt=2), "128x64 (4x2 warp
 # fp32 registers: 3xTF32's high and low fragments of both operands; the 64 x 64 warp tile would spill
 FP32_SKIP = {"128x128 (2x2 warps, 4x8 tiles) s3 g8", "128x128 (2x2 warps, 4x8 tiles) s4 g8", "128x128 (2x2 warps, 4x8 tiles) s4 g16",
              "128x256 (2x4 warps, 4x8 tiles) s3 g8"}
-# the warpgroup GEMM (fp16): block columns (the wgmma's N), warpgroups of 64 rows, ring stages, raster group
-WGMMA = {f"wgmma {c.warpgroups * 64}x{c.bn} s{c.stages} k{c.k_chunks * 32}{' overlap' if c.overlap else ''}": c
-         for c in (WgmmaConfig(), WgmmaConfig(stages=6, overlap=1), WgmmaConfig(k_chunks=2, stages=4, overlap=1),
-                   WgmmaConfig(bn=256, stages=6, overlap=1), WgmmaConfig(bn=256, k_chunks=2, stages=3, overlap=1),
-                   WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1), WgmmaConfig(bn=256, warpgroups=1, k_chunks=2, stages=4, overlap=1))}
-# the same in TF32 (fp32 rows are 128 bytes: the ring fits fewer buffers); compile builds projection_wgmma.TF32
-WGMMA_TF32 = {f"wgmma tf32 {c.warpgroups * 64}x{c.bn} s{c.stages}{' overlap' if c.overlap else ''}": c
-              for c in (WgmmaConfig(bn=256, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1), WgmmaConfig(bn=128, stages=6, overlap=1),
-                        WgmmaConfig(bn=128, k_chunks=2, stages=3, overlap=1))}
-# exact fp32 as 3xTF32 on wgmma (high and low parts split in shared memory, each chunk summed apart); compile builds TF32X3
-WGMMA_TF32X3 = {f"wgmma tf32x3 {c.warpgroups * 64}x{c.bn} s{c.stages}": c
-                for c in (WgmmaConfig(bn=128, stages=3), WgmmaConfig(bn=128, stages=2), WgmmaConfig(bn=128, warpgroups=1, stages=4))}
 # STAGED=default (environment): of the staged points only today's default, beside cuBLAS and the wgmma points
 ONLY_DEFAULT = os.environ.get("STAGED") == "default"
 OUT = os.environ.get("OUT", "/tmp")

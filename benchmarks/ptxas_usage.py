@@ -2,6 +2,9 @@
 
     PYTHONPATH=. python3 benchmarks/ptxas_usage.py [ROW ...]     (DTYPES=float32 to filter)
 
+`ptxas_usage.py wgmma M K COLS` reports projection_wgmma's points of benchmarks/projection_staged.py (every mode) at
+that shape instead, on sm_90a.
+
 POINTS (environment, JSON knob dicts of persistent_mma, as benchmarks/kernel_variants.py takes them, streamed "fewest"
 included) reports those points instead of the default, skipping the ones that do not fit the row: a sweep checked for
 spills before it takes device time.
@@ -40,9 +43,9 @@ def include_dirs() -> list[str]:
     return [d for r in roots for d in (r, os.path.join(r, "cccl")) if os.path.isdir(d)]
 
 
-def ptxas_report(source: str) -> str:
+def ptxas_report(source: str, arch: str = "sm_90") -> str:
     _, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, None, None)
-    opts = [b"--gpu-architecture=sm_90", b"-default-device", b"--use_fast_math", b"--ptxas-options=-v",
+    opts = [f"--gpu-architecture={arch}".encode(), b"-default-device", b"--use_fast_math", b"--ptxas-options=-v",
             b"-U__CUDA_NO_HALF_OPERATORS__", b"-U__CUDA_NO_HALF_CONVERSIONS__"] + [f"-I{d}".encode() for d in include_dirs()]
     (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
     _, size = nvrtc.nvrtcGetProgramLogSize(prog)
@@ -70,6 +73,25 @@ def points(spec, cell, batch):
             yield KernelConfig.of("persistent_mma", **{k: getattr(cfg, k) for k in knobs})
 
 
+def usage(report: str) -> str:
+    regs = re.findall(r"Used (\d+) registers", report)
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    return f"registers {','.join(regs)}  spill stores/loads {','.join('/'.join(s) for s in spills)} bytes"
+
+
+if NAMES[:1] == ["wgmma"]:
+    from schedules.projection_wgmma import projection_wgmma, supported
+    from wgmma_points import WGMMA, WGMMA_TF32, WGMMA_TF32X3  # benchmarks/, this script's folder, is on the path
+
+    M, K, cols = (int(v) for v in NAMES[1:4])
+    hopper = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    for mode, configs in (("float16", WGMMA), ("tf32", WGMMA_TF32), ("tf32x3", WGMMA_TF32X3)):
+        for name, cfg in configs.items():
+            if supported(mode, K, cols, "sm_90a", cfg):
+                src = tvm.compile(tvm.IRModule({"main": projection_wgmma(mode, K, cols, cfg, rows=M)}), target=hopper).mod.imports[0].inspect_source()
+                print(f"{M}x{K}x{cols} {mode:8s} {name:40s} {usage(ptxas_report(src, 'sm_90a'))}", flush=True)
+    sys.exit(0)
+
 for name in NAMES:
     row = next(r for r in bench.ROWS if r.name == name)
     for dtype in DTYPES:
@@ -77,8 +99,4 @@ for name in NAMES:
         cell = cell_for(spec)
         for config in points(spec, cell, row.N):
             mod = tvm.tirx.build(point_kernel(spec, cell, TARGET, config, row.T, row.N), target=TARGET, pipeline=cooperative.register())
-            report = ptxas_report(mod.imports[0].inspect_source())
-            regs = re.findall(r"Used (\d+) registers", report)
-            spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
-            print(f"{name:16s} {dtype:8s} {config.describe():100s} registers {','.join(regs)}  spill stores/loads "
-                  f"{','.join('/'.join(s) for s in spills)} bytes", flush=True)
+            print(f"{name:16s} {dtype:8s} {config.describe():100s} {usage(ptxas_report(mod.imports[0].inspect_source()))}", flush=True)

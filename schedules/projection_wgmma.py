@@ -56,7 +56,9 @@ class WgmmaConfig:
     group: int = 8  # M tiles per raster group (projection_staged.raster)
     k_chunks: int = 1  # 32-column chunks per buffer (wgmma's per barrier: 2 per chunk)
     # 1: a buffer's wgmma's are still running while the warpgroup waits for the next buffer (wgmma.wait_group 1), so the
-    # copies go stages - 2 buffers ahead instead of stages - 1
+    # copies go stages - 2 buffers ahead instead of stages - 1. In tf32x3 (one chunk per buffer): a chunk's products
+    # run into one of two chunk sums while the next chunk lands and is split (the wgmma's read the parts, not the ring,
+    # so the copies still go stages - 1 ahead); built and tested on the CPU, not yet timed on a GPU, so TF32X3 has none
     overlap: int = 0
 
     @property
@@ -102,8 +104,9 @@ def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig | None =
     mode's default_config."""
     cfg = cfg or default_config(mode, cols)
     return (mode in MODES and arch == "sm_90a" and K % KC == 0 and cols % cfg.bn == 0 and cfg.bn % (32 * cfg.warpgroups) == 0
-            and cfg.bn <= 256 and cfg.smem_bytes(mode) <= 227 * 1024 and cfg.stages - cfg.overlap >= 2
-            and not (mode == "tf32x3" and (cfg.overlap or cfg.bn > 128)))  # chunk sums: a wait per chunk, twice the registers
+            and cfg.bn <= 256 and cfg.smem_bytes(mode) <= 227 * 1024 and cfg.stages - (0 if mode == "tf32x3" else cfg.overlap) >= 2
+            # chunk sums: twice the registers (with overlap, three times: one chunk per buffer)
+            and not (mode == "tf32x3" and (cfg.bn > 128 or (cfg.overlap and cfg.k_chunks > 1))))
 
 
 def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = None, rows: int | None = None) -> tirx.PrimFunc:
@@ -149,7 +152,9 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
     # tf32x3: each landed chunk's high and low parts, in two buffers by item parity, high planes then low ones
     parts = T.alloc_buffer((2 * 2 * KCH * size,), dtype, scope="shared.dyn") if split else None
     acc = T.alloc_buffer((BN // 2,), "float32", scope="local")
-    chunk_sum = T.alloc_buffer((BN // 2,), "float32", scope="local") if split else None
+    # tf32x3 with overlap: two chunk sums by item parity, one item's wgmma's running while the next item is split
+    pipelined = split and cfg.overlap
+    sums = [T.alloc_buffer((BN // 2,), "float32", scope="local") for _ in range(1 + pipelined)] if split else None
     staged = T.alloc_buffer(((BM + BN) * KC // cfg.threads,), "float32", scope="local") if split else None  # a chunk's own copies
     desc = T.alloc_buffer((2,), "uint64", scope="local")
     for i in range(BN // 2):
@@ -185,26 +190,39 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
         """Where chunk j of `item`'s high (low=0) or low parts start in `parts`."""
         return ((item % i64(2) * i64(2) + i64(low)) * i64(KCH) + i64(j)) * i64(size)
 
+    def read_own(item, j):
+        """This thread's own copies of chunk j of the item (landed: no barrier needed) into registers."""
+        for n, (_, _, _, at) in enumerate(own_segments()):
+            for v in range(vec):
+                T.buffer_store(staged, sm[(item % i64(cfg.stages) * i64(KCH) + i64(j)) * i64(size) + at + i64(v)], [n * vec + v])
+
+    def write_parts(item, j):
+        """Those copies' TF32 high and low parts, to where this item's wgmma's read them."""
+        for n, (_, _, _, at) in enumerate(own_segments()):
+            for v in range(vec):
+                x = staged[n * vec + v]
+                T.buffer_store(parts, to_tf32(x), [part_plane(item, j, 0) + at + i64(v)])
+                T.buffer_store(parts, to_tf32(x - to_tf32(x)), [part_plane(item, j, 1) + at + i64(v)])
+
+    def proxy_fence():
+        # the chunk was written through the generic proxy (cp.async, the parts) and is read through the async proxy (wgmma)
+        T.evaluate(T.ptx.fence.proxy.async_.shared__cta())
+
     def landed(item):
+        if pipelined:  # only the reads: the parts are written after the ring's barrier (consume)
+            read_own(item, 0)
+            return
         if split:  # this thread's own copies of the item, split into TF32 high and low parts
             def plane(j, ck):
                 # all reads, then all writes: the shared.dyn buffers are merged into one before TVM plans barriers, and
                 # it wants one between a read and a later write of that one buffer. Ours, here, once (its planner put
                 # one after every store, and cannot put one inside by_rows' condition where M is not fixed)
-                own = list(own_segments())
-                for n, (_, _, _, at) in enumerate(own):
-                    for v in range(vec):
-                        T.buffer_store(staged, sm[(item % i64(cfg.stages) * i64(KCH) + i64(j)) * i64(size) + at + i64(v)], [n * vec + v])
+                read_own(item, j)
                 block_sync()
-                for n, (_, _, _, at) in enumerate(own):
-                    for v in range(vec):
-                        x = staged[n * vec + v]
-                        T.buffer_store(parts, to_tf32(x), [part_plane(item, j, 0) + at + i64(v)])
-                        T.buffer_store(parts, to_tf32(x - to_tf32(x)), [part_plane(item, j, 1) + at + i64(v)])
+                write_parts(item, j)
 
             each_plane(item, plane)
-        # the chunk was written through the generic proxy (cp.async, the parts) and is read through the async proxy (wgmma)
-        T.evaluate(T.ptx.fence.proxy.async_.shared__cta())
+        proxy_fence()
 
     def wgmma(into, buf, a_at, b_at, accumulate):
         for d, at in enumerate((a_at, b_at)):
@@ -213,6 +231,36 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
         transposes = (0, 0) if ptx != "tf32" else ()  # K-major A and B; TF32 has no transpose operands
         T.evaluate(T.ptx[f"wgmma.mma_async.sync.aligned.m64n{BN}k{kstep}.f32.{ptx}.{ptx}"](
             *[into[i] for i in range(BN // 2)], desc[0], desc[1], tirx.const(accumulate, "bool"), 1, 1, *transposes))
+
+    def split_products(into, item, j):
+        """The chunk's three products (hi*hi, hi*lo, lo*hi per k8) into a sum of its own, started at zero by its first
+        wgmma and added in fp32 after: the tensor cores' accumulation truncates, and over K = 2560 one sum was 1.3e-5
+        off in projection_staged."""
+        hi, lo = part_plane(item, j, 0), part_plane(item, j, 1)
+        for kk in range(rb // 32):
+            a, b = wg * i64(64 * KC) + i64(kk * per_k), i64(BM * KC + kk * per_k)
+            for n, (pa, pb) in enumerate(((hi, hi), (hi, lo), (lo, hi))):
+                wgmma(into, parts, pa + a, pb + b, kk > 0 or n > 0)
+        T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
+
+    def add_sum(chunk_sum):
+        for i in range(BN // 2):
+            T.buffer_store(acc, acc[i] + chunk_sum[i], [i])
+
+    def consume_pipelined(item, _buf):
+        """After the ring's barrier every warpgroup has waited for item - 2's wgmma's (the last item's wait_group 1), so
+        its parts' buffer is free: write this item's parts, a barrier, then its wgmma's into the sum of its parity while
+        the last item's sum, complete, is added; they run on while the next item lands and is split."""
+        write_parts(item, 0)
+        proxy_fence()
+        block_sync()
+        T.evaluate(T.ptx.wgmma.fence.sync.aligned())
+        for parity in range(2):
+            with T.If(item % i64(2) == i64(parity)):
+                with T.Then():
+                    split_products(sums[parity], item, 0)
+                    T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(1))
+                    emit_if(item > i64(0), lambda parity=parity: add_sum(sums[1 - parity]), False)
 
     def consume(item, buf):
         T.evaluate(T.ptx.wgmma.fence.sync.aligned())
@@ -223,27 +271,25 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
                 for kk in range(rb // 32):
                     wgmma(acc, sm, base + wg * i64(64 * KC) + i64(kk * per_k), base + i64(BM * KC + kk * per_k), True)
                 return
-            hi, lo = part_plane(item, j, 0), part_plane(item, j, 1)
-            # the chunk's products into a sum of its own, started at zero by its first wgmma and added in fp32 after: the
-            # tensor cores' accumulation truncates, and over K = 2560 one sum was 1.3e-5 off in projection_staged
-            for kk in range(rb // 32):
-                a, b = wg * i64(64 * KC) + i64(kk * per_k), i64(BM * KC + kk * per_k)
-                for n, (pa, pb) in enumerate(((hi, hi), (hi, lo), (lo, hi))):
-                    wgmma(chunk_sum, parts, pa + a, pb + b, kk > 0 or n > 0)
-            T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
+            split_products(sums[0], item, j)
             T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-            for i in range(BN // 2):
-                T.buffer_store(acc, acc[i] + chunk_sum[i], [i])
-            T.evaluate(T.ptx.wgmma.fence.sync.aligned())  # chunk_sum's registers were read: before the next wgmma writes them
+            add_sum(sums[0])
+            T.evaluate(T.ptx.wgmma.fence.sync.aligned())  # the sum's registers were read: before the next wgmma writes them
 
         each_plane(item, plane)
         T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
         # before the barrier that frees a buffer for the next copies: this item's wgmma's (or, overlapping, the last one's)
         T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(cfg.overlap))
 
-    cp_async_ring(-(-chunks // KCH), cfg.stages, issue, consume, landed, lag=1 + cfg.overlap)
-    if cfg.overlap:
+    items = -(-chunks // KCH)
+    if pipelined:  # the wgmma's read the parts, not the ring: its buffers are free once split (lag 1)
+        cp_async_ring(items, cfg.stages, issue, consume_pipelined, landed, lag=1)
         T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+        add_sum(sums[(items - 1) % 2])
+    else:
+        cp_async_ring(items, cfg.stages, issue, consume, landed, lag=1 + cfg.overlap)
+        if cfg.overlap:
+            T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
     w, lane = t // i64(32), t % i64(32)
     for i in range(0, BN // 2, 2):  # column pairs
         m = mb + wg * i64(64) + w * i64(16) + lane // i64(4) + i64(8 * (i % 4 >= 2))

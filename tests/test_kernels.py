@@ -270,14 +270,16 @@ WGMMA_CONFIGS = [WgmmaConfig(), WgmmaConfig(bn=256, stages=3), WgmmaConfig(bn=64
 # bfloat16 differs from float16 in the instruction's type only: compile's DEFAULT covers it; fp32's rows take twice the bytes
 @pytest.mark.parametrize("mode, config", [("float16", c) for c in WGMMA_CONFIGS] + [("bfloat16", WGMMA_DEFAULT)]
                          + [("tf32", c) for c in WGMMA_CONFIGS if c.smem_bytes("tf32") <= 227 * 1024]
-                         + [("tf32x3", c) for c in (WgmmaConfig(bn=128, stages=3), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3))], ids=str)
+                         + [("tf32x3", c) for c in (WgmmaConfig(bn=128, stages=3), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3),
+                                                    WgmmaConfig(bn=128, stages=2, overlap=1), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3, overlap=1))], ids=str)
 @pytest.mark.parametrize("M, K, cols", [(1, 32, 256), (333, 64, 2560), (1100, 800, 1024), (6400, 1024, 4096)])
 def test_projection_wgmma_matches_float64(M, K, cols, mode, config):
     """The warpgroup (wgmma) projection against float64 on the same inputs, output poisoned first: a partial last row
     tile, one and two chunks (all in the ring's prologue), 25 chunks (K = 800), a raster group that does not divide the M
     tiles. Half precision exact to fp32 accumulation; TF32 (fp32 in the 128-byte swizzle, operands truncated to 10
     mantissa bits by the tensor cores) within TF32's error; 3xTF32 (each chunk split into high and low parts, its three
-    products summed apart and added in fp32) within fp32's 1e-5."""
+    products summed apart and added in fp32; with overlap one chunk's products run while the next is split) within
+    fp32's 1e-5."""
     import ml_dtypes
 
     dtype = {"float16": "f2", "bfloat16": ml_dtypes.bfloat16, "tf32": "f4", "tf32x3": "f4"}[mode]
@@ -311,6 +313,13 @@ def test_projection_wgmma_builds_without_a_gpu():
     assert src.count("wgmma_tf32_ss_mma_async_sync_aligned_m64n128k8_f32_tf32_tf32_1_1(") == 1 + 12  # the helper, its calls
     assert src.count("__syncthreads()") == 2
     assert not supported("tf32x3", 800, 1024, "sm_90a", tf32) and not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=4))
+    # with overlap: two chunk sums by item parity, each item's products issued after its parts are written and the
+    # last item's sum added once they are done (wait_group 1); the ring's barrier and the parts' one, as without
+    piped = WgmmaConfig(bn=128, stages=2, overlap=1)
+    src = tvm.compile(tvm.IRModule({"main": projection_wgmma("tf32x3", 800, 1024, piped)}), target=target).mod.imports[0].inspect_source()
+    assert src.count("wgmma_tf32_ss_mma_async_sync_aligned_m64n128k8_f32_tf32_tf32_1_1(") == 1 + 2 * 12
+    assert src.count("__syncthreads()") == 2 and "wgmma.wait_group.sync.aligned 1" in src
+    assert not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, k_chunks=2, stages=2, overlap=1))
     assert not supported("float32", 800, 1024, "sm_90a") and not supported("float16", 800, 1024, "sm_90")
     assert not supported("float16", 800, 1000, "sm_90a") and not supported("float16", 80, 1024, "sm_90a")
     assert not supported("float16", 800, 1024, "sm_90a", WgmmaConfig(stages=2, overlap=1))  # no buffer left to copy into
