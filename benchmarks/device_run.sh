@@ -72,7 +72,7 @@ case "$1" in
   wgmma)
     # the warpgroup projection: its GPU tests (every mode, the whole-model ones), then its points beside the staged GEMM's
     # default and cuBLAS in fp16 and fp32 (TF32, 3xTF32)
-    timeout 240 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_kernels.py -k "wgmma or half_model" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -8
+    timeout 240 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_kernels.py -k wgmma 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -8
     STAGED=default timeout 320 python3 benchmarks/projection_staged.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/projection_log.txt" | tail -40 ;;
   wgmma-fp32)  # fp32 layers on the warpgroup GEMM: its GPU tests (3xTF32 kernels, whole fp32 and TF32 models), then whole
     # models with it against the staged GEMM in the same mode (benchmarks/projection_in_model.py, DTYPES=float32)
