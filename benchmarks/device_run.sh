@@ -10,7 +10,8 @@
 #                                            against projection_staged's default and cuBLAS (benchmarks/projection_staged.py)
 #   bash benchmarks/device_run.sh wgmma-fp32 [ROW ...]   fp32 layers' warpgroup GEMM (3xTF32, TF32): GPU tests, then whole
 #                                            models with it against projection_staged (benchmarks/projection_in_model.py)
-#   bash benchmarks/device_run.sh blog-a-ring   blog-a's spill-free streamed points (more bytes in flight, no prefetch) against auto
+#   bash benchmarks/device_run.sh blog-a-ring   blog-a's streamed points (20 units per block, no prefetch, more bytes in flight) against
+#                                            auto; first `tests-sharded 4 tests/test_kernels.py -k "ring or units_not"` (their GPU tests)
 #   bash benchmarks/device_run.sh ncu [ROW DTYPE T]   Nsight Compute sections of one row's recurrent kernel (benchmarks/ncu_row.py)
 #   bash benchmarks/device_run.sh bench    the benchmark table against cuDNN
 #   bash benchmarks/device_run.sh sanitize [KERNEL]   compute-sanitizer racecheck/synccheck/memcheck on one small layer
@@ -80,12 +81,14 @@ case "$1" in
       -k "(wgmma and tf32x3) or model_with_wgmma or exact_fp32_long or tf32_precision" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -8
     DTYPES=float32 timeout 380 python3 benchmarks/projection_in_model.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/in_model_log.txt" | tail -30 ;;
   blog-a-ring)  # blog-a's streamed points that build without spills (benchmarks/results/2026-11-25-ptxas-blog-a-ring-points.txt):
-    # fp16 more bytes in flight; the default without XW prefetched, which in exact fp32 drops the default's 96-byte spill
-    POINTS='[{"units":24,"n_tiles":4,"n_warps":2,"k_warps":4,"depth":1,"prefetch":0,"ring":2,"ring_h":1,"streamed":"fewest"},
+    # 20 units per block (128 blocks, not 107; fewer chunks streamed), without XW prefetched (exact fp32's default spills
+    # 96 bytes with it), more bytes in flight (ring 3; k_warps 2 with ring 4)
+    POINTS='[{"units":20,"n_tiles":4,"n_warps":2,"k_warps":4,"depth":1,"prefetch":1,"ring":2,"ring_h":1,"streamed":"fewest"},
+             {"units":20,"n_tiles":4,"n_warps":2,"k_warps":4,"depth":1,"prefetch":0,"ring":2,"ring_h":1,"streamed":"fewest"},
+             {"units":24,"n_tiles":4,"n_warps":2,"k_warps":4,"depth":1,"prefetch":0,"ring":2,"ring_h":1,"streamed":"fewest"},
              {"units":24,"n_tiles":4,"n_warps":2,"k_warps":4,"depth":1,"prefetch":1,"ring":3,"ring_h":1,"streamed":"fewest"},
-             {"units":24,"n_tiles":4,"n_warps":2,"k_warps":2,"depth":1,"prefetch":1,"ring":4,"ring_h":1,"streamed":"fewest"},
-             {"units":24,"n_tiles":4,"n_warps":2,"k_warps":2,"depth":1,"prefetch":1,"ring":3,"ring_h":1,"streamed":"fewest"}]' \
-      DTYPES=${DTYPES:-float16,float32} BASELINES=auto timeout 560 python3 benchmarks/kernel_variants.py persistent_mma blog-a 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -12 ;;
+             {"units":24,"n_tiles":4,"n_warps":2,"k_warps":2,"depth":1,"prefetch":1,"ring":4,"ring_h":1,"streamed":"fewest"}]' \
+      DTYPES=${DTYPES:-float16,float32} BASELINES=auto timeout 560 python3 benchmarks/kernel_variants.py persistent_mma blog-a 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -14 ;;
   ncu)  # Nsight Compute on one row's recurrent kernel (ROW DTYPE [T], default blog-a float16 20): where a step's time goes
     timeout 300 ncu -k regex:rnn_ --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
       --section ComputeWorkloadAnalysis --section Occupancy python3 benchmarks/ncu_row.py "${2:-blog-a}" "${3:-float16}" "${4:-20}" 2>&1 \

@@ -98,9 +98,16 @@ def fewest_streamed(spec, cell, arch: str, cfg: MmaConfig) -> int | None:
     return max(0, -(-spec.hidden_size // KC) - max(0, room // r_bytes(spec, cell, cfg.units, 1)))
 
 
+def unit_rows_fit(cell, cfg: MmaConfig) -> bool:
+    """Whether a block's rows of every phase (gates x units) are whole 8-row groups of R in shared memory, and, where
+    units are not a multiple of 8 (so an 8-row group may hold two gates), no chunk is read from R by fragment (that
+    path, recurrent_mma.global_a, takes a group's gate from its first row): streamed chunks go through the ring."""
+    return all(len(p.gates) * cfg.units % 8 == 0 for p in cell.phases) and (cfg.units % 8 == 0 or cfg.ring or not cfg.streamed)
+
+
 def fits(spec, cell, arch: str, cfg: MmaConfig) -> bool:
     """One wave of blocks (one per SM) holds all of R (every direction) in shared memory."""
-    return (blocks(spec, cfg.units) <= sm_count(arch)
+    return (unit_rows_fit(cell, cfg) and blocks(spec, cfg.units) <= sm_count(arch)
             and smem_bytes(spec, cell, cfg) <= SMEM_LIMIT.get(arch, SMEM_DEFAULT)
             and cfg.n_warps * cfg.k_warps <= 16
             and not (cfg.ring and (cfg.ring < 2 or not cfg.streamed or spec.hidden_size % KC))  # the ring copies whole chunks
@@ -186,6 +193,7 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
     H, D, UB, N = spec.hidden_size, spec.num_directions, cfg.units, a.batch
     chunks, NB = -(-H // KC), cfg.rows
     CR = resident_chunks(spec, cfg)  # the first CR chunks in shared memory, the rest read from L2 each step
+    assert unit_rows_fit(cell, cfg), cfg
     swizzle = spec.dtype == F32  # 32-byte lane spans: odd rows swap their 16-byte halves
     threads = 32 * cfg.n_warps * cfg.k_warps
     per_dir = -(-H // UB)

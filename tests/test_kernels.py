@@ -596,7 +596,34 @@ RING_CASES = [
      "float16", dict(streamed=3, ring=2, ring_h=1, k_warps=2, depth=1)),
     (Case(op="GRU", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=256, input_size=5, layout=1),
      "float32", dict(streamed=7, ring=3, ring_h=1, k_warps=2, depth=1, n_tiles=2, n_warps=2)),
+    # 20 units per block (blog-a: 128 blocks instead of 24 units' 107): 8-row groups that hold two gates' rows; H = 160
+    # whole blocks, H = 96 a last block of 16 units
+    (Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h", "initial_c"), hidden=160, input_size=7),
+     "float16", dict(units=20, streamed=3, ring=2, ring_h=1, k_warps=2, depth=1)),
+    (Case(op="LSTM", direction="forward", optional=("sequence_lens", "initial_h", "initial_c"), hidden=160, input_size=7),
+     "float32", dict(units=20, streamed=4, ring=3, ring_h=1, k_warps=2, depth=1, n_tiles=2, n_warps=2)),
+    (Case(op="LSTM", direction="reverse", optional=("initial_h",), hidden=96, input_size=7),
+     "float16", dict(units=20, streamed=2, ring=2, k_warps=2, depth=1)),
 ]
+
+
+def test_units_not_a_multiple_of_8_need_whole_groups_and_the_ring():
+    """persistent_mma with 20 units per block: an LSTM's 80 rows are whole 8-row groups and build through NVRTC; a GRU's
+    one-gate phase (20 rows) is not; streamed chunks without the ring (read from R by fragment, whose gate is the
+    group's first row's) are refused."""
+    from schedules.recurrent_mma import MmaConfig
+    from schedules.recurrent_persistent_mma import fits
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    case, dtype, knobs = RING_CASES[-3]
+    _, spec, (_, point) = _with_knobs(case, dtype, **knobs)
+    cfg = MmaConfig(**dict(point.knobs))
+    assert cfg.units == 20 and fits(spec, cell_for(spec), "sm_90", cfg)
+    assert "cp.async.cg.shared.global" in _source(target, spec, point)
+    assert not fits(spec, cell_for(spec), "sm_90", dataclasses.replace(cfg, ring=0, ring_h=0))
+    gru = find_rnn_layers(Case(op="GRU", hidden=160, input_size=7, dtype=dtype).model())[0].spec
+    assert not fits(gru, cell_for(gru), "sm_90", cfg)
+    assert fits(gru, cell_for(gru), "sm_90", dataclasses.replace(cfg, units=24))
 
 
 def test_streamed_ring_copies_with_cp_async():
