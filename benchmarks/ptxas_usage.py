@@ -76,7 +76,9 @@ def points(spec, cell, batch):
 def usage(report: str) -> str:
     regs = re.findall(r"Used (\d+) registers", report)
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
-    return f"registers {','.join(regs)}  spill stores/loads {','.join('/'.join(s) for s in spills)} bytes"
+    # C7514: ptxas made every wgmma wait for the last (accumulator registers read while one may be in flight)
+    serialized = "  wgmma serialized (C7514)" if "C7514" in report else ""
+    return f"registers {','.join(regs)}  spill stores/loads {','.join('/'.join(s) for s in spills)} bytes{serialized}"
 
 
 if NAMES[:1] == ["wgmma"]:

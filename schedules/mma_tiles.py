@@ -205,18 +205,20 @@ def shared_element(tiles: WarpTiles, sm, base, row, v0, v, swizzle: bool):
     return sm[base + row * i64(KC) + col + v]
 
 
-def cp_async_ring(count: int, stages: int, issue, consume, landed=None, lag: int = 1):
+def cp_async_ring(count: int, stages: int, issue, consume, landed=None, lag: int = 1, unroll: int = 1):
     """A ring of `stages` shared buffers filled with cp.async: issue(i, buf) emits this thread's copies of item i into
     buffer buf, consume(i, buf) the work on it; item i + stages - lag is copied while item i is consumed. One barrier per
     item: after it every thread's copies of item i have landed and the buffer item i - lag used is free (lag 2: the
     consumer's reads of item i - 1 may still be in flight, as an asynchronous wgmma's are). landed(i): what each thread
     emits between its copies of item i landing and that barrier (work on its own copies; a proxy fence where the async
-    proxy reads)."""
+    proxy reads). unroll > 1: the loop body holds that many items, consume(i, buf, u) told each one's place u in it (a
+    compile-time i % unroll), the items past the last whole body after the loop."""
     ahead = stages - lag
     for s in range(min(ahead, count)):
         issue(i64(s), i64(s))
         T.evaluate(T.ptx.cp.async_.commit_group())
-    with T.serial(0, i64(count)) as i:
+
+    def item(i, u):
         # item i's group and those before it done: ahead - 1 younger ones may still fly (a group is committed every
         # iteration, empty past the end); with every item in the prologue, all of them
         T.evaluate(T.ptx.cp.async_.wait_group(ahead - 1 if ahead < count else 0))
@@ -225,11 +227,15 @@ def cp_async_ring(count: int, stages: int, issue, consume, landed=None, lag: int
         block_sync()
         if ahead < count:
             nxt = i + i64(ahead)
-            with T.If(nxt < i64(count)):
-                with T.Then():
-                    issue(nxt, nxt % i64(stages))
+            emit_if(nxt < i64(count), lambda: issue(nxt, nxt % i64(stages)), False)
             T.evaluate(T.ptx.cp.async_.commit_group())
-        consume(i, i % i64(stages))
+        consume(i, i % i64(stages), *([u] if unroll > 1 else []))
+
+    with T.serial(0, i64(count // unroll)) as i0:
+        for u in range(unroll):
+            item(i0 * i64(unroll) + i64(u) if unroll > 1 else i0, u)
+    for i in range(count - count % unroll, count):
+        item(i64(i), i % unroll)
 
 
 def chunk_rounds(chunks: int, ways: int, depth: int, lane_way, load, multiply):

@@ -36,6 +36,11 @@ from .mma_tiles import KC, cp_async_ring, itemsize, to_tf32
 from .projection_staged import raster
 from .recurrent_common import block_sync, emit_if, i64, projection_prim_func
 
+# an accumulator register redefined in place (CUTLASS's warpgroup_fence_operand): reads of it after this cannot be moved
+# above it, nor above the wgmma.wait_group before it, which NVVM otherwise does with an asynchronous wgmma's outputs
+FENCE_OPERAND = "tvmrnn_fence_operand"
+FENCE_OPERAND_SRC = f'__forceinline__ __device__ void {FENCE_OPERAND}(float& r) {{ asm volatile("" : "+f"(r) :: "memory"); }}'
+
 # mode -> (storage dtype, PTX operand type, k per wgmma): each wgmma takes 32 bytes of every row's chunk
 # (tf32x3: exact fp32 as three TF32 products, hi*hi + hi*lo + lo*hi, of each operand's TF32 high and low parts)
 MODES = {"float16": ("float16", "f16", 16), "bfloat16": ("bfloat16", "bf16", 16), "tf32": ("float32", "tf32", 8),
@@ -56,9 +61,9 @@ class WgmmaConfig:
     group: int = 8  # M tiles per raster group (projection_staged.raster)
     k_chunks: int = 1  # 32-column chunks per buffer (wgmma's per barrier: 2 per chunk)
     # 1: a buffer's wgmma's are still running while the warpgroup waits for the next buffer (wgmma.wait_group 1), so the
-    # copies go stages - 2 buffers ahead instead of stages - 1. In tf32x3 (one chunk per buffer): a chunk's products
-    # run into one of two chunk sums while the next chunk lands and is split (the wgmma's read the parts, not the ring,
-    # so the copies still go stages - 1 ahead); built and tested on the CPU, not yet timed on a GPU, so TF32X3 has none
+    # copies go stages - 2 buffers ahead instead of stages - 1. In tf32x3 (one chunk per buffer): chunks in pairs, the
+    # first one's products running into one chunk sum while the second lands and is split (the wgmma's read the parts,
+    # not the ring, so the copies still go stages - 1 ahead); built on the CPU, not yet run on a GPU, so TF32X3 has none
     overlap: int = 0
 
     @property
@@ -152,7 +157,7 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
     # tf32x3: each landed chunk's high and low parts, in two buffers by item parity, high planes then low ones
     parts = T.alloc_buffer((2 * 2 * KCH * size,), dtype, scope="shared.dyn") if split else None
     acc = T.alloc_buffer((BN // 2,), "float32", scope="local")
-    # tf32x3 with overlap: two chunk sums by item parity, one item's wgmma's running while the next item is split
+    # tf32x3 with overlap: two chunk sums, one item's wgmma's running while the next item is split
     pipelined = split and cfg.overlap
     sums = [T.alloc_buffer((BN // 2,), "float32", scope="local") for _ in range(1 + pipelined)] if split else None
     staged = T.alloc_buffer(((BM + BN) * KC // cfg.threads,), "float32", scope="local") if split else None  # a chunk's own copies
@@ -247,20 +252,31 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
         for i in range(BN // 2):
             T.buffer_store(acc, acc[i] + chunk_sum[i], [i])
 
-    def consume_pipelined(item, _buf):
-        """After the ring's barrier every warpgroup has waited for item - 2's wgmma's (the last item's wait_group 1), so
-        its parts' buffer is free: write this item's parts, a barrier, then its wgmma's into the sum of its parity while
-        the last item's sum, complete, is added; they run on while the next item lands and is split."""
+    def fence_operands(regs):
+        for i in range(BN // 2):
+            T.evaluate(T.cuda.func_call(FENCE_OPERAND, regs[i], source_code=FENCE_OPERAND_SRC))
+
+    def consume_pipelined(item, _buf, parity):
+        """Items in pairs: the first one's products run while the second lands and is split, and are waited for (and
+        their sum added) after the second one's are issued; both are done before the pair ends. (Groups in flight
+        across the loop's back edge, with the other sum read meanwhile, made ptxas serialize every wgmma: C7514.)
+        After the ring's barrier the wgmma's of two items back are done everywhere, so this item's parts' buffer is
+        free: write the parts, a barrier, then its products into the sum of its parity. NVVM moves register reads
+        and writes across the asm that waits on the wgmma's, so each sum is fenced in place around them, and the
+        running sum after the adds (CUTLASS's warpgroup_fence_operand)."""
         write_parts(item, 0)
         proxy_fence()
         block_sync()
+        fence_operands(sums[parity])
         T.evaluate(T.ptx.wgmma.fence.sync.aligned())
-        for parity in range(2):
-            with T.If(item % i64(2) == i64(parity)):
-                with T.Then():
-                    split_products(sums[parity], item, 0)
-                    T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(1))
-                    emit_if(item > i64(0), lambda parity=parity: add_sum(sums[1 - parity]), False)
+        split_products(sums[parity], item, 0)
+        fence_operands(sums[parity])
+        if parity == 1:
+            for left, done in ((1, 0), (0, 1)):
+                T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(left))
+                fence_operands(sums[done])
+                add_sum(sums[done])
+                fence_operands(acc)
 
     def consume(item, buf):
         T.evaluate(T.ptx.wgmma.fence.sync.aligned())
@@ -283,9 +299,10 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
 
     items = -(-chunks // KCH)
     if pipelined:  # the wgmma's read the parts, not the ring: its buffers are free once split (lag 1)
-        cp_async_ring(items, cfg.stages, issue, consume_pipelined, landed, lag=1)
-        T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-        add_sum(sums[(items - 1) % 2])
+        cp_async_ring(items, cfg.stages, issue, consume_pipelined, landed, lag=1, unroll=2)
+        if items % 2:  # the last item, alone after the pairs
+            T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+            add_sum(sums[0])
     else:
         cp_async_ring(items, cfg.stages, issue, consume, landed, lag=1 + cfg.overlap)
         if cfg.overlap:

@@ -313,12 +313,13 @@ def test_projection_wgmma_builds_without_a_gpu():
     assert src.count("wgmma_tf32_ss_mma_async_sync_aligned_m64n128k8_f32_tf32_tf32_1_1(") == 1 + 12  # the helper, its calls
     assert src.count("__syncthreads()") == 2
     assert not supported("tf32x3", 800, 1024, "sm_90a", tf32) and not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=4))
-    # with overlap: two chunk sums by item parity, each item's products issued after its parts are written and the
-    # last item's sum added once they are done (wait_group 1); the ring's barrier and the parts' one, as without
+    # with overlap: chunks in pairs, the first one's products running (into a chunk sum of its own, waited for with
+    # wait_group 1) while the second is split; 25 chunks: twelve pairs in the loop, the last chunk after it; the sums
+    # fenced in place around the waits; the ring's barrier and the parts' one, as without
     piped = WgmmaConfig(bn=128, stages=2, overlap=1)
     src = tvm.compile(tvm.IRModule({"main": projection_wgmma("tf32x3", 800, 1024, piped)}), target=target).mod.imports[0].inspect_source()
-    assert src.count("wgmma_tf32_ss_mma_async_sync_aligned_m64n128k8_f32_tf32_tf32_1_1(") == 1 + 2 * 12
-    assert src.count("__syncthreads()") == 2 and "wgmma.wait_group.sync.aligned 1" in src
+    assert src.count("wgmma_tf32_ss_mma_async_sync_aligned_m64n128k8_f32_tf32_tf32_1_1(") == 1 + 3 * 12
+    assert src.count("__syncthreads()") == 2 * 3 and "wgmma.wait_group.sync.aligned 1" in src and "tvmrnn_fence_operand(" in src
     assert not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, k_chunks=2, stages=2, overlap=1))
     assert not supported("float32", 800, 1024, "sm_90a") and not supported("float16", 800, 1024, "sm_90")
     assert not supported("float16", 800, 1000, "sm_90a") and not supported("float16", 80, 1024, "sm_90a")
