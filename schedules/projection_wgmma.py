@@ -117,9 +117,9 @@ def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig | None =
 def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = None, rows: int | None = None) -> tirx.PrimFunc:
     """PrimFunc(X [M, K], W [cols, K] in the mode's storage dtype, bias [cols] fp32, XW [M, cols] fp32), M symbolic. TF32
     reads fp32 operands' top 19 bits (wgmma truncates; projection_staged's TF32 rounds first: blog-a's GEMM was 5.2e-4
-    off float64 here, 1.9e-4 there, the whole TF32 model 9.5e-4 and 6.7e-4 off cuDNN's fp32). Without cfg: the mode's default_config, and where the model does not fix M
-    (rows None) projection_staged's small-row tiles up to its SMALL_M rows, picked by M at run time (a 128-row block
-    tile leaves most SMs idle at batch 1)."""
+    off float64 here, 1.9e-4 there, the whole TF32 model 9.5e-4 and 6.7e-4 off cuDNN's fp32). Without cfg: the mode's
+    default_config, and where the model does not fix M (rows None) projection_staged's small-row tiles up to its
+    SMALL_M rows, picked by M at run time (a 128-row block tile leaves most SMs idle at batch 1)."""
     from .projection_staged import SMALL_M, by_rows, gemm
     from .projection_staged import default_config as staged_default
 
