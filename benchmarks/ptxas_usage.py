@@ -14,20 +14,17 @@ This generates each row's first layer's kernel (the default point at the row's b
 NVRTC as TVM does (sm_90, fast math) and asks ptxas for its usage report (-v).
 """
 
-import glob
 import json
 import os
-import re
 import sys
 from dataclasses import replace
 
 import tvm
-from cuda.bindings import nvrtc
 
 from schedules import cooperative, plan_kernel, point_kernel, recurrent_persistent_mma
+from schedules.ptxas import ptxas
 from schedules.recurrent_mma import MmaConfig
 from schedules.space import KernelConfig
-from tvm.support.nvcc import find_cuda_path
 from tvmrnn import bench
 from tvmrnn.cells import cell_for
 from tvmrnn.frontend.inspect import find_rnn_layers
@@ -35,26 +32,6 @@ from tvmrnn.frontend.inspect import find_rnn_layers
 NAMES = sys.argv[1:] or [r.name for r in bench.ROWS]
 DTYPES = os.environ.get("DTYPES", "float32,float16").split(",")
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-
-
-def include_dirs() -> list[str]:
-    """CUDA's headers and CCCL's (TVM's kernels include <cuda/barrier>), wherever this machine keeps them."""
-    roots = [os.path.join(find_cuda_path(), "include")] + sorted(glob.glob("/usr/local/cuda*/include"))
-    return [d for r in roots for d in (r, os.path.join(r, "cccl")) if os.path.isdir(d)]
-
-
-def ptxas_report(source: str, arch: str = "sm_90") -> str:
-    _, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, None, None)
-    opts = [f"--gpu-architecture={arch}".encode(), b"-default-device", b"--use_fast_math", b"--ptxas-options=-v",
-            b"-U__CUDA_NO_HALF_OPERATORS__", b"-U__CUDA_NO_HALF_CONVERSIONS__"] + [f"-I{d}".encode() for d in include_dirs()]
-    (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-    log = b" " * size
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    text = log.decode(errors="replace").replace("\x00", "")
-    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise RuntimeError(text[:2000])
-    return text
 
 
 POINTS = json.loads(os.environ["POINTS"]) if os.environ.get("POINTS") else None
@@ -73,12 +50,8 @@ def points(spec, cell, batch):
             yield KernelConfig.of("persistent_mma", **{k: getattr(cfg, k) for k in knobs})
 
 
-def usage(report: str) -> str:
-    regs = re.findall(r"Used (\d+) registers", report)
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
-    # C7514: ptxas made every wgmma wait for the last (accumulator registers read while one may be in flight)
-    serialized = "  wgmma serialized (C7514)" if "C7514" in report else ""
-    return f"registers {','.join(regs)}  spill stores/loads {','.join('/'.join(s) for s in spills)} bytes{serialized}"
+def usage(source: str, arch: str = "sm_90") -> str:
+    return ptxas(source, arch).describe()
 
 
 if NAMES[:1] == ["wgmma"]:
@@ -91,7 +64,7 @@ if NAMES[:1] == ["wgmma"]:
         for name, cfg in configs.items():
             if supported(mode, K, cols, "sm_90a", cfg):
                 src = tvm.compile(tvm.IRModule({"main": projection_wgmma(mode, K, cols, cfg, rows=M)}), target=hopper).mod.imports[0].inspect_source()
-                print(f"{M}x{K}x{cols} {mode:8s} {name:40s} {usage(ptxas_report(src, 'sm_90a'))}", flush=True)
+                print(f"{M}x{K}x{cols} {mode:8s} {name:40s} {usage(src, 'sm_90a')}", flush=True)
     sys.exit(0)
 
 for name in NAMES:
@@ -101,4 +74,4 @@ for name in NAMES:
         cell = cell_for(spec)
         for config in points(spec, cell, row.N):
             mod = tvm.tirx.build(point_kernel(spec, cell, TARGET, config, row.T, row.N), target=TARGET, pipeline=cooperative.register())
-            print(f"{name:16s} {dtype:8s} {config.describe():100s} {usage(ptxas_report(mod.imports[0].inspect_source()))}", flush=True)
+            print(f"{name:16s} {dtype:8s} {config.describe():100s} {usage(mod.imports[0].inspect_source())}", flush=True)

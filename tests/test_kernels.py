@@ -326,6 +326,22 @@ def test_projection_wgmma_builds_without_a_gpu():
     assert not supported("float16", 800, 1024, "sm_90a", WgmmaConfig(stages=2, overlap=1))  # no buffer left to copy into
 
 
+@pytest.mark.parametrize("mode, config", [("float16", WGMMA_DEFAULT), ("tf32", None), ("tf32x3", None), ("tf32x3", WgmmaConfig(bn=128, stages=2, overlap=1))],
+                         ids=str)
+def test_wgmma_gemms_keep_their_pipeline(mode, config):
+    """ptxas (through NVRTC, no GPU) keeps compile's wgmma GEMMs asynchronous and in registers: it does not serialize
+    their wgmma's (C7514, which it does where accumulators are read while a wgmma writing them may be in flight) and
+    spills nothing, at blog-a's shape and at a partial row tile with 25 chunks. The pipelined 3xTF32 point (not yet
+    compile's) is held to the first only: with the odd last chunk it spills 4 bytes at 255 registers."""
+    from schedules.ptxas import ptxas
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    for M, K, cols in ((12800, 2560, 10240), (1100, 800, 1024)):
+        src = tvm.compile(tvm.IRModule({"main": projection_wgmma(mode, K, cols, config, rows=M)}), target=target).mod.imports[0].inspect_source()
+        report = ptxas(src, "sm_90a")
+        assert not report.serialized and (config is not None and config.overlap and mode == "tf32x3" or report.spill_stores == 0), (M, K, cols, report)
+
+
 def _cuda_sources(module) -> str:
     """The CUDA source of a compiled model (the VM executable imports the host module, which imports the device one)."""
     found, todo = [], list(module.executable.mod.imports)
