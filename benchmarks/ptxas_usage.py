@@ -43,10 +43,10 @@ def points(spec, cell, batch):
         yield next(b.config for b in plan_kernel(spec, cell, TARGET).branches if b.up_to is None or batch <= b.up_to)
         return
     for knobs in POINTS:
-        cfg = MmaConfig(**{**knobs, "streamed": 0})
-        if knobs.get("streamed") == "fewest":
+        cfg = MmaConfig(**{**knobs, "streamed": 0 if knobs.get("streamed") == "fewest" else knobs.get("streamed", 0)})
+        if knobs.get("streamed") == "fewest":  # a layer whose R all fits skips such a point
             cfg = replace(cfg, streamed=recurrent_persistent_mma.fewest_streamed(spec, cell, "sm_90a", cfg) or 0)
-        if cfg.streamed and recurrent_persistent_mma.fits(spec, cell, "sm_90a", cfg):
+        if (cfg.streamed or knobs.get("streamed") != "fewest") and recurrent_persistent_mma.fits(spec, cell, "sm_90a", cfg):
             yield KernelConfig.of("persistent_mma", **{k: getattr(cfg, k) for k in knobs})
 
 
