@@ -103,7 +103,8 @@ def default_config(mode: str, cols: int) -> WgmmaConfig:
 
 
 def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig | None = None) -> bool:
-    """fp16/bf16 storage, or fp32 as TF32 (mode "tf32") or 3xTF32 (mode "tf32x3": at most 128 columns, no overlap), on
+    """fp16/bf16 storage, or fp32 as TF32 (mode "tf32") or 3xTF32 (mode "tf32x3": at most 128 columns, overlap only with
+    one chunk per buffer), on
     sm_90a; whole 32-column chunks and whole BN-column tiles (BN a multiple of 32 rows per warpgroup, so W's copies take
     whole passes of the block's threads); the ring in shared memory, with a buffer free to copy into. cfg None: the
     mode's default_config."""
@@ -158,7 +159,7 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
     parts = T.alloc_buffer((2 * 2 * KCH * size,), dtype, scope="shared.dyn") if split else None
     acc = T.alloc_buffer((BN // 2,), "float32", scope="local")
     # tf32x3 with overlap: two chunk sums, one item's wgmma's running while the next item is split
-    pipelined = split and cfg.overlap
+    pipelined = split and bool(cfg.overlap)
     sums = [T.alloc_buffer((BN // 2,), "float32", scope="local") for _ in range(1 + pipelined)] if split else None
     staged = T.alloc_buffer(((BM + BN) * KC // cfg.threads,), "float32", scope="local") if split else None  # a chunk's own copies
     desc = T.alloc_buffer((2,), "uint64", scope="local")

@@ -74,19 +74,19 @@ def _projection(bb, X, w, bias, cols, In, target, mode):
     rows = int(m) if isinstance(m, (int, tirx.IntImm)) else None  # a model of fixed shape picks the tile for its rows
     staged = mode or ("tf32x3" if cuda and tensor_cores(target) else None)
     arch = str((target.attrs or {}).get("arch", "")) if cuda else ""
+    w_as_x = lambda: bb.emit(op.astype(w, str(X.ty.dtype)))  # noqa: E731 - the tensor-core GEMMs read W in X's dtype
+    of_rows = "" if rows is None else f"_m{rows}"  # a fixed row count picks its own tiles: a function of its own
     # both tensor-core GEMMs take the same modes (on sm_90a, which has tensor cores, staged is the half dtype or fp32's
     # TF32 / 3xTF32)
     if cuda and (rows is None or rows > projection_staged.SMALL_M) and projection_wgmma.supported(staged, In, cols, arch):
-        func = projection_wgmma.projection_wgmma(staged, In, cols, rows=rows)
-        weight, name = bb.emit(op.astype(w, str(X.ty.dtype))), f"projection_wgmma_{staged}" + ("" if rows is None else f"_m{rows}")
+        func, weight, name = projection_wgmma.projection_wgmma(staged, In, cols, rows=rows), w_as_x(), f"projection_wgmma_{staged}{of_rows}"
         bm, bn = projection_wgmma.default_config(staged, cols).block
         label = f"wgmma {staged} {bm}x{bn}" + (f" (staged mma.sync up to {projection_staged.SMALL_M} rows)" if rows is None else "")
     elif cuda and projection_staged.supported(staged, In, cols, rows=rows):
-        func = projection_staged.projection_staged(staged, In, cols, rows=rows)
-        weight, name = bb.emit(op.astype(w, str(X.ty.dtype))), f"projection_staged_{staged}" + ("" if rows is None else f"_m{rows}")
+        func, weight, name = projection_staged.projection_staged(staged, In, cols, rows=rows), w_as_x(), f"projection_staged_{staged}{of_rows}"
         label = f"staged mma.sync {staged}"
     elif cuda and projection_mma.supported(mode, In, cols):
-        func, weight, name = projection_mma.projection_mma(mode, In, cols), bb.emit(op.astype(w, str(X.ty.dtype))), f"projection_{mode}"
+        func, weight, name = projection_mma.projection_mma(mode, In, cols), w_as_x(), f"projection_{mode}"
         label = f"mma.sync {mode}"
     elif cuda and not half and projection_cuda.supported(In, cols):
         X = _f32(X)
