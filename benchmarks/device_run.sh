@@ -12,6 +12,8 @@
 #                                            models with it against projection_staged (benchmarks/projection_in_model.py)
 #   bash benchmarks/device_run.sh blog-a-ring   blog-a's streamed points (20 units per block, no prefetch, more bytes in flight) against
 #                                            auto; first `tests-sharded 4 tests/test_kernels.py -k "ring or units_not"` (their GPU tests)
+#   bash benchmarks/device_run.sh blog-a-warps   streaming's default (20 units) GPU tests, then its points with 16 warps or
+#                                            fewer streamed chunks (spill-free on ptxas) against it, then bench blog-a
 #   bash benchmarks/device_run.sh ncu [ROW DTYPE T]   Nsight Compute sections of one row's recurrent kernel (benchmarks/ncu_row.py)
 #   bash benchmarks/device_run.sh bench    the benchmark table against cuDNN
 #   bash benchmarks/device_run.sh sanitize [KERNEL]   compute-sanitizer racecheck/synccheck/memcheck on one small layer
@@ -89,6 +91,16 @@ case "$1" in
              {"units":24,"n_tiles":4,"n_warps":2,"k_warps":4,"depth":1,"prefetch":1,"ring":3,"ring_h":1,"streamed":"fewest"},
              {"units":24,"n_tiles":4,"n_warps":2,"k_warps":2,"depth":1,"prefetch":1,"ring":4,"ring_h":1,"streamed":"fewest"}]' \
       DTYPES=${DTYPES:-float16,float32} BASELINES=auto timeout 560 python3 benchmarks/kernel_variants.py persistent_mma blog-a 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -14 ;;
+  blog-a-warps)  # after streaming_config took 20 units without XW prefetched (2026-11-25-h100-blog-a-units20.md): more
+    # warps per SM for the latency-bound step (n_warps 4 or 8, fewer tiles each), or fewer chunks streamed (k_warps 2)
+    TESTS_S=120 bash "$0" tests-sharded 4 tests/test_kernels.py -k "stream or ring or units_not" | tail -3
+    p='"units":20,"depth":1,"prefetch":0,"ring":2,"ring_h":1,"streamed":"fewest"'
+    POINTS="[{$p,\"n_tiles\":2,\"n_warps\":4,\"k_warps\":4},{$p,\"n_tiles\":1,\"n_warps\":8,\"k_warps\":2},{$p,\"n_tiles\":2,\"n_warps\":4,\"k_warps\":2}]" \
+      DTYPES=float16 BASELINES=auto timeout 150 python3 benchmarks/kernel_variants.py persistent_mma blog-a 2>&1 | grep -v Warning | tail -4
+    mv "$OUT/persistent_mma_variants.json" "$OUT/persistent_mma_variants_fp16.json"
+    POINTS="[{$p,\"n_tiles\":2,\"n_warps\":4,\"k_warps\":2},{$p,\"n_tiles\":2,\"n_warps\":4,\"k_warps\":4}]" \
+      DTYPES=float32 BASELINES=auto timeout 150 python3 benchmarks/kernel_variants.py persistent_mma blog-a 2>&1 | grep -v Warning | tail -3
+    timeout 200 python3 -m tvmrnn.cli bench --repeats 20 --out "$OUT" --row blog-a --kernel auto --kernel tf32 2>&1 | grep -v Warning | tee "$OUT/bench_log.txt" | tail -12 ;;
   ncu)  # Nsight Compute on one row's recurrent kernel (ROW DTYPE [T], default blog-a float16 20): where a step's time goes
     timeout 300 ncu -k regex:rnn_ --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
       --section ComputeWorkloadAnalysis --section Occupancy python3 benchmarks/ncu_row.py "${2:-blog-a}" "${3:-float16}" "${4:-20}" 2>&1 \

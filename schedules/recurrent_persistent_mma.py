@@ -47,9 +47,8 @@ R_LAYOUT = "rows"
 # hidden units per block (whole 8-row groups of one gate). 32 would never be needed to fit: where R's slice
 # for 32 units fits in shared memory, 16 units make few enough blocks for one wave
 UNITS = (8, 16)
-# units per block where R streams: a wave of blocks must cover all of H (2560 / 24 = 107 blocks of the H100's 132);
-# the two widths that have run on a GPU
-STREAM_UNITS = (24, 32)
+# the widest block streaming_config tries: 64 units cover H=8448 in one wave of the H100's 132 SMs
+MAX_STREAM_UNITS = 64
 
 
 def blocks(spec, units: int) -> int:
@@ -157,22 +156,29 @@ def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig
 
 
 def streaming_config(spec, cell, arch: str) -> MmaConfig | None:
-    """For a layer whose R does not fit on chip: the fewest units per block that make one wave, 4 x 2 batch tiles (64
-    rows per pass), the reduction split 4 ways, XW prefetched, the streamed chunks of R and of h through a ring of two
-    buffers, and the fewest chunks streamed; the best of the points tried on blog-a (H=2560, batch 64) in both fp32 and
-    fp16 (H100). The ring of R's chunks (benchmarks/results/2026-11-25-h100-streamed-ring.md): fp16 9.36 against 10.03 ms
-    without it, fp32 26.3 against 26.6; three buffers (more chunks streamed to make room) 9.83 and 28.0. h's chunks in the
-    ring too (ring_h, benchmarks/results/2026-11-25-h100-ring-h.md): fp16 8.69 against 9.40 ms, fp32 24.2 against 26.5.
+    """For a layer whose R does not fit on chip: the fewest units per block that make one wave (not only multiples of 8:
+    every phase's rows must be whole 8-row groups, so an LSTM may take 20 units, a GRU 24), 4 x 2 batch tiles (64 rows
+    per pass), the reduction split 4 ways, XW prefetched only in cells of several phases (as default_config), the
+    streamed chunks of R and of h through a ring of two buffers (without it where H is not whole 32-column chunks, which
+    the ring copies), and the fewest chunks streamed. Measured on blog-a
+    (H=2560, batch 64, H100), whole models:
+    - the ring of R's chunks (benchmarks/results/2026-11-25-h100-streamed-ring.md): fp16 9.36 against 10.03 ms without
+      it, fp32 26.3 against 26.6; three buffers (more chunks streamed to make room) 9.83 and 28.0; h's chunks in the ring
+      too (ring_h, 2026-11-25-h100-ring-h.md): fp16 8.69 against 9.40 ms, fp32 24.2 against 26.5;
+    - 20 units (128 blocks, 58 of 80 chunks streamed in fp16) against 24 (107 blocks, 64 streamed), without XW prefetched
+      (2026-11-25-h100-blog-a-units20.md): fp16 7.39 against 8.24 ms, exact fp32 20.5 against 22.9; with XW prefetched
+      7.53 and 20.6; ring=3 at 20 units 7.46.
     None where no wave of blocks holds H, or where R (every direction) would fit in a wave's shared memory: there more
     units per block than UNITS would keep it all resident, which is what tuning is for, and streaming has not been
     measured against that."""
     if r_bytes(spec, cell, spec.hidden_size) * spec.num_directions <= sm_count(arch) * SMEM_LIMIT.get(arch, SMEM_DEFAULT):
         return None
-    for units in STREAM_UNITS:
-        cfg = MmaConfig(units=units, n_tiles=4, n_warps=2, k_warps=4, depth=1, prefetch=1, ring=2, ring_h=1)
-        streamed = fewest_streamed(spec, cell, arch, cfg)
-        if streamed is not None:
-            return replace(cfg, streamed=streamed) if streamed else None
+    for ring in (dict(ring=2, ring_h=1), dict(ring=0, ring_h=0)):  # the ring copies whole chunks: none where H % 32
+        for units in range(UNITS[0], MAX_STREAM_UNITS + 1):
+            cfg = MmaConfig(units=units, n_tiles=4, n_warps=2, k_warps=4, depth=1, prefetch=int(len(cell.phases) > 1), **ring)
+            streamed = fewest_streamed(spec, cell, arch, cfg)
+            if streamed and fits(spec, cell, arch, replace(cfg, streamed=streamed)):
+                return replace(cfg, streamed=streamed)
     return None
 
 

@@ -691,6 +691,26 @@ def test_streamed_ring_is_correct(case, dtype, knobs):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_streaming_default_takes_the_fewest_units_that_make_one_wave(dtype):
+    """Where R does not fit on chip, the default streams part of it with the fewest units per block that cover H in one
+    wave of the H100's 132 SMs, a multiple of 8 only where a phase's rows need it: blog-a's LSTM (H=2560) takes 20 units
+    (128 blocks), a GRU 24 (its candidate phase multiplies one gate); without the ring where H is not whole 32-column
+    chunks (the ring copies whole ones); every default fits, and none fits with fewer units."""
+    from schedules.recurrent_persistent_mma import blocks, fits, streaming_config
+
+    expected = {("LSTM", 2560): (20, 2), ("GRU", 2560): (24, 2), ("LSTM", 3000): (24, 0), ("GRU", 3000): (24, 0)}
+    for (op, hidden), (units, ring) in expected.items():
+        spec = find_rnn_layers(Case(op=op, hidden=hidden, input_size=8, dtype=dtype).model())[0].spec
+        cell = cell_for(spec)
+        cfg = streaming_config(spec, cell, "sm_90")
+        assert (cfg.units, cfg.ring) == (units, ring) and fits(spec, cell, "sm_90", cfg), (op, hidden, cfg)
+        assert cfg.prefetch == int(len(cell.phases) > 1) and blocks(spec, cfg.units) <= 132
+        assert not any(fits(spec, cell, "sm_90", dataclasses.replace(cfg, units=u)) for u in range(8, units))
+    small = find_rnn_layers(Case(op="LSTM", hidden=1024, input_size=8, dtype=dtype).model())[0].spec
+    assert streaming_config(small, cell_for(small), "sm_90") is None  # R fits on chip: nothing streams
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_streamed_chunks_read_r_from_global_memory(dtype):
     """persistent_mma with `streamed` chunks: a layer whose R does not fit on chip (blog-a's H=2560 LSTM) fits one wave
     with the fewest chunks streamed, and builds; streamed chunks are read from R in global memory inside the step loop,
