@@ -63,7 +63,8 @@ class WgmmaConfig:
     # 1: a buffer's wgmma's are still running while the warpgroup waits for the next buffer (wgmma.wait_group 1), so the
     # copies go stages - 2 buffers ahead instead of stages - 1. In tf32x3 (one chunk per buffer): chunks in pairs, the
     # first one's products running into one chunk sum while the second lands and is split (the wgmma's read the parts,
-    # not the ring, so the copies still go stages - 1 ahead); built on the CPU, not yet run on a GPU, so TF32X3 has none
+    # not the ring, so the copies still go stages - 1 ahead); on the H100 no faster than without (blog-a 8.22 / 7.98 ms
+    # with 2 / 3 buffers against 8.03, benchmarks/results/2026-11-25-h100-wgmma-pipelined-3xtf32.md), so TF32X3 has none
     overlap: int = 0
 
     @property

@@ -47,8 +47,9 @@ R_LAYOUT = "rows"
 # hidden units per block (whole 8-row groups of one gate). 32 would never be needed to fit: where R's slice
 # for 32 units fits in shared memory, 16 units make few enough blocks for one wave
 UNITS = (8, 16)
-# the widest block streaming_config tries: 64 units cover H=8448 in one wave of the H100's 132 SMs
-MAX_STREAM_UNITS = 64
+# the widest block streaming_config tries (32 units: H up to 4224 in one wave of the H100's 132 SMs): the widths that
+# have run on a GPU are 20, 24 and 32; wider blocks would hold more partial sums and stream nearly all of R
+MAX_STREAM_UNITS = 32
 
 
 def blocks(spec, units: int) -> int:
