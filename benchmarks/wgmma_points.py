@@ -7,7 +7,9 @@ from schedules.projection_wgmma import WgmmaConfig
 WGMMA = {f"wgmma {c.warpgroups * 64}x{c.bn} s{c.stages} k{c.k_chunks * 32}{' overlap' if c.overlap else ''}": c
          for c in (WgmmaConfig(), WgmmaConfig(stages=6, overlap=1), WgmmaConfig(k_chunks=2, stages=4, overlap=1),
                    WgmmaConfig(bn=256, stages=6, overlap=1), WgmmaConfig(bn=256, k_chunks=2, stages=3, overlap=1),
-                   WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1), WgmmaConfig(bn=256, warpgroups=1, k_chunks=2, stages=4, overlap=1))}
+                   WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1), WgmmaConfig(bn=256, warpgroups=1, k_chunks=2, stages=4, overlap=1),
+                   # 256 x 128: four warpgroups (16 warps, 64 accumulators each) over the same 32K outputs as 128 x 256
+                   WgmmaConfig(bn=128, warpgroups=4, k_chunks=2, stages=4, overlap=1), WgmmaConfig(bn=128, warpgroups=4, stages=6, overlap=1))}
 # the same in TF32 (fp32 rows are 128 bytes: the ring fits fewer buffers); compile builds projection_wgmma.TF32
 WGMMA_TF32 = {f"wgmma tf32 {c.warpgroups * 64}x{c.bn} s{c.stages}{' overlap' if c.overlap else ''}": c
               for c in (WgmmaConfig(bn=256, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1), WgmmaConfig(bn=128, stages=6, overlap=1),

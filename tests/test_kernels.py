@@ -261,9 +261,11 @@ def test_projection_staged_matches_float64(M, K, cols, mode, tol, config):
 
 # WgmmaConfig's defaults; 256 columns; one warpgroup of 64 columns with a group that does not divide the M tiles; two
 # chunks per buffer (K = 800's 25 chunks: a partial last buffer) with the next buffer's wgmma's issued before the last
-# one's finish, at 128 columns and at 256 (compile's DEFAULT); one chunk per buffer with that overlap
+# one's finish, at 128 columns and at 256 (compile's DEFAULT); one chunk per buffer with that overlap; four warpgroups
+# over 128 columns (256 x 128 blocks, partial M tiles at 333 and 1100 rows)
 WGMMA_CONFIGS = [WgmmaConfig(), WgmmaConfig(bn=256, stages=3), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3),
-                 WgmmaConfig(k_chunks=2, stages=4, overlap=1), WgmmaConfig(bn=256, stages=6, overlap=1), WGMMA_DEFAULT]
+                 WgmmaConfig(k_chunks=2, stages=4, overlap=1), WgmmaConfig(bn=256, stages=6, overlap=1), WGMMA_DEFAULT,
+                 WgmmaConfig(bn=128, warpgroups=4, k_chunks=2, stages=4, overlap=1)]
 
 
 @pytest.mark.gpu
