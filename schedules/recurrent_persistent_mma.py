@@ -161,8 +161,7 @@ def streaming_config(spec, cell, arch: str) -> MmaConfig | None:
     every phase's rows must be whole 8-row groups, so an LSTM may take 20 units, a GRU 24), 4 x 2 batch tiles (64 rows
     per pass), the reduction split 4 ways, XW prefetched only in cells of several phases (as default_config), the
     streamed chunks of R and of h through a ring of two buffers (without it where H is not whole 32-column chunks, which
-    the ring copies), and the fewest chunks streamed. Measured on blog-a
-    (H=2560, batch 64, H100), whole models:
+    the ring copies), and the fewest chunks streamed. Measured on blog-a (H=2560, batch 64, H100), whole models:
     - the ring of R's chunks (benchmarks/results/2026-11-25-h100-streamed-ring.md): fp16 9.36 against 10.03 ms without
       it, fp32 26.3 against 26.6; three buffers (more chunks streamed to make room) 9.83 and 28.0; h's chunks in the ring
       too (ring_h, 2026-11-25-h100-ring-h.md): fp16 8.69 against 9.40 ms, fp32 24.2 against 26.5;
