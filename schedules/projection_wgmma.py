@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .mma_tiles import KC, cp_async_ring, itemsize, to_tf32
+from .mma_tiles import KC, cp_async_ring, itemsize, tma_ring, to_tf32
 from .projection_staged import raster
 from .recurrent_common import block_sync, emit_if, i64, projection_prim_func
 
@@ -46,6 +46,7 @@ FENCE_OPERAND_SRC = f'__forceinline__ __device__ void {FENCE_OPERAND}(float& r) 
 MODES = {"float16": ("float16", "f16", 16), "bfloat16": ("bfloat16", "bf16", 16), "tf32": ("float32", "tf32", 8),
          "tf32x3": ("float32", "tf32", 8)}
 SWIZZLE = {64: 2, 128: 3}  # a chunk row's bytes -> tirx.cuda.wgmma_encode_matrix_descriptor's swizzle code (SW64, SW128)
+TMA_SWIZZLE = {64: 2, 128: 3}  # the same -> CUtensorMapSwizzle (CU_TENSOR_MAP_SWIZZLE_64B, _128B): the same permutation
 
 
 def row_bytes(mode: str) -> int:
@@ -66,6 +67,12 @@ class WgmmaConfig:
     # not the ring, so the copies still go stages - 1 ahead); on the H100 no faster than without (blog-a 8.22 / 7.98 ms
     # with 2 / 3 buffers against 8.03, benchmarks/results/2026-11-25-h100-wgmma-pipelined-3xtf32.md), so TF32X3 has none
     overlap: int = 0
+    # 1: the tensor memory accelerator fills the ring (mma_tiles.tma_ring): one thread issues each chunk's two bulk copies
+    # (X's rows, W's rows) through tensor maps encoded at launch, swizzled as the wgmma's read them, and every thread
+    # waits on the buffer's mbarrier, where cp.async had each thread copy and swizzle its share. Not in tf32x3 (its
+    # threads split their own copies). 2: also no block barrier per buffer: each warp frees a buffer through an "empty"
+    # mbarrier, which only the copying thread waits on. Built and checked on the CPU (ptxas), not yet run on a GPU
+    tma: int = 0
 
     @property
     def block(self) -> tuple[int, int]:
@@ -76,8 +83,9 @@ class WgmmaConfig:
         return 128 * self.warpgroups
 
     def smem_bytes(self, mode: str = "float16") -> int:
-        """The ring; in tf32x3 also two buffers of each chunk's high and low parts."""
-        return (self.stages + (4 if mode == "tf32x3" else 0)) * self.k_chunks * sum(self.block) * row_bytes(mode)
+        """The ring; in tf32x3 also two buffers of each chunk's high and low parts; with tma the ring's mbarriers."""
+        return ((self.stages + (4 if mode == "tf32x3" else 0)) * self.k_chunks * sum(self.block) * row_bytes(mode)
+                + 8 * self.stages * self.tma)  # tma 2: full and empty barriers
 
 
 # the best point on the H100 (benchmarks/results/2026-11-25-h100-projection-wgmma.md): 128 x 256 blocks, two chunks per
@@ -113,7 +121,7 @@ def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig | None =
     return (mode in MODES and arch == "sm_90a" and K % KC == 0 and cols % cfg.bn == 0 and cfg.bn % (32 * cfg.warpgroups) == 0
             and cfg.bn <= 256 and cfg.smem_bytes(mode) <= 227 * 1024 and cfg.stages - (0 if mode == "tf32x3" else cfg.overlap) >= 2
             # chunk sums: twice the registers (with overlap, three times: one chunk per buffer)
-            and not (mode == "tf32x3" and (cfg.bn > 128 or (cfg.overlap and cfg.k_chunks > 1))))
+            and not (mode == "tf32x3" and (cfg.bn > 128 or (cfg.overlap and cfg.k_chunks > 1) or cfg.tma)))
 
 
 def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = None, rows: int | None = None) -> tirx.PrimFunc:
@@ -129,12 +137,24 @@ def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = Non
     assert supported(mode, K, cols, "sm_90a", point), (mode, K, cols, point)
     BM, BN = point.block
 
+    def tensor_maps(X, W, M):
+        """X's and W's tensor maps (point.tma): 32-column boxes of BM and BN rows, swizzled as the ring's chunks are."""
+        maps = []
+        for buf, rows, box in ((X, M, BM), (W, i64(cols), BN)):
+            tmap = T.Bind(T.tvm_stack_alloca("tensormap", 1))
+            T.evaluate(T.tensormap_encode_tiled(tmap, buf.data, i64(K), rows, i64(K * itemsize(MODES[mode][0])), KC, box, 1, 1,
+                                                descriptor_dtype=MODES[mode][0], rank=2, swizzle=TMA_SWIZZLE[row_bytes(mode)],
+                                                l2_promotion=2, oob_fill=0))
+            maps.append(tmap)
+        return maps
+
     def warpgroup_tiles(X, W, bias, XW, M):
+        maps = tensor_maps(X, W, M) if point.tma else None
         m_tiles, n_tiles = tirx.ceildiv(M, i64(BM)), i64(cols // BN)
         with T.thread_binding(0, m_tiles * n_tiles, "blockIdx.x") as b:
             bx, by = raster(b, m_tiles, n_tiles, point.group)
             with T.thread_binding(0, i64(point.threads), "threadIdx.x") as tid:
-                _tile(mode, K, cols, point, X, W, bias, XW, M, bx * i64(BM), by * i64(BN), tid, (BM + BN) * KC, K // KC)
+                _tile(mode, K, cols, point, X, W, bias, XW, M, bx * i64(BM), by * i64(BN), tid, (BM + BN) * KC, K // KC, maps)
 
     def body(X, W, bias, XW, M):
         if cfg is not None or rows is not None:
@@ -146,7 +166,7 @@ def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = Non
     return projection_prim_func(f"projection_wgmma_{mode}", MODES[mode][0], K, cols, (cols, K), body)
 
 
-def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
+def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps=None):
     BM, BN = cfg.block
     KCH = cfg.k_chunks
     dtype, ptx, kstep = MODES[mode]
@@ -155,7 +175,10 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
     segs, vec, per_k = rb // 16, 16 * KC // rb, 32 * KC // rb  # per row: 16-byte copies; elements per copy, per wgmma
     x_passes = BM * segs // cfg.threads  # X's rows take whole passes of the block's threads (64 rows per warpgroup)
     wg, t = tid // i64(128), tid % i64(128)
-    sm = T.alloc_buffer((cfg.stages * KCH * size,), dtype, scope="shared.dyn")
+    # with tma the ring's mbarriers (8 bytes each) after its buffers, in the same allocation: the buffers stay at the
+    # start of dynamic shared memory, aligned as the swizzle needs
+    bars = cfg.stages * KCH * size
+    sm = T.alloc_buffer((bars + cfg.stages * cfg.tma * 8 // itemsize(dtype),), dtype, scope="shared.dyn")
     # tf32x3: each landed chunk's high and low parts, in two buffers by item parity, high planes then low ones
     parts = T.alloc_buffer((2 * 2 * KCH * size,), dtype, scope="shared.dyn") if split else None
     acc = T.alloc_buffer((BN // 2,), "float32", scope="local")
@@ -299,8 +322,38 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks):
         # before the barrier that frees a buffer for the next copies: this item's wgmma's (or, overlapping, the last one's)
         T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(cfg.overlap))
 
+    def tma_issue(item, buf):
+        """The item's chunks: X's BM rows and W's BN rows of each, one bulk copy apiece, onto the buffer's mbarrier."""
+        def plane(j, ck):
+            at = (buf * i64(KCH) + i64(j)) * i64(size)
+            for tmap, offset, row in ((maps[0], 0, mb), (maps[1], BM * KC, nb)):
+                T.evaluate(T.ptx["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"](
+                    shared_at(at + i64(offset)), T.address_of(tmap), T.cast(ck * i64(KC), "int32"), T.cast(row, "int32"), barrier(buf)))
+
+        each_plane(item, plane)
+
+    # the ring's shared addresses as integers from its start: buffer accesses inside the leader's branch would have
+    # TVM's barrier planner put barriers in that branch (it cannot), and the mbarriers order the copies, not it
+    base = T.Bind(T.cuda.cvta_generic_to_shared(sm.access_ptr("r"))) if cfg.tma else None
+
+    def shared_at(element):
+        return base + T.cast(element * i64(itemsize(dtype)), "uint32")
+
+    def barrier(buf):
+        return shared_at(i64(bars) + buf * i64(8 // itemsize(dtype)))
+
+    def tma_bytes(item):
+        # a box's bytes land whole, rows past M as zeros; a partial last item has fewer chunks
+        per_chunk = (BM + BN) * rb
+        return T.cast(tirx.min(i64(chunks) - item * i64(KCH), i64(KCH)) * i64(per_chunk), "uint32")
+
     items = -(-chunks // KCH)
-    if pipelined:  # the wgmma's read the parts, not the ring: its buffers are free once split (lag 1)
+    if cfg.tma:
+        release = (cfg.threads // 32, tid % i64(32) == i64(0)) if cfg.tma == 2 else None
+        tma_ring(items, cfg.stages, tma_issue, consume, barrier, tid == i64(0), tma_bytes, lag=1 + cfg.overlap, release=release)
+        if cfg.overlap:
+            T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+    elif pipelined:  # the wgmma's read the parts, not the ring: its buffers are free once split (lag 1)
         cp_async_ring(items, cfg.stages, issue, consume_pipelined, landed, lag=1, unroll=2)
         if items % 2:  # the last item, alone after the pairs
             T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))

@@ -266,12 +266,17 @@ def test_projection_staged_matches_float64(M, K, cols, mode, tol, config):
 WGMMA_CONFIGS = [WgmmaConfig(), WgmmaConfig(bn=256, stages=3), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3),
                  WgmmaConfig(k_chunks=2, stages=4, overlap=1), WgmmaConfig(bn=256, stages=6, overlap=1), WGMMA_DEFAULT,
                  WgmmaConfig(bn=128, warpgroups=4, k_chunks=2, stages=4, overlap=1)]
+# the ring filled by the tensor memory accelerator: compile's DEFAULT (two chunks per buffer, K = 800's partial last
+# buffer), one chunk per buffer without overlap, and 128 x 128 with four buffers; with buffers freed by the block's
+# barrier (tma=1) and by each warp's arrival on an "empty" mbarrier (tma=2), with and without overlap
+WGMMA_TMA_CONFIGS = [dataclasses.replace(WGMMA_DEFAULT, tma=1), WgmmaConfig(bn=256, stages=6, tma=1), WgmmaConfig(tma=1),
+                     dataclasses.replace(WGMMA_DEFAULT, tma=2), WgmmaConfig(bn=256, stages=6, tma=2)]
 
 
 @pytest.mark.gpu
 # bfloat16 differs from float16 in the instruction's type only: compile's DEFAULT covers it; fp32's rows take twice the bytes
-@pytest.mark.parametrize("mode, config", [("float16", c) for c in WGMMA_CONFIGS] + [("bfloat16", WGMMA_DEFAULT)]
-                         + [("tf32", c) for c in WGMMA_CONFIGS if c.smem_bytes("tf32") <= 227 * 1024]
+@pytest.mark.parametrize("mode, config", [("float16", c) for c in WGMMA_CONFIGS + WGMMA_TMA_CONFIGS] + [("bfloat16", WGMMA_DEFAULT)]
+                         + [("tf32", c) for c in WGMMA_CONFIGS + WGMMA_TMA_CONFIGS if c.smem_bytes("tf32") <= 227 * 1024]
                          + [("tf32x3", c) for c in (WgmmaConfig(bn=128, stages=3), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3),
                                                     WgmmaConfig(bn=128, stages=2, overlap=1), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3, overlap=1))], ids=str)
 @pytest.mark.parametrize("M, K, cols", [(1, 32, 256), (333, 64, 2560), (1100, 800, 1024), (6400, 1024, 4096)])
@@ -281,7 +286,7 @@ def test_projection_wgmma_matches_float64(M, K, cols, mode, config):
     tiles. Half precision exact to fp32 accumulation; TF32 (fp32 in the 128-byte swizzle, operands truncated to 10
     mantissa bits by the tensor cores) within TF32's error; 3xTF32 (each chunk split into high and low parts, its three
     products summed apart and added in fp32; with overlap one chunk's products run while the next is split) within
-    fp32's 1e-5."""
+    fp32's 1e-5. With tma the copies are bulk tensor copies (rows past M read as zeros, M = 1 and 333 among them)."""
     import ml_dtypes
 
     dtype = {"float16": "f2", "bfloat16": ml_dtypes.bfloat16, "tf32": "f4", "tf32x3": "f4"}[mode]
@@ -326,6 +331,37 @@ def test_projection_wgmma_builds_without_a_gpu():
     assert not supported("float32", 800, 1024, "sm_90a") and not supported("float16", 800, 1024, "sm_90")
     assert not supported("float16", 800, 1000, "sm_90a") and not supported("float16", 80, 1024, "sm_90a")
     assert not supported("float16", 800, 1024, "sm_90a", WgmmaConfig(stages=2, overlap=1))  # no buffer left to copy into
+
+
+def test_projection_wgmma_tma_builds_without_a_gpu():
+    """With tma the ring is filled by bulk tensor copies: the kernel takes X's and W's tensor maps (encoded on the host
+    at launch) as __grid_constant__ parameters, one thread arms each buffer's mbarrier and issues two copies per chunk,
+    every thread waits on the barrier's phase, and no thread copies for itself (no cp.async, no proxy fence); with
+    tma=2 no block barrier in the loop, each warp's lane 0 arriving on the buffer's "empty" mbarrier instead; ptxas
+    keeps it unserialized and spill-free, with fewer registers than the per-thread copies take. 3xTF32 has none (its
+    threads split their own copies)."""
+    from schedules.projection_wgmma import supported
+    from schedules.ptxas import ptxas
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    for mode in ("float16", "tf32"):
+        for cfg in WGMMA_TMA_CONFIGS:
+            if not supported(mode, 800, 1024, "sm_90a", cfg):
+                continue
+            src = tvm.compile(tvm.IRModule({"main": projection_wgmma(mode, 800, 1024, cfg, rows=1100)}), target=target).mod.imports[0].inspect_source()
+            signature = re.search(r'extern "C" __global__[^;{]*\{', src)  # the definition's, not the declaration's
+            kernel = src[signature.start():]
+            assert signature.group(0).count("const __grid_constant__ CUtensorMap") == 2, cfg
+            loop = kernel[kernel.index("for ("):]
+            assert loop.count("cp_async_bulk_tensor_g2s") == 2 * cfg.k_chunks and "mbarrier_wait" in loop, cfg
+            assert ("__syncthreads" in loop) == (cfg.tma == 1) and ("mbarrier_arrive_nocount" in loop) == (cfg.tma == 2), cfg
+            assert not re.search(r"ptx_cp_async_legacy|cp_async_commit_group|fence_proxy_proxy_async", kernel), cfg
+            report = ptxas(src, "sm_90a")
+            assert not report.serialized and report.spill_stores == 0, (mode, cfg, report)
+    plain = tvm.compile(tvm.IRModule({"main": projection_wgmma("float16", 2560, 10240, WGMMA_DEFAULT, rows=12800)}), target=target)
+    tma = tvm.compile(tvm.IRModule({"main": projection_wgmma("float16", 2560, 10240, WGMMA_TMA_CONFIGS[0], rows=12800)}), target=target)
+    assert ptxas(tma.mod.imports[0].inspect_source(), "sm_90a").registers < ptxas(plain.mod.imports[0].inspect_source(), "sm_90a").registers
+    assert not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=2, tma=1))
 
 
 @pytest.mark.parametrize("mode, config", [("float16", WGMMA_DEFAULT), ("tf32", None), ("tf32x3", None), ("tf32x3", WgmmaConfig(bn=128, stages=2, overlap=1))],
