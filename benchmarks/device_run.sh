@@ -8,8 +8,8 @@
 #                                            (kernel_variants; e.g. ring_h=1 beside today's ring=2)
 #   bash benchmarks/device_run.sh wgmma [SHAPE ...]   projection_wgmma's GPU tests, then its points (fp16, TF32, 3xTF32)
 #                                            against projection_staged's default and cuBLAS (benchmarks/projection_staged.py)
-#   IDS=warpgroups=4 bash benchmarks/device_run.sh wgmma-fp16 [SHAPE ...]   the fp16 wgmma points against the default
-#                                            and cuBLAS (projection_staged.py), then the GPU tests whose ids hold IDS
+#   IDS="tma=[12]" bash benchmarks/device_run.sh wgmma-fp16 [SHAPE ...]   the fp16 wgmma points against the default
+#                                            and cuBLAS (projection_staged.py), then the GPU tests whose ids match IDS (grep -E)
 #   bash benchmarks/device_run.sh wgmma-fp32 [ROW ...]   fp32 layers' warpgroup GEMM (3xTF32, TF32): GPU tests, then whole
 #                                            models with it against projection_staged (benchmarks/projection_in_model.py)
 #   bash benchmarks/device_run.sh blog-a-ring   blog-a's streamed points (20 units per block, no prefetch, more bytes in flight) against
@@ -81,7 +81,7 @@ case "$1" in
     STAGED=default timeout 320 python3 benchmarks/projection_staged.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/projection_log.txt" | tail -40 ;;
   wgmma-fp16)  # the timing first (the point of the call), then the new points' GPU tests, picked by a string of their ids
     DTYPES=float16 STAGED=default timeout 170 python3 benchmarks/projection_staged.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/projection_log.txt" | tail -16
-    python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/test_kernels.py 2>/dev/null | grep -F "${IDS:-warpgroups=4}" > /tmp/ids.txt
+    python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/test_kernels.py 2>/dev/null | grep -E "${IDS:-warpgroups=4}" > /tmp/ids.txt
     timeout 100 python3 -c 'import sys, pytest; sys.exit(pytest.main(["-m", "gpu", "-q", "-rfE", "-p", "no:cacheprovider"] + open(sys.argv[1]).read().splitlines()))' \
       /tmp/ids.txt 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4 ;;
   wgmma-fp32)  # fp32 layers on the warpgroup GEMM: its GPU tests (3xTF32 kernels, whole fp32 and TF32 models), then whole

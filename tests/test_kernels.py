@@ -270,7 +270,8 @@ WGMMA_CONFIGS = [WgmmaConfig(), WgmmaConfig(bn=256, stages=3), WgmmaConfig(bn=64
 # buffer), one chunk per buffer without overlap, and 128 x 128 with four buffers; with buffers freed by the block's
 # barrier (tma=1) and by each warp's arrival on an "empty" mbarrier (tma=2), with and without overlap
 WGMMA_TMA_CONFIGS = [dataclasses.replace(WGMMA_DEFAULT, tma=1), WgmmaConfig(bn=256, stages=6, tma=1), WgmmaConfig(tma=1),
-                     dataclasses.replace(WGMMA_DEFAULT, tma=2), WgmmaConfig(bn=256, stages=6, tma=2)]
+                     dataclasses.replace(WGMMA_DEFAULT, tma=2), WgmmaConfig(bn=256, stages=6, tma=2),
+                     WgmmaConfig(bn=256, stages=4, overlap=1, tma=2)]  # TF32's 256-column point
 
 
 @pytest.mark.gpu
