@@ -12,7 +12,9 @@ through matrix descriptors, the fp32 accumulators in registers (BN / 2 per threa
 threads fill a cp.async ring of `stages` buffers of k_chunks 32-column chunks each (mma_tiles.cp_async_ring,
 as projection_staged does), one barrier per buffer; with `overlap` a buffer's wgmma's still run while the
 warpgroup moves on to the next barrier (the copies then go one buffer less ahead). Blocks walk XW in
-raster groups.
+raster groups. With `tma` (not yet a default: built, not yet run on a GPU) one thread fills the ring instead,
+through the tensor memory accelerator: two bulk copies per chunk through tensor maps encoded at launch, which land
+in the same swizzle, with each buffer's mbarrier counting their bytes (mma_tiles.tma_ring).
 
 Shared layout per chunk: the block's 64 * warpgroups rows of X, then BN rows of W, each row the chunk's 32
 columns (64 bytes in half precision, 128 in fp32), in the swizzle wgmma reads (the canonical K-major SW64 /
