@@ -26,7 +26,20 @@ from .recurrent_common import PANEL, KernelArgs, i64, recurrent_prim_func, step_
 
 F32 = "float32"
 ROW_TILE = 4  # batch rows per R^T load at batch >= ROW_TILE (8 ran no faster and compiled 6x slower)
-ROW_TILE_UNITS = 16  # units per work item in the row-tiled path (ROW_TILE x gates x this accumulators)
+# units per work item in the row-tiled path: ROW_TILE x gates x units accumulators, at most ROW_TILE_ACCUMULATORS
+# floats (24 of AVX-512's 32 vector registers), the widest chunk that fits: 16 for an LSTM (4 gates), 32 for a GRU (3).
+# On this project's 2-core Intel VM (AVX-512), ds2-gru's recurrence interleaved (benchmarks/cpu_units_ab.py,
+# benchmarks/results/2026-11-25-cpu-gru-units.txt): 108.8-109.1 ms with 32 units against 118.1-120.5 with 16; an LSTM
+# at 32 units (32 registers of accumulators) and a GRU at 5 rows x 32 (30) ran slower; RNN cells (one gate) take 32
+# by the same rule, unmeasured
+ROW_TILE_UNITS = (32, 16)
+ROW_TILE_ACCUMULATORS = 384
+
+
+def row_tile_units(hidden: int, gates: int) -> int:
+    """Units per work item at batch >= ROW_TILE: the widest of ROW_TILE_UNITS whose accumulators fit."""
+    widest = next(u for u in ROW_TILE_UNITS if ROW_TILE * gates * u <= ROW_TILE_ACCUMULATORS or u == ROW_TILE_UNITS[-1])
+    return chunk_size(hidden, widest)
 # units per work item at small batch, at most: longer R^T streams run faster (on this VM at H=512, batch 1: 64 was
 # 1.5x faster than 32 with one thread, and tuning with two found 128 1.29x faster than 64,
 # benchmarks/results/2026-11-23-cpu-tune-log.txt), as long as every thread of the pool still gets an item

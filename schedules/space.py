@@ -231,10 +231,10 @@ def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
 def default_config(kind: str, spec, cell, target, batch: int | None = None) -> KernelConfig:
     """The hand-picked point of a space (what an untuned module runs), for `batch` rows where that matters."""
     if kind == "cpu":
-        from .recurrent_cpu import ROW_TILE, ROW_TILE_UNITS, chunk_size, small_batch_units
+        from .recurrent_cpu import ROW_TILE, row_tile_units, small_batch_units
 
         small = batch is not None and batch < ROW_TILE
-        units = small_batch_units(spec.hidden_size, spec.num_directions) if small else chunk_size(spec.hidden_size, ROW_TILE_UNITS)
+        units = small_batch_units(spec.hidden_size, spec.num_directions) if small else row_tile_units(spec.hidden_size, cell.gates)
         return KernelConfig.of("cpu", rows=1 if small else ROW_TILE, units=units)
     if kind == "stepwise":
         from .recurrent_cuda import StepwiseConfig
