@@ -35,11 +35,6 @@ ROW_TILE = 4  # batch rows per R^T load at batch >= ROW_TILE (8 ran no faster an
 ROW_TILE_UNITS = (32, 16)
 ROW_TILE_ACCUMULATORS = 384
 
-
-def row_tile_units(hidden: int, gates: int) -> int:
-    """Units per work item at batch >= ROW_TILE: the widest of ROW_TILE_UNITS whose accumulators fit."""
-    widest = next(u for u in ROW_TILE_UNITS if ROW_TILE * gates * u <= ROW_TILE_ACCUMULATORS or u == ROW_TILE_UNITS[-1])
-    return chunk_size(hidden, widest)
 # units per work item at small batch, at most: longer R^T streams run faster (on this VM at H=512, batch 1: 64 was
 # 1.5x faster than 32 with one thread, and tuning with two found 128 1.29x faster than 64,
 # benchmarks/results/2026-11-23-cpu-tune-log.txt), as long as every thread of the pool still gets an item
@@ -81,6 +76,12 @@ def chunk_size(hidden: int, widest: int = 32) -> int:
 class CpuConfig:
     rows: int = ROW_TILE  # batch rows per R^T load (each load serves them all)
     units: int = 16  # hidden units per work item: rows x gates x units accumulators; must divide H
+
+
+def row_tile_units(hidden: int, gates: int) -> int:
+    """Units per work item at batch >= ROW_TILE: the widest of ROW_TILE_UNITS whose accumulators fit."""
+    widest = next(u for u in ROW_TILE_UNITS if ROW_TILE * gates * u <= ROW_TILE_ACCUMULATORS or u == ROW_TILE_UNITS[-1])
+    return chunk_size(hidden, widest)
 
 
 def cpu_prim_func(spec: RNNLayerSpec, cell: Cell, emit_steps, seq=None, batch=None) -> tirx.PrimFunc:

@@ -92,6 +92,21 @@ def test_cpu_kernel_reads_r_in_panels(units, rows):
     _check_kernel("llvm", case, spec, func, "panels", batches=(3, 5), note=f"units={units} rows={rows}")
 
 
+def test_cpu_row_tiles_take_the_widest_units_whose_accumulators_fit():
+    """At batch >= ROW_TILE the CPU default takes 16 units per work item for an LSTM (4 rows x 4 gates x 16 = 256
+    accumulator floats) and 32 for a GRU or an RNN (384 and 128), narrower where H needs it; the GRU's point against
+    float64 with poisoned outputs, a partial row tile among its batches."""
+    from schedules.recurrent_cpu import row_tile_units
+
+    assert (row_tile_units(800, 4), row_tile_units(800, 3), row_tile_units(800, 1), row_tile_units(48, 3)) == (16, 32, 32, 16)
+    case = Case(op="GRU", hidden=64, input_size=5, optional=("initial_h",))  # no B: _check_kernel's XW has none
+    spec = find_rnn_layers(case.model())[0].spec
+    config = default_config("cpu", spec, cell_for(spec), _target("llvm"), batch=20)
+    assert dict(config.knobs) == {"rows": 4, "units": 32}
+    _check_kernel("llvm", case, spec, point_kernel(spec, cell_for(spec), _target("llvm"), config), "panels", batches=(6, 9),
+                  note=config.describe())
+
+
 def test_cpu_kernel_with_one_work_item_runs_on_the_calling_thread():
     """A static-shape point whose phases have one work item (batch 1 in a 4-row tile, all 32 units in one chunk: a tuner
     sample) has no parallel loop once TVM simplifies it; it builds without the thread-pool launch and stays correct."""
