@@ -22,7 +22,7 @@ from dataclasses import replace
 import tvm
 
 from schedules import cooperative, plan_kernel, point_kernel, recurrent_persistent_mma
-from schedules.ptxas import ptxas
+from schedules.ptxas import kernel_source, ptxas
 from schedules.recurrent_mma import MmaConfig
 from schedules.space import KernelConfig
 from tvmrnn import bench
@@ -59,12 +59,11 @@ if NAMES[:1] == ["wgmma"]:
     from wgmma_points import WGMMA, WGMMA_TF32, WGMMA_TF32X3  # benchmarks/, this script's folder, is on the path
 
     M, K, cols = (int(v) for v in NAMES[1:4])
-    hopper = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
     for mode, configs in (("float16", WGMMA), ("tf32", WGMMA_TF32), ("tf32x3", WGMMA_TF32X3)):
         for name, cfg in configs.items():
             if supported(mode, K, cols, "sm_90a", cfg):
-                src = tvm.compile(tvm.IRModule({"main": projection_wgmma(mode, K, cols, cfg, rows=M)}), target=hopper).mod.imports[0].inspect_source()
-                print(f"{M}x{K}x{cols} {mode:8s} {name:40s} {usage(src, 'sm_90a')}", flush=True)
+                print(f"{M}x{K}x{cols} {mode:8s} {name:40s} {usage(kernel_source(projection_wgmma(mode, K, cols, cfg, rows=M)), 'sm_90a')}",
+                      flush=True)
     sys.exit(0)
 
 for name in NAMES:

@@ -3,9 +3,19 @@ registers and spills (no GPU), by mode: names as the benchmark prints them."""
 
 from schedules.projection_wgmma import WgmmaConfig
 
+
+def named(mode: str, configs) -> dict[str, WgmmaConfig]:
+    """Each point by its name in the benchmark's table: mode, block, ring stages (and chunks per buffer in half
+    precision), overlap, tma."""
+    def name(c):
+        k = f" k{c.k_chunks * 32}" if mode == "float16" else ""
+        return (f"wgmma{'' if mode == 'float16' else ' ' + mode} {c.warpgroups * 64}x{c.bn} s{c.stages}{k}"
+                f"{' overlap' if c.overlap else ''}{f' tma{c.tma}' if c.tma else ''}")
+    return {name(c): c for c in configs}
+
+
 # the warpgroup GEMM (fp16): block columns (the wgmma's N), warpgroups of 64 rows, ring stages, raster group
-WGMMA = {f"wgmma {c.warpgroups * 64}x{c.bn} s{c.stages} k{c.k_chunks * 32}{' overlap' if c.overlap else ''}{f' tma{c.tma}' if c.tma else ''}": c
-         for c in (WgmmaConfig(), WgmmaConfig(stages=6, overlap=1), WgmmaConfig(k_chunks=2, stages=4, overlap=1),
+WGMMA = named("float16", (WgmmaConfig(), WgmmaConfig(stages=6, overlap=1), WgmmaConfig(k_chunks=2, stages=4, overlap=1),
                    WgmmaConfig(bn=256, stages=6, overlap=1), WgmmaConfig(bn=256, k_chunks=2, stages=3, overlap=1),
                    WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1), WgmmaConfig(bn=256, warpgroups=1, k_chunks=2, stages=4, overlap=1),
                    # 256 x 128: four warpgroups (16 warps, 64 accumulators each) over the same 32K outputs as 128 x 256
@@ -14,14 +24,12 @@ WGMMA = {f"wgmma {c.warpgroups * 64}x{c.bn} s{c.stages} k{c.k_chunks * 32}{' ove
                    WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, tma=1), WgmmaConfig(bn=256, stages=6, overlap=1, tma=1),
                    WgmmaConfig(bn=256, k_chunks=2, stages=4, tma=1),
                    # ... and buffers freed by each warp's arrival on an "empty" mbarrier, not by a block barrier
-                   WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, tma=2), WgmmaConfig(bn=256, stages=6, overlap=1, tma=2))}
+                   WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, tma=2), WgmmaConfig(bn=256, stages=6, overlap=1, tma=2)))
 # the same in TF32 (fp32 rows are 128 bytes: the ring fits fewer buffers); compile builds projection_wgmma.TF32
-WGMMA_TF32 = {f"wgmma tf32 {c.warpgroups * 64}x{c.bn} s{c.stages}{' overlap' if c.overlap else ''}{f' tma{c.tma}' if c.tma else ''}": c
-              for c in (WgmmaConfig(bn=256, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1), WgmmaConfig(bn=128, stages=6, overlap=1),
+WGMMA_TF32 = named("tf32", (WgmmaConfig(bn=256, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1), WgmmaConfig(bn=128, stages=6, overlap=1),
                         WgmmaConfig(bn=128, k_chunks=2, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1, tma=1),
-                        WgmmaConfig(bn=256, stages=4, overlap=1, tma=2))}
+                        WgmmaConfig(bn=256, stages=4, overlap=1, tma=2)))
 # exact fp32 as 3xTF32 on wgmma (high and low parts split in shared memory, each chunk summed apart); compile builds TF32X3
 # (overlap: one chunk's products run while the next chunk is split, two chunk sums by parity)
-WGMMA_TF32X3 = {f"wgmma tf32x3 {c.warpgroups * 64}x{c.bn} s{c.stages}{' overlap' if c.overlap else ''}": c
-                for c in (WgmmaConfig(bn=128, stages=2), WgmmaConfig(bn=128, stages=2, overlap=1), WgmmaConfig(bn=128, stages=3, overlap=1),
-                          WgmmaConfig(bn=64, warpgroups=1, stages=2, overlap=1), WgmmaConfig(bn=128, warpgroups=1, stages=4, overlap=1))}
+WGMMA_TF32X3 = named("tf32x3", (WgmmaConfig(bn=128, stages=2), WgmmaConfig(bn=128, stages=2, overlap=1), WgmmaConfig(bn=128, stages=3, overlap=1),
+                          WgmmaConfig(bn=64, warpgroups=1, stages=2, overlap=1), WgmmaConfig(bn=128, warpgroups=1, stages=4, overlap=1)))

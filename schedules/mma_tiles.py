@@ -269,10 +269,14 @@ def tma_ring(count: int, stages: int, issue, consume, barrier, leader, tx_bytes,
                                                                                  phase(nxt - i64(stages)))))
         arm(nxt, nxt % i64(stages))
 
+    def prologue():
+        for s in range(min(ahead, count)):
+            arm(i64(s), i64(s))
+
+    ahead = stages - lag
     emit_if(leader, init)
     block_sync()
-    ahead = stages - lag
-    emit_if(leader, lambda: [arm(i64(s), i64(s)) for s in range(min(ahead, count))])
+    emit_if(leader, prologue)
     with T.serial(0, i64(count)) as i:
         buf = i % i64(stages)
         T.evaluate(T.cuda.mbarrier_wait(barrier(buf), phase(i)))

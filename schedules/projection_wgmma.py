@@ -350,19 +350,18 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
         return T.cast(tirx.min(i64(chunks) - item * i64(KCH), i64(KCH)) * i64(per_chunk), "uint32")
 
     items = -(-chunks // KCH)
-    if cfg.tma:
-        release = (cfg.threads // 32, tid % i64(32) == i64(0)) if cfg.tma == 2 else None
-        tma_ring(items, cfg.stages, tma_issue, consume, barrier, tid == i64(0), tma_bytes, lag=1 + cfg.overlap, release=release)
-        if cfg.overlap:
-            T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-    elif pipelined:  # the wgmma's read the parts, not the ring: its buffers are free once split (lag 1)
+    if pipelined:  # the wgmma's read the parts, not the ring: its buffers are free once split (lag 1)
         cp_async_ring(items, cfg.stages, issue, consume_pipelined, landed, lag=1, unroll=2)
         if items % 2:  # the last item, alone after the pairs
             T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
             add_sum(sums[0])
     else:
-        cp_async_ring(items, cfg.stages, issue, consume, landed, lag=1 + cfg.overlap)
-        if cfg.overlap:
+        if cfg.tma:
+            release = (cfg.threads // 32, tid % i64(32) == i64(0)) if cfg.tma == 2 else None
+            tma_ring(items, cfg.stages, tma_issue, consume, barrier, tid == i64(0), tma_bytes, lag=1 + cfg.overlap, release=release)
+        else:
+            cp_async_ring(items, cfg.stages, issue, consume, landed, lag=1 + cfg.overlap)
+        if cfg.overlap:  # the last item's wgmma's
             T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
     w, lane = t // i64(32), t % i64(32)
     for i in range(0, BN // 2, 2):  # column pairs

@@ -54,6 +54,13 @@ def ptxas_log(source: str, arch: str) -> str:
     return text
 
 
+def kernel_source(func, arch: str = "sm_90a") -> str:
+    """The CUDA source TVM generates for a kernel's PrimFunc on `arch` (compiled through NVRTC on the way)."""
+    import tvm
+
+    return tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target({"kind": "cuda", "arch": arch})).mod.imports[0].inspect_source()
+
+
 def ptxas(source: str, arch: str) -> PtxasReport:
     log = ptxas_log(source, arch)
     spills = [(int(s), int(lo)) for s, lo in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]

@@ -24,6 +24,7 @@ from schedules.projection_staged import StagedConfig, projection_staged
 from schedules.projection_staged import supported as projection_staged_supported
 from schedules.projection_wgmma import DEFAULT as WGMMA_DEFAULT
 from schedules.projection_wgmma import WgmmaConfig, projection_wgmma
+from schedules.ptxas import kernel_source
 from schedules.recurrent_common import PANEL
 from schedules.space import KernelConfig, default_config, knob_space
 from tvmrnn.cells import cell_for
@@ -316,14 +317,13 @@ def test_projection_wgmma_builds_without_a_gpu():
     the a, a partial column tile, a ring larger than shared memory)."""
     from schedules.projection_wgmma import supported
 
-    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
     for cfg in WGMMA_CONFIGS:
-        src = tvm.compile(tvm.IRModule({"main": projection_wgmma("float16", 800, 1024, cfg)}), target=target).mod.imports[0].inspect_source()
+        src = kernel_source(projection_wgmma("float16", 800, 1024, cfg))
         assert f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}k16.f32.f16.f16" in src and "fence.proxy.async.shared::cta" in src
         assert src.count("ptx_wgmma_encode_matrix_descriptor(") >= 4
     # TF32: k8, four wgmma's per 32-column chunk (128-byte rows), no transpose operands
     tf32 = WgmmaConfig(bn=256, stages=3, overlap=1)
-    src = tvm.compile(tvm.IRModule({"main": projection_wgmma("tf32", 800, 1024, tf32)}), target=target).mod.imports[0].inspect_source()
+    src = kernel_source(projection_wgmma("tf32", 800, 1024, tf32))
     assert "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" in src and src.count("ptx_wgmma_encode_matrix_descriptor(") >= 8
     assert supported("float16", 800, 1024, "sm_90a") and supported("tf32", 800, 1024, "sm_90a", tf32)
     assert not supported("tf32", 800, 1024, "sm_90a", WGMMA_DEFAULT)  # 128 x 256 with two chunks per buffer: 384 KB of fp32
@@ -332,7 +332,7 @@ def test_projection_wgmma_builds_without_a_gpu():
     # 3xTF32: three k8 wgmma's per 32 bytes of a row into a chunk sum started at zero, the parts split between the
     # copies landing and the barrier (one barrier more per chunk, not one per store)
     x3 = WgmmaConfig(bn=128, stages=3)
-    src = tvm.compile(tvm.IRModule({"main": projection_wgmma("tf32x3", 800, 1024, x3)}), target=target).mod.imports[0].inspect_source()
+    src = kernel_source(projection_wgmma("tf32x3", 800, 1024, x3))
     assert src.count("wgmma_tf32_ss_mma_async_sync_aligned_m64n128k8_f32_tf32_tf32_1_1(") == 1 + 12  # the helper, its calls
     assert src.count("__syncthreads()") == 2
     assert not supported("tf32x3", 800, 1024, "sm_90a", tf32) and not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=4))
@@ -340,7 +340,7 @@ def test_projection_wgmma_builds_without_a_gpu():
     # wait_group 1) while the second is split; 25 chunks: twelve pairs in the loop, the last chunk after it; the sums
     # fenced in place around the waits; the ring's barrier and the parts' one, as without
     piped = WgmmaConfig(bn=128, stages=2, overlap=1)
-    src = tvm.compile(tvm.IRModule({"main": projection_wgmma("tf32x3", 800, 1024, piped)}), target=target).mod.imports[0].inspect_source()
+    src = kernel_source(projection_wgmma("tf32x3", 800, 1024, piped))
     assert src.count("wgmma_tf32_ss_mma_async_sync_aligned_m64n128k8_f32_tf32_tf32_1_1(") == 1 + 3 * 12
     assert src.count("__syncthreads()") == 2 * 3 and "wgmma.wait_group.sync.aligned 1" in src and "tvmrnn_fence_operand(" in src
     assert not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, k_chunks=2, stages=2, overlap=1))
@@ -359,12 +359,11 @@ def test_projection_wgmma_tma_builds_without_a_gpu():
     from schedules.projection_wgmma import supported
     from schedules.ptxas import ptxas
 
-    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
     for mode in ("float16", "tf32"):
         for cfg in WGMMA_TMA_CONFIGS:
             if not supported(mode, 800, 1024, "sm_90a", cfg):
                 continue
-            src = tvm.compile(tvm.IRModule({"main": projection_wgmma(mode, 800, 1024, cfg, rows=1100)}), target=target).mod.imports[0].inspect_source()
+            src = kernel_source(projection_wgmma(mode, 800, 1024, cfg, rows=1100))
             signature = re.search(r'extern "C" __global__[^;{]*\{', src)  # the definition's, not the declaration's
             kernel = src[signature.start():]
             assert signature.group(0).count("const __grid_constant__ CUtensorMap") == 2, cfg
@@ -374,9 +373,8 @@ def test_projection_wgmma_tma_builds_without_a_gpu():
             assert not re.search(r"ptx_cp_async_legacy|cp_async_commit_group|fence_proxy_proxy_async", kernel), cfg
             report = ptxas(src, "sm_90a")
             assert not report.serialized and report.spill_stores == 0, (mode, cfg, report)
-    plain = tvm.compile(tvm.IRModule({"main": projection_wgmma("float16", 2560, 10240, WGMMA_DEFAULT, rows=12800)}), target=target)
-    tma = tvm.compile(tvm.IRModule({"main": projection_wgmma("float16", 2560, 10240, WGMMA_TMA_CONFIGS[0], rows=12800)}), target=target)
-    assert ptxas(tma.mod.imports[0].inspect_source(), "sm_90a").registers < ptxas(plain.mod.imports[0].inspect_source(), "sm_90a").registers
+    plain, tma = (kernel_source(projection_wgmma("float16", 2560, 10240, cfg, rows=12800)) for cfg in (WGMMA_DEFAULT, WGMMA_TMA_CONFIGS[0]))
+    assert ptxas(tma, "sm_90a").registers < ptxas(plain, "sm_90a").registers
     assert not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=2, tma=1))
 
 
@@ -389,9 +387,8 @@ def test_wgmma_gemms_keep_their_pipeline(mode, config):
     compile's) is held to the first only: with the odd last chunk it spills 4 bytes at 255 registers."""
     from schedules.ptxas import ptxas
 
-    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
     for M, K, cols in ((12800, 2560, 10240), (1100, 800, 1024)):
-        src = tvm.compile(tvm.IRModule({"main": projection_wgmma(mode, K, cols, config, rows=M)}), target=target).mod.imports[0].inspect_source()
+        src = kernel_source(projection_wgmma(mode, K, cols, config, rows=M))
         report = ptxas(src, "sm_90a")
         assert not report.serialized and (config is not None and config.overlap and mode == "tf32x3" or report.spill_stores == 0), (M, K, cols, report)
 
