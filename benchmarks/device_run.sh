@@ -10,6 +10,9 @@
 #                                            against projection_staged's default and cuBLAS (benchmarks/projection_staged.py)
 #   IDS="tma=[12]" bash benchmarks/device_run.sh wgmma-fp16 [SHAPE ...]   the fp16 wgmma points against the default
 #                                            and cuBLAS (projection_staged.py), then the GPU tests whose ids match IDS (grep -E)
+#   bash benchmarks/device_run.sh wgmma-producer   the wgmma GEMM's ring filled by a producer warp (tma=3) and its epilogue's
+#                                            pair stores: GEMM points against the default and cuBLAS (fp16 blog-a and
+#                                            b64-h1024, TF32 blog-a), blog-a whole with them as defaults, then their GPU tests
 #   bash benchmarks/device_run.sh wgmma-fp32 [ROW ...]   fp32 layers' warpgroup GEMM (3xTF32, TF32): GPU tests, then whole
 #                                            models with it against projection_staged (benchmarks/projection_in_model.py)
 #   bash benchmarks/device_run.sh blog-a-ring   blog-a's streamed points (20 units per block, no prefetch, more bytes in flight) against
@@ -83,6 +86,16 @@ case "$1" in
     DTYPES=float16 STAGED=default timeout 170 python3 benchmarks/projection_staged.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/projection_log.txt" | tail -16
     python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/test_kernels.py 2>/dev/null | grep -E "${IDS:-warpgroups=4}" > /tmp/ids.txt
     timeout 100 python3 -c 'import sys, pytest; sys.exit(pytest.main(["-m", "gpu", "-q", "-rfE", "-p", "no:cacheprovider"] + open(sys.argv[1]).read().splitlines()))' \
+      /tmp/ids.txt 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4 ;;
+  wgmma-producer)
+    WGMMA='s4 k64 overlap$|tma3|pair' STAGED=none DTYPES=float16 timeout 200 python3 benchmarks/projection_staged.py blog-a b64-h1024 2>&1 \
+      | grep -v Warning | tee "$OUT/projection_log.txt" | cut -c1-160
+    WGMMA='tf32 128x256 s4 overlap( tma3)?( pair)?$' STAGED=none DTYPES=float32 timeout 100 python3 benchmarks/projection_staged.py blog-a 2>&1 \
+      | grep -v Warning | tee "$OUT/projection_tf32_log.txt" | cut -c1-160
+    POINTS="wgmma 128x256 s4 k64 overlap tma3 pair,wgmma 128x256 s4 k64 overlap pair,wgmma tf32 128x256 s4 overlap tma3 pair" \
+      DTYPES=float16,float32 timeout 200 python3 benchmarks/projection_in_model.py blog-a 2>&1 | grep -v Warning | tee "$OUT/in_model_log.txt"
+    python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/test_kernels.py 2>/dev/null | grep -E "tma=3|pair_stores=1" > /tmp/ids.txt
+    timeout 150 python3 -c 'import sys, pytest; sys.exit(pytest.main(["-m", "gpu", "-q", "-rfE", "-p", "no:cacheprovider"] + open(sys.argv[1]).read().splitlines()))' \
       /tmp/ids.txt 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4 ;;
   wgmma-fp32)  # fp32 layers on the warpgroup GEMM: its GPU tests (3xTF32 kernels, whole fp32 and TF32 models), then whole
     # models with it against the staged GEMM in the same mode (benchmarks/projection_in_model.py, DTYPES=float32)

@@ -6,7 +6,9 @@ The build's projection on the H100 is projection_wgmma where its tiles divide th
 3xTF32, and TF32 with precision="tf32", the bench's "tf32" kernel), else projection_staged in the same mode. Beside
 it the GEMMs it replaced: projection_staged, then fp32 our exact SIMT GEMM (projection_cuda), fp16 projection_mma.
 Each is what the lowering falls back to when the ones before it say they do not apply, so turning those off swaps
-it in and leaves everything else about the model the same.
+it in and leaves everything else about the model the same. POINTS (environment, names from benchmarks/wgmma_points.py,
+comma-separated): also the model with each of those wgmma points as the mode's default (fp16: DEFAULT; fp32: TF32's
+256-column point, which the "tf32" kernel builds with).
 """
 
 import os
@@ -14,13 +16,25 @@ import sys
 
 from schedules import projection_cuda, projection_staged, projection_wgmma
 from tvmrnn import bench
+from wgmma_points import WGMMA, WGMMA_TF32
 
 NAMES = sys.argv[1:] or ["b8-h1024-l2", "b64-h1024-l2", "blog-a"]
-BUILT = (projection_wgmma.supported, projection_staged.supported, projection_cuda.supported)
+BUILT = (projection_wgmma.supported, projection_staged.supported, projection_cuda.supported, projection_wgmma.DEFAULT, projection_wgmma.TF32)
 
 
 def restore():
-    projection_wgmma.supported, projection_staged.supported, projection_cuda.supported = BUILT
+    (projection_wgmma.supported, projection_staged.supported, projection_cuda.supported, projection_wgmma.DEFAULT,
+     projection_wgmma.TF32) = BUILT
+
+
+def with_point(name):
+    """The wgmma point `name` as its mode's default (projection_wgmma.default_config reads these at build time)."""
+    def swap():
+        if name in WGMMA:
+            projection_wgmma.DEFAULT = WGMMA[name]
+        else:
+            projection_wgmma.TF32 = {**projection_wgmma.TF32, 256: WGMMA_TF32[name]}
+    return swap
 
 
 def without_wgmma():
@@ -36,6 +50,10 @@ def without_staged():
 VARIANTS = {"float32": [("built today (wgmma 3xTF32 / TF32)", None), ("staged 3xTF32 / TF32", without_wgmma)]
             + [("SIMT (projection_cuda) / mma.sync TF32", without_staged)] * (os.environ.get("ALL") == "1"),
             "float16": [("built today (wgmma)", None), ("staged", without_wgmma)] + [("projection_mma", without_staged)] * (os.environ.get("ALL") == "1")}
+for point in filter(None, os.environ.get("POINTS", "").split(",")):
+    VARIANTS["float16" if point in WGMMA else "float32"].append((point, with_point(point)))
+if os.environ.get("POINTS"):  # the default and the points only
+    VARIANTS = {dtype: [v for v in variants if v[1] is None or v[0] in os.environ["POINTS"].split(",")] for dtype, variants in VARIANTS.items()}
 for name in NAMES:
     row = next(r for r in bench.ROWS if r.name == name)
     for dtype in os.environ.get("DTYPES", "float32,float16").split(","):

@@ -7,11 +7,13 @@ build with) against projection_staged's configs and cuBLAS (torch.matmul, fp16);
 projection_cuda (the exact SIMT GEMM fp32 layers build with) against projection_staged in 3xTF32
 (exact fp32 on tensor cores) and TF32, and cuBLAS with TF32 off and on. Every result is checked
 against float64 before it is timed (TVM time_evaluator, median of 5 x 3; cuBLAS: CUDA events,
-median of 10). DTYPES=float32 (environment) runs one dtype. Writes $OUT/projection_staged.json.
+median of 10). DTYPES=float32 (environment) runs one dtype; WGMMA=regex the wgmma points named so. Writes
+$OUT/projection_staged.json.
 """
 
 import json
 import os
+import re
 import sys
 from dataclasses import replace
 
@@ -46,8 +48,10 @@ STAGED = {"64x128 (2x4 warps, 2x4 tiles)": StagedConfig(mt=2), "128x64 (4x2 warp
 # fp32 registers: 3xTF32's high and low fragments of both operands; the 64 x 64 warp tile would spill
 FP32_SKIP = {"128x128 (2x2 warps, 4x8 tiles) s3 g8", "128x128 (2x2 warps, 4x8 tiles) s4 g8", "128x128 (2x2 warps, 4x8 tiles) s4 g16",
              "128x256 (2x4 warps, 4x8 tiles) s3 g8"}
-# STAGED=default (environment): of the staged points only today's default, beside cuBLAS and the wgmma points
+# STAGED=default (environment): of the staged points only today's default, beside cuBLAS and the wgmma points (none: none)
 ONLY_DEFAULT = os.environ.get("STAGED") == "default"
+# WGMMA=regex (environment): of the wgmma points only those whose names match (and no projection_mma)
+ONLY_WGMMA = re.compile(os.environ.get("WGMMA", ""))
 OUT = os.environ.get("OUT", "/tmp")
 dev, target = tvm.cuda(0), tvm.target.Target.from_device(tvm.cuda(0))
 hopper = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
@@ -102,10 +106,11 @@ for shape, (M, K, cols) in SHAPES.items():
         tx, tw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
         if dtype == "float16":
             keep(shape, dtype, "cuBLAS fp16", cublas_ms(lambda: tx @ tw.T), None, flop)
-            keep(shape, dtype, "projection_mma (built today)", *ours(projection_mma("float16", K, cols), x, w, b, expected, 1e-5), flop)
+            if not ONLY_WGMMA.pattern:
+                keep(shape, dtype, "projection_mma (built today)", *ours(projection_mma("float16", K, cols), x, w, b, expected, 1e-5), flop)
             variants = [(f"staged {n}", "float16", c) for n, c in STAGED.items() if not ONLY_DEFAULT or n.endswith("(2x2 warps, 4x8 tiles) s4 g8")]
             for name, cfg in WGMMA.items():
-                if wgmma_supported("float16", K, cols, "sm_90a", cfg):
+                if wgmma_supported("float16", K, cols, "sm_90a", cfg) and ONLY_WGMMA.search(name):
                     keep(shape, dtype, name, *ours(projection_wgmma("float16", K, cols, cfg), x, w, b, expected, 1e-5, hopper), flop)
         else:
             for tf32 in (False, True):
@@ -117,11 +122,11 @@ for shape, (M, K, cols) in SHAPES.items():
                         for mode in ("tf32x3", "tf32") for n, c in STAGED.items() if n not in FP32_SKIP
                         and (not ONLY_DEFAULT or n.endswith("(2x2 warps, 4x4 tiles) s4 g8"))]
             for name, cfg in WGMMA_TF32.items():
-                if wgmma_supported("tf32", K, cols, "sm_90a", cfg):
+                if wgmma_supported("tf32", K, cols, "sm_90a", cfg) and ONLY_WGMMA.search(name):
                     keep(shape, dtype, name, *ours(projection_wgmma("tf32", K, cols, cfg), x, w, b, expected, 3e-3, hopper), flop)
             for name, cfg in WGMMA_TF32X3.items():
-                if wgmma_supported("tf32x3", K, cols, "sm_90a", cfg):
+                if wgmma_supported("tf32x3", K, cols, "sm_90a", cfg) and ONLY_WGMMA.search(name):
                     keep(shape, dtype, name, *ours(projection_wgmma("tf32x3", K, cols, cfg), x, w, b, expected, 1e-5, hopper), flop)
-        for name, mode, cfg in variants:
+        for name, mode, cfg in variants * (os.environ.get("STAGED") != "none"):
             if supported(mode, K, cols, cfg):
                 keep(shape, dtype, name, *ours(projection_staged(mode, K, cols, cfg), x, w, b, expected, 3e-3 if mode == "tf32" else 1e-5), flop)

@@ -238,7 +238,7 @@ def cp_async_ring(count: int, stages: int, issue, consume, landed=None, lag: int
         item(i64(i), i % unroll)
 
 
-def tma_ring(count: int, stages: int, issue, consume, barrier, leader, tx_bytes, lag: int = 1, release=None):
+def tma_ring(count: int, stages: int, issue, consume, barrier, leader, tx_bytes, lag: int = 1, release=None, consumers=None):
     """cp_async_ring's ring filled by the tensor memory accelerator instead: the leader thread arms buffer buf's "full"
     mbarrier (barrier(buf): its address) with the bytes item i lands (tx_bytes(i)) and issues its bulk copies
     (issue(i, buf)); every thread waits for that barrier's phase of item i, then the leader refills the buffer item
@@ -246,9 +246,13 @@ def tma_ring(count: int, stages: int, issue, consume, barrier, leader, tx_bytes,
     groups: the copies land in shared memory already swizzled (the tensor map's swizzle), rows out of bounds as zeros.
     What frees a buffer for its refill (lag 2: the asynchronous wgmma's of item i - 1 may still read theirs):
     - release None: one block barrier per item, as cp_async_ring's;
-    - release = (warps, lane0): "empty" mbarriers (barrier(stages + buf)) that lane 0 of each of the block's warps
+    - release = (warps, lane0): "empty" mbarriers (barrier(stages + buf)) that lane 0 of each of the consuming warps
       arrives on once its reads of an item are done (item i - lag + 1 after consume(i)); only the leader waits there,
-      for the buffer it refills, and the other warps run on."""
+      for the buffer it refills, and the other warps run on.
+    consumers (with release): the consuming threads' predicate, the leader a thread outside them (a producer warp of
+    its own, CUTLASS's warp specialization). It then runs ahead on its own, refilling each buffer as soon as its
+    empty barrier completes: up to `stages` items ahead of the oldest one still read, where a leader that also consumes
+    refills only between its own items, `stages - lag` ahead, and holds its warpgroup's wgmma's while it waits."""
     def arm(i, buf):
         T.evaluate(T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](barrier(buf), tx_bytes(i)))
         issue(i, buf)
@@ -264,7 +268,7 @@ def tma_ring(count: int, stages: int, issue, consume, barrier, leader, tx_bytes,
         return T.cast(i // i64(stages) % i64(2), "int32")
 
     def refill(nxt):
-        if release:  # the buffer's last item (nxt - stages) read by every warp
+        if release:  # the buffer's last item (nxt - stages) read by every consuming warp
             emit_if(nxt >= i64(stages), lambda: T.evaluate(T.cuda.mbarrier_wait(barrier(i64(stages) + nxt % i64(stages)),
                                                                                  phase(nxt - i64(stages)))))
         arm(nxt, nxt % i64(stages))
@@ -273,25 +277,37 @@ def tma_ring(count: int, stages: int, issue, consume, barrier, leader, tx_bytes,
         for s in range(min(ahead, count)):
             arm(i64(s), i64(s))
 
+    def consume_all(leader_refills: bool):
+        with T.serial(0, i64(count)) as i:
+            buf = i % i64(stages)
+            T.evaluate(T.cuda.mbarrier_wait(barrier(buf), phase(i)))
+            if not release:
+                block_sync()
+            if leader_refills and ahead < count:
+                nxt = i + i64(ahead)
+                emit_if(tirx.all(leader, nxt < i64(count)), lambda: refill(nxt))
+            # the leader's warp together again before warp-wide (.aligned) instructions
+            T.evaluate(T.ptx["bar.warp.sync"](tirx.const(0xFFFFFFFF, "uint32")))
+            consume(i, buf)
+            if release:
+                done = i - i64(lag - 1)  # the item whose reads consume(i) waited for
+                emit_if(tirx.all(release[1], done >= i64(0)),
+                        lambda: T.evaluate(T.ptx["mbarrier.arrive.shared::cta.b64"](barrier(i64(stages) + done % i64(stages)))))
+
+    def produce_all():
+        with T.serial(0, i64(count)) as i:
+            refill(i)
+
     ahead = stages - lag
     emit_if(leader, init)
     block_sync()
-    emit_if(leader, prologue)
-    with T.serial(0, i64(count)) as i:
-        buf = i % i64(stages)
-        T.evaluate(T.cuda.mbarrier_wait(barrier(buf), phase(i)))
-        if not release:
-            block_sync()
-        if ahead < count:
-            nxt = i + i64(ahead)
-            emit_if(tirx.all(leader, nxt < i64(count)), lambda: refill(nxt))
-        # the leader's warp together again before warp-wide (.aligned) instructions
-        T.evaluate(T.ptx["bar.warp.sync"](tirx.const(0xFFFFFFFF, "uint32")))
-        consume(i, buf)
-        if release:
-            done = i - i64(lag - 1)  # the item whose reads consume(i) waited for
-            emit_if(tirx.all(release[1], done >= i64(0)),
-                    lambda: T.evaluate(T.ptx["mbarrier.arrive.shared::cta.b64"](barrier(i64(stages) + done % i64(stages)))))
+    if consumers is None:
+        emit_if(leader, prologue)
+        consume_all(leader_refills=True)
+        return
+    assert release, "a producer of its own needs the consumers' empty barriers"
+    emit_if(leader, produce_all)
+    emit_if(consumers, lambda: consume_all(leader_refills=False))
 
 
 def chunk_rounds(chunks: int, ways: int, depth: int, lane_way, load, multiply):

@@ -73,21 +73,37 @@ class WgmmaConfig:
     # (X's rows, W's rows) through tensor maps encoded at launch, swizzled as the wgmma's read them, and every thread
     # waits on the buffer's mbarrier, where cp.async had each thread copy and swizzle its share. Not in tf32x3 (its
     # threads split their own copies). 2: also no block barrier per buffer: each warp frees a buffer through an "empty"
-    # mbarrier, which only the copying thread waits on. Built and checked on the CPU (ptxas), not yet run on a GPU
+    # mbarrier, which only the copying thread waits on. On the H100 neither beat cp.async (blog-a 1.46 / 1.51 ms against
+    # 1.44, benchmarks/results/2026-11-26-h100-wgmma-tma.md): the copying thread is one of warpgroup 0's, whose wgmma's
+    # wait while it waits for a free buffer. 3: that thread in a warp of its own (a producer warp, 32 threads more), which
+    # refills each buffer as soon as the warps' arrivals free it: up to `stages` buffers ahead, not stages - 2
     tma: int = 0
+    # 1: the epilogue loads bias and stores XW two columns at a time (8-byte ld.global.v2 / st.global.v2: whole 32-byte
+    # sectors per 8-row group) where it had 128 scalar loads and stores per thread at 256 columns
+    pair_stores: int = 0
 
     @property
     def block(self) -> tuple[int, int]:
         return 64 * self.warpgroups, self.bn
 
     @property
-    def threads(self) -> int:
+    def consumers(self) -> int:
+        """The threads that multiply: the warpgroups'."""
         return 128 * self.warpgroups
+
+    @property
+    def threads(self) -> int:
+        return self.consumers + (32 if self.tma == 3 else 0)
+
+    @property
+    def barriers(self) -> int:
+        """The ring's mbarriers (tma): a "full" one per buffer, and (tma 2, 3) an "empty" one."""
+        return self.stages * min(self.tma, 2)
 
     def smem_bytes(self, mode: str = "float16") -> int:
         """The ring; in tf32x3 also two buffers of each chunk's high and low parts; with tma the ring's mbarriers."""
         return ((self.stages + (4 if mode == "tf32x3" else 0)) * self.k_chunks * sum(self.block) * row_bytes(mode)
-                + 8 * self.stages * self.tma)  # tma 2: full and empty barriers
+                + 8 * self.barriers)
 
 
 # the best point on the H100 (benchmarks/results/2026-11-25-h100-projection-wgmma.md): 128 x 256 blocks, two chunks per
@@ -180,7 +196,7 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
     # with tma the ring's mbarriers (8 bytes each) after its buffers, in the same allocation: the buffers stay at the
     # start of dynamic shared memory, aligned as the swizzle needs
     bars = cfg.stages * KCH * size
-    sm = T.alloc_buffer((bars + cfg.stages * cfg.tma * 8 // itemsize(dtype),), dtype, scope="shared.dyn")
+    sm = T.alloc_buffer((bars + cfg.barriers * 8 // itemsize(dtype),), dtype, scope="shared.dyn")
     # tf32x3: each landed chunk's high and low parts, in two buffers by item parity, high planes then low ones
     parts = T.alloc_buffer((2 * 2 * KCH * size,), dtype, scope="shared.dyn") if split else None
     acc = T.alloc_buffer((BN // 2,), "float32", scope="local")
@@ -357,17 +373,34 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
             add_sum(sums[0])
     else:
         if cfg.tma:
-            release = (cfg.threads // 32, tid % i64(32) == i64(0)) if cfg.tma == 2 else None
-            tma_ring(items, cfg.stages, tma_issue, consume, barrier, tid == i64(0), tma_bytes, lag=1 + cfg.overlap, release=release)
+            release = (cfg.consumers // 32, tid % i64(32) == i64(0)) if cfg.tma >= 2 else None
+            producer = cfg.tma == 3  # thread `consumers` (lane 0 of the warp after the warpgroups) copies, the rest multiply
+            tma_ring(items, cfg.stages, tma_issue, consume, barrier, tid == i64(cfg.consumers if producer else 0), tma_bytes,
+                     lag=1 + cfg.overlap, release=release, consumers=tid < i64(cfg.consumers) if producer else None)
         else:
             cp_async_ring(items, cfg.stages, issue, consume, landed, lag=1 + cfg.overlap)
         if cfg.overlap:  # the last item's wgmma's
             T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+    emit_if(tid < i64(cfg.consumers), lambda: _epilogue(cfg, cols, bias, XW, M, mb, nb, wg, t, acc), cfg.threads == cfg.consumers)
+
+
+PAIR_STORE = "tvmrnn_store_pair"
+PAIR_STORE_SRC = (f"__forceinline__ __device__ void {PAIR_STORE}(float* out, const float* bias, float a, float b) {{ "
+                  "float2 c = *reinterpret_cast<const float2*>(bias); *reinterpret_cast<float2*>(out) = make_float2(a + c.x, b + c.y); }")
+
+
+def _epilogue(cfg, cols, bias, XW, M, mb, nb, wg, t, acc):
+    """The accumulators plus bias into XW, rows past M skipped; with pair_stores two columns per load and store (n is
+    even and XW's rows hold an even number of columns, so each pair is 8-byte aligned)."""
     w, lane = t // i64(32), t % i64(32)
-    for i in range(0, BN // 2, 2):  # column pairs
+    for i in range(0, cfg.bn // 2, 2):  # column pairs
         m = mb + wg * i64(64) + w * i64(16) + lane // i64(4) + i64(8 * (i % 4 >= 2))
         n = nb + i64(8 * (i // 4)) + i64(2) * (lane % i64(4))
         with T.If(m < M):
             with T.Then():
+                if cfg.pair_stores:
+                    T.evaluate(T.cuda.func_call(PAIR_STORE, XW.access_ptr("w", offset=m * i64(cols) + n), bias.access_ptr("r", offset=n),
+                                                acc[i], acc[i + 1], source_code=PAIR_STORE_SRC))
+                    continue
                 for v in range(2):
                     T.buffer_store(XW, acc[i + v] + bias[n + i64(v)], [m, n + i64(v)])

@@ -284,10 +284,13 @@ WGMMA_CONFIGS = [WgmmaConfig(), WgmmaConfig(bn=256, stages=3), WgmmaConfig(bn=64
                  WgmmaConfig(bn=128, warpgroups=4, k_chunks=2, stages=4, overlap=1)]
 # the ring filled by the tensor memory accelerator: compile's DEFAULT (two chunks per buffer, K = 800's partial last
 # buffer), one chunk per buffer without overlap, and 128 x 128 with four buffers; with buffers freed by the block's
-# barrier (tma=1) and by each warp's arrival on an "empty" mbarrier (tma=2), with and without overlap
+# barrier (tma=1), by each warp's arrival on an "empty" mbarrier (tma=2), and so with a producer warp of its own (tma=3),
+# with and without overlap; the epilogue's stores two columns at a time (pair_stores) with and without tma
 WGMMA_TMA_CONFIGS = [dataclasses.replace(WGMMA_DEFAULT, tma=1), WgmmaConfig(bn=256, stages=6, tma=1), WgmmaConfig(tma=1),
                      dataclasses.replace(WGMMA_DEFAULT, tma=2), WgmmaConfig(bn=256, stages=6, tma=2),
-                     WgmmaConfig(bn=256, stages=4, overlap=1, tma=2)]  # TF32's 256-column point
+                     WgmmaConfig(bn=256, stages=4, overlap=1, tma=2),  # TF32's 256-column point
+                     dataclasses.replace(WGMMA_DEFAULT, tma=3, pair_stores=1), WgmmaConfig(bn=256, stages=6, tma=3),
+                     WgmmaConfig(bn=256, stages=4, overlap=1, tma=3, pair_stores=1), dataclasses.replace(WGMMA_DEFAULT, pair_stores=1)]
 
 
 @pytest.mark.gpu
@@ -353,7 +356,8 @@ def test_projection_wgmma_tma_builds_without_a_gpu():
     """With tma the ring is filled by bulk tensor copies: the kernel takes X's and W's tensor maps (encoded on the host
     at launch) as __grid_constant__ parameters, one thread arms each buffer's mbarrier and issues two copies per chunk,
     every thread waits on the barrier's phase, and no thread copies for itself (no cp.async, no proxy fence); with
-    tma=2 no block barrier in the loop, each warp's lane 0 arriving on the buffer's "empty" mbarrier instead; ptxas
+    tma=2 no block barrier in the loop, each warp's lane 0 arriving on the buffer's "empty" mbarrier instead; with tma=3
+    the copies in a warp of its own, its thread 0 looping over them alone; with pair_stores the epilogue's pairs; ptxas
     keeps it unserialized and spill-free, with fewer registers than the per-thread copies take. 3xTF32 has none (its
     threads split their own copies)."""
     from schedules.projection_wgmma import supported
@@ -366,10 +370,21 @@ def test_projection_wgmma_tma_builds_without_a_gpu():
             src = kernel_source(projection_wgmma(mode, 800, 1024, cfg, rows=1100))
             signature = re.search(r'extern "C" __global__[^;{]*\{', src)  # the definition's, not the declaration's
             kernel = src[signature.start():]
-            assert signature.group(0).count("const __grid_constant__ CUtensorMap") == 2, cfg
             loop = kernel[kernel.index("for ("):]
+            if not cfg.tma:  # pair_stores alone: cp.async's ring, the epilogue's pairs
+                assert "tvmrnn_store_pair(" in kernel and "cp_async" in kernel and "CUtensorMap" not in src, cfg
+                continue
+            assert signature.group(0).count("const __grid_constant__ CUtensorMap") == 2, cfg
             assert loop.count("cp_async_bulk_tensor_g2s") == 2 * cfg.k_chunks and "mbarrier_wait" in loop, cfg
-            assert ("__syncthreads" in loop) == (cfg.tma == 1) and ("mbarrier_arrive_nocount" in loop) == (cfg.tma == 2), cfg
+            assert ("__syncthreads" in loop) == (cfg.tma == 1) and ("mbarrier_arrive_nocount" in loop) == (cfg.tma >= 2), cfg
+            # tma=3: a warp more, whose thread 0 loops over the copies alone (none before the loop, no wgmma in it), and
+            # the epilogue is the warpgroups' only
+            assert (f"__launch_bounds__({cfg.threads})" in src) and cfg.threads == 128 * cfg.warpgroups + 32 * (cfg.tma == 3), cfg
+            if cfg.tma == 3:
+                producer = loop[:loop.index("for (", 1)]
+                assert f"threadIdx.x) == (int64_t){cfg.consumers})" in kernel[:kernel.index("for (")] and "wgmma" not in producer, cfg
+                assert kernel[:kernel.index("for (")].count("cp_async_bulk_tensor_g2s") == 0, cfg
+            assert ("tvmrnn_store_pair(" in kernel) == bool(cfg.pair_stores), cfg
             assert not re.search(r"ptx_cp_async_legacy|cp_async_commit_group|fence_proxy_proxy_async", kernel), cfg
             report = ptxas(src, "sm_90a")
             assert not report.serialized and report.spill_stores == 0, (mode, cfg, report)
