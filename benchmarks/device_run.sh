@@ -13,6 +13,9 @@
 #   bash benchmarks/device_run.sh wgmma-producer   the wgmma GEMM's ring filled by a producer warp (tma=3) and its epilogue's
 #                                            pair stores: GEMM points against the default and cuBLAS (fp16 blog-a and
 #                                            b64-h1024, TF32 blog-a), blog-a whole with them as defaults, then their GPU tests
+#   bash benchmarks/device_run.sh wgmma-stores   the epilogue's columns per store (1, 2: compile's default, 4) in fp16,
+#                                            TF32 and 3xTF32 GEMMs, then bench blog-a and b64-h1024-l2, then the whole
+#                                            pytest -m gpu in 6 processes (TESTS_S each)
 #   bash benchmarks/device_run.sh wgmma-fp32 [ROW ...]   fp32 layers' warpgroup GEMM (3xTF32, TF32): GPU tests, then whole
 #                                            models with it against projection_staged (benchmarks/projection_in_model.py)
 #   bash benchmarks/device_run.sh blog-a-ring   blog-a's streamed points (20 units per block, no prefetch, more bytes in flight) against
@@ -97,6 +100,14 @@ case "$1" in
     python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/test_kernels.py 2>/dev/null | grep -E "tma=3|pair_stores=1" > /tmp/ids.txt
     timeout 150 python3 -c 'import sys, pytest; sys.exit(pytest.main(["-m", "gpu", "-q", "-rfE", "-p", "no:cacheprovider"] + open(sys.argv[1]).read().splitlines()))' \
       /tmp/ids.txt 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4 ;;
+  wgmma-stores)
+    WGMMA='s4 k64 overlap( st2| st4)?$' STAGED=none DTYPES=float16 timeout 100 python3 benchmarks/projection_staged.py blog-a b64-h1024 2>&1 \
+      | grep -v Warning | tee "$OUT/projection_log.txt" | cut -c1-150
+    WGMMA='(tf32 128x(256 s4|128 s6) overlap|tf32x3 128x128 s2)( st2| st4)?$' STAGED=none DTYPES=float32 timeout 150 python3 benchmarks/projection_staged.py blog-a "ds2-5l-bi l1+" 2>&1 \
+      | grep -v Warning | tee "$OUT/projection_fp32_log.txt" | cut -c1-150
+    timeout 200 python3 -m tvmrnn.cli bench --repeats 20 --out "$OUT" --row blog-a --row b64-h1024-l2 --kernel auto --kernel tf32 2>&1 \
+      | grep -v Warning | tee "$OUT/bench_log.txt" | tail -14
+    TESTS_S=${TESTS_S:-330} bash "$0" tests-sharded 6 tests/ | tail -12 ;;
   wgmma-fp32)  # fp32 layers on the warpgroup GEMM: its GPU tests (3xTF32 kernels, whole fp32 and TF32 models), then whole
     # models with it against the staged GEMM in the same mode (benchmarks/projection_in_model.py, DTYPES=float32)
     timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_kernels.py tests/test_fp32_accuracy.py tests/test_gpu.py \

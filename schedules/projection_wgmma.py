@@ -78,9 +78,11 @@ class WgmmaConfig:
     # wait while it waits for a free buffer. 3: that thread in a warp of its own (a producer warp, 32 threads more), which
     # refills each buffer as soon as the warps' arrivals free it: up to `stages` buffers ahead, not stages - 2
     tma: int = 0
-    # 1: the epilogue loads bias and stores XW two columns at a time (8-byte ld.global.v2 / st.global.v2: whole 32-byte
-    # sectors per 8-row group) where it had 128 scalar loads and stores per thread at 256 columns
-    pair_stores: int = 0
+    # the epilogue's columns per load of bias and store of XW: 1 (scalar: 128 of each per thread at 256 columns, half a
+    # 32-byte sector per 8-row group), 2 (ld.global.v2 / st.global.v2: whole sectors), 4 (v4, after a shuffle between
+    # lane pairs: half the instructions again). On the H100 2 took blog-a's GEMM from 1.44 to 1.22 ms, b64-h1024's
+    # from 0.180 to 0.120 (benchmarks/results/2026-11-26-h100-wgmma-tma.md)
+    store_cols: int = 1
 
     @property
     def block(self) -> tuple[int, int]:
@@ -109,13 +111,13 @@ class WgmmaConfig:
 # the best point on the H100 (benchmarks/results/2026-11-25-h100-projection-wgmma.md): 128 x 256 blocks, two chunks per
 # buffer, four buffers, the next buffer's wgmma's issued while the last one's run. blog-a 1.44 ms against
 # projection_staged's 1.96 (cuBLAS 0.93), b64-h1024 0.179 against 0.191
-DEFAULT = WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1)
+DEFAULT = WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, store_cols=2)
 # fp32 rows take twice the bytes (benchmarks/results/2026-11-25-h100-projection-wgmma-fp32.md, against projection_staged's
 # default in the same mode): TF32 128 x 256 with four one-chunk buffers, blog-a 2.08 ms against 4.17 (cuBLAS TF32 1.71),
 # b64-h1024 0.232 against 0.374; where 256 columns do not divide the gates 128 x 128 with six, ds2's 0.174 against
 # 0.208. 3xTF32 128 x 128 with two buffers (the parts' buffers take the rest): blog-a 8.00 against 9.77, b64 0.758
 # against 0.804, ds2 0.437 against 0.448
-TF32 = {256: WgmmaConfig(bn=256, stages=4, overlap=1), 128: WgmmaConfig(bn=128, stages=6, overlap=1)}
+TF32 = {256: WgmmaConfig(bn=256, stages=4, overlap=1, store_cols=2), 128: WgmmaConfig(bn=128, stages=6, overlap=1)}
 TF32X3 = WgmmaConfig(bn=128, stages=2)
 
 
@@ -137,7 +139,7 @@ def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig | None =
     mode's default_config."""
     cfg = cfg or default_config(mode, cols)
     return (mode in MODES and arch == "sm_90a" and K % KC == 0 and cols % cfg.bn == 0 and cfg.bn % (32 * cfg.warpgroups) == 0
-            and cfg.bn <= 256 and cfg.smem_bytes(mode) <= 227 * 1024 and cfg.stages - (0 if mode == "tf32x3" else cfg.overlap) >= 2
+            and cfg.bn <= 256 and cfg.smem_bytes(mode) <= 227 * 1024 and cfg.store_cols in (1, 2, 4) and cfg.stages - (0 if mode == "tf32x3" else cfg.overlap) >= 2
             # chunk sums: twice the registers (with overlap, three times: one chunk per buffer)
             and not (mode == "tf32x3" and (cfg.bn > 128 or (cfg.overlap and cfg.k_chunks > 1) or cfg.tma)))
 
@@ -384,23 +386,36 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
     emit_if(tid < i64(cfg.consumers), lambda: _epilogue(cfg, cols, bias, XW, M, mb, nb, wg, t, acc), cfg.threads == cfg.consumers)
 
 
-PAIR_STORE = "tvmrnn_store_pair"
-PAIR_STORE_SRC = (f"__forceinline__ __device__ void {PAIR_STORE}(float* out, const float* bias, float a, float b) {{ "
-                  "float2 c = *reinterpret_cast<const float2*>(bias); *reinterpret_cast<float2*>(out) = make_float2(a + c.x, b + c.y); }")
+# the epilogue's stores of 2 and 4 columns (store_cols), bias added on the way. Four: lanes l and l ^ 1 hold columns
+# c, c + 1 (c = 2 * (l % 4)) of two 8-column groups; each sends the other one pair, so the even lane stores columns
+# c..c + 3 of the first group and the odd one c + 6..c + 9 (8 + c - 2..) of the second, each 16-byte aligned. The
+# shuffle comes before the row's guard, which both lanes of a pair share (the same row)
+STORE = {2: "tvmrnn_store2", 4: "tvmrnn_store4"}
+STORE_SRC = {
+    2: "__forceinline__ __device__ void tvmrnn_store2(bool keep, float* out, const float* bias, float a0, float a1) { if (keep) { "
+       "float2 c = *reinterpret_cast<const float2*>(bias); *reinterpret_cast<float2*>(out) = make_float2(a0 + c.x, a1 + c.y); } }",
+    4: "__forceinline__ __device__ void tvmrnn_store4(bool keep, float* out, const float* bias, float a0, float a1, float b0, float b1) { "
+       "bool odd = threadIdx.x & 1; float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1); "
+       "float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1); if (!keep) return; int at = odd ? 6 : 0; "
+       "float4 c = *reinterpret_cast<const float4*>(bias + at); float4 v = odd ? make_float4(r0, r1, b0, b1) : make_float4(a0, a1, r0, r1); "
+       "*reinterpret_cast<float4*>(out + at) = make_float4(v.x + c.x, v.y + c.y, v.z + c.z, v.w + c.w); }"}
 
 
 def _epilogue(cfg, cols, bias, XW, M, mb, nb, wg, t, acc):
-    """The accumulators plus bias into XW, rows past M skipped; with pair_stores two columns per load and store (n is
-    even and XW's rows hold an even number of columns, so each pair is 8-byte aligned)."""
+    """The accumulators plus bias into XW, rows past M skipped, store_cols columns per load and store (n is even, and
+    XW's rows hold a multiple of 8 columns: whole 8- and 16-byte pieces)."""
     w, lane = t // i64(32), t % i64(32)
-    for i in range(0, cfg.bn // 2, 2):  # column pairs
-        m = mb + wg * i64(64) + w * i64(16) + lane // i64(4) + i64(8 * (i % 4 >= 2))
-        n = nb + i64(8 * (i // 4)) + i64(2) * (lane % i64(4))
-        with T.If(m < M):
-            with T.Then():
-                if cfg.pair_stores:
-                    T.evaluate(T.cuda.func_call(PAIR_STORE, XW.access_ptr("w", offset=m * i64(cols) + n), bias.access_ptr("r", offset=n),
-                                                acc[i], acc[i + 1], source_code=PAIR_STORE_SRC))
-                    continue
-                for v in range(2):
-                    T.buffer_store(XW, acc[i + v] + bias[n + i64(v)], [m, n + i64(v)])
+    step = max(2, 2 * cfg.store_cols)  # accumulators per store call: 4 columns take two 8-column groups' pairs
+    for i0 in range(0, cfg.bn // 2, step):
+        for i in range(i0, i0 + min(step, 4), 2):  # the two rows' column pairs (i % 4: 0 row r, 2 row r + 8)
+            m = mb + wg * i64(64) + w * i64(16) + lane // i64(4) + i64(8 * (i % 4 >= 2))
+            n = nb + i64(8 * (i // 4)) + i64(2) * (lane % i64(4))
+            if cfg.store_cols == 1:
+                with T.If(m < M):
+                    with T.Then():
+                        for v in range(2):
+                            T.buffer_store(XW, acc[i + v] + bias[n + i64(v)], [m, n + i64(v)])
+                continue
+            values = [acc[i + v] for v in ((0, 1) if cfg.store_cols == 2 else (0, 1, 4, 5))]
+            T.evaluate(T.cuda.func_call(STORE[cfg.store_cols], m < M, XW.access_ptr("w", offset=tirx.min(m, M - i64(1)) * i64(cols) + n),
+                                        bias.access_ptr("r", offset=n), *values, source_code=STORE_SRC[cfg.store_cols]))

@@ -285,12 +285,14 @@ WGMMA_CONFIGS = [WgmmaConfig(), WgmmaConfig(bn=256, stages=3), WgmmaConfig(bn=64
 # the ring filled by the tensor memory accelerator: compile's DEFAULT (two chunks per buffer, K = 800's partial last
 # buffer), one chunk per buffer without overlap, and 128 x 128 with four buffers; with buffers freed by the block's
 # barrier (tma=1), by each warp's arrival on an "empty" mbarrier (tma=2), and so with a producer warp of its own (tma=3),
-# with and without overlap; the epilogue's stores two columns at a time (pair_stores) with and without tma
+# with and without overlap; the epilogue's stores four columns at a time (store_cols=4: a shuffle between lane pairs) at
+# 256 and 128 columns (compile's DEFAULT stores two, WGMMA_CONFIGS' others one)
 WGMMA_TMA_CONFIGS = [dataclasses.replace(WGMMA_DEFAULT, tma=1), WgmmaConfig(bn=256, stages=6, tma=1), WgmmaConfig(tma=1),
                      dataclasses.replace(WGMMA_DEFAULT, tma=2), WgmmaConfig(bn=256, stages=6, tma=2),
                      WgmmaConfig(bn=256, stages=4, overlap=1, tma=2),  # TF32's 256-column point
-                     dataclasses.replace(WGMMA_DEFAULT, tma=3, pair_stores=1), WgmmaConfig(bn=256, stages=6, tma=3),
-                     WgmmaConfig(bn=256, stages=4, overlap=1, tma=3, pair_stores=1), dataclasses.replace(WGMMA_DEFAULT, pair_stores=1)]
+                     dataclasses.replace(WGMMA_DEFAULT, tma=3, store_cols=2), WgmmaConfig(bn=256, stages=6, tma=3),
+                     WgmmaConfig(bn=256, stages=4, overlap=1, tma=3, store_cols=2), dataclasses.replace(WGMMA_DEFAULT, store_cols=4),
+                     WgmmaConfig(bn=128, stages=6, overlap=1, store_cols=4)]
 
 
 @pytest.mark.gpu
@@ -298,7 +300,8 @@ WGMMA_TMA_CONFIGS = [dataclasses.replace(WGMMA_DEFAULT, tma=1), WgmmaConfig(bn=2
 @pytest.mark.parametrize("mode, config", [("float16", c) for c in WGMMA_CONFIGS + WGMMA_TMA_CONFIGS] + [("bfloat16", WGMMA_DEFAULT)]
                          + [("tf32", c) for c in WGMMA_CONFIGS + WGMMA_TMA_CONFIGS if c.smem_bytes("tf32") <= 227 * 1024]
                          + [("tf32x3", c) for c in (WgmmaConfig(bn=128, stages=3), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3),
-                                                    WgmmaConfig(bn=128, stages=2, overlap=1), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3, overlap=1))], ids=str)
+                                                    WgmmaConfig(bn=128, stages=2, overlap=1), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3, overlap=1),
+                                                    WgmmaConfig(bn=128, stages=2, store_cols=4))], ids=str)
 @pytest.mark.parametrize("M, K, cols", [(1, 32, 256), (333, 64, 2560), (1100, 800, 1024), (6400, 1024, 4096)])
 def test_projection_wgmma_matches_float64(M, K, cols, mode, config):
     """The warpgroup (wgmma) projection against float64 on the same inputs, output poisoned first: a partial last row
@@ -357,7 +360,7 @@ def test_projection_wgmma_tma_builds_without_a_gpu():
     at launch) as __grid_constant__ parameters, one thread arms each buffer's mbarrier and issues two copies per chunk,
     every thread waits on the barrier's phase, and no thread copies for itself (no cp.async, no proxy fence); with
     tma=2 no block barrier in the loop, each warp's lane 0 arriving on the buffer's "empty" mbarrier instead; with tma=3
-    the copies in a warp of its own, its thread 0 looping over them alone; with pair_stores the epilogue's pairs; ptxas
+    the copies in a warp of its own, its thread 0 looping over them alone; with store_cols the epilogue's; ptxas
     keeps it unserialized and spill-free, with fewer registers than the per-thread copies take. 3xTF32 has none (its
     threads split their own copies)."""
     from schedules.projection_wgmma import supported
@@ -371,8 +374,12 @@ def test_projection_wgmma_tma_builds_without_a_gpu():
             signature = re.search(r'extern "C" __global__[^;{]*\{', src)  # the definition's, not the declaration's
             kernel = src[signature.start():]
             loop = kernel[kernel.index("for ("):]
-            if not cfg.tma:  # pair_stores alone: cp.async's ring, the epilogue's pairs
-                assert "tvmrnn_store_pair(" in kernel and "cp_async" in kernel and "CUtensorMap" not in src, cfg
+            stores = {c: f"tvmrnn_store{c}(" in kernel for c in (2, 4)}
+            assert stores == {c: cfg.store_cols == c for c in (2, 4)}, cfg
+            report = ptxas(src, "sm_90a")
+            assert not report.serialized and report.spill_stores == 0, (mode, cfg, report)
+            if not cfg.tma:  # the epilogue's wider stores alone: cp.async's ring
+                assert "cp_async" in kernel and "CUtensorMap" not in src, cfg
                 continue
             assert signature.group(0).count("const __grid_constant__ CUtensorMap") == 2, cfg
             assert loop.count("cp_async_bulk_tensor_g2s") == 2 * cfg.k_chunks and "mbarrier_wait" in loop, cfg
@@ -384,11 +391,10 @@ def test_projection_wgmma_tma_builds_without_a_gpu():
                 producer = loop[:loop.index("for (", 1)]
                 assert f"threadIdx.x) == (int64_t){cfg.consumers})" in kernel[:kernel.index("for (")] and "wgmma" not in producer, cfg
                 assert kernel[:kernel.index("for (")].count("cp_async_bulk_tensor_g2s") == 0, cfg
-            assert ("tvmrnn_store_pair(" in kernel) == bool(cfg.pair_stores), cfg
             assert not re.search(r"ptx_cp_async_legacy|cp_async_commit_group|fence_proxy_proxy_async", kernel), cfg
-            report = ptxas(src, "sm_90a")
-            assert not report.serialized and report.spill_stores == 0, (mode, cfg, report)
-    plain, tma = (kernel_source(projection_wgmma("float16", 2560, 10240, cfg, rows=12800)) for cfg in (WGMMA_DEFAULT, WGMMA_TMA_CONFIGS[0]))
+    # with scalar stores (with compile's pair stores both take 174)
+    plain, tma = (kernel_source(projection_wgmma("float16", 2560, 10240, dataclasses.replace(WGMMA_DEFAULT, store_cols=1, tma=t), rows=12800))
+                  for t in (0, 1))
     assert ptxas(tma, "sm_90a").registers < ptxas(plain, "sm_90a").registers
     assert not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=2, tma=1))
 
