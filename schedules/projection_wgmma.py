@@ -12,9 +12,10 @@ through matrix descriptors, the fp32 accumulators in registers (BN / 2 per threa
 threads fill a cp.async ring of `stages` buffers of k_chunks 32-column chunks each (mma_tiles.cp_async_ring,
 as projection_staged does), one barrier per buffer; with `overlap` a buffer's wgmma's still run while the
 warpgroup moves on to the next barrier (the copies then go one buffer less ahead). Blocks walk XW in
-raster groups. With `tma` (not yet a default: built, not yet run on a GPU) one thread fills the ring instead,
+raster groups. With `tma` (run and tested on the H100, no faster: not a default) one thread fills the ring instead,
 through the tensor memory accelerator: two bulk copies per chunk through tensor maps encoded at launch, which land
-in the same swizzle, with each buffer's mbarrier counting their bytes (mma_tiles.tma_ring).
+in the same swizzle, with each buffer's mbarrier counting their bytes (mma_tiles.tma_ring); with tma=3 that thread
+is a producer warp's. The epilogue adds bias and stores XW 1, 2 (every default) or 4 columns per instruction.
 
 Shared layout per chunk: the block's 64 * warpgroups rows of X, then BN rows of W, each row the chunk's 32
 columns (64 bytes in half precision, 128 in fp32), in the swizzle wgmma reads (the canonical K-major SW64 /
@@ -74,14 +75,14 @@ class WgmmaConfig:
     # waits on the buffer's mbarrier, where cp.async had each thread copy and swizzle its share. Not in tf32x3 (its
     # threads split their own copies). 2: also no block barrier per buffer: each warp frees a buffer through an "empty"
     # mbarrier, which only the copying thread waits on. On the H100 neither beat cp.async (blog-a 1.46 / 1.51 ms against
-    # 1.44, benchmarks/results/2026-11-26-h100-wgmma-tma.md): the copying thread is one of warpgroup 0's, whose wgmma's
+    # 1.44, benchmarks/results/2026-11-25-h100-wgmma-producer-and-stores.md): the copying thread is one of warpgroup 0's, whose wgmma's
     # wait while it waits for a free buffer. 3: that thread in a warp of its own (a producer warp, 32 threads more), which
     # refills each buffer as soon as the warps' arrivals free it: up to `stages` buffers ahead, not stages - 2
     tma: int = 0
     # the epilogue's columns per load of bias and store of XW: 1 (scalar: 128 of each per thread at 256 columns, half a
     # 32-byte sector per 8-row group), 2 (ld.global.v2 / st.global.v2: whole sectors), 4 (v4, after a shuffle between
     # lane pairs: half the instructions again). On the H100 2 took blog-a's GEMM from 1.44 to 1.22 ms, b64-h1024's
-    # from 0.180 to 0.120 (benchmarks/results/2026-11-26-h100-wgmma-tma.md)
+    # from 0.180 to 0.120 (benchmarks/results/2026-11-25-h100-wgmma-producer-and-stores.md)
     store_cols: int = 1
 
     @property
@@ -110,15 +111,17 @@ class WgmmaConfig:
 
 # the best point on the H100 (benchmarks/results/2026-11-25-h100-projection-wgmma.md): 128 x 256 blocks, two chunks per
 # buffer, four buffers, the next buffer's wgmma's issued while the last one's run. blog-a 1.44 ms against
-# projection_staged's 1.96 (cuBLAS 0.93), b64-h1024 0.179 against 0.191
+# projection_staged's 1.96 (cuBLAS 0.93), b64-h1024 0.179 against 0.191; storing two columns at a time 1.21-1.22 and
+# 0.120-0.122 (benchmarks/results/2026-11-25-h100-wgmma-producer-and-stores.md; four: 1.26, 0.134)
 DEFAULT = WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, store_cols=2)
 # fp32 rows take twice the bytes (benchmarks/results/2026-11-25-h100-projection-wgmma-fp32.md, against projection_staged's
 # default in the same mode): TF32 128 x 256 with four one-chunk buffers, blog-a 2.08 ms against 4.17 (cuBLAS TF32 1.71),
 # b64-h1024 0.232 against 0.374; where 256 columns do not divide the gates 128 x 128 with six, ds2's 0.174 against
 # 0.208. 3xTF32 128 x 128 with two buffers (the parts' buffers take the rest): blog-a 8.00 against 9.77, b64 0.758
-# against 0.804, ds2 0.437 against 0.448
-TF32 = {256: WgmmaConfig(bn=256, stages=4, overlap=1, store_cols=2), 128: WgmmaConfig(bn=128, stages=6, overlap=1)}
-TF32X3 = WgmmaConfig(bn=128, stages=2)
+# against 0.804, ds2 0.437 against 0.448. Each storing two columns at a time (same file): TF32 blog-a 2.10 -> 1.90 ms
+# (128 columns 2.71 -> 2.44), 3xTF32 blog-a 8.07 -> 7.83, ds2-5l-bi's 6000 x 1600 x 6400 1.56 -> 1.47
+TF32 = {256: WgmmaConfig(bn=256, stages=4, overlap=1, store_cols=2), 128: WgmmaConfig(bn=128, stages=6, overlap=1, store_cols=2)}
+TF32X3 = WgmmaConfig(bn=128, stages=2, store_cols=2)
 
 
 def default_config(mode: str, cols: int) -> WgmmaConfig:
