@@ -54,10 +54,15 @@ def r_layout(spec: RNNLayerSpec) -> str:
     return "panels" if spec.hidden_size % PANEL == 0 else "transposed"
 
 
+def pool_threads() -> int:
+    """The threads TVM's pool will run (runtime.use_every_core sets their count), as the build sees it."""
+    return int(os.environ.get("TVM_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+
+
 def small_batch_units(hidden: int, directions: int) -> int:
     """The default units per work item at small batch: the widest chunk (up to ROW_UNITS) that still gives each of
-    TVM's threads (runtime.use_every_core sets their count) at least one item per step."""
-    threads = int(os.environ.get("TVM_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+    TVM's threads at least one item per step."""
+    threads = pool_threads()
     widest = ROW_UNITS
     while widest > 8 and directions * (hidden // chunk_size(hidden, widest)) < threads:
         widest //= 2
@@ -76,12 +81,25 @@ def chunk_size(hidden: int, widest: int = 32) -> int:
 class CpuConfig:
     rows: int = ROW_TILE  # batch rows per R^T load (each load serves them all)
     units: int = 16  # hidden units per work item: rows x gates x units accumulators; must divide H
+    # 1: every other step each thread takes its share of a phase's items in reverse, so it starts on the weights it
+    # read last, still in its L2, where in the same order each step the least recently used are the next ones wanted
+    # and a share of R larger than L2 misses throughout (ds2-lstm's fp32 R is 10 MB, 5 per thread; L2 4 MB a core)
+    serpentine: int = 0
 
 
 def row_tile_units(hidden: int, gates: int) -> int:
     """Units per work item at batch >= ROW_TILE: the widest of ROW_TILE_UNITS whose accumulators fit."""
     widest = next(u for u in ROW_TILE_UNITS if ROW_TILE * gates * u <= ROW_TILE_ACCUMULATORS or u == ROW_TILE_UNITS[-1])
     return chunk_size(hidden, widest)
+
+
+def row_tile_rows(batch: int | None, gates: int, units: int) -> int:
+    """Batch rows per work item at batch >= ROW_TILE: 5 where that makes whole tiles, fewer of them than 4 rows do, and
+    the accumulators still fit (each tile is a pass over the item's weights): an LSTM at ds2-lstm's batch 20, 16 units
+    (320 floats), 4 passes, not 5. Its recurrence ran 4% faster so (136.2 ms against 141.6, both serpentine,
+    benchmarks/results/2026-11-25-cpu-serpentine.txt); a GRU's 32 units would take 480 floats (and ran slower)."""
+    fewer = batch is not None and batch % 5 == 0 and batch // 5 < -(-batch // ROW_TILE)
+    return 5 if fewer and 5 * gates * units <= ROW_TILE_ACCUMULATORS else ROW_TILE
 
 
 def cpu_prim_func(spec: RNNLayerSpec, cell: Cell, emit_steps, seq=None, batch=None) -> tirx.PrimFunc:
@@ -139,11 +157,21 @@ def cpu_steps(a: KernelArgs, cfg: CpuConfig):
         # batch tiles vary fastest: the items of one chunk of units run back to back on a thread, so its rows of R
         # (a panel) come from L2 for every tile after the first (at ds2-lstm's batch 20: 15% faster than chunks fastest)
         with T.attr(0, "pragma_parallel_barrier_when_finish", 1) if parallel else contextlib.nullcontext():
-            with T.parallel(0, items) as item:  # the phase's writes, seen by every thread's next phase after the barrier
+            with T.parallel(0, items) as i:  # the phase's writes, seen by every thread's next phase after the barrier
+                item = serpentine(i, s) if cfg.serpentine and parallel else i
                 d = item // (tiles * chunks)
                 n0 = item % tiles * i64(rows)
                 j0 = item // tiles % chunks * jc
                 _phase_tile(a, phase, last, operand, a.hbuf, a.scratch, s, cur, nxt, d, n0, rows, j0, jc)
+
+    def serpentine(i, s):
+        """Item i of step s: on odd steps the thread's share in reverse. The share is the blocked split TVM's parallel
+        loops make (ceil(items / threads) each, in order), for the pool the build sees; with another thread count the
+        order is merely less kind to L2 (any order of a phase's items is correct)."""
+        share = tirx.ceildiv(items, i64(pool_threads()))
+        first = i // share * share
+        last = tirx.min(first + share, items) - i64(1)
+        return tirx.if_then_else(s % 2 == 1, first + last - i, i)
 
     # One launch of TVM's thread pool for the whole sequence: every thread runs the time loop, takes its share of each
     # phase's items (the same blocked split a parallel loop launched on its own gets) and meets the others at a

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CPU_ROWS = (1, 2, 4, 8)
+CPU_ROWS = (1, 2, 4, 5, 8)
 CPU_UNITS = (8, 16, 32, 64, 128, 256)
 # Knobs added to a kind after tuning logs were written for it, with the value that is what the kernel did before: a point
 # names them only when set otherwise, so a logged point without the knob and today's point with that value are one point
-LATER_KNOBS = {"persistent": {"prefetch": 0}, "mma": {"chunk_acc": 0}, "persistent_mma": {"chunk_acc": 0, "ring": 0, "ring_h": 0}}
+LATER_KNOBS = {"cpu": {"serpentine": 0}, "persistent": {"prefetch": 0}, "mma": {"chunk_acc": 0}, "persistent_mma": {"chunk_acc": 0, "ring": 0, "ring_h": 0}}
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def knob_space(kind: str, spec, cell, target) -> dict[str, tuple[int, ...]]:
         from .recurrent_cpu import chunk_size
 
         units = set(_divisors(spec.hidden_size, CPU_UNITS)) | {chunk_size(spec.hidden_size, 64), chunk_size(spec.hidden_size, 16)}
-        return {"rows": CPU_ROWS, "units": tuple(sorted(units))}
+        return {"rows": CPU_ROWS, "units": tuple(sorted(units)), "serpentine": (0, 1)}
     if kind == "stepwise":
         return {"warps": (2, 4, 8), "units_per_warp": (1, 2), "batch_tile": (1, 2, 4, 8, 16)}
     if kind == "persistent":
@@ -231,11 +231,12 @@ def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
 def default_config(kind: str, spec, cell, target, batch: int | None = None) -> KernelConfig:
     """The hand-picked point of a space (what an untuned module runs), for `batch` rows where that matters."""
     if kind == "cpu":
-        from .recurrent_cpu import ROW_TILE, row_tile_units, small_batch_units
+        from .recurrent_cpu import ROW_TILE, row_tile_rows, row_tile_units, small_batch_units
 
         small = batch is not None and batch < ROW_TILE
         units = small_batch_units(spec.hidden_size, spec.num_directions) if small else row_tile_units(spec.hidden_size, cell.gates)
-        return KernelConfig.of("cpu", rows=1 if small else ROW_TILE, units=units)
+        rows = 1 if small else row_tile_rows(batch, cell.gates, units)
+        return KernelConfig.of("cpu", rows=rows, units=units, serpentine=1)
     if kind == "stepwise":
         from .recurrent_cuda import StepwiseConfig
 
@@ -278,7 +279,7 @@ def emitter(config: KernelConfig, spec, cell):
     if config.kind == "cpu":
         from .recurrent_cpu import CpuConfig, cpu_steps
 
-        return lambda a: cpu_steps(a, CpuConfig(rows=config["rows"], units=config["units"]))
+        return lambda a: cpu_steps(a, CpuConfig(rows=config["rows"], units=config["units"], serpentine=config["serpentine"]))
     if config.kind == "stepwise":
         from .recurrent_cuda import StepwiseConfig, stepwise_body
 

@@ -103,9 +103,38 @@ def test_cpu_row_tiles_take_the_widest_units_whose_accumulators_fit():
     case = Case(op="GRU", hidden=64, input_size=5, optional=("initial_h",))  # no B: _check_kernel's XW has none
     spec = find_rnn_layers(case.model())[0].spec
     config = default_config("cpu", spec, cell_for(spec), _target("llvm"), batch=20)
-    assert dict(config.knobs) == {"rows": 4, "units": 32}
+    assert dict(config.knobs) == {"rows": 4, "units": 32, "serpentine": 1}
     _check_kernel("llvm", case, spec, point_kernel(spec, cell_for(spec), _target("llvm"), config), "panels", batches=(6, 9),
                   note=config.describe())
+
+
+def test_cpu_lstm_takes_five_rows_where_they_make_fewer_whole_tiles():
+    """An LSTM's default row tile is 5 rows where 5 divides the batch into fewer tiles than 4 rows do (batch 20: four
+    passes over each item's weights, not five), 4 elsewhere and for a GRU at 32 units (480 accumulator floats); the
+    5-row point against float64, outputs poisoned, at batches of whole and partial tiles."""
+    from schedules.recurrent_cpu import row_tile_rows
+
+    assert [row_tile_rows(b, 4, 16) for b in (20, 10, 15, 8, 16, 40, None)] == [5, 5, 5, 4, 4, 5, 4]
+    assert row_tile_rows(20, 3, 32) == 4 and row_tile_rows(20, 4, 8) == 5
+    case = Case(op="LSTM", hidden=64, input_size=5, optional=("initial_h", "initial_c"))
+    spec = find_rnn_layers(case.model())[0].spec
+    config = default_config("cpu", spec, cell_for(spec), _target("llvm"), batch=20)
+    assert dict(config.knobs) == {"rows": 5, "units": 16, "serpentine": 1}
+    _check_kernel("llvm", case, spec, point_kernel(spec, cell_for(spec), _target("llvm"), config), "panels", batches=(10, 7),
+                  note=config.describe())
+
+
+@pytest.mark.parametrize("build_threads", [1, 2, 3, 8])
+def test_cpu_serpentine_order_is_correct_whatever_the_pool(monkeypatch, build_threads):
+    """With serpentine each thread takes its share of a phase's items in reverse every other step, the shares as the
+    build sees the pool; where the pool that runs it has another size the order differs, the result may not: against
+    float64 with poisoned outputs over 9 steps (odd and even), a bidirectional layer with lengths (padded steps)."""
+    monkeypatch.setenv("TVM_NUM_THREADS", str(build_threads))
+    case = Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h"), hidden=64, input_size=5)
+    spec = find_rnn_layers(case.model())[0].spec
+    func = point_kernel(spec, cell_for(spec), _target("llvm"), KernelConfig.of("cpu", rows=2, units=16, serpentine=1))
+    assert "if_then_else" in func.script() or "T.if_then_else" in func.script()
+    _check_kernel("llvm", case, spec, func, "panels", batches=(3, 5), note=f"serpentine, built for {build_threads} threads")
 
 
 def test_cpu_kernel_with_one_work_item_runs_on_the_calling_thread():
