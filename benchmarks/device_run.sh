@@ -10,12 +10,8 @@
 #                                            against projection_staged's default and cuBLAS (benchmarks/projection_staged.py)
 #   IDS="tma=[12]" bash benchmarks/device_run.sh wgmma-fp16 [SHAPE ...]   the fp16 wgmma points against the default
 #                                            and cuBLAS (projection_staged.py), then the GPU tests whose ids match IDS (grep -E)
-#   bash benchmarks/device_run.sh wgmma-producer   the wgmma GEMM's ring filled by a producer warp (tma=3) and its epilogue's
-#                                            pair stores: GEMM points against the default and cuBLAS (fp16 blog-a and
-#                                            b64-h1024, TF32 blog-a), blog-a whole with them as defaults, then their GPU tests
 #   bash benchmarks/device_run.sh wgmma-stores   the epilogue's columns per store (1, 2: compile's default, 4) in fp16,
-#                                            TF32 and 3xTF32 GEMMs, then bench blog-a and b64-h1024-l2, then the whole
-#                                            pytest -m gpu in 6 processes (TESTS_S each)
+#                                            TF32 and 3xTF32 GEMMs, then bench blog-a and b64-h1024-l2
 #   bash benchmarks/device_run.sh wgmma-fp32 [ROW ...]   fp32 layers' warpgroup GEMM (3xTF32, TF32): GPU tests, then whole
 #                                            models with it against projection_staged (benchmarks/projection_in_model.py)
 #   bash benchmarks/device_run.sh blog-a-ring   blog-a's streamed points (20 units per block, no prefetch, more bytes in flight) against
@@ -51,6 +47,11 @@ set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+
+run_ids() {  # run_ids FILE SECONDS LOG [-v]: pytest -m gpu on the node ids in FILE (one per line: ids hold spaces), log to LOG
+  timeout "$2" python3 -c 'import sys, pytest; sys.exit(pytest.main(["-m", "gpu", sys.argv[2], "-rfE", "-p", "no:cacheprovider"] + open(sys.argv[1]).read().splitlines()))' \
+    "$1" "${4:--q}" 2>&1 | grep -v "Warning: Scope" | tee "$3"
+}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 set -- "${1:-tests}" "${@:2}"
 [ "$1" = tests ] && [ $# -eq 1 ] && set -- tests tests/
@@ -66,9 +67,8 @@ case "$1" in
     python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep "^tests/.*::" > /tmp/gpu_ids.txt
     rm -f /tmp/gpu_shard.*; split -n "r/$shards" -d /tmp/gpu_ids.txt /tmp/gpu_shard.
     wc -l /tmp/gpu_ids.txt
-    for f in /tmp/gpu_shard.*; do  # node ids hold spaces: one per line, passed whole
-      timeout "${TESTS_S:-540}" python3 -c 'import sys, pytest; sys.exit(pytest.main(["-m", "gpu", "-v", "-rfE", "-p", "no:cacheprovider"] + open(sys.argv[1]).read().splitlines()))' \
-        "$f" 2>&1 | grep -v "Warning: Scope" > "$OUT/pytest_gpu_${f##*.}.txt" &
+    for f in /tmp/gpu_shard.*; do  # 4 shards take the whole suite in ~430 s; 6 contend for the 16 cores and take longer
+      run_ids "$f" "${TESTS_S:-540}" "$OUT/pytest_gpu_${f##*.}.txt" -v > /dev/null &
     done
     wait
     tail -qn 1 "$OUT"/pytest_gpu_*.txt; echo "PASSED: $(cat "$OUT"/pytest_gpu_*.txt | grep -c ' PASSED')"; grep -h "FAILED\|ERROR" "$OUT"/pytest_gpu_*.txt ;;
@@ -88,26 +88,14 @@ case "$1" in
   wgmma-fp16)  # the timing first (the point of the call), then the new points' GPU tests, picked by a string of their ids
     DTYPES=float16 STAGED=default timeout 170 python3 benchmarks/projection_staged.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/projection_log.txt" | tail -16
     python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/test_kernels.py 2>/dev/null | grep -E "${IDS:-warpgroups=4}" > /tmp/ids.txt
-    timeout 100 python3 -c 'import sys, pytest; sys.exit(pytest.main(["-m", "gpu", "-q", "-rfE", "-p", "no:cacheprovider"] + open(sys.argv[1]).read().splitlines()))' \
-      /tmp/ids.txt 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4 ;;
-  wgmma-producer)
-    WGMMA='s4 k64 overlap$|tma3|pair' STAGED=none DTYPES=float16 timeout 200 python3 benchmarks/projection_staged.py blog-a b64-h1024 2>&1 \
-      | grep -v Warning | tee "$OUT/projection_log.txt" | cut -c1-160
-    WGMMA='tf32 128x256 s4 overlap( tma3)?( pair)?$' STAGED=none DTYPES=float32 timeout 100 python3 benchmarks/projection_staged.py blog-a 2>&1 \
-      | grep -v Warning | tee "$OUT/projection_tf32_log.txt" | cut -c1-160
-    POINTS="wgmma 128x256 s4 k64 overlap tma3 pair,wgmma 128x256 s4 k64 overlap pair,wgmma tf32 128x256 s4 overlap tma3 pair" \
-      DTYPES=float16,float32 timeout 200 python3 benchmarks/projection_in_model.py blog-a 2>&1 | grep -v Warning | tee "$OUT/in_model_log.txt"
-    python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/test_kernels.py 2>/dev/null | grep -E "tma=3|pair_stores=1" > /tmp/ids.txt
-    timeout 150 python3 -c 'import sys, pytest; sys.exit(pytest.main(["-m", "gpu", "-q", "-rfE", "-p", "no:cacheprovider"] + open(sys.argv[1]).read().splitlines()))' \
-      /tmp/ids.txt 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4 ;;
+    run_ids /tmp/ids.txt 100 "$OUT/pytest_gpu.txt" | tail -4 ;;
   wgmma-stores)
     WGMMA='s4 k64 overlap( st2| st4)?$' STAGED=none DTYPES=float16 timeout 100 python3 benchmarks/projection_staged.py blog-a b64-h1024 2>&1 \
       | grep -v Warning | tee "$OUT/projection_log.txt" | cut -c1-150
     WGMMA='(tf32 128x(256 s4|128 s6) overlap|tf32x3 128x128 s2)( st2| st4)?$' STAGED=none DTYPES=float32 timeout 150 python3 benchmarks/projection_staged.py blog-a "ds2-5l-bi l1+" 2>&1 \
       | grep -v Warning | tee "$OUT/projection_fp32_log.txt" | cut -c1-150
     timeout 200 python3 -m tvmrnn.cli bench --repeats 20 --out "$OUT" --row blog-a --row b64-h1024-l2 --kernel auto --kernel tf32 2>&1 \
-      | grep -v Warning | tee "$OUT/bench_log.txt" | tail -14
-    TESTS_S=${TESTS_S:-330} bash "$0" tests-sharded 6 tests/ | tail -12 ;;
+      | grep -v Warning | tee "$OUT/bench_log.txt" | tail -14 ;;
   wgmma-fp32)  # fp32 layers on the warpgroup GEMM: its GPU tests (3xTF32 kernels, whole fp32 and TF32 models), then whole
     # models with it against the staged GEMM in the same mode (benchmarks/projection_in_model.py, DTYPES=float32)
     timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_kernels.py tests/test_fp32_accuracy.py tests/test_gpu.py \
