@@ -4,7 +4,8 @@
 
 Each shape of the CPU benchmark rows' projections runs both kernels in turns (7 rounds, the minimum
 reported), after checking both against float64. The earlier kernel is read with `git show REV:...`;
-its W layout is told by its docstring (W^T [K, cols] before the packed panels).
+its W layout is told by whether it has panel_width (W^T [K, cols] before the packed panels). This checkout's
+kernel takes this CPU's tile (projection_cpu.tile for the target's mcpu).
 """
 
 import subprocess
@@ -27,13 +28,12 @@ def earlier_kernel():
     src = subprocess.run(["git", "show", f"{REV}:schedules/projection_cpu.py"], capture_output=True, text=True, check=True).stdout
     mod = types.ModuleType("projection_cpu_earlier")
     exec(compile(src.replace("from .recurrent_common", "from schedules.recurrent_common"), "projection_cpu_earlier", "exec"), mod.__dict__)
-    packed = "panel_width" in mod.__dict__
-    return mod.projection_cpu, packed
+    return mod.projection_cpu, mod.__dict__.get("panel_width")  # None: W^T, before the packed panels
 
 
-def weights(w, packed):
+def weights(w, panel_width):
     n, k = w.shape
-    if not packed:
+    if panel_width is None:
         return np.ascontiguousarray(w.T)
     nr = panel_width(n)
     return np.ascontiguousarray(w.reshape(n // nr, nr, k).transpose(0, 2, 1))
@@ -41,15 +41,16 @@ def weights(w, packed):
 
 use_every_core()  # TVM's thread pool as tvmrnn runs it (importing tvmrnn.runtime already did)
 target = resolve_target("llvm")
-old_kernel, old_packed = earlier_kernel()
+MCPU = str(target.attrs.get("mcpu", ""))
+old_kernel, old_panels = earlier_kernel()
 rng = np.random.default_rng(0)
 for M, K, N in SHAPES:
     x, w, b = rng.standard_normal((M, K)).astype("f4"), rng.standard_normal((N, K)).astype("f4"), rng.standard_normal(N).astype("f4")
     ref = x.astype("f8") @ w.T.astype("f8") + b
     runs = {}
-    for name, kernel, packed in ((f"{REV}", old_kernel, old_packed), ("this checkout", projection_cpu, True)):
+    for name, kernel, panels in ((f"{REV}", old_kernel, old_panels), ("this checkout", lambda K, N: projection_cpu(K, N, MCPU), lambda n: panel_width(n, MCPU))):
         lib = tvm.compile(tvm.IRModule({"main": kernel(K, N)}), target=target)
-        args = [tvm.runtime.tensor(v) for v in (x, weights(w, packed), b, np.full((M, N), np.nan, "f4"))]
+        args = [tvm.runtime.tensor(v) for v in (x, weights(w, panels), b, np.full((M, N), np.nan, "f4"))]
         lib["main"](*args)
         assert np.abs(args[3].numpy() - ref).max() / np.abs(ref).max() < 1e-5, name
         runs[name] = (lib["main"], args, [])

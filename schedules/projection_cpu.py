@@ -18,20 +18,35 @@ from tvm.script.ir_builder import tirx as T
 from .recurrent_common import i64, projection_prim_func
 
 F32 = "float32"
-# rows x columns per tile: 8 x 32 fp32 accumulators, 16 AVX-512 registers. On this VM (znver5) 8 x 32 beat 4 x 64
-# on every projection shape of the benchmark rows, 1.03-1.24x (benchmarks/results/2026-11-23-cpu-projection-tiles.txt)
-MR, NR = 8, 32
+# rows x columns of fp32 accumulators per work item, by CPU. AMD's Zen (znver5, where the kernel was first tuned):
+# 8 x 32 (16 AVX-512 registers) beat 4 x 64 and 6 x 64 on every projection shape of the benchmark rows, 1.03-1.24x
+# (benchmarks/results/2026-11-23-cpu-projection-tiles.txt). Others (the Intel Xeon this project's VM became):
+# 6 x 64 (24 registers, 10 loads per 24 FMAs where 8 x 32 takes 10 per 16) ran ds2-lstm's 6000 x 800 x 3200 in 84.3
+# ms against 95.1, b64's 6400 x 1024 x 4096 140.0 against 156.0, lat-b1-h1024's 2.5 against 2.8
+# (benchmarks/results/2026-11-25-cpu-projection-tiles-xeon.txt); where 64 columns do not divide the gates (ds2-gru's
+# 2400) 8 x 32 everywhere
+ZEN_TILE, WIDE_TILE = (8, 32), (6, 64)
 
 
-def panel_width(Ncols: int) -> int:
-    """Columns per packed panel of W (and per work item): NR, or the widest power of two dividing Ncols."""
-    return NR if Ncols % NR == 0 else next(c for c in (32, 16, 8, 4, 2, 1) if Ncols % c == 0)
+def tile(Ncols: int, mcpu: str = "") -> tuple[int, int]:
+    """(rows, columns) per work item for a GEMM of Ncols columns on the LLVM target's mcpu: the CPU's tile where its
+    columns divide Ncols, else 8 rows of the widest power of two columns that does (W's panels are whole)."""
+    mr, nr = ZEN_TILE if mcpu.startswith("znver") else WIDE_TILE
+    if Ncols % nr and Ncols % ZEN_TILE[1] == 0:
+        mr, nr = ZEN_TILE
+    return (mr, nr) if Ncols % nr == 0 else (ZEN_TILE[0], next(c for c in (32, 16, 8, 4, 2, 1) if Ncols % c == 0))
 
 
-def projection_cpu(K: int, Ncols: int) -> tirx.PrimFunc:
-    """PrimFunc(X [M, K], WP [Ncols / nr, K, nr] (W packed in panels, nr = panel_width), bias [Ncols], XW [M, Ncols]),
-    M symbolic."""
-    nr = panel_width(Ncols)
+def panel_width(Ncols: int, mcpu: str = "") -> int:
+    """Columns per packed panel of W (and per work item)."""
+    return tile(Ncols, mcpu)[1]
+
+
+def projection_cpu(K: int, Ncols: int, mcpu: str = "", tile_shape: tuple[int, int] | None = None) -> tirx.PrimFunc:
+    """PrimFunc(X [M, K], WP [Ncols / nr, K, nr] (W packed in panels), bias [Ncols], XW [M, Ncols]), M symbolic; the
+    tile (MR rows x nr columns) is tile(Ncols, mcpu) unless given."""
+    MR, nr = tile_shape or tile(Ncols, mcpu)
+    assert Ncols % nr == 0, (Ncols, nr)
 
     def body(X, WP, bias, XW, M):
         col_tiles = Ncols // nr

@@ -146,6 +146,27 @@ def test_cpu_kernel_with_one_work_item_runs_on_the_calling_thread():
     _check_kernel("llvm", case, spec, func, "panels", batches=(1,))
 
 
+@pytest.mark.parametrize("mcpu, cols, expected", [("rocketlake", 256, (6, 64)), ("znver5", 256, (8, 32)), ("", 2400, (8, 32)),
+                                                   ("rocketlake", 24, (8, 8)), ("znver5", 6, (8, 2))])
+def test_cpu_projection_tile_by_cpu_against_float64(mcpu, cols, expected):
+    """The CPU GEMM's tile: 6 x 64 where 64 columns divide the gates (8 x 32 on AMD's Zen, where it ran faster, and where
+    64 does not divide), narrower panels where 32 does not; each against float64 with the output poisoned, M = 1, 7
+    and 13 (partial row tiles), W packed in the tile's panels as compile packs it."""
+    from schedules.projection_cpu import panel_width, projection_cpu, tile
+
+    assert tile(cols, mcpu) == expected and panel_width(cols, mcpu) == expected[1]
+    K, nr = 40, expected[1]
+    lib = tvm.compile(tvm.IRModule({"main": projection_cpu(K, cols, mcpu)}), target=_target("llvm"))
+    rng = np.random.default_rng(cols)
+    w, b = rng.standard_normal((cols, K)).astype("f4"), rng.standard_normal(cols).astype("f4")
+    panels = np.ascontiguousarray(w.reshape(cols // nr, nr, K).transpose(0, 2, 1))
+    for M in (1, 7, 13):
+        x = rng.standard_normal((M, K)).astype("f4")
+        out = tvm.runtime.tensor(np.full((M, cols), np.nan, "f4"))
+        lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(panels), tvm.runtime.tensor(b), out)
+        np.testing.assert_allclose(out.numpy(), x.astype("f8") @ w.T.astype("f8") + b, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("op, hidden", [("LSTM", 64), ("GRU", 24)])
 def test_cpu_kernel_reads_half_r_exactly(op, hidden):
     """An fp16 layer's R stays fp16 in the CPU kernel (half the bytes a step reads) and is widened where it is read: the

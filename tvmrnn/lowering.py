@@ -96,12 +96,13 @@ def _projection(bb, X, w, bias, cols, In, target, mode):
         xw = bb.emit(op.matmul(X, op.permute_dims(w), out_dtype="float32"))  # fp32 results whatever the inputs
         return (bb.emit(op.add(xw, bias)) if bias is not None else xw), "TVM matmul"
     else:
-        from schedules.projection_cpu import panel_width, projection_cpu
+        from schedules.projection_cpu import projection_cpu, tile
 
-        X, nr = _f32(X), panel_width(cols)
+        mcpu = str((target.attrs or {}).get("mcpu", ""))
+        X, (mr, nr) = _f32(X), tile(cols, mcpu)
         panels = op.permute_dims(op.reshape(_f32(w), [cols // nr, nr, In]), [0, 2, 1])  # [cols/nr, In, nr]
-        func, weight, name = projection_cpu(In, cols), bb.emit(panels), "projection"
-        label = "CPU register-blocked"
+        func, weight, name = projection_cpu(In, cols, mcpu), bb.emit(panels), f"projection_{mr}x{nr}"
+        label = f"CPU register-blocked {mr}x{nr}"
     if bias is None:
         bias = relax.const(np.zeros(cols, "float32"))
     name = f"{name}_{In}x{cols}"  # same shape, same function: add_func shares it between layers
