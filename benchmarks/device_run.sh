@@ -12,8 +12,9 @@
 #                                            and cuBLAS (projection_staged.py), then the GPU tests whose ids match IDS (grep -E)
 #   bash benchmarks/device_run.sh wgmma-stores   the epilogue's columns per store (1, 2: compile's default, 4) in fp16,
 #                                            TF32 and 3xTF32 GEMMs, then bench blog-a and b64-h1024-l2
-#   bash benchmarks/device_run.sh wgmma-ds2   fp16 GEMMs where 256 columns do not divide the gates (ds2-lstm's 3200):
-#                                            wgmma 128 x 128 storing pairs against projection_staged (compile's pick there)
+#   bash benchmarks/device_run.sh wgmma-ds2   fp16 wgmma 128 x 128 storing pairs (two blocks an SM where the ring allows)
+#                                            against projection_staged (compile's pick where 256 columns do not divide the
+#                                            gates: ds2-lstm's 3200) and against the 256-column default (blog-a, b64-h1024)
 #   bash benchmarks/device_run.sh wgmma-fp32 [ROW ...]   fp32 layers' warpgroup GEMM (3xTF32, TF32): GPU tests, then whole
 #                                            models with it against projection_staged (benchmarks/projection_in_model.py)
 #   bash benchmarks/device_run.sh blog-a-ring   blog-a's streamed points (20 units per block, no prefetch, more bytes in flight) against
@@ -99,7 +100,7 @@ case "$1" in
     timeout 200 python3 -m tvmrnn.cli bench --repeats 20 --out "$OUT" --row blog-a --row b64-h1024-l2 --kernel auto --kernel tf32 2>&1 \
       | grep -v Warning | tee "$OUT/bench_log.txt" | tail -14 ;;
   wgmma-ds2)
-    WGMMA='128x128 .*st2$' STAGED=default DTYPES=float16 timeout 150 python3 benchmarks/projection_staged.py ds2-lstm 2>&1 \
+    WGMMA='128x128 .*st2$|128x256 s4 k64 overlap st2$' STAGED=default DTYPES=float16 timeout 200 python3 benchmarks/projection_staged.py ds2-lstm blog-a b64-h1024 2>&1 \
       | grep -v Warning | tee "$OUT/projection_log.txt" | cut -c1-150 ;;
   wgmma-fp32)  # fp32 layers on the warpgroup GEMM: its GPU tests (3xTF32 kernels, whole fp32 and TF32 models), then whole
     # models with it against the staged GEMM in the same mode (benchmarks/projection_in_model.py, DTYPES=float32)
