@@ -77,7 +77,8 @@ class WgmmaConfig:
     # mbarrier, which only the copying thread waits on. On the H100 neither beat cp.async (blog-a 1.46 / 1.51 ms against
     # 1.44, benchmarks/results/2026-11-25-h100-wgmma-producer-and-stores.md): the copying thread is one of warpgroup 0's, whose wgmma's
     # wait while it waits for a free buffer. 3: that thread in a warp of its own (a producer warp, 32 threads more), which
-    # refills each buffer as soon as the warps' arrivals free it: up to `stages` buffers ahead, not stages - 2
+    # refills each buffer as soon as the warps' arrivals free it: up to `stages` buffers ahead, not stages - 2. On the
+    # H100 1.41 ms, but 1.35 with two-column stores, where cp.async's ring with them took 1.22 (same file)
     tma: int = 0
     # the epilogue's columns per load of bias and store of XW: 1 (scalar: 128 of each per thread at 256 columns, half a
     # 32-byte sector per 8-row group), 2 (ld.global.v2 / st.global.v2: whole sectors), 4 (v4, after a shuffle between
