@@ -220,3 +220,17 @@ def test_default_outside_the_space_is_logged_and_read_back(tmp_path):
     plan = plan_kernel(spec, cell, target, tuned=logs.best(spec))
     at20 = next(b for b in plan.branches if b.up_to == 20)
     assert at20.tuned and at20.config == tuned_point, plan.describe()
+
+
+def test_progress_line_does_not_call_a_remeasured_default_a_gain():
+    """The search may sample a task's default point again; its second time against its first is noise, so the report
+    names it a default point instead of a speed-up; another best point shows its ratio to the default."""
+    from schedules.space import KernelConfig
+    from tvmrnn.tuning.progress import TaskStats, line
+
+    default, other = KernelConfig.of("cpu", rows=4, units=32, serpentine=1), KernelConfig.of("cpu", rows=2, units=16)
+    st = TaskStats("GRU-h800", 0.100, {default})
+    st.trials, st.best_s, st.best = 25, 0.095, default
+    assert line(0, st, 1).endswith("(a default point)")
+    st.best = other
+    assert line(0, st, 1).endswith("(1.05x the default)")

@@ -20,8 +20,8 @@ class TimeBudgetReached(Exception):
 
 
 class TaskStats:
-    def __init__(self, name: str, default_s: float | None):
-        self.name, self.default_s = name, default_s
+    def __init__(self, name: str, default_s: float | None, defaults=frozenset()):
+        self.name, self.default_s, self.defaults = name, default_s, defaults  # defaults: the task's default points
         self.trials, self.best_s, self.best = 0, None, None
 
 
@@ -64,5 +64,7 @@ def ms_text(s: float | None) -> str:
 
 def line(task_id: int, st: TaskStats, n: int) -> str:
     best = f"best {ms_text(st.best_s)} {st.best.describe() if st.best else ''}"
-    gain = f" ({st.default_s / st.best_s:.2f}x the default)" if st.default_s and st.best_s else ""
+    # the search may sample a default point again: its second time against its first is noise, not a gain
+    gain = (" (a default point)" if st.best in st.defaults else
+            f" ({st.default_s / st.best_s:.2f}x the default)" if st.default_s and st.best_s else "")
     return f"  [{task_id + 1}/{n}] {st.name}: {st.trials} trials, {best}{gain}"

@@ -53,19 +53,21 @@ def _measure_all(builder, runner, target, mods, args_infos) -> list[float | None
     return out
 
 
-def _seed_defaults(ctxs, tasks, target, db, builder, runner) -> tuple[list[float | None], int]:
+def _seed_defaults(ctxs, tasks, target, db, builder, runner) -> tuple[list[float | None], list[set], int]:
     """Measure each task's default point of each kind and store them as records.
 
-    Returns each task's best default seconds and the number of trials run."""
+    Returns each task's best default seconds, its default points, and the number of trials run."""
     from schedules.space import default_config, in_space
 
     pending, best = [], [None] * len(tasks)  # (task index, workload, schedule, args_info)
+    points = [set() for _ in tasks]
     for ti, (ctx, task) in enumerate(zip(ctxs, tasks)):
         workload = db.commit_workload(ctx.mod)
         measured = {search.config_of_trace(r.trace, ctx.mod): r for r in db.get_top_k(workload, 10_000)}
         args_info = ms.arg_info.ArgInfo.from_prim_func(ctx.mod["main"])
         for space in ctx.generate_design_space():
             point = default_config(search.config_of(space.mod).kind, task.spec, task.cell, target, task.batch)
+            points[ti].add(point)
             if point in measured:
                 secs = [float(s) for s in measured[point].run_secs]
                 best[ti] = min(x for x in (best[ti], sum(secs) / len(secs)) if x is not None)
@@ -83,7 +85,7 @@ def _seed_defaults(ctxs, tasks, target, db, builder, runner) -> tuple[list[float
         db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [t if t is not None else 1e10], target, args_info))
         if t is not None and (best[ti] is None or t < best[ti]):
             best[ti] = t
-    return best, len(pending)
+    return best, points, len(pending)
 
 
 # Round-robin, not MetaSchedule's gradient scheduler: the gradient one reports no round until every task has had
@@ -123,9 +125,9 @@ def tune(tasks: list[RecurrentTask], target, logs_dir, trials: int, time_budget_
     before = sum(len(db.get_top_k(db.commit_workload(c.mod), 10_000)) for c in ctxs)
     log(f"      {len(tasks)} task(s), {before} trial(s) already in {folder}; building on {workers} core(s)")
     seed_started = time.monotonic()
-    defaults, seeded = _seed_defaults(ctxs, tasks, target, db, builder, runner)
+    defaults, default_points, seeded = _seed_defaults(ctxs, tasks, target, db, builder, runner)
     log(f"      default points: {seeded} measured in {time.monotonic() - seed_started:.0f} s")
-    stats = [TaskStats(t.name, d) for t, d in zip(tasks, defaults)]
+    stats = [TaskStats(t.name, d, p) for t, d, p in zip(tasks, defaults, default_points)]
     left = max(0, trials - before - seeded)
     stopped = False
     if left > 0:
