@@ -130,6 +130,22 @@ def _median_ms(run, inputs, repeats, warmup, sync, events):
     return statistics.median(times)
 
 
+def _interleaved_median_ms(runs: dict, inputs, repeats, warmup) -> dict:
+    """Median wall ms of each of `runs` (name -> run(x)), timed in rounds: one run of each per round, inputs rotated.
+    A shared CPU's speed drifts over seconds (this project's VM: 10-40% between runs), so timing each party's runs
+    back to back in a block of its own would hand the drift to whichever party ran during a slow spell."""
+    for i in range(warmup):
+        for run in runs.values():
+            run(inputs[i % len(inputs)])
+    times = {name: [] for name in runs}
+    for i in range(repeats):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            run(inputs[i % len(inputs)])
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def _rel_err(ours, ref) -> float:
     ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
     return float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-30))
@@ -207,10 +223,9 @@ def bench_cpu_row(row: Row, repeats=5, warmup=1) -> dict:
         ref = module(torch.from_numpy(xs[0]))[0].numpy()
         result = {"row": row.name, "dtype": "float32", "threads": torch.get_num_threads(),
                   "rel_err_vs_torch": _rel_err(compiled.run({"X": xs[0]})["Y"], ref)}
-        noop = lambda: None  # noqa: E731
-        result["ours_ms"] = _median_ms(lambda x: compiled.run({"X": x}), xs, repeats, warmup, noop, None)
-        result["onnxruntime_ms"] = _median_ms(lambda x: sess.run(None, {"X": x}), xs, repeats, warmup, noop, None)
-        result["torch_ms"] = _median_ms(lambda x: module(torch.from_numpy(x)), xs, repeats, warmup, noop, None)
+        result.update({f"{name}_ms": ms for name, ms in _interleaved_median_ms(
+            {"ours": lambda x: compiled.run({"X": x}), "onnxruntime": lambda x: sess.run(None, {"X": x}),
+             "torch": lambda x: module(torch.from_numpy(x))}, xs, repeats, warmup).items()})
     result["speedup_vs_ort"] = result["onnxruntime_ms"] / result["ours_ms"]
     result["speedup_vs_torch"] = result["torch_ms"] / result["ours_ms"]
     return result

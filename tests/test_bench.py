@@ -1,0 +1,24 @@
+"""The benchmark suite's CPU mode on a tiny row: ours, ONNX Runtime and PyTorch timed in interleaved rounds, our output
+checked against PyTorch's first."""
+
+import numpy as np
+
+from tvmrnn import bench
+
+
+def test_cpu_timing_interleaves_the_parties_round_by_round():
+    """Each round runs every party once on the round's input (rotated), after a warm-up round: a drift in the machine's
+    speed lands on all of them alike, not on whoever's block of runs it fell in."""
+    calls = []
+    runs = {name: (lambda x, name=name: calls.append((name, int(x[0])))) for name in ("ours", "onnxruntime", "torch")}
+    medians = bench._interleaved_median_ms(runs, [np.array([0]), np.array([1])], repeats=3, warmup=1)
+    assert set(medians) == set(runs) and all(ms >= 0 for ms in medians.values())
+    assert calls == [(n, i) for i in (0, 0, 1, 0) for n in ("ours", "onnxruntime", "torch")]
+
+
+def test_cpu_row_checks_ours_against_pytorch_and_times_all_three():
+    row = bench.Row("tiny", "GRU", 6, 3, 8, 16, 1)
+    res = bench.bench_cpu_row(row, repeats=3)
+    assert res["rel_err_vs_torch"] < 1e-5
+    assert all(res[f"{k}_ms"] > 0 for k in ("ours", "onnxruntime", "torch"))
+    assert np.isclose(res["speedup_vs_ort"], res["onnxruntime_ms"] / res["ours_ms"])
