@@ -6,14 +6,15 @@ import numpy as np
 from tvmrnn import bench
 
 
-def test_cpu_timing_interleaves_the_parties_round_by_round():
-    """Each round runs every party once on the round's input (rotated), after a warm-up round: a drift in the machine's
-    speed lands on all of them alike, not on whoever's block of runs it fell in."""
+def test_cpu_timing_takes_blocks_of_each_party_in_rounds():
+    """Each round runs every party's block in turn: a warm-up run (the others' thread pools may still spin), then its
+    timed runs on rotated inputs; rounds spread a drift in the machine's speed over all parties alike."""
     calls = []
     runs = {name: (lambda x, name=name: calls.append((name, int(x[0])))) for name in ("ours", "onnxruntime", "torch")}
-    medians = bench._interleaved_median_ms(runs, [np.array([0]), np.array([1])], repeats=3, warmup=1)
+    medians = bench._interleaved_median_ms(runs, [np.array([0]), np.array([1])], repeats=3, warmup=1, block=2)
     assert set(medians) == set(runs) and all(ms >= 0 for ms in medians.values())
-    assert calls == [(n, i) for i in (0, 0, 1, 0) for n in ("ours", "onnxruntime", "torch")]
+    rounds = [[(n, i) for n in ("ours", "onnxruntime", "torch") for i in block] for block in ((0, 0, 1), (0, 0))]
+    assert calls == [c for r in rounds for c in r]
 
 
 def test_cpu_row_checks_ours_against_pytorch_and_times_all_three():

@@ -130,19 +130,21 @@ def _median_ms(run, inputs, repeats, warmup, sync, events):
     return statistics.median(times)
 
 
-def _interleaved_median_ms(runs: dict, inputs, repeats, warmup) -> dict:
-    """Median wall ms of each of `runs` (name -> run(x)), timed in rounds: one run of each per round, inputs rotated.
-    A shared CPU's speed drifts over seconds (this project's VM: 10-40% between runs), so timing each party's runs
-    back to back in a block of its own would hand the drift to whichever party ran during a slow spell."""
-    for i in range(warmup):
-        for run in runs.values():
-            run(inputs[i % len(inputs)])
+def _interleaved_median_ms(runs: dict, inputs, repeats, warmup, block=5) -> dict:
+    """Median wall ms of each of `runs` (name -> run(x)) over `repeats` timed runs, taken in rounds: per round each party
+    runs `warmup` untimed runs, then `block` timed ones, inputs rotated. A shared CPU's speed drifts over seconds (this
+    project's VM: 10-40% between runs), which one block per party would hand to whoever ran during a slow spell; one
+    run per party per round would time each party against the others' thread pools still spinning after their runs
+    (on the 2-core VM lat-b1-h512-l2 took 3x as long so, PyTorch 4-8x): so blocks, each after a warm-up."""
     times = {name: [] for name in runs}
-    for i in range(repeats):
+    for r in range(-(-repeats // block)):
         for name, run in runs.items():
-            t0 = time.perf_counter()
-            run(inputs[i % len(inputs)])
-            times[name].append((time.perf_counter() - t0) * 1e3)
+            for i in range(warmup):
+                run(inputs[i % len(inputs)])
+            for i in range(min(block, repeats - r * block)):
+                t0 = time.perf_counter()
+                run(inputs[(r * block + i) % len(inputs)])
+                times[name].append((time.perf_counter() - t0) * 1e3)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
