@@ -21,7 +21,7 @@ from tvmrnn.build import resolve_target
 from tvmrnn.runtime import use_every_core
 
 REV = sys.argv[1] if len(sys.argv) > 1 else "eb4de3a"
-SHAPES = [(6000, 800, 3200), (100, 512, 2048), (6400, 1024, 4096), (100, 1024, 4096)]  # ds2, lat-b1-h512, b64, lat-b1-h1024
+SHAPES = [(6000, 800, 3200), (6000, 800, 2400), (100, 512, 2048), (6400, 1024, 4096), (100, 1024, 4096)]  # ds2(-gru), lat-b1-h512, b64, lat-b1-h1024
 
 
 def earlier_kernel():

@@ -23,18 +23,18 @@ F32 = "float32"
 # (benchmarks/results/2026-11-23-cpu-projection-tiles.txt). Others (the Intel Xeon this project's VM became):
 # 6 x 64 (24 registers, 10 loads per 24 FMAs where 8 x 32 takes 10 per 16) ran ds2-lstm's 6000 x 800 x 3200 in 84.3
 # ms against 95.1, b64's 6400 x 1024 x 4096 140.0 against 156.0, lat-b1-h1024's 2.5 against 2.8
-# (benchmarks/results/2026-11-25-cpu-projection-tiles-xeon.txt); where 64 columns do not divide the gates (ds2-gru's
-# 2400) 8 x 32 everywhere
-ZEN_TILE, WIDE_TILE = (8, 32), (6, 64)
+# (benchmarks/results/2026-11-25-cpu-projection-tiles-xeon.txt); where 64 columns do not divide the gates, 8 x 48
+# (24 registers: ds2-gru's 2400 columns 67.5-68.7 ms against 8 x 32's 77.5-82.7, same file), else 8 x 32
+ZEN_TILE, WIDE_TILES = (8, 32), ((6, 64), (8, 48))
 
 
 def tile(Ncols: int, mcpu: str = "") -> tuple[int, int]:
-    """(rows, columns) per work item for a GEMM of Ncols columns on the LLVM target's mcpu: the CPU's tile where its
-    columns divide Ncols, else 8 rows of the widest power of two columns that does (W's panels are whole)."""
-    mr, nr = ZEN_TILE if mcpu.startswith("znver") else WIDE_TILE
-    if Ncols % nr and Ncols % ZEN_TILE[1] == 0:
-        mr, nr = ZEN_TILE
-    return (mr, nr) if Ncols % nr == 0 else (ZEN_TILE[0], next(c for c in (32, 16, 8, 4, 2, 1) if Ncols % c == 0))
+    """(rows, columns) per work item for a GEMM of Ncols columns on the LLVM target's mcpu: the first of the CPU's tiles
+    whose columns divide Ncols, else 8 rows of the widest power of two columns that does (W's panels are whole)."""
+    for mr, nr in ((ZEN_TILE,) if mcpu.startswith("znver") else WIDE_TILES + (ZEN_TILE,)):
+        if Ncols % nr == 0:
+            return mr, nr
+    return ZEN_TILE[0], next(c for c in (16, 8, 4, 2, 1) if Ncols % c == 0)
 
 
 def panel_width(Ncols: int, mcpu: str = "") -> int:
@@ -50,6 +50,7 @@ def projection_cpu(K: int, Ncols: int, mcpu: str = "", tile_shape: tuple[int, in
 
     def body(X, WP, bias, XW, M):
         col_tiles = Ncols // nr
+        lanes = nr if nr & (nr - 1) == 0 else 16  # LLVM vectorizes powers of two whole; 48 lanes ran 36x slower unsplit
         row_tiles = tirx.ceildiv(M, i64(MR))
         # rows vary fastest: a thread's consecutive items reuse one K x nr panel of W from its L2
         with T.parallel(0, row_tiles * i64(col_tiles)) as item:
@@ -62,8 +63,10 @@ def projection_cpu(K: int, Ncols: int, mcpu: str = "", tile_shape: tuple[int, in
             with T.serial(0, i64(K)) as k:
                 for r in range(MR):
                     xv = X[tirx.min(m0 + i64(r), M - i64(1)), k]  # the M tail recomputes the last row, never stored
-                    with T.vectorized(0, i64(nr)) as v:
-                        T.buffer_store(acc, acc[i64(r), v] + xv * WP[jt, k, v], [i64(r), v])
+                    for c0 in range(0, nr, lanes):
+                        with T.vectorized(0, i64(lanes)) as vv:
+                            v = vv + i64(c0)
+                            T.buffer_store(acc, acc[i64(r), v] + xv * WP[jt, k, v], [i64(r), v])
             for r in range(MR):
                 with T.If(m0 + i64(r) < M):
                     with T.Then():

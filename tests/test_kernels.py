@@ -146,12 +146,14 @@ def test_cpu_kernel_with_one_work_item_runs_on_the_calling_thread():
     _check_kernel("llvm", case, spec, func, "panels", batches=(1,))
 
 
-@pytest.mark.parametrize("mcpu, cols, expected", [("rocketlake", 256, (6, 64)), ("znver5", 256, (8, 32)), ("", 2400, (8, 32)),
+@pytest.mark.parametrize("mcpu, cols, expected", [("rocketlake", 256, (6, 64)), ("znver5", 256, (8, 32)), ("", 240, (8, 48)),
+                                                   ("znver5", 240, (8, 16)), ("rocketlake", 96, (8, 48)), ("", 160, (8, 32)),
                                                    ("rocketlake", 24, (8, 8)), ("znver5", 6, (8, 2))])
 def test_cpu_projection_tile_by_cpu_against_float64(mcpu, cols, expected):
-    """The CPU GEMM's tile: 6 x 64 where 64 columns divide the gates (8 x 32 on AMD's Zen, where it ran faster, and where
-    64 does not divide), narrower panels where 32 does not; each against float64 with the output poisoned, M = 1, 7
-    and 13 (partial row tiles), W packed in the tile's panels as compile packs it."""
+    """The CPU GEMM's tile: 6 x 64 where 64 columns divide the gates, else 8 x 48 (three 16-lane vectors: LLVM does not
+    vectorize 48 lanes whole), else 8 x 32 (on AMD's Zen always 8 x 32, where it ran faster), narrower panels where 32
+    does not divide; each against float64 with the output poisoned, M = 1, 7 and 13 (partial row tiles), W packed in
+    the tile's panels as compile packs it."""
     from schedules.projection_cpu import panel_width, projection_cpu, tile
 
     assert tile(cols, mcpu) == expected and panel_width(cols, mcpu) == expected[1]
