@@ -12,7 +12,6 @@ in the Yc output, which only its own unit reads.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -20,6 +19,7 @@ from tvm.script.ir_builder import tirx as T
 
 from tvmrnn.cells import Cell
 from tvmrnn.layer import RNNLayerSpec
+from tvmrnn.runtime import cpu_threads
 
 from . import vector_math
 from .recurrent_common import PANEL, KernelArgs, i64, recurrent_prim_func, step_phases, unit_padding, unit_step, unit_values
@@ -54,15 +54,10 @@ def r_layout(spec: RNNLayerSpec) -> str:
     return "panels" if spec.hidden_size % PANEL == 0 else "transposed"
 
 
-def pool_threads() -> int:
-    """The threads TVM's pool will run (runtime.use_every_core sets their count), as the build sees it."""
-    return int(os.environ.get("TVM_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
-
-
 def small_batch_units(hidden: int, directions: int) -> int:
     """The default units per work item at small batch: the widest chunk (up to ROW_UNITS) that still gives each of
     TVM's threads at least one item per step."""
-    threads = pool_threads()
+    threads = cpu_threads()
     widest = ROW_UNITS
     while widest > 8 and directions * (hidden // chunk_size(hidden, widest)) < threads:
         widest //= 2
@@ -168,7 +163,7 @@ def cpu_steps(a: KernelArgs, cfg: CpuConfig):
         """Item i of step s: on odd steps the thread's share in reverse. The share is the blocked split TVM's parallel
         loops make (ceil(items / threads) each, in order), for the pool the build sees; with another thread count the
         order is merely less kind to L2 (any order of a phase's items is correct)."""
-        share = tirx.ceildiv(items, i64(pool_threads()))
+        share = tirx.ceildiv(items, i64(cpu_threads()))
         first = i // share * share
         last = tirx.min(first + share, items) - i64(1)
         return tirx.if_then_else(s % 2 == 1, first + last - i, i)

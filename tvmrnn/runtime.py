@@ -6,6 +6,7 @@ Nothing here imports the compiler, ONNX or tvmrnn's frontend: a deployment needs
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from dataclasses import dataclass
@@ -20,8 +21,22 @@ from .errors import InputError, UnsupportedModelError
 FORMAT = "tvmrnn-module/1"
 
 
+def cpu_threads() -> int:
+    """The threads TVM's CPU pool runs here: TVM_NUM_THREADS or OMP_NUM_THREADS where set, else one per physical core
+    this process may run on (what use_every_core gives it; the CPU kernels that split work by thread build for this)."""
+    for name in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
+        if os.environ.get(name):
+            return int(os.environ[name])
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        import psutil
+    except ImportError:
+        return usable
+    return max(1, min(usable, psutil.cpu_count(logical=False) or usable))
+
+
 def use_every_core() -> None:
-    """Give TVM's CPU thread pool one thread per physical core this process may run on.
+    """Give TVM's CPU thread pool one thread per physical core this process may run on (cpu_threads).
 
     Untold, TVM takes half the logical CPUs, assuming two hyperthreads per core: on a machine
     without SMT that leaves half the cores idle (this 2-core VM got 1 thread; lat-b1-h512-l2
@@ -30,12 +45,9 @@ def use_every_core() -> None:
     """
     if "TVM_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in os.environ:
         return
-    try:
-        import psutil
-    except ImportError:  # a bare runtime install: keep TVM's default
+    if importlib.util.find_spec("psutil") is None:  # a bare runtime install: keep TVM's default
         return
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    os.environ["TVM_NUM_THREADS"] = str(max(1, min(usable, psutil.cpu_count(logical=False) or usable)))
+    os.environ["TVM_NUM_THREADS"] = str(cpu_threads())
 
 
 use_every_core()
