@@ -115,6 +115,10 @@ class WgmmaConfig:
 # projection_staged's 1.96 (cuBLAS 0.93), b64-h1024 0.179 against 0.191; storing two columns at a time 1.21-1.22 and
 # 0.120-0.122 (benchmarks/results/2026-11-25-h100-wgmma-producer-and-stores.md; four: 1.26, 0.134)
 DEFAULT = WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, store_cols=2)
+# where 256 columns do not divide the gates: 128 x 128, four one-chunk buffers, storing pairs (at 98 registers two
+# blocks share an SM). ds2-lstm's 6000 x 800 x 3200 0.091 ms against projection_staged's 0.113, which compile took there
+# before (benchmarks/results/2026-11-25-h100-wgmma-ds2.json; scalar stores had lost, 0.131)
+HALF_128 = WgmmaConfig(bn=128, stages=4, overlap=1, store_cols=2)
 # fp32 rows take twice the bytes (benchmarks/results/2026-11-25-h100-projection-wgmma-fp32.md, against projection_staged's
 # default in the same mode): TF32 128 x 256 with four one-chunk buffers, blog-a 2.08 ms against 4.17 (cuBLAS TF32 1.71),
 # b64-h1024 0.232 against 0.374; where 256 columns do not divide the gates 128 x 128 with six, ds2's 0.174 against
@@ -126,13 +130,12 @@ TF32X3 = WgmmaConfig(bn=128, stages=2, store_cols=2)
 
 
 def default_config(mode: str, cols: int) -> WgmmaConfig:
-    """compile's point for the mode: the widest tile that divides the gates (in half precision only 256 columns: the
-    128-column tiles lost to projection_staged on ds2's 3200, 0.131 against 0.113 ms)."""
+    """compile's point for the mode: the widest tile that divides the gates."""
     if mode == "tf32x3":
         return TF32X3
     if mode == "tf32":
         return TF32[256 if cols % 256 == 0 else 128]
-    return DEFAULT
+    return DEFAULT if cols % 256 == 0 else HALF_128
 
 
 def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig | None = None) -> bool:

@@ -22,7 +22,7 @@ from schedules.projection_cuda import projection_cuda
 from schedules.projection_mma import projection_mma
 from schedules.projection_staged import StagedConfig, projection_staged
 from schedules.projection_staged import supported as projection_staged_supported
-from schedules.projection_wgmma import DEFAULT as WGMMA_DEFAULT
+from schedules.projection_wgmma import DEFAULT as WGMMA_DEFAULT, HALF_128 as WGMMA_HALF_128
 from schedules.projection_wgmma import WgmmaConfig, projection_wgmma
 from schedules.ptxas import kernel_source
 from schedules.recurrent_common import PANEL
@@ -330,10 +330,10 @@ def test_projection_staged_matches_float64(M, K, cols, mode, tol, config):
 # WgmmaConfig's defaults; 256 columns; one warpgroup of 64 columns with a group that does not divide the M tiles; two
 # chunks per buffer (K = 800's 25 chunks: a partial last buffer) with the next buffer's wgmma's issued before the last
 # one's finish, at 128 columns and at 256 (compile's DEFAULT); one chunk per buffer with that overlap; four warpgroups
-# over 128 columns (256 x 128 blocks, partial M tiles at 333 and 1100 rows)
+# over 128 columns (256 x 128 blocks, partial M tiles at 333 and 1100 rows); compile's 128-column half-precision point
 WGMMA_CONFIGS = [WgmmaConfig(), WgmmaConfig(bn=256, stages=3), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3),
                  WgmmaConfig(k_chunks=2, stages=4, overlap=1), WgmmaConfig(bn=256, stages=6, overlap=1), WGMMA_DEFAULT,
-                 WgmmaConfig(bn=128, warpgroups=4, k_chunks=2, stages=4, overlap=1)]
+                 WgmmaConfig(bn=128, warpgroups=4, k_chunks=2, stages=4, overlap=1), WGMMA_HALF_128]
 # the ring filled by the tensor memory accelerator: compile's DEFAULT (two chunks per buffer, K = 800's partial last
 # buffer), one chunk per buffer without overlap, and 128 x 128 with four buffers; with buffers freed by the block's
 # barrier (tma=1), by each warp's arrival on an "empty" mbarrier (tma=2), and so with a producer warp of its own (tma=3),
@@ -451,8 +451,8 @@ def test_projection_wgmma_tma_builds_without_a_gpu():
     assert not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=2, tma=1))
 
 
-@pytest.mark.parametrize("mode, config", [("float16", WGMMA_DEFAULT), ("tf32", None), ("tf32x3", None), ("tf32x3", WgmmaConfig(bn=128, stages=2, overlap=1))],
-                         ids=str)
+@pytest.mark.parametrize("mode, config", [("float16", WGMMA_DEFAULT), ("float16", WGMMA_HALF_128), ("tf32", None), ("tf32x3", None),
+                                         ("tf32x3", WgmmaConfig(bn=128, stages=2, overlap=1))], ids=str)
 def test_wgmma_gemms_keep_their_pipeline(mode, config):
     """ptxas (through NVRTC, no GPU) keeps compile's wgmma GEMMs asynchronous and in registers: it does not serialize
     their wgmma's (C7514, which it does where accumulators are read while a wgmma writing them may be in flight) and
@@ -476,20 +476,23 @@ def _cuda_sources(module) -> str:
     return "".join(found)
 
 
-# (model dtype, compile's precision) -> the wgmma GEMM's mode and its block, the instruction in its CUDA source
-WGMMA_MODELS = {("float16", "exact"): ("float16", "128x256", "m64n256k16.f32.f16.f16"),
-                ("float32", "exact"): ("tf32x3", "128x128", "m64n128k8.f32.tf32.tf32"),
-                ("float32", "tf32"): ("tf32", "128x256", "m64n256k8.f32.tf32.tf32")}
+# (model dtype, compile's precision, hidden size: 4x the gates' columns) -> the wgmma GEMM's mode and its block, the
+# instruction in its CUDA source
+WGMMA_MODELS = {("float16", "exact", 64): ("float16", "128x256", "m64n256k16.f32.f16.f16"),
+                ("float16", "exact", 32): ("float16", "128x128", "m64n128k16.f32.f16.f16"),  # 256 columns do not divide 128
+                ("float32", "exact", 64): ("tf32x3", "128x128", "m64n128k8.f32.tf32.tf32"),
+                ("float32", "tf32", 64): ("tf32", "128x256", "m64n256k8.f32.tf32.tf32"),
+                ("float32", "tf32", 32): ("tf32", "128x128", "m64n128k8.f32.tf32.tf32")}
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_90"])
-@pytest.mark.parametrize("dtype, precision", list(WGMMA_MODELS), ids=str)
-def test_models_project_with_wgmma_on_sm90a(dtype, precision, arch):
+@pytest.mark.parametrize("dtype, precision, hidden", list(WGMMA_MODELS), ids=str)
+def test_models_project_with_wgmma_on_sm90a(dtype, precision, hidden, arch):
     """A layer whose gates fill the mode's column tiles projects with the warpgroup GEMM on sm_90a (the H100 tag's
-    arch): half precision in its dtype, fp32 exact as 3xTF32 and with precision="tf32" as TF32; on sm_90, which has no
-    wgmma, with projection_staged in the same mode."""
-    mode, block, instruction = WGMMA_MODELS[dtype, precision]
-    case = Case(op="LSTM", hidden=64, input_size=32, dtype=dtype)
+    arch): half precision in its dtype, fp32 exact as 3xTF32 and with precision="tf32" as TF32, each on its widest
+    tile that divides the gates; on sm_90, which has no wgmma, with projection_staged in the same mode."""
+    mode, block, instruction = WGMMA_MODELS[dtype, precision, hidden]
+    case = Case(op="LSTM", hidden=hidden, input_size=32, dtype=dtype)
     module = tvmrnn.compile(case.model(), target={"kind": "cuda", "arch": arch}, logs=False, precision=precision)
     src = _cuda_sources(module)
     assert (f"wgmma.mma_async.sync.aligned.{instruction}" in src) == (arch == "sm_90a")
