@@ -15,6 +15,8 @@
 #   bash benchmarks/device_run.sh wgmma-ds2   fp16 wgmma 128 x 128 storing pairs (two blocks an SM where the ring allows)
 #                                            against projection_staged (compile's pick where 256 columns do not divide the
 #                                            gates: ds2-lstm's 3200) and against the 256-column default (blog-a, b64-h1024)
+#   bash benchmarks/device_run.sh half-xw [ROW ...]   half layers' XW in their dtype: the GPU tests of the GEMMs writing it,
+#                                            then whole fp16 models with it against fp32 XW (benchmarks/half_xw_ab.py)
 #   bash benchmarks/device_run.sh wgmma-fp32 [ROW ...]   fp32 layers' warpgroup GEMM (3xTF32, TF32): GPU tests, then whole
 #                                            models with it against projection_staged (benchmarks/projection_in_model.py)
 #   bash benchmarks/device_run.sh blog-a-ring   blog-a's streamed points (20 units per block, no prefetch, more bytes in flight) against
@@ -102,6 +104,10 @@ case "$1" in
   wgmma-ds2)
     WGMMA='128x128 .*st2$|128x256 s4 k64 overlap st2$' STAGED=default DTYPES=float16 timeout 200 python3 benchmarks/projection_staged.py ds2-lstm blog-a b64-h1024 2>&1 \
       | grep -v Warning | tee "$OUT/projection_log.txt" | cut -c1-150 ;;
+  half-xw)
+    timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_kernels.py -k "half_xw or model_with_wgmma" 2>&1 \
+      | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4
+    timeout 340 python3 benchmarks/half_xw_ab.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/half_xw_log.txt" | tail -8 ;;
   wgmma-fp32)  # fp32 layers on the warpgroup GEMM: its GPU tests (3xTF32 kernels, whole fp32 and TF32 models), then whole
     # models with it against the staged GEMM in the same mode (benchmarks/projection_in_model.py, DTYPES=float32)
     timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_kernels.py tests/test_fp32_accuracy.py tests/test_gpu.py \

@@ -59,7 +59,9 @@ def projection_mma(mode: str, K: int, cols: int) -> tirx.PrimFunc:
 
 def add_xw(tiles: WarpTiles, XW, M, cols: int, m0, n0):
     """A warp's accumulators added into XW (rows m0.., columns n0..) with atomicAdd, edges skipped: a split-K block's
-    partial sums (projection_staged split_k; XW holds the bias first)."""
+    partial sums (projection_staged split_k; XW holds the bias first). fp32 XW only: adding many partial sums into
+    half precision would round each time."""
+    assert XW.dtype == "float32", XW.dtype
     for ci in tiles.accumulators():
         m, n = m0 + tiles.row(ci), n0 + tiles.col(ci)
         with T.If(tirx.all(m < M, n < i64(cols))):
@@ -68,7 +70,8 @@ def add_xw(tiles: WarpTiles, XW, M, cols: int, m0, n0):
 
 
 def store_xw(tiles: WarpTiles, XW, bias, M, cols: int, m0, n0):
-    """A warp's accumulators plus the bias into XW (rows m0.., columns n0..), two columns per store, edges skipped."""
+    """A warp's accumulators plus the bias into XW (rows m0.., columns n0..), two columns per store, edges skipped; in
+    XW's dtype (rounded once from the fp32 sum)."""
     for ci in tiles.accumulators():
         if int(ci[2]) % 2:
             continue  # stored with its left neighbour
@@ -76,4 +79,4 @@ def store_xw(tiles: WarpTiles, XW, bias, M, cols: int, m0, n0):
         with T.If(tirx.all(m < M, n < i64(cols))):
             with T.Then():
                 with T.vectorized(0, i64(2)) as v:
-                    T.buffer_store(XW, tiles.c[ci[0], ci[1], ci[2] + v] + bias[n + v], [m, n + v])
+                    T.buffer_store(XW, (tiles.c[ci[0], ci[1], ci[2] + v] + bias[n + v]).astype(XW.dtype), [m, n + v])

@@ -1,4 +1,5 @@
-"""The input projection on tensor cores with block tiles staged through shared memory: XW = X @ W^T + bias, fp32 results.
+"""The input projection on tensor cores with block tiles staged through shared memory: XW = X @ W^T + bias, fp32 results
+(a half-precision layer's XW in its dtype).
 
 projection_mma streams each warp's rows of X and W from global memory into registers and relies on
 L1 for the reuse between the 2 x 2 warps of a block (a 128 x 64 block tile). On the H100 that ran
@@ -110,21 +111,24 @@ def _configs(mode: str, cfg: StagedConfig | None, rows: int | None) -> list[Stag
     return [default_config(mode, rows)] if rows is not None else [default_config(mode, SMALL_M), default_config(mode)]
 
 
-def supported(mode: str | None, K: int, cols: int, cfg: StagedConfig | None = None, rows: int | None = None) -> bool:
-    """A tensor-core mode, whole 32-column chunks, column pairs (8-byte stores), both buffers in 48 KB."""
+def supported(mode: str | None, K: int, cols: int, cfg: StagedConfig | None = None, rows: int | None = None,
+              xw_dtype: str = F32) -> bool:
+    """A tensor-core mode, whole 32-column chunks, column pairs (8-byte stores), both buffers in 48 KB; split K only
+    into fp32 XW (its blocks add into it)."""
     if mode not in MODES or K % KC or cols % 2:
         return False
     return all(c.smem_bytes(MODES[mode].storage) <= c.smem_limit and (K // KC) % c.split_k == 0 and not (c.stages and c.split_k > 1)
-               for c in _configs(mode, cfg, rows))
+               and (c.split_k == 1 or xw_dtype == F32) for c in _configs(mode, cfg, rows))
 
 
-def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = None, rows: int | None = None) -> tirx.PrimFunc:
-    """PrimFunc(X [M, K], W [cols, K] in the mode's storage dtype, bias [cols] fp32, XW [M, cols] fp32), M symbolic.
+def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = None, rows: int | None = None,
+                      xw_dtype: str = F32) -> tirx.PrimFunc:
+    """PrimFunc(X [M, K], W [cols, K] in the mode's storage dtype, bias [cols] fp32, XW [M, cols] xw_dtype), M symbolic.
     rows: M where the model fixes it, for the default tile shape; else the kernel picks by M at run time (the small-M
     tiles up to SMALL_M rows: in a dynamic-batch model at batch 1, lat-b1-h1024's 100 rows had run on 64 blocks of
     64 x 128; lat-b1-h512-l2 fp32 0.446 against 0.475 ms, lat-b1-h1024 0.315 against 0.321, fp16 within 2%)."""
     configs = _configs(mode, cfg, rows)
-    assert supported(mode, K, cols, cfg, rows), (mode, K, cols, configs)
+    assert supported(mode, K, cols, cfg, rows, xw_dtype), (mode, K, cols, configs, xw_dtype)
 
     def body(X, W, bias, XW, M):
         if len(configs) == 1:
@@ -132,7 +136,7 @@ def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = N
         else:
             by_rows(M, *[lambda c=c: gemm(mode, K, cols, c, X, W, bias, XW, M) for c in configs])
 
-    return projection_prim_func(f"projection_staged_{mode}", MODES[mode].storage, K, cols, (cols, K), body)
+    return projection_prim_func(f"projection_staged_{mode}", MODES[mode].storage, K, cols, (cols, K), body, xw_dtype)
 
 
 def by_rows(M, small, large):

@@ -1,5 +1,5 @@
 """The input projection on Hopper's warpgroup tensor cores (wgmma): XW = X @ W^T + bias, fp16/bf16 (or fp32 as TF32) in,
-fp32 out. compile uses it on sm_90a for half-precision layers and for fp32 ones (tvmrnn.lowering): with
+fp32 out (a half-precision layer's XW in its dtype). compile uses it on sm_90a for half-precision layers and for fp32 ones (tvmrnn.lowering): with
 precision="tf32" in the TF32 mode (fp32 rows of 128 bytes in the 128-byte swizzle, k8 wgmma's), by default in the
 3xTF32 mode (exact fp32: as each chunk lands, the threads split their own copies into TF32 high and low parts in a
 second pair of buffers; hi*hi + hi*lo + lo*hi per k8, each chunk summed apart and added in fp32).
@@ -151,8 +151,10 @@ def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig | None =
             and not (mode == "tf32x3" and (cfg.bn > 128 or (cfg.overlap and cfg.k_chunks > 1) or cfg.tma)))
 
 
-def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = None, rows: int | None = None) -> tirx.PrimFunc:
-    """PrimFunc(X [M, K], W [cols, K] in the mode's storage dtype, bias [cols] fp32, XW [M, cols] fp32), M symbolic. TF32
+def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = None, rows: int | None = None,
+                     xw_dtype: str = "float32") -> tirx.PrimFunc:
+    """PrimFunc(X [M, K], W [cols, K] in the mode's storage dtype, bias [cols] fp32, XW [M, cols] xw_dtype (fp32, or
+    in half precision the mode's dtype: the epilogue rounds the fp32 sums once), M symbolic. TF32
     reads fp32 operands' top 19 bits (wgmma truncates; projection_staged's TF32 rounds first: blog-a's GEMM was 5.2e-4
     off float64 here, 1.9e-4 there, the whole TF32 model 9.5e-4 and 6.7e-4 off cuDNN's fp32). Without cfg: the mode's
     default_config, and where the model does not fix M (rows None) projection_staged's small-row tiles up to its
@@ -162,6 +164,7 @@ def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = Non
 
     point = cfg or default_config(mode, cols)
     assert supported(mode, K, cols, "sm_90a", point), (mode, K, cols, point)
+    assert xw_dtype in ("float32", MODES[mode][0]), (mode, xw_dtype)
     BM, BN = point.block
 
     def tensor_maps(X, W, M):
@@ -190,7 +193,7 @@ def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = Non
             by_rows(M, lambda: gemm(mode, K, cols, staged_default(mode, SMALL_M), X, W, bias, XW, M),
                     lambda: warpgroup_tiles(X, W, bias, XW, M))
 
-    return projection_prim_func(f"projection_wgmma_{mode}", MODES[mode][0], K, cols, (cols, K), body)
+    return projection_prim_func(f"projection_wgmma_{mode}", MODES[mode][0], K, cols, (cols, K), body, xw_dtype)
 
 
 def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps=None):
@@ -395,17 +398,28 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
 
 # the epilogue's stores of 2 and 4 columns (store_cols), bias added on the way. Four: lanes l and l ^ 1 hold columns
 # c, c + 1 (c = 2 * (l % 4)) of two 8-column groups; each sends the other one pair, so the even lane stores columns
-# c..c + 3 of the first group and the odd one c + 6..c + 9 (8 + c - 2..) of the second, each 16-byte aligned. The
-# shuffle comes before the row's guard, which both lanes of a pair share (the same row)
-STORE = {2: "tvmrnn_store2", 4: "tvmrnn_store4"}
-STORE_SRC = {
-    2: "__forceinline__ __device__ void tvmrnn_store2(bool keep, float* out, const float* bias, float a0, float a1) { if (keep) { "
-       "float2 c = *reinterpret_cast<const float2*>(bias); *reinterpret_cast<float2*>(out) = make_float2(a0 + c.x, a1 + c.y); } }",
-    4: "__forceinline__ __device__ void tvmrnn_store4(bool keep, float* out, const float* bias, float a0, float a1, float b0, float b1) { "
-       "bool odd = threadIdx.x & 1; float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1); "
-       "float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1); if (!keep) return; int at = odd ? 6 : 0; "
-       "float4 c = *reinterpret_cast<const float4*>(bias + at); float4 v = odd ? make_float4(r0, r1, b0, b1) : make_float4(a0, a1, r0, r1); "
-       "*reinterpret_cast<float4*>(out + at) = make_float4(v.x + c.x, v.y + c.y, v.z + c.z, v.w + c.w); }"}
+# c..c + 3 of the first group and the odd one c + 6..c + 9 (8 + c - 2..) of the second, each 16-byte aligned (8 in half
+# precision). The shuffle comes before the row's guard, which both lanes of a pair share (the same row). Per XW dtype:
+# the vector a pair of columns packs into, how it packs two fp32 sums, and the 4-column store of two such pairs
+_PACK = {"float32": ("float", "float2", "make_float2", "float4", "make_float4(p.x, p.y, q.x, q.y)"),
+         "float16": ("half", "__half2", "__floats2half2_rn", "uint2", "make_uint2(*reinterpret_cast<unsigned*>(&p), *reinterpret_cast<unsigned*>(&q))"),
+         "bfloat16": ("nv_bfloat16", "__nv_bfloat162", "__floats2bfloat162_rn", "uint2",
+                      "make_uint2(*reinterpret_cast<unsigned*>(&p), *reinterpret_cast<unsigned*>(&q))")}
+
+
+def store_call(cols: int, xw_dtype: str) -> tuple[str, str]:
+    """The epilogue's store of `cols` (2 or 4) columns into XW of xw_dtype: the device function's name and source."""
+    elem, pair, pack, quad, both = _PACK[xw_dtype]
+    name = f"tvmrnn_store{cols}_{xw_dtype}"
+    if cols == 2:
+        return name, (f"__forceinline__ __device__ void {name}(bool keep, {elem}* out, const float* bias, float a0, float a1) {{ if (keep) {{ "
+                      f"float2 c = *reinterpret_cast<const float2*>(bias); *reinterpret_cast<{pair}*>(out) = {pack}(a0 + c.x, a1 + c.y); }} }}")
+    return name, (f"__forceinline__ __device__ void {name}(bool keep, {elem}* out, const float* bias, float a0, float a1, float b0, float b1) {{ "
+                  "bool odd = threadIdx.x & 1; float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1); "
+                  "float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1); if (!keep) return; int at = odd ? 6 : 0; "
+                  "float4 c = *reinterpret_cast<const float4*>(bias + at); float4 v = odd ? make_float4(r0, r1, b0, b1) : make_float4(a0, a1, r0, r1); "
+                  f"{pair} p = {pack}(v.x + c.x, v.y + c.y), q = {pack}(v.z + c.z, v.w + c.w); "
+                  f"*reinterpret_cast<{quad}*>(out + at) = {both}; }}")
 
 
 def _epilogue(cfg, cols, bias, XW, M, mb, nb, wg, t, acc):
@@ -421,8 +435,9 @@ def _epilogue(cfg, cols, bias, XW, M, mb, nb, wg, t, acc):
                 with T.If(m < M):
                     with T.Then():
                         for v in range(2):
-                            T.buffer_store(XW, acc[i + v] + bias[n + i64(v)], [m, n + i64(v)])
+                            T.buffer_store(XW, (acc[i + v] + bias[n + i64(v)]).astype(XW.dtype), [m, n + i64(v)])
                 continue
             values = [acc[i + v] for v in ((0, 1) if cfg.store_cols == 2 else (0, 1, 4, 5))]
-            T.evaluate(T.cuda.func_call(STORE[cfg.store_cols], m < M, XW.access_ptr("w", offset=tirx.min(m, M - i64(1)) * i64(cols) + n),
-                                        bias.access_ptr("r", offset=n), *values, source_code=STORE_SRC[cfg.store_cols]))
+            name, source = store_call(cfg.store_cols, str(XW.dtype))
+            T.evaluate(T.cuda.func_call(name, m < M, XW.access_ptr("w", offset=tirx.min(m, M - i64(1)) * i64(cols) + n),
+                                        bias.access_ptr("r", offset=n), *values, source_code=source))

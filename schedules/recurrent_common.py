@@ -3,7 +3,7 @@
 One kernel runs a whole layer (all directions, the whole sequence). Its arguments:
 
     XW        [seq, batch, D*G*H]   input projection of all steps, foldable biases added
-              ([batch, seq, ...] for layout 1)
+              ([batch, seq, ...] for layout 1; fp32, in CUDA kernels the layer's storage dtype)
     R         [D, G*H, H]           recurrent weights, ONNX's layout (GPU kernels: lanes read along k)
       or RT   [D, H, G*H]           transposed, gate rows contiguous
       or RP   [D, H/16, H, G, 16]   panels of 16 units (CPU kernel: vectorizes along units, and a work item's
@@ -53,13 +53,15 @@ class KernelArgs:
     # operand name ("h" or a stored value) -> its copy in half precision (half_operands), written beside the fp32 one
     mirrors: dict = field(default_factory=dict)
 
-    def declare(self, r_layout: str, weight_dtype: str = "float32"):
-        """Everything is fp32 but R, which keeps the storage dtype (fp16/bf16 halve its bytes); R in r_layout
-        ("rows", "transposed" or "panels", as the module docstring lays them out)."""
-        self.declare_inputs(r_layout, weight_dtype)
+    def declare(self, r_layout: str, weight_dtype: str = "float32", xw_dtype: str = "float32"):
+        """Everything is fp32 but R, which keeps the storage dtype (fp16/bf16 halve its bytes), and XW in xw_dtype (the
+        CUDA kernels' is the storage dtype too: see xw); R in r_layout ("rows", "transposed" or "panels", as the module
+        docstring lays them out)."""
+        self.declare_inputs(r_layout, weight_dtype, xw_dtype=xw_dtype)
         self.declare_outputs()
 
-    def declare_inputs(self, r_layout: str, weight_dtype: str = "float32", prefix: str = "", stacked_rows: int = 0):
+    def declare_inputs(self, r_layout: str, weight_dtype: str = "float32", prefix: str = "", stacked_rows: int = 0,
+                       xw_dtype: str = "float32"):
         """The inputs alone (a kernel of several layers declares every layer's inputs before any outputs, as call_tir
         passes them). stacked_rows: for a layer fed by the layer below it inside the kernel (recurrent_wavefront), its
         rows per unit: instead of XW it takes its input weights beside R, WR [D, rows*H, I+H] (W's columns, then R's),
@@ -74,7 +76,7 @@ class KernelArgs:
             self.R = T.arg(prefix + "WR", T.Buffer((D, stacked_rows * H, s.input_size + H), weight_dtype))
             self.bias = T.arg(prefix + "bias", T.Buffer((D * G * H,), dtype))
         else:
-            self.XW = T.arg(prefix + "XW", T.Buffer((seq, n, D * G * H) if s.layout == 0 else (n, seq, D * G * H), dtype))
+            self.XW = T.arg(prefix + "XW", T.Buffer((seq, n, D * G * H) if s.layout == 0 else (n, seq, D * G * H), xw_dtype))
             if r_layout == "panels":
                 self.RP = T.arg(prefix + "RP", T.Buffer((D, H // PANEL, H, G, PANEL), weight_dtype))
             elif r_layout == "transposed":
@@ -100,6 +102,13 @@ class KernelArgs:
     def xw_index(self, d, n, t, g, j):
         col = (d * self.cell.gates + g) * self.spec.hidden_size + j
         return [t, n, col] if self.spec.layout == 0 else [n, t, col]
+
+    def xw(self, d, n, t, g, j):
+        """XW's value for gate g of unit j, in fp32. A half-precision layer's XW may be stored in its dtype, as cuDNN
+        keeps it: the GEMM writes half the bytes and each step reads half (blog-a fp16: 524 MB of fp32 XW), for one
+        rounding of the gates' input term (2^-11 relative in fp16) before the fp32 gate math."""
+        value = self.XW[tuple(self.xw_index(d, n, t, g, j))]
+        return value if self.XW.dtype == "float32" else value.astype("float32")
 
     def y_index(self, d, n, t, j):
         return [t, d, n, j] if self.spec.layout == 0 else [n, t, d, j]
@@ -142,7 +151,7 @@ def unit_results(args: KernelArgs, phase, d, n, t, j, rec, state, value, activat
 
     gate_pos = {g: gi for gi, g in enumerate(phase.gates)}
     terms = Terms(
-        x=(lambda g: args.XW[tuple(args.xw_index(d, n, t, g, j))]) if x is None else (lambda g: x(gate_pos[g])),
+        x=(lambda g: args.xw(d, n, t, g, j)) if x is None else (lambda g: x(gate_pos[g])),
         rec=lambda g: rec(gate_pos[g]),
         state=state,
         param=lambda name: args.params[d, i64(args.param_index(name)), j],
@@ -212,7 +221,7 @@ def load_xw_ahead(a: KernelArgs, phase, s, d, n, j, xw, slot: list):
     row points before the start, so t is clamped too: such a value is loaded and never used."""
     t = tirx.max(a.time_index(d, n, s), i64(0))
     for gi, g in enumerate(phase.gates):
-        T.buffer_store(xw, a.XW[tuple(a.xw_index(d, n, t, g, j))], slot + [i64(gi)])
+        T.buffer_store(xw, a.xw(d, n, t, g, j), slot + [i64(gi)])
 
 
 def half_operands(a: KernelArgs, dtype: str):
@@ -233,8 +242,9 @@ def store_operand(a: KernelArgs, name: str, buf, value, idx):
 
 
 def recurrent_prim_func(spec: RNNLayerSpec, cell: Cell, r_layout: str, emit_body, weight_dtype="float32",
-                        seq: int | None = None, batch: int | None = None) -> tirx.PrimFunc:
+                        seq: int | None = None, batch: int | None = None, xw_dtype="float32") -> tirx.PrimFunc:
     """The recurrent PrimFunc every schedule builds: arguments as KernelArgs declares them, body from emit_body(a).
+    lowering gives the projection GEMM XW's dtype from the PrimFunc's first argument.
 
     seq/batch: None keeps them symbolic (what modules export); numbers give the static-shape
     kernel a tuning task measures.
@@ -248,14 +258,15 @@ def recurrent_prim_func(spec: RNNLayerSpec, cell: Cell, r_layout: str, emit_body
         with T.prim_func():
             T.func_name("rnn_recurrent")
             T.func_attr({"tirx.noalias": True})
-            a.declare(r_layout, weight_dtype=weight_dtype)
+            a.declare(r_layout, weight_dtype=weight_dtype, xw_dtype=xw_dtype)
             emit_body(a)
     return ib.get()
 
 
-def projection_prim_func(name: str, x_dtype: str, K: int, cols: int, w_shape: tuple, emit_body) -> tirx.PrimFunc:
-    """The input projection's PrimFunc(X [M, K], W w_shape, bias [cols] fp32, XW [M, cols] fp32), M = seq * batch
-    symbolic, X and W in `x_dtype`; the body from emit_body(X, W, bias, XW, M). Every target's GEMM has this signature."""
+def projection_prim_func(name: str, x_dtype: str, K: int, cols: int, w_shape: tuple, emit_body, xw_dtype="float32") -> tirx.PrimFunc:
+    """The input projection's PrimFunc(X [M, K], W w_shape, bias [cols] fp32, XW [M, cols] xw_dtype), M = seq * batch
+    symbolic, X and W in `x_dtype`; the body from emit_body(X, W, bias, XW, M). Every target's GEMM has this signature
+    (XW fp32 but in the tensor-core GEMMs of half-precision layers, which may store it in their dtype)."""
     M = tirx.Var("M", I64)
     with IRBuilder() as ib:
         with T.prim_func():
@@ -264,7 +275,7 @@ def projection_prim_func(name: str, x_dtype: str, K: int, cols: int, w_shape: tu
             X = T.arg("X", T.Buffer((M, K), x_dtype))
             W = T.arg("W", T.Buffer(w_shape, x_dtype))
             bias = T.arg("bias", T.Buffer((cols,), "float32"))
-            XW = T.arg("XW", T.Buffer((M, cols), "float32"))
+            XW = T.arg("XW", T.Buffer((M, cols), xw_dtype))
             emit_body(X, W, bias, XW, M)
     return ib.get()
 

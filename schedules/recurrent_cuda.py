@@ -46,8 +46,18 @@ def _elementwise(a: KernelArgs, total, body):
                     body(idx)
 
 
+# a half layer's XW in its dtype (KernelArgs.xw); False: fp32 XW, as before (benchmarks/half_xw_ab.py builds both)
+XW_IN_STORAGE = True
+
+
+def xw_dtype(spec: RNNLayerSpec) -> str:
+    """The dtype a CUDA kernel reads the layer's XW in (the projection GEMM writes it so: lowering reads it back)."""
+    return spec.dtype if XW_IN_STORAGE else F32
+
+
 def cuda_prim_func(spec: RNNLayerSpec, cell: Cell, emit_body, seq=None, batch=None) -> tirx.PrimFunc:
-    return recurrent_prim_func(spec, cell, R_LAYOUT, emit_body, weight_dtype=spec.dtype, seq=seq, batch=batch)
+    """Every CUDA kernel's PrimFunc: R and XW in the layer's storage dtype."""
+    return recurrent_prim_func(spec, cell, R_LAYOUT, emit_body, weight_dtype=spec.dtype, seq=seq, batch=batch, xw_dtype=xw_dtype(spec))
 
 
 def weight_bytes(spec: RNNLayerSpec) -> int:

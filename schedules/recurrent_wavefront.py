@@ -30,7 +30,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from .recurrent_common import KernelArgs, block_sync, i64
-from .recurrent_cuda import epilogue, vector_width, weight_bytes
+from .recurrent_cuda import epilogue, vector_width, weight_bytes, xw_dtype
 from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, _prefetch_xw, _strided, final_states, initial_states, sm_count
 from .warp_gemv import warp_gates
 
@@ -133,7 +133,8 @@ def wavefront_prim_func(specs, cells, cfg: WavefrontConfig) -> tirx.PrimFunc:
             T.func_name("rnn_wavefront")
             T.func_attr({"tirx.noalias": True})
             for i, a in enumerate(layers):
-                a.declare_inputs("rows", specs[i].dtype, prefix=f"l{i}_", stacked_rows=rows_per_unit(a.cell, False) if i else 0)
+                a.declare_inputs("rows", specs[i].dtype, prefix=f"l{i}_", stacked_rows=rows_per_unit(a.cell, False) if i else 0,
+                                 xw_dtype=xw_dtype(specs[0]))
                 if i:  # one set of lengths masks every layer (frontend.stacks): the first layer's argument
                     a.seq_lens = layers[0].seq_lens if a.spec.has("sequence_lens") else None
             for i, a in enumerate(layers):

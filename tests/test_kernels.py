@@ -236,6 +236,12 @@ def test_streaming_points_build_without_a_gpu(dtype):
         assert "__global__" in mod.imports[0].inspect_source(), config.describe()
 
 
+def _numpy_dtype(dtype):
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16 if str(dtype) == "bfloat16" else str(dtype)
+
+
 def _check_kernel(kind, case, spec, func, r_layout, batches, note="", tol=None):
     """Run a recurrent PrimFunc on fresh inputs per batch (seeded: the same every call), outputs poisoned, twice each;
     check against float64 (tol: (rtol, atol), else by the layer's math) and return the outputs of every batch."""
@@ -253,7 +259,7 @@ def _check_kernel(kind, case, spec, func, r_layout, batches, note="", tol=None):
         x = feeds["X"]
         xw = x.astype("f4") @ w["W"].astype("f4").reshape(D * cell.gates * H, -1).T
         r = _lay_out_r(w["R"], r_layout, cell.gates)
-        args = [xw.astype("f4"), r]
+        args = [xw.astype(_numpy_dtype(func.params[0].dtype)), r]  # XW as the kernel reads it (a half layer's CUDA kernels: its dtype)
         # the kernel's state inputs are fp32 whatever R's storage dtype
         args += [feeds[n] if n == "sequence_lens" else feeds[n].astype("f4")
                  for n in ("sequence_lens", "initial_h", "initial_c") if n in feeds and (n != "initial_c" or "c" in cell.states)]
@@ -284,17 +290,17 @@ def test_projection_cuda_matches_float64(M, K, cols):
     _check_projection(projection_cuda(K, cols), M, K, cols, "f4", 1e-5)
 
 
-def _check_projection(func, M, K, cols, dtype, tol, target=None):
+def _check_projection(func, M, K, cols, dtype, tol, target=None, xw_dtype="f4"):
     """Run a projection PrimFunc(X [M, K], W [cols, K], bias, XW) on fresh inputs, output poisoned first, against float64."""
     lib = tvm.compile(tvm.IRModule({"main": func}), target=target or _target("cuda"))
     rng = np.random.default_rng(M)
     x, w = (rng.standard_normal(s).astype(dtype) for s in ((M, K), (cols, K)))
     b = rng.standard_normal(cols).astype("f4")
     dev = tvm.cuda(0)
-    out = tvm.runtime.tensor(np.full((M, cols), np.nan, "f4"), dev)
+    out = tvm.runtime.tensor(np.full((M, cols), np.nan, xw_dtype), dev)
     lib["main"](*[tvm.runtime.tensor(v, dev) for v in (x, w, b)], out)
     expected = x.astype("f8") @ w.astype("f8").T + b
-    got = out.numpy()
+    got = out.numpy().astype("f8")
     assert not np.isnan(got).any(), f"{np.isnan(got).sum()} elements never written"
     assert np.abs(got - expected).max() / np.abs(expected).max() < tol
 
@@ -369,6 +375,42 @@ def test_projection_wgmma_matches_float64(M, K, cols, mode, config):
                       tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
 
 
+# the GEMMs a half layer's XW comes from, storing it in the layer's dtype: wgmma's DEFAULT (pairs) and 128-column point,
+# its scalar and four-column stores, bf16; projection_staged's cp.async ring and its register-staged small tiles
+HALF_XW = [("float16", WGMMA_DEFAULT), ("float16", WGMMA_HALF_128), ("float16", WgmmaConfig(bn=256, stages=6, overlap=1)),
+           ("float16", dataclasses.replace(WGMMA_DEFAULT, store_cols=4)), ("bfloat16", WGMMA_DEFAULT),
+           ("float16", StagedConfig(warps_m=2, warps_n=2, mt=4, nt=8, stages=4, group=8)),
+           ("bfloat16", StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode, config", HALF_XW, ids=str)
+@pytest.mark.parametrize("M, K, cols", [(333, 64, 2560), (1100, 800, 1024)])
+def test_projection_writes_half_xw(M, K, cols, mode, config):
+    """XW in the layer's half dtype, rounded once from the fp32 sums: against float64 within that rounding (fp16 2^-11,
+    bf16 2^-8 of each value), every element written (poisoned first), partial row tiles included."""
+    import ml_dtypes
+
+    dtype = {"float16": "f2", "bfloat16": ml_dtypes.bfloat16}[mode]
+    build = projection_wgmma if isinstance(config, WgmmaConfig) else projection_staged
+    _check_projection(build(mode, K, cols, config, xw_dtype=mode), M, K, cols, dtype, 1e-3 if mode == "float16" else 8e-3,
+                      tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}), xw_dtype=dtype)
+
+
+def test_half_xw_builds_without_a_gpu():
+    """A half layer's GEMMs store XW in its dtype: wgmma's epilogue packs pairs of fp32 sums into half2 / bfloat162 (and
+    two such pairs into 8 bytes), projection_staged's rounds each pair; split K, which adds into XW, keeps fp32 XW."""
+    from schedules.projection_staged import supported
+
+    for mode, pair in (("float16", "__floats2half2_rn"), ("bfloat16", "__floats2bfloat162_rn")):
+        for cols in (2, 4):
+            src = kernel_source(projection_wgmma(mode, 800, 1024, dataclasses.replace(WGMMA_DEFAULT, store_cols=cols), xw_dtype=mode))
+            assert f"tvmrnn_store{cols}_{mode}(" in src and pair in src and "float2*>(out)" not in src, (mode, cols)
+    assert "half* __restrict__ XW" in kernel_source(projection_staged("float16", 800, 1024, xw_dtype="float16"))
+    split = StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2, split_k=2)
+    assert supported("float16", 64, 256, split) and not supported("float16", 64, 256, split, xw_dtype="float16")
+
+
 def test_projection_wgmma_builds_without_a_gpu():
     """It compiles through NVRTC for sm_90a: wgmma m64nBNk16 (TF32: k8) from two shared-memory descriptors, a proxy fence
     between the cp.async copies landing and the barrier, and is refused where it cannot run (exact fp32, sm_90 without
@@ -426,7 +468,7 @@ def test_projection_wgmma_tma_builds_without_a_gpu():
             signature = re.search(r'extern "C" __global__[^;{]*\{', src)  # the definition's, not the declaration's
             kernel = src[signature.start():]
             loop = kernel[kernel.index("for ("):]
-            stores = {c: f"tvmrnn_store{c}(" in kernel for c in (2, 4)}
+            stores = {c: f"tvmrnn_store{c}_float32(" in kernel for c in (2, 4)}
             assert stores == {c: cfg.store_cols == c for c in (2, 4)}, cfg
             report = ptxas(src, "sm_90a")
             assert not report.serialized and report.spill_stores == 0, (mode, cfg, report)
@@ -461,7 +503,7 @@ def test_wgmma_gemms_keep_their_pipeline(mode, config):
     from schedules.ptxas import ptxas
 
     for M, K, cols in ((12800, 2560, 10240), (1100, 800, 1024)):
-        src = kernel_source(projection_wgmma(mode, K, cols, config, rows=M))
+        src = kernel_source(projection_wgmma(mode, K, cols, config, rows=M, xw_dtype=mode if mode == "float16" else "float32"))  # compile's
         report = ptxas(src, "sm_90a")
         assert not report.serialized and (config is not None and config.overlap and mode == "tf32x3" or report.spill_stores == 0), (M, K, cols, report)
 
@@ -496,8 +538,9 @@ def test_models_project_with_wgmma_on_sm90a(dtype, precision, hidden, arch):
     module = tvmrnn.compile(case.model(), target={"kind": "cuda", "arch": arch}, logs=False, precision=precision)
     src = _cuda_sources(module)
     assert (f"wgmma.mma_async.sync.aligned.{instruction}" in src) == (arch == "sm_90a")
-    assert module.metadata["layers"][0]["projection"] == (f"wgmma {mode} {block} (staged mma.sync up to 512 rows)"
-                                                          if arch == "sm_90a" else f"staged mma.sync {mode}")
+    xw = "" if dtype == "float32" else f", XW in {dtype}"  # a half layer's GEMM writes XW in its dtype
+    assert module.metadata["layers"][0]["projection"] == (f"wgmma {mode} {block} (staged mma.sync up to 512 rows){xw}"
+                                                          if arch == "sm_90a" else f"staged mma.sync {mode}{xw}")
     assert "mma.sync.aligned.m16n8k" in src  # the recurrent kernels, and the small-row branch of either projection
 
 
@@ -508,10 +551,13 @@ def test_model_with_wgmma_projection_matches_float64(dtype, precision, T, N):
     """A whole model with the wgmma projection, against the float64 reference on the same weights and inputs: half
     precision within 1e-2 (bfloat16 rounds them again: 2^-8, within 3e-2), exact fp32 (3xTF32) within 1e-5 of the
     largest value, TF32 within 1e-2."""
-    # ONNX has no bfloat16 LSTM: an fp16 model, converted (compile's dtype), against the reference on its fp16 values
-    case = Case(op="LSTM", hidden=64, input_size=32, dtype="float32" if dtype == "float32" else "float16", optional=("initial_h", "initial_c"))
+    # ONNX has no bfloat16 LSTM: an fp32 model, converted (compile's dtype; it leaves an fp16 model fp16), against the
+    # reference on its fp32 values
+    case = Case(op="LSTM", hidden=64, input_size=32, dtype="float16" if dtype == "float16" else "float32", optional=("initial_h", "initial_c"))
     module = tvmrnn.compile(case.model(), target="cuda", logs=False, dtype=dtype, precision=precision)
-    assert "wgmma.mma_async" in _cuda_sources(module)  # "cuda" on the H100: its own arch, sm_90a
+    src = _cuda_sources(module)
+    assert "wgmma.mma_async" in src  # "cuda" on the H100: its own arch, sm_90a
+    assert f"tvmrnn_store2_{dtype}(" in src  # XW in the layer's dtype (half layers' too)
     feeds = case.feeds(np.random.default_rng(T), T, N)
     ref = case.reference(feeds)
     for name, value in module.run(feeds).items():

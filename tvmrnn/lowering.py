@@ -58,13 +58,15 @@ def _f32(x):
     return x if str(x.ty.dtype) == "float32" else bb.emit(op.astype(x, "float32"))
 
 
-def _projection(bb, X, w, bias, cols, In, target, mode):
-    """XW = X @ w^T + bias for all steps at once, fp32 results, and what computes it (for the plan). On CUDA our GEMMs:
+def _projection(bb, X, w, bias, cols, In, target, mode, xw_dtype="float32"):
+    """XW = X @ w^T + bias for all steps at once, in xw_dtype (what the recurrent kernel reads: fp32, or a CUDA half
+    layer's dtype), and what computes it (for the plan). On CUDA our GEMMs:
     on sm_90a (the H100 tag) above SMALL_M rows, the warpgroup GEMM (projection_wgmma) where its tiles divide the gates
-    (half precision: 256 columns; fp32: 128); otherwise with tensor cores the staged tensor-core GEMM (projection_staged);
+    (256 or 128 columns); otherwise with tensor cores the staged tensor-core GEMM (projection_staged);
     both in the layer's mode (fp16/bf16, TF32 with precision="tf32", 3xTF32 for exact fp32); else projection_mma / the
     exact-fp32 SIMT GEMM (projection_cuda) where it does not apply; TVM's default matmul for shapes none covers. Our
-    register-blocked GEMM on CPUs. mode: schedules.space.rounding_mode's."""
+    register-blocked GEMM on CPUs. mode: schedules.space.rounding_mode's. The tensor-core GEMMs store XW in xw_dtype
+    themselves; the rest write fp32, cast after."""
     from schedules import projection_cuda, projection_mma, projection_staged, projection_wgmma
     from schedules.space import tensor_cores
 
@@ -78,12 +80,15 @@ def _projection(bb, X, w, bias, cols, In, target, mode):
     of_rows = "" if rows is None else f"_m{rows}"  # a fixed row count picks its own tiles: a function of its own
     # both tensor-core GEMMs take the same modes (on sm_90a, which has tensor cores, staged is the half dtype or fp32's
     # TF32 / 3xTF32)
+    out = "float32"  # what the chosen GEMM writes
     if cuda and (rows is None or rows > projection_staged.SMALL_M) and projection_wgmma.supported(staged, In, cols, arch):
-        func, weight, name = projection_wgmma.projection_wgmma(staged, In, cols, rows=rows), w_as_x(), f"projection_wgmma_{staged}{of_rows}"
+        out = xw_dtype
+        func, weight, name = projection_wgmma.projection_wgmma(staged, In, cols, rows=rows, xw_dtype=out), w_as_x(), f"projection_wgmma_{staged}{of_rows}"
         bm, bn = projection_wgmma.default_config(staged, cols).block
         label = f"wgmma {staged} {bm}x{bn}" + (f" (staged mma.sync up to {projection_staged.SMALL_M} rows)" if rows is None else "")
-    elif cuda and projection_staged.supported(staged, In, cols, rows=rows):
-        func, weight, name = projection_staged.projection_staged(staged, In, cols, rows=rows), w_as_x(), f"projection_staged_{staged}{of_rows}"
+    elif cuda and projection_staged.supported(staged, In, cols, rows=rows, xw_dtype=xw_dtype):
+        out = xw_dtype
+        func, weight, name = projection_staged.projection_staged(staged, In, cols, rows=rows, xw_dtype=out), w_as_x(), f"projection_staged_{staged}{of_rows}"
         label = f"staged mma.sync {staged}"
     elif cuda and projection_mma.supported(mode, In, cols):
         func, weight, name = projection_mma.projection_mma(mode, In, cols), w_as_x(), f"projection_{mode}"
@@ -94,7 +99,8 @@ def _projection(bb, X, w, bias, cols, In, target, mode):
         label = "SIMT fp32"
     elif cuda:
         xw = bb.emit(op.matmul(X, op.permute_dims(w), out_dtype="float32"))  # fp32 results whatever the inputs
-        return (bb.emit(op.add(xw, bias)) if bias is not None else xw), "TVM matmul"
+        xw = bb.emit(op.add(xw, bias)) if bias is not None else xw
+        return (xw if xw_dtype == "float32" else bb.emit(op.astype(xw, xw_dtype))), "TVM matmul"
     else:
         from schedules.projection_cpu import projection_cpu, tile
 
@@ -105,11 +111,12 @@ def _projection(bb, X, w, bias, cols, In, target, mode):
         label = f"CPU register-blocked {mr}x{nr}"
     if bias is None:
         bias = relax.const(np.zeros(cols, "float32"))
-    name = f"{name}_{In}x{cols}"  # same shape, same function: add_func shares it between layers
+    name = f"{name}_{In}x{cols}" + ("" if out == "float32" else f"_{out}")  # same shape, same function: add_func shares it between layers
     gv = bb.add_func(func.with_attr("global_symbol", name), name)
-    flat = bb.emit(relax.call_tir(gv, [bb.emit(op.reshape(X, [m, In])), weight, bias],
-                                  relax.TensorType([m, cols], "float32")))
-    return bb.emit(op.reshape(flat, [shape[0], shape[1], cols])), label
+    flat = bb.emit(relax.call_tir(gv, [bb.emit(op.reshape(X, [m, In])), weight, bias], relax.TensorType([m, cols], out)))
+    if out != xw_dtype:
+        flat = bb.emit(op.astype(flat, xw_dtype))
+    return bb.emit(op.reshape(flat, [shape[0], shape[1], cols])), label + ("" if xw_dtype == "float32" else f", XW in {xw_dtype}")
 
 
 def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, target, kernel_choice="auto", tuned=None):
@@ -120,12 +127,17 @@ def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, tar
     """
     cell = cell_for(spec)
     kernel = _recurrent_kernel(spec, cell, target, kernel_choice, tuned)
-    args, gemm = _kernel_inputs(bb, spec, cell, inputs, target, kernel.r_layout)
+    args, gemm = _kernel_inputs(bb, spec, cell, inputs, target, kernel.r_layout, _xw_dtype(kernel.func))
     results = _call(bb, kernel.func, spec.name, args, _output_types(spec, cell, inputs[0]))
     return _storage_dtype(bb, spec, results), replace(kernel.plan, projection=gemm)
 
 
-def _kernel_inputs(bb, spec, cell, inputs: list, target, r_layout: str) -> list:
+def _xw_dtype(func) -> str:
+    """The dtype the recurrent kernel reads XW in: its first argument's (recurrent_common.KernelArgs)."""
+    return str(func.params[0].dtype)
+
+
+def _kernel_inputs(bb, spec, cell, inputs: list, target, r_layout: str, xw_dtype: str = "float32") -> list:
     """What a layer's recurrent kernel takes before its outputs (recurrent_common.KernelArgs): XW (the projection of all
     steps, one GEMM), R in r_layout, then the lengths, states and per-unit parameters the node has; and that GEMM's label."""
     inputs = list(inputs) + [None] * (8 - len(inputs))
@@ -140,7 +152,7 @@ def _kernel_inputs(bb, spec, cell, inputs: list, target, r_layout: str) -> list:
     bias, rb_cell = _split_bias(B, spec, cell) if B is not None else (None, None)
     from schedules.space import rounding_mode  # the layer's tensor-core mode on this target, if any
 
-    xw, gemm = _projection(bb, X, op.reshape(W, [D * G * H, In]), bias, D * G * H, In, target, rounding_mode(spec, target))
+    xw, gemm = _projection(bb, X, op.reshape(W, [D * G * H, In]), bias, D * G * H, In, target, rounding_mode(spec, target), xw_dtype)
     args = [xw, _r_layout(bb, R, r_layout, D, G, H)]
     for name in ("sequence_lens", "initial_h", "initial_c"):
         if spec.has(name) and (name != "initial_c" or "c" in cell.states):
@@ -178,7 +190,7 @@ def emit_rnn_stack(bb: relax.BlockBuilder, specs: list, first_inputs: list, cons
     constants: for each layer above it, its W, R, B, P as arrays. Returns [[Y, Y_h(, Y_c)] per layer] and each layer's plan
     with its projection named."""
     cells = [cell_for(s) for s in specs]
-    args, gemm = _kernel_inputs(bb, specs[0], cells[0], first_inputs, target, "rows")
+    args, gemm = _kernel_inputs(bb, specs[0], cells[0], first_inputs, target, "rows", _xw_dtype(kernel.func))
     for spec, cell, w in zip(specs[1:], cells[1:], constants):
         wr, bias, params = _stacked_weights(spec, cell, w)
         wr = relax.const(wr)  # cast by Relax: numpy has no bfloat16 (FoldConstant folds it)
