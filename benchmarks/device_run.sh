@@ -3,6 +3,8 @@
 #   bash benchmarks/device_run.sh tests [PYTEST ARGS]   pytest -m gpu (+ persistent-kernel smoke runs first)
 #   bash benchmarks/device_run.sh tests-sharded N [PYTEST ARGS]   pytest -m gpu in N processes at once (each a share of the
 #                                            collected tests): the whole suite in one call, where one process takes two
+#   bash benchmarks/device_run.sh ids FILE [SECONDS]   pytest -m gpu on the node ids in FILE, one per line (e.g. a run's
+#                                            failures, after their fix)
 #   bash benchmarks/device_run.sh ring      persistent_mma's cp.async ring of streamed chunks (A, and with ring_h B): GPU tests,
 #                                            compute-sanitizer, then blog-a's streaming default against the points in POINTS
 #                                            (kernel_variants; e.g. ring_h=1 beside today's ring=2)
@@ -77,6 +79,8 @@ case "$1" in
     done
     wait
     tail -qn 1 "$OUT"/pytest_gpu_*.txt; echo "PASSED: $(cat "$OUT"/pytest_gpu_*.txt | grep -c ' PASSED')"; grep -h "FAILED\|ERROR" "$OUT"/pytest_gpu_*.txt ;;
+  ids)
+    run_ids "$2" "${3:-300}" "$OUT/pytest_gpu_ids.txt" -v | tail -3 ;;
   ring)
     timeout 200 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_kernels.py -k "ring or streamed" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4
     for mode in ring ring-h; do
