@@ -35,7 +35,10 @@ WGMMA = named("float16", (WgmmaConfig(), WgmmaConfig(stages=6, overlap=1), Wgmma
                    # projection_staged, which compile takes there (it stores pairs already); at 98 registers and up to 98 KB
                    # of ring two blocks share an SM, one's epilogue beside the other's main loop (ptxas: no spills)
                    WgmmaConfig(k_chunks=2, stages=4, overlap=1, store_cols=2), WgmmaConfig(stages=6, overlap=1, store_cols=2),
-                   WgmmaConfig(stages=4, overlap=1, store_cols=2)))
+                   WgmmaConfig(stages=4, overlap=1, store_cols=2),
+                   # four columns a store: with XW in fp16, where pairs write half a 32-byte sector per row (four lanes'
+                   # 4 bytes), as fp32's scalar stores did; four columns make the sector whole again
+                   WgmmaConfig(stages=4, overlap=1, store_cols=4)))
 # the same in TF32 (fp32 rows are 128 bytes: the ring fits fewer buffers); compile builds projection_wgmma.TF32
 WGMMA_TF32 = named("tf32", (WgmmaConfig(bn=256, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1), WgmmaConfig(bn=128, stages=6, overlap=1),
                         WgmmaConfig(bn=128, k_chunks=2, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1, tma=1),
