@@ -21,6 +21,7 @@
 #                                            then whole fp16 models with it against fp32 XW (benchmarks/half_xw_ab.py)
 #   bash benchmarks/device_run.sh half-xw-stores   with XW in fp16: the fp16 GEMMs storing 2 and 4 columns (two 4-byte
 #                                            pairs leave half sectors), then blog-a whole with the 256-column point's st4
+#   bash benchmarks/device_run.sh store-cols-ab [ROW ...]   fp16 models with the 256-column GEMM storing 2 / 4 columns
 #   bash benchmarks/device_run.sh wgmma-fp32 [ROW ...]   fp32 layers' warpgroup GEMM (3xTF32, TF32): GPU tests, then whole
 #                                            models with it against projection_staged (benchmarks/projection_in_model.py)
 #   bash benchmarks/device_run.sh blog-a-ring   blog-a's streamed points (20 units per block, no prefetch, more bytes in flight) against
@@ -119,6 +120,8 @@ case "$1" in
       blog-a b64-h1024 ds2-lstm 2>&1 | grep -v Warning | tee "$OUT/projection_log.txt" | cut -c1-150
     POINTS='wgmma 128x256 s4 k64 overlap st4' DTYPES=float16 timeout 300 python3 benchmarks/projection_in_model.py blog-a b64-h1024-l2 2>&1 \
       | grep -v Warning | tee "$OUT/in_model_log.txt" | tail -6 ;;
+  store-cols-ab)  # the 256-column default's 2 against 4 columns a store in whole fp16 models, interleaved
+    timeout 400 python3 benchmarks/store_cols_ab.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/store_cols_log.txt" | tail -4 ;;
   wgmma-fp32)  # fp32 layers on the warpgroup GEMM: its GPU tests (3xTF32 kernels, whole fp32 and TF32 models), then whole
     # models with it against the staged GEMM in the same mode (benchmarks/projection_in_model.py, DTYPES=float32)
     timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_kernels.py tests/test_fp32_accuracy.py tests/test_gpu.py \
