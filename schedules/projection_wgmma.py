@@ -115,10 +115,12 @@ class WgmmaConfig:
 # projection_staged's 1.96 (cuBLAS 0.93), b64-h1024 0.179 against 0.191; storing two columns at a time 1.21-1.22 and
 # 0.120-0.122 (benchmarks/results/2026-11-25-h100-wgmma-producer-and-stores.md; four: 1.26, 0.134)
 DEFAULT = WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, store_cols=2)
-# where 256 columns do not divide the gates: 128 x 128, four one-chunk buffers, storing pairs (at 98 registers two
-# blocks share an SM). ds2-lstm's 6000 x 800 x 3200 0.091 ms against projection_staged's 0.113, which compile took there
-# before (benchmarks/results/2026-11-25-h100-wgmma-ds2.json; scalar stores had lost, 0.131)
-HALF_128 = WgmmaConfig(bn=128, stages=4, overlap=1, store_cols=2)
+# where 256 columns do not divide the gates: 128 x 128, four one-chunk buffers (at 91-100 registers two blocks share an
+# SM). ds2-lstm's 6000 x 800 x 3200 storing fp32 pairs 0.091 ms against projection_staged's 0.113, which compile took
+# there before (benchmarks/results/2026-11-25-h100-wgmma-ds2.json; scalar stores had lost, 0.131). With XW in fp16 (as
+# compile builds half layers) four columns a store, whole 32-byte sectors: 0.081 against pairs' 0.096 (blog-a's shape
+# 1.40 against 1.50; benchmarks/results/2026-11-25-h100-half-xw-stores.md). DEFAULT keeps pairs: level in whole models
+HALF_128 = WgmmaConfig(bn=128, stages=4, overlap=1, store_cols=4)
 # fp32 rows take twice the bytes (benchmarks/results/2026-11-25-h100-projection-wgmma-fp32.md, against projection_staged's
 # default in the same mode): TF32 128 x 256 with four one-chunk buffers, blog-a 2.08 ms against 4.17 (cuBLAS TF32 1.71),
 # b64-h1024 0.232 against 0.374; where 256 columns do not divide the gates 128 x 128 with six, ds2's 0.174 against
