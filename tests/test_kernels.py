@@ -544,6 +544,18 @@ def test_models_project_with_wgmma_on_sm90a(dtype, precision, hidden, arch):
     assert "mma.sync.aligned.m16n8k" in src  # the recurrent kernels, and the small-row branch of either projection
 
 
+@pytest.mark.parametrize("arch, projection", [("sm_80", "TVM matmul"), ("sm_90a", "staged mma.sync float16")])
+def test_half_layers_read_xw_in_their_dtype(arch, projection):
+    """A half layer's recurrent kernel takes XW in its dtype, whichever GEMM makes it: one of ours stores it so (24 input
+    columns are not whole 32-column chunks on sm_80, so TVM's matmul runs there, its fp32 result cast)."""
+    case = Case(op="GRU", hidden=48, input_size=24 if arch == "sm_80" else 32, dtype="float16")
+    module = tvmrnn.compile(case.model(), target={"kind": "cuda", "arch": arch}, logs=False)
+    assert module.metadata["layers"][0]["projection"].startswith(projection)
+    assert module.metadata["layers"][0]["projection"].endswith(", XW in float16")
+    src = _cuda_sources(module)
+    assert "half* __restrict__ XW_ptr" in src and "float* __restrict__ XW_ptr" not in src
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, precision", [("float16", "exact"), ("bfloat16", "exact"), ("float32", "exact"), ("float32", "tf32")], ids=str)
 @pytest.mark.parametrize("T, N", [(300, 2), (5, 1)])  # 600 rows: the wgmma branch; 5: projection_staged's small tiles

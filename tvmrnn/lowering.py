@@ -100,7 +100,7 @@ def _projection(bb, X, w, bias, cols, In, target, mode, xw_dtype="float32"):
     elif cuda:
         xw = bb.emit(op.matmul(X, op.permute_dims(w), out_dtype="float32"))  # fp32 results whatever the inputs
         xw = bb.emit(op.add(xw, bias)) if bias is not None else xw
-        return (xw if xw_dtype == "float32" else bb.emit(op.astype(xw, xw_dtype))), "TVM matmul"
+        return (xw, "TVM matmul") if xw_dtype == "float32" else (bb.emit(op.astype(xw, xw_dtype)), f"TVM matmul, XW in {xw_dtype}")
     else:
         from schedules.projection_cpu import projection_cpu, tile
 
