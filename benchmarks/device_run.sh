@@ -48,7 +48,7 @@
 #   bash benchmarks/device_run.sh wavefront [ROW...]  stacked layers as one kernel: GPU tests, compute-sanitizer, then the
 #                                            bench of the rows (default lat-b1-h512-l2) with the wavefront (auto, tuned)
 #                                            beside the layers one by one (persistent)
-#   bash benchmarks/device_run.sh wavefront-variants [ROW...]  the wavefront's knobs A/B, then pytest -m gpu but test_kernels.py
+#   bash benchmarks/device_run.sh wavefront-variants [ROW...]  the wavefront's knobs A/B, then pytest -m gpu but test_kernels.py / test_projections.py
 #   bash benchmarks/device_run.sh wavefront-gru   stacked GRUs and PyTorch's export as one kernel: GPU tests, then a GRU A/B
 #   bash benchmarks/device_run.sh resident-tiles [ROW...]  persistent_mma's batch tiles at batch 8-20, exact fp32, A/B
 #   TUNE_S=400 BUDGET=5.5 bash benchmarks/device_run.sh tune-zoo   the models/ zoo into tuning_logs/cuda-sm_90 (after a few GPU tests)
@@ -70,7 +70,7 @@ case "$1" in
     for k in "persistent LSTM" "persistent_mma LSTM" "persistent_mma GRU"; do
       timeout 120 python3 benchmarks/sanitize_case.py $k 2>&1 | grep -v Warning | tee -a "$OUT/smoke.txt"
     done
-    # PYTEST ARGS replace tests/ (all of pytest -m gpu may not fit one call: run tests/test_kernels.py and tests/test_gpu.py apart)
+    # PYTEST ARGS replace tests/ (all of pytest -m gpu may not fit one process: tests-sharded runs it in one call)
     timeout 540 python3 -m pytest -m gpu -q -rA -p no:cacheprovider "${@:2}" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -60 ;;
   tests-sharded)
     set -- "${@:2}"; shards=$1; shift; [ $# -eq 0 ] && set -- tests/
@@ -95,11 +95,11 @@ case "$1" in
   wgmma)
     # the warpgroup projection: its GPU tests (every mode, the whole-model ones), then its points beside the staged GEMM's
     # default and cuBLAS in fp16 and fp32 (TF32, 3xTF32)
-    timeout 240 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_kernels.py -k wgmma 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -8
+    timeout 240 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_projections.py -k wgmma 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -8
     STAGED=default timeout 320 python3 benchmarks/projection_staged.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/projection_log.txt" | tail -40 ;;
   wgmma-fp16)  # the timing first (the point of the call), then the new points' GPU tests, picked by a string of their ids
     DTYPES=float16 STAGED=default timeout 170 python3 benchmarks/projection_staged.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/projection_log.txt" | tail -16
-    python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/test_kernels.py 2>/dev/null | grep -E "${IDS:-warpgroups=4}" > /tmp/ids.txt
+    python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/test_projections.py 2>/dev/null | grep -E "${IDS:-warpgroups=4}" > /tmp/ids.txt
     run_ids /tmp/ids.txt 100 "$OUT/pytest_gpu.txt" | tail -4 ;;
   wgmma-stores)
     WGMMA='s4 k64 overlap( st2| st4)?$' STAGED=none DTYPES=float16 timeout 100 python3 benchmarks/projection_staged.py blog-a b64-h1024 2>&1 \
@@ -112,7 +112,7 @@ case "$1" in
     WGMMA='128x128 .*st2$|128x256 s4 k64 overlap st2$' STAGED=default DTYPES=float16 timeout 200 python3 benchmarks/projection_staged.py ds2-lstm blog-a b64-h1024 2>&1 \
       | grep -v Warning | tee "$OUT/projection_log.txt" | cut -c1-150 ;;
   half-xw)
-    timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_kernels.py -k "half_xw or model_with_wgmma" 2>&1 \
+    timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_projections.py -k "half_xw or model_with_wgmma" 2>&1 \
       | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4
     timeout 340 python3 benchmarks/half_xw_ab.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/half_xw_log.txt" | tail -8 ;;
   half-xw-stores)
@@ -124,7 +124,7 @@ case "$1" in
     timeout 400 python3 benchmarks/store_cols_ab.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/store_cols_log.txt" | tail -4 ;;
   wgmma-fp32)  # fp32 layers on the warpgroup GEMM: its GPU tests (3xTF32 kernels, whole fp32 and TF32 models), then whole
     # models with it against the staged GEMM in the same mode (benchmarks/projection_in_model.py, DTYPES=float32)
-    timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_kernels.py tests/test_fp32_accuracy.py tests/test_gpu.py \
+    timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_projections.py tests/test_fp32_accuracy.py tests/test_gpu.py \
       -k "(wgmma and tf32x3) or model_with_wgmma or exact_fp32_long or tf32_precision" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -8
     DTYPES=float32 timeout 380 python3 benchmarks/projection_in_model.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/in_model_log.txt" | tail -30 ;;
   blog-a-ring)  # blog-a's streamed points that build without spills (benchmarks/results/2026-11-25-ptxas-blog-a-ring-points.txt):
@@ -161,14 +161,14 @@ case "$1" in
       --logs tuning_logs 2>&1 | grep -v Warning | tee "$OUT/tune_log.txt" | tail -30
     mkdir -p "$OUT/tuning_logs" && cp tuning_logs/cuda-sm_90/* "$OUT/tuning_logs/" ;;
   tune-zoo)  # the GPU tests of the projection's run-time tiles first, then the models/ zoo at batch buckets 1 and 8
-    timeout 120 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_kernels.py -k "tiles_by_rows" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -3
+    timeout 120 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_projections.py -k "tiles_by_rows" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -3
     timeout "${TUNE_S:-400}" python3 benchmarks/tune_suite.py --no-rows --trials "${TRIALS:-600}" --time-budget "${BUDGET:-5.5}" \
       --logs tuning_logs 2>&1 | grep -v Warning | tee "$OUT/tune_log.txt" | grep -v "it/s\|trial/s" | tail -40
     mkdir -p "$OUT/tuning_logs" && cp tuning_logs/cuda-sm_90/* "$OUT/tuning_logs/" ;;
   variants)
     timeout 560 python3 benchmarks/kernel_variants.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/variants_log.txt" | tail -40 ;;
   validate)
-    timeout 330 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_fp32_accuracy.py tests/test_kernels.py \
+    timeout 330 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_fp32_accuracy.py tests/test_kernels.py tests/test_projections.py \
       -k "fp32_accuracy or long_sequence or exact_fp32 or persistent_mma or sampled_points or knobs" 2>&1 \
       | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -25
     timeout 220 python3 benchmarks/fp32_error.py lat-b1-h1024 b8-h1024-l2 2>&1 | grep -v Warning | tee "$OUT/fp32_error_log.txt" ;;
@@ -176,7 +176,7 @@ case "$1" in
     timeout 300 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_cuda_graph.py 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -8
     timeout 500 python3 benchmarks/cuda_graph_ab.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/cuda_graph_log.txt" ;;
   projection-split)
-    timeout 400 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_kernels.py -k "picks_its_tiles or chunk_acc" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4
+    timeout 400 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_kernels.py tests/test_projections.py -k "picks_its_tiles or chunk_acc" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4
     timeout 400 python3 benchmarks/projection_split_ab.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/projection_split_log.txt" ;;
   profile)
     timeout 560 python3 benchmarks/profile_rows.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/profile_log.txt" | grep -v "^    " ;;
@@ -194,9 +194,9 @@ case "$1" in
     rows=("${@:2}"); [ ${#rows[@]} -eq 0 ] && rows=(lat-b1-h512-l2)
     timeout 300 python3 -m tvmrnn.cli bench --repeats 20 --out "$OUT" --kernel auto --kernel persistent --kernel tuned \
       $(printf -- "--row %s " "${rows[@]}") 2>&1 | grep -v Warning | tee "$OUT/bench_log.txt" | tail -12 ;;
-  wavefront-variants)  # the variants first (short), then pytest -m gpu outside test_kernels.py
+  wavefront-variants)  # the variants first (short), then pytest -m gpu outside test_kernels.py and test_projections.py
     timeout 300 python3 benchmarks/wavefront_variants.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/wavefront_variants_log.txt"
-    timeout 280 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests --deselect tests/test_kernels.py 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -6 ;;
+    timeout 280 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests --deselect tests/test_kernels.py --deselect tests/test_projections.py 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -6 ;;
   wavefront-gru)  # the GPU tests of stacked GRUs and PyTorch's export, then GRU and LSTM stacks against layer by layer
     timeout 300 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_wavefront.py -k "gru or pytorch" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4
     VARIANTS=layers,stage timeout 250 python3 benchmarks/wavefront_variants.py gru-b1-h512-l2 2>&1 | grep -v Warning | tee "$OUT/wavefront_variants_log.txt" ;;

@@ -14,17 +14,9 @@ import numpy as np
 import pytest
 import tvm
 
-import tvmrnn
-
+from compiled import target_of
 from onnx_cases import Case
 from schedules import cooperative, point_kernel, recurrent_kernel
-from schedules.projection_cuda import projection_cuda
-from schedules.projection_mma import projection_mma
-from schedules.projection_staged import StagedConfig, projection_staged
-from schedules.projection_staged import supported as projection_staged_supported
-from schedules.projection_wgmma import DEFAULT as WGMMA_DEFAULT, HALF_128 as WGMMA_HALF_128
-from schedules.projection_wgmma import WgmmaConfig, projection_wgmma
-from schedules.ptxas import kernel_source
 from schedules.recurrent_common import PANEL
 from schedules.space import KernelConfig, default_config, knob_space
 from tvmrnn.cells import cell_for
@@ -51,15 +43,11 @@ def _lay_out_r(R, layout, gates):
     return R.reshape(D, gates, H // PANEL, PANEL, H).transpose(0, 2, 4, 1, 3).copy()
 
 
-def _target(kind):
-    return tvm.target.Target("llvm") if kind == "llvm" else tvm.target.Target.from_device(tvm.cuda(0))
-
-
 @pytest.mark.parametrize("kind", TARGETS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
 def test_kernel_writes_every_element(kind, case):
     kind, choice = kind
-    target = _target(kind)
+    target = target_of(kind)
     spec = find_rnn_layers(case.model())[0].spec
     kernel = recurrent_kernel(spec, cell_for(spec), target, choice)
     # batches 3 and 5/40 take auto's persistent and stepwise branches (these layers are below TILED_MIN_HIDDEN; cuda-tiled runs tiled)
@@ -89,7 +77,7 @@ def test_cpu_kernel_reads_r_in_panels(units, rows):
     case = Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h"), hidden=64, input_size=5)
     spec = find_rnn_layers(case.model())[0].spec
     assert r_layout(spec) == "panels" and r_layout(find_rnn_layers(CASES[0].model())[0].spec) == "transposed"
-    func = point_kernel(spec, cell_for(spec), _target("llvm"), KernelConfig.of("cpu", rows=rows, units=units))
+    func = point_kernel(spec, cell_for(spec), target_of("llvm"), KernelConfig.of("cpu", rows=rows, units=units))
     _check_kernel("llvm", case, spec, func, "panels", batches=(3, 5), note=f"units={units} rows={rows}")
 
 
@@ -102,9 +90,9 @@ def test_cpu_row_tiles_take_the_widest_units_whose_accumulators_fit():
     assert (row_tile_units(800, 4), row_tile_units(800, 3), row_tile_units(800, 1), row_tile_units(48, 3)) == (16, 32, 32, 16)
     case = Case(op="GRU", hidden=64, input_size=5, optional=("initial_h",))  # no B: _check_kernel's XW has none
     spec = find_rnn_layers(case.model())[0].spec
-    config = default_config("cpu", spec, cell_for(spec), _target("llvm"), batch=20)
+    config = default_config("cpu", spec, cell_for(spec), target_of("llvm"), batch=20)
     assert dict(config.knobs) == {"rows": 4, "units": 32, "serpentine": 1}
-    _check_kernel("llvm", case, spec, point_kernel(spec, cell_for(spec), _target("llvm"), config), "panels", batches=(6, 9),
+    _check_kernel("llvm", case, spec, point_kernel(spec, cell_for(spec), target_of("llvm"), config), "panels", batches=(6, 9),
                   note=config.describe())
 
 
@@ -118,9 +106,9 @@ def test_cpu_lstm_takes_five_rows_where_they_make_fewer_whole_tiles():
     assert row_tile_rows(20, 3, 32) == 4 and row_tile_rows(20, 4, 8) == 5
     case = Case(op="LSTM", hidden=64, input_size=5, optional=("initial_h", "initial_c"))
     spec = find_rnn_layers(case.model())[0].spec
-    config = default_config("cpu", spec, cell_for(spec), _target("llvm"), batch=20)
+    config = default_config("cpu", spec, cell_for(spec), target_of("llvm"), batch=20)
     assert dict(config.knobs) == {"rows": 5, "units": 16, "serpentine": 1}
-    _check_kernel("llvm", case, spec, point_kernel(spec, cell_for(spec), _target("llvm"), config), "panels", batches=(10, 7),
+    _check_kernel("llvm", case, spec, point_kernel(spec, cell_for(spec), target_of("llvm"), config), "panels", batches=(10, 7),
                   note=config.describe())
 
 
@@ -132,7 +120,7 @@ def test_cpu_serpentine_order_is_correct_whatever_the_pool(monkeypatch, build_th
     monkeypatch.setenv("TVM_NUM_THREADS", str(build_threads))
     case = Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h"), hidden=64, input_size=5)
     spec = find_rnn_layers(case.model())[0].spec
-    func = point_kernel(spec, cell_for(spec), _target("llvm"), KernelConfig.of("cpu", rows=2, units=16, serpentine=1))
+    func = point_kernel(spec, cell_for(spec), target_of("llvm"), KernelConfig.of("cpu", rows=2, units=16, serpentine=1))
     assert "if_then_else" in func.script() or "T.if_then_else" in func.script()
     _check_kernel("llvm", case, spec, func, "panels", batches=(3, 5), note=f"serpentine, built for {build_threads} threads")
 
@@ -142,31 +130,8 @@ def test_cpu_kernel_with_one_work_item_runs_on_the_calling_thread():
     sample) has no parallel loop once TVM simplifies it; it builds without the thread-pool launch and stays correct."""
     case = Case(op="LSTM", hidden=32, input_size=8, optional=("sequence_lens",))  # no B: _check_kernel's XW has none
     spec = find_rnn_layers(case.model())[0].spec
-    func = point_kernel(spec, cell_for(spec), _target("llvm"), KernelConfig.of("cpu", rows=4, units=32), seq=9, batch=1)
+    func = point_kernel(spec, cell_for(spec), target_of("llvm"), KernelConfig.of("cpu", rows=4, units=32), seq=9, batch=1)
     _check_kernel("llvm", case, spec, func, "panels", batches=(1,))
-
-
-@pytest.mark.parametrize("mcpu, cols, expected", [("rocketlake", 256, (6, 64)), ("znver5", 256, (8, 32)), ("", 240, (8, 48)),
-                                                   ("znver5", 240, (8, 16)), ("rocketlake", 96, (8, 48)), ("", 160, (8, 32)),
-                                                   ("rocketlake", 24, (8, 8)), ("znver5", 6, (8, 2))])
-def test_cpu_projection_tile_by_cpu_against_float64(mcpu, cols, expected):
-    """The CPU GEMM's tile: 6 x 64 where 64 columns divide the gates, else 8 x 48 (three 16-lane vectors: LLVM does not
-    vectorize 48 lanes whole), else 8 x 32 (on AMD's Zen always 8 x 32, where it ran faster), narrower panels where 32
-    does not divide; each against float64 with the output poisoned, M = 1, 7 and 13 (partial row tiles), W packed in
-    the tile's panels as compile packs it."""
-    from schedules.projection_cpu import panel_width, projection_cpu, tile
-
-    assert tile(cols, mcpu) == expected and panel_width(cols, mcpu) == expected[1]
-    K, nr = 40, expected[1]
-    lib = tvm.compile(tvm.IRModule({"main": projection_cpu(K, cols, mcpu)}), target=_target("llvm"))
-    rng = np.random.default_rng(cols)
-    w, b = rng.standard_normal((cols, K)).astype("f4"), rng.standard_normal(cols).astype("f4")
-    panels = np.ascontiguousarray(w.reshape(cols // nr, nr, K).transpose(0, 2, 1))
-    for M in (1, 7, 13):
-        x = rng.standard_normal((M, K)).astype("f4")
-        out = tvm.runtime.tensor(np.full((M, cols), np.nan, "f4"))
-        lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(panels), tvm.runtime.tensor(b), out)
-        np.testing.assert_allclose(out.numpy(), x.astype("f8") @ w.T.astype("f8") + b, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("op, hidden", [("LSTM", 64), ("GRU", 24)])
@@ -179,7 +144,7 @@ def test_cpu_kernel_reads_half_r_exactly(op, hidden):
     case = Case(op=op, direction="bidirectional", optional=("sequence_lens", "initial_h"), hidden=hidden, input_size=5, dtype="float16")
     spec = find_rnn_layers(case.model())[0].spec
     assert spec.dtype == "float16"
-    kernel = recurrent_kernel(spec, cell_for(spec), _target("llvm"))
+    kernel = recurrent_kernel(spec, cell_for(spec), target_of("llvm"))
     assert "float16" in kernel.func.script()  # R's argument in the storage dtype
     _check_kernel("llvm", case, spec, kernel.func, r_layout(spec), batches=(1, 5), tol=(1e-4, 1e-5))
 
@@ -189,7 +154,7 @@ def test_cpu_kernel_reads_half_r_exactly(op, hidden):
 @pytest.mark.parametrize("kind", ["stepwise", "persistent", "tiled"] + TENSOR_KINDS)
 def test_sampled_points_are_correct(kind, case):
     """Every point of a space must be a correct kernel (the tuner may pick any): three per kind, fixed seed."""
-    target = _target("cuda")
+    target = target_of("cuda")
     kind, spec = _kind_and_spec(kind, find_rnn_layers(case.model())[0].spec)
     case = dataclasses.replace(case, dtype=spec.dtype)
     cell = cell_for(spec)
@@ -247,7 +212,7 @@ def _check_kernel(kind, case, spec, func, r_layout, batches, note="", tol=None):
     check against float64 (tol: (rtol, atol), else by the layer's math) and return the outputs of every batch."""
     cell = cell_for(spec)
     runs = []
-    target = _target(kind)
+    target = target_of(kind)
     lib = tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline=cooperative.register())
     dev = tvm.device("cpu" if kind == "llvm" else "cuda", 0)
     rng = np.random.default_rng(7)
@@ -282,373 +247,6 @@ def _check_kernel(kind, case, spec, func, r_layout, batches, note="", tol=None):
             np.testing.assert_allclose(got, expected[name], rtol=tol[0], atol=tol[1], err_msg=f"{name}, batch {N} {note}")
     return [r[0] for r in runs]
 
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("M, K, cols", [(1, 8, 4), (333, 40, 2400), (1100, 64, 1020), (6000, 800, 3200)])
-def test_projection_cuda_matches_float64(M, K, cols):
-    """Our fp32 projection GEMM, skinny (M < 1024) and tiled, partial row and column tiles included, output poisoned first."""
-    _check_projection(projection_cuda(K, cols), M, K, cols, "f4", 1e-5)
-
-
-def _check_projection(func, M, K, cols, dtype, tol, target=None, xw_dtype="f4"):
-    """Run a projection PrimFunc(X [M, K], W [cols, K], bias, XW) on fresh inputs, output poisoned first, against float64."""
-    lib = tvm.compile(tvm.IRModule({"main": func}), target=target or _target("cuda"))
-    rng = np.random.default_rng(M)
-    x, w = (rng.standard_normal(s).astype(dtype) for s in ((M, K), (cols, K)))
-    b = rng.standard_normal(cols).astype("f4")
-    dev = tvm.cuda(0)
-    out = tvm.runtime.tensor(np.full((M, cols), np.nan, xw_dtype), dev)
-    lib["main"](*[tvm.runtime.tensor(v, dev) for v in (x, w, b)], out)
-    expected = x.astype("f8") @ w.astype("f8").T + b
-    got = out.numpy().astype("f8")
-    assert not np.isnan(got).any(), f"{np.isnan(got).sum()} elements never written"
-    assert np.abs(got - expected).max() / np.abs(expected).max() < tol
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode, tol", [("float16", 1e-5), ("tf32", 3e-3)])
-@pytest.mark.parametrize("M, K, cols", [(1, 32, 2), (333, 64, 2400), (1100, 800, 1022), (6400, 1024, 4096)])
-def test_projection_mma_matches_float64(M, K, cols, mode, tol):
-    """Our tensor-core projection against float64: fp16 on the same fp16 inputs (fp32 accumulation: exact to
-    rounding), TF32 on fp32 inputs (operands rounded to 10 bits); output poisoned first; partial tiles included."""
-    _check_projection(projection_mma(mode, K, cols), M, K, cols, "f2" if mode == "float16" else "f4", tol)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode, tol, config", [(m, tol, c) for m, tol in [("float16", 1e-5), ("tf32", 3e-3), ("tf32x3", 1e-5)]
-                                               for c in (StagedConfig(), StagedConfig(mt=2), StagedConfig(warps_m=4, warps_n=2, mt=2),
-                                                         StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2),  # 32 rows: guarded copies
-                                                         StagedConfig(mt=2, chunk_acc=True),
-                                                         # the cp.async ring: 64 x 64 warp tiles; guarded copies with a group
-                                                         # that does not divide the M tiles; chunk_acc
-                                                         StagedConfig(warps_m=2, warps_n=2, mt=4, nt=8, stages=4, group=8),
-                                                         StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2, stages=3, group=3),
-                                                         StagedConfig(mt=2, chunk_acc=True, stages=3, group=8))
-                                               if projection_staged_supported(m, 32, 2, c)], ids=str)  # fp32's 128 x 128 is over 48 KB
-@pytest.mark.parametrize("M, K, cols", [(1, 32, 2), (333, 64, 2400), (1100, 800, 1022), (6400, 1024, 4096)])
-def test_projection_staged_matches_float64(M, K, cols, mode, tol, config):
-    """The shared-memory-staged tensor-core projection against float64, output poisoned first, partial row and column
-    tiles and odd chunk counts (K = 800: 25 chunks) included; 3xTF32 as accurate as fp32. The cp.async ring at 1 and 2
-    chunks (K = 32, 64: all in the prologue) and at 25."""
-    _check_projection(projection_staged(mode, K, cols, config), M, K, cols, "f2" if mode == "float16" else "f4", tol)
-
-
-# WgmmaConfig's defaults; 256 columns; one warpgroup of 64 columns with a group that does not divide the M tiles; two
-# chunks per buffer (K = 800's 25 chunks: a partial last buffer) with the next buffer's wgmma's issued before the last
-# one's finish, at 128 columns and at 256 (compile's DEFAULT); one chunk per buffer with that overlap; four warpgroups
-# over 128 columns (256 x 128 blocks, partial M tiles at 333 and 1100 rows); compile's 128-column half-precision point
-WGMMA_CONFIGS = [WgmmaConfig(), WgmmaConfig(bn=256, stages=3), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3),
-                 WgmmaConfig(k_chunks=2, stages=4, overlap=1), WgmmaConfig(bn=256, stages=6, overlap=1), WGMMA_DEFAULT,
-                 WgmmaConfig(bn=128, warpgroups=4, k_chunks=2, stages=4, overlap=1), WGMMA_HALF_128]
-# the ring filled by the tensor memory accelerator: compile's DEFAULT (two chunks per buffer, K = 800's partial last
-# buffer), one chunk per buffer without overlap, and 128 x 128 with four buffers; with buffers freed by the block's
-# barrier (tma=1), by each warp's arrival on an "empty" mbarrier (tma=2), and so with a producer warp of its own (tma=3),
-# with and without overlap; the epilogue's stores four columns at a time (store_cols=4: a shuffle between lane pairs) at
-# 256 and 128 columns (compile's DEFAULT stores two, WGMMA_CONFIGS' others one)
-WGMMA_TMA_CONFIGS = [dataclasses.replace(WGMMA_DEFAULT, tma=1), WgmmaConfig(bn=256, stages=6, tma=1), WgmmaConfig(tma=1),
-                     dataclasses.replace(WGMMA_DEFAULT, tma=2), WgmmaConfig(bn=256, stages=6, tma=2),
-                     WgmmaConfig(bn=256, stages=4, overlap=1, tma=2),  # TF32's 256-column point
-                     dataclasses.replace(WGMMA_DEFAULT, tma=3, store_cols=2), WgmmaConfig(bn=256, stages=6, tma=3),
-                     WgmmaConfig(bn=256, stages=4, overlap=1, tma=3, store_cols=2), dataclasses.replace(WGMMA_DEFAULT, store_cols=4),
-                     WgmmaConfig(bn=128, stages=6, overlap=1, store_cols=4)]
-
-
-@pytest.mark.gpu
-# bfloat16 differs from float16 in the instruction's type only: compile's DEFAULT covers it; fp32's rows take twice the bytes
-@pytest.mark.parametrize("mode, config", [("float16", c) for c in WGMMA_CONFIGS + WGMMA_TMA_CONFIGS] + [("bfloat16", WGMMA_DEFAULT)]
-                         + [("tf32", c) for c in WGMMA_CONFIGS + WGMMA_TMA_CONFIGS if c.smem_bytes("tf32") <= 227 * 1024]
-                         + [("tf32x3", c) for c in (WgmmaConfig(bn=128, stages=3), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3),
-                                                    WgmmaConfig(bn=128, stages=2, overlap=1), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3, overlap=1),
-                                                    WgmmaConfig(bn=128, stages=2, store_cols=4))], ids=str)
-@pytest.mark.parametrize("M, K, cols", [(1, 32, 256), (333, 64, 2560), (1100, 800, 1024), (6400, 1024, 4096)])
-def test_projection_wgmma_matches_float64(M, K, cols, mode, config):
-    """The warpgroup (wgmma) projection against float64 on the same inputs, output poisoned first: a partial last row
-    tile, one and two chunks (all in the ring's prologue), 25 chunks (K = 800), a raster group that does not divide the M
-    tiles. Half precision exact to fp32 accumulation; TF32 (fp32 in the 128-byte swizzle, operands truncated to 10
-    mantissa bits by the tensor cores) within TF32's error; 3xTF32 (each chunk split into high and low parts, its three
-    products summed apart and added in fp32; with overlap one chunk's products run while the next is split) within
-    fp32's 1e-5. With tma the copies are bulk tensor copies (rows past M read as zeros, M = 1 and 333 among them)."""
-    import ml_dtypes
-
-    dtype = {"float16": "f2", "bfloat16": ml_dtypes.bfloat16, "tf32": "f4", "tf32x3": "f4"}[mode]
-    _check_projection(projection_wgmma(mode, K, cols, config), M, K, cols, dtype, 3e-3 if mode == "tf32" else 1e-5,
-                      tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
-
-
-# the GEMMs a half layer's XW comes from, storing it in the layer's dtype: wgmma's DEFAULT (pairs) and 128-column point,
-# its scalar and four-column stores, bf16; projection_staged's cp.async ring and its register-staged small tiles
-HALF_XW = [("float16", WGMMA_DEFAULT), ("float16", WGMMA_HALF_128), ("float16", WgmmaConfig(bn=256, stages=6, overlap=1)),
-           ("float16", dataclasses.replace(WGMMA_DEFAULT, store_cols=4)), ("bfloat16", WGMMA_DEFAULT),
-           ("float16", StagedConfig(warps_m=2, warps_n=2, mt=4, nt=8, stages=4, group=8)),
-           ("bfloat16", StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2))]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode, config", HALF_XW, ids=str)
-@pytest.mark.parametrize("M, K, cols", [(333, 64, 2560), (1100, 800, 1024)])
-def test_projection_writes_half_xw(M, K, cols, mode, config):
-    """XW in the layer's half dtype, rounded once from the fp32 sums: against float64 within that rounding (fp16 2^-11,
-    bf16 2^-8 of each value), every element written (poisoned first), partial row tiles included."""
-    import ml_dtypes
-
-    dtype = {"float16": "f2", "bfloat16": ml_dtypes.bfloat16}[mode]
-    build = projection_wgmma if isinstance(config, WgmmaConfig) else projection_staged
-    _check_projection(build(mode, K, cols, config, xw_dtype=mode), M, K, cols, dtype, 1e-3 if mode == "float16" else 8e-3,
-                      tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}), xw_dtype=dtype)
-
-
-def test_half_xw_builds_without_a_gpu():
-    """A half layer's GEMMs store XW in its dtype: wgmma's epilogue packs pairs of fp32 sums into half2 / bfloat162 (and
-    two such pairs into 8 bytes), projection_staged's rounds each pair; split K, which adds into XW, keeps fp32 XW."""
-    from schedules.projection_staged import supported
-
-    for mode, pair in (("float16", "__floats2half2_rn"), ("bfloat16", "__floats2bfloat162_rn")):
-        for cols in (2, 4):
-            src = kernel_source(projection_wgmma(mode, 800, 1024, dataclasses.replace(WGMMA_DEFAULT, store_cols=cols), xw_dtype=mode))
-            assert f"tvmrnn_store{cols}_{mode}(" in src and pair in src and "float2*>(out)" not in src, (mode, cols)
-    assert "half* __restrict__ XW" in kernel_source(projection_staged("float16", 800, 1024, xw_dtype="float16"))
-    split = StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2, split_k=2)
-    assert supported("float16", 64, 256, split) and not supported("float16", 64, 256, split, xw_dtype="float16")
-
-
-def test_projection_wgmma_builds_without_a_gpu():
-    """It compiles through NVRTC for sm_90a: wgmma m64nBNk16 (TF32: k8) from two shared-memory descriptors, a proxy fence
-    between the cp.async copies landing and the barrier, and is refused where it cannot run (exact fp32, sm_90 without
-    the a, a partial column tile, a ring larger than shared memory)."""
-    from schedules.projection_wgmma import supported
-
-    for cfg in WGMMA_CONFIGS:
-        src = kernel_source(projection_wgmma("float16", 800, 1024, cfg))
-        assert f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}k16.f32.f16.f16" in src and "fence.proxy.async.shared::cta" in src
-        assert src.count("ptx_wgmma_encode_matrix_descriptor(") >= 4
-    # TF32: k8, four wgmma's per 32-column chunk (128-byte rows), no transpose operands
-    tf32 = WgmmaConfig(bn=256, stages=3, overlap=1)
-    src = kernel_source(projection_wgmma("tf32", 800, 1024, tf32))
-    assert "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" in src and src.count("ptx_wgmma_encode_matrix_descriptor(") >= 8
-    assert supported("float16", 800, 1024, "sm_90a") and supported("tf32", 800, 1024, "sm_90a", tf32)
-    assert not supported("tf32", 800, 1024, "sm_90a", WGMMA_DEFAULT)  # 128 x 256 with two chunks per buffer: 384 KB of fp32
-    assert supported("tf32", 800, 1024, "sm_90a") and supported("tf32", 800, 3200, "sm_90a")  # TF32's own: 256, 128 columns
-    assert supported("tf32x3", 800, 3200, "sm_90a") and not supported("tf32x3", 800, 3264, "sm_90a")
-    # 3xTF32: three k8 wgmma's per 32 bytes of a row into a chunk sum started at zero, the parts split between the
-    # copies landing and the barrier (one barrier more per chunk, not one per store)
-    x3 = WgmmaConfig(bn=128, stages=3)
-    src = kernel_source(projection_wgmma("tf32x3", 800, 1024, x3))
-    assert src.count("wgmma_tf32_ss_mma_async_sync_aligned_m64n128k8_f32_tf32_tf32_1_1(") == 1 + 12  # the helper, its calls
-    assert src.count("__syncthreads()") == 2
-    assert not supported("tf32x3", 800, 1024, "sm_90a", tf32) and not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=4))
-    # with overlap: chunks in pairs, the first one's products running (into a chunk sum of its own, waited for with
-    # wait_group 1) while the second is split; 25 chunks: twelve pairs in the loop, the last chunk after it; the sums
-    # fenced in place around the waits; the ring's barrier and the parts' one, as without
-    piped = WgmmaConfig(bn=128, stages=2, overlap=1)
-    src = kernel_source(projection_wgmma("tf32x3", 800, 1024, piped))
-    assert src.count("wgmma_tf32_ss_mma_async_sync_aligned_m64n128k8_f32_tf32_tf32_1_1(") == 1 + 3 * 12
-    assert src.count("__syncthreads()") == 2 * 3 and "wgmma.wait_group.sync.aligned 1" in src and "tvmrnn_fence_operand(" in src
-    assert not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, k_chunks=2, stages=2, overlap=1))
-    assert not supported("float32", 800, 1024, "sm_90a") and not supported("float16", 800, 1024, "sm_90")
-    assert not supported("float16", 800, 1000, "sm_90a") and not supported("float16", 80, 1024, "sm_90a")
-    assert not supported("float16", 800, 1024, "sm_90a", WgmmaConfig(stages=2, overlap=1))  # no buffer left to copy into
-
-
-def test_projection_wgmma_tma_builds_without_a_gpu():
-    """With tma the ring is filled by bulk tensor copies: the kernel takes X's and W's tensor maps (encoded on the host
-    at launch) as __grid_constant__ parameters, one thread arms each buffer's mbarrier and issues two copies per chunk,
-    every thread waits on the barrier's phase, and no thread copies for itself (no cp.async, no proxy fence); with
-    tma=2 no block barrier in the loop, each warp's lane 0 arriving on the buffer's "empty" mbarrier instead; with tma=3
-    the copies in a warp of its own, its thread 0 looping over them alone; with store_cols the epilogue's; ptxas
-    keeps it unserialized and spill-free, with fewer registers than the per-thread copies take. 3xTF32 has none (its
-    threads split their own copies)."""
-    from schedules.projection_wgmma import supported
-    from schedules.ptxas import ptxas
-
-    for mode in ("float16", "tf32"):
-        for cfg in WGMMA_TMA_CONFIGS:
-            if not supported(mode, 800, 1024, "sm_90a", cfg):
-                continue
-            src = kernel_source(projection_wgmma(mode, 800, 1024, cfg, rows=1100))
-            signature = re.search(r'extern "C" __global__[^;{]*\{', src)  # the definition's, not the declaration's
-            kernel = src[signature.start():]
-            loop = kernel[kernel.index("for ("):]
-            stores = {c: f"tvmrnn_store{c}_float32(" in kernel for c in (2, 4)}
-            assert stores == {c: cfg.store_cols == c for c in (2, 4)}, cfg
-            report = ptxas(src, "sm_90a")
-            assert not report.serialized and report.spill_stores == 0, (mode, cfg, report)
-            if not cfg.tma:  # the epilogue's wider stores alone: cp.async's ring
-                assert "cp_async" in kernel and "CUtensorMap" not in src, cfg
-                continue
-            assert signature.group(0).count("const __grid_constant__ CUtensorMap") == 2, cfg
-            assert loop.count("cp_async_bulk_tensor_g2s") == 2 * cfg.k_chunks and "mbarrier_wait" in loop, cfg
-            assert ("__syncthreads" in loop) == (cfg.tma == 1) and ("mbarrier_arrive_nocount" in loop) == (cfg.tma >= 2), cfg
-            # tma=3: a warp more, whose thread 0 loops over the copies alone (none before the loop, no wgmma in it), and
-            # the epilogue is the warpgroups' only
-            assert (f"__launch_bounds__({cfg.threads})" in src) and cfg.threads == 128 * cfg.warpgroups + 32 * (cfg.tma == 3), cfg
-            if cfg.tma == 3:
-                producer = loop[:loop.index("for (", 1)]
-                assert f"threadIdx.x) == (int64_t){cfg.consumers})" in kernel[:kernel.index("for (")] and "wgmma" not in producer, cfg
-                assert kernel[:kernel.index("for (")].count("cp_async_bulk_tensor_g2s") == 0, cfg
-            assert not re.search(r"ptx_cp_async_legacy|cp_async_commit_group|fence_proxy_proxy_async", kernel), cfg
-    # with scalar stores (with compile's pair stores both take 174)
-    plain, tma = (kernel_source(projection_wgmma("float16", 2560, 10240, dataclasses.replace(WGMMA_DEFAULT, store_cols=1, tma=t), rows=12800))
-                  for t in (0, 1))
-    assert ptxas(tma, "sm_90a").registers < ptxas(plain, "sm_90a").registers
-    assert not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=2, tma=1))
-
-
-@pytest.mark.parametrize("mode, config", [("float16", WGMMA_DEFAULT), ("float16", WGMMA_HALF_128), ("tf32", None), ("tf32x3", None),
-                                         ("tf32x3", WgmmaConfig(bn=128, stages=2, overlap=1))], ids=str)
-def test_wgmma_gemms_keep_their_pipeline(mode, config):
-    """ptxas (through NVRTC, no GPU) keeps compile's wgmma GEMMs asynchronous and in registers: it does not serialize
-    their wgmma's (C7514, which it does where accumulators are read while a wgmma writing them may be in flight) and
-    spills nothing, at blog-a's shape and at a partial row tile with 25 chunks. The pipelined 3xTF32 point (not yet
-    compile's) is held to the first only: with the odd last chunk it spills 4 bytes at 255 registers."""
-    from schedules.ptxas import ptxas
-
-    for M, K, cols in ((12800, 2560, 10240), (1100, 800, 1024)):
-        src = kernel_source(projection_wgmma(mode, K, cols, config, rows=M, xw_dtype=mode if mode == "float16" else "float32"))  # compile's
-        report = ptxas(src, "sm_90a")
-        assert not report.serialized and (config is not None and config.overlap and mode == "tf32x3" or report.spill_stores == 0), (M, K, cols, report)
-
-
-def _cuda_sources(module) -> str:
-    """The CUDA source of a compiled model (the VM executable imports the host module, which imports the device one)."""
-    found, todo = [], list(module.executable.mod.imports)
-    while todo:
-        m = todo.pop()
-        found += [m.inspect_source()] if m.kind == "cuda" else []
-        todo += list(m.imports)
-    return "".join(found)
-
-
-# (model dtype, compile's precision, hidden size: 4x the gates' columns) -> the wgmma GEMM's mode and its block, the
-# instruction in its CUDA source
-WGMMA_MODELS = {("float16", "exact", 64): ("float16", "128x256", "m64n256k16.f32.f16.f16"),
-                ("float16", "exact", 32): ("float16", "128x128", "m64n128k16.f32.f16.f16"),  # 256 columns do not divide 128
-                ("float32", "exact", 64): ("tf32x3", "128x128", "m64n128k8.f32.tf32.tf32"),
-                ("float32", "tf32", 64): ("tf32", "128x256", "m64n256k8.f32.tf32.tf32"),
-                ("float32", "tf32", 32): ("tf32", "128x128", "m64n128k8.f32.tf32.tf32")}
-
-
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_90"])
-@pytest.mark.parametrize("dtype, precision, hidden", list(WGMMA_MODELS), ids=str)
-def test_models_project_with_wgmma_on_sm90a(dtype, precision, hidden, arch):
-    """A layer whose gates fill the mode's column tiles projects with the warpgroup GEMM on sm_90a (the H100 tag's
-    arch): half precision in its dtype, fp32 exact as 3xTF32 and with precision="tf32" as TF32, each on its widest
-    tile that divides the gates; on sm_90, which has no wgmma, with projection_staged in the same mode."""
-    mode, block, instruction = WGMMA_MODELS[dtype, precision, hidden]
-    case = Case(op="LSTM", hidden=hidden, input_size=32, dtype=dtype)
-    module = tvmrnn.compile(case.model(), target={"kind": "cuda", "arch": arch}, logs=False, precision=precision)
-    src = _cuda_sources(module)
-    assert (f"wgmma.mma_async.sync.aligned.{instruction}" in src) == (arch == "sm_90a")
-    xw = "" if dtype == "float32" else f", XW in {dtype}"  # a half layer's GEMM writes XW in its dtype
-    assert module.metadata["layers"][0]["projection"] == (f"wgmma {mode} {block} (staged mma.sync up to 512 rows){xw}"
-                                                          if arch == "sm_90a" else f"staged mma.sync {mode}{xw}")
-    assert "mma.sync.aligned.m16n8k" in src  # the recurrent kernels, and the small-row branch of either projection
-
-
-@pytest.mark.parametrize("arch, projection", [("sm_80", "TVM matmul"), ("sm_90a", "staged mma.sync float16")])
-def test_half_layers_read_xw_in_their_dtype(arch, projection):
-    """A half layer's recurrent kernel takes XW in its dtype, whichever GEMM makes it: one of ours stores it so (24 input
-    columns are not whole 32-column chunks on sm_80, so TVM's matmul runs there, its fp32 result cast)."""
-    case = Case(op="GRU", hidden=48, input_size=24 if arch == "sm_80" else 32, dtype="float16")
-    module = tvmrnn.compile(case.model(), target={"kind": "cuda", "arch": arch}, logs=False)
-    assert module.metadata["layers"][0]["projection"].startswith(projection)
-    assert module.metadata["layers"][0]["projection"].endswith(", XW in float16")
-    src = _cuda_sources(module)
-    assert "half* __restrict__ XW_ptr" in src and "float* __restrict__ XW_ptr" not in src
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype, precision", [("float16", "exact"), ("bfloat16", "exact"), ("float32", "exact"), ("float32", "tf32")], ids=str)
-@pytest.mark.parametrize("T, N", [(300, 2), (5, 1)])  # 600 rows: the wgmma branch; 5: projection_staged's small tiles
-@pytest.mark.parametrize("hidden", [64, 32])  # 256 and 128 gate columns: each mode's 256- and 128-column tiles
-def test_model_with_wgmma_projection_matches_float64(dtype, precision, T, N, hidden):
-    """A whole model with the wgmma projection, against the float64 reference on the same weights and inputs: half
-    precision within 1e-2 (bfloat16 rounds them again: 2^-8, within 3e-2), exact fp32 (3xTF32) within 1e-5 of the
-    largest value, TF32 within 1e-2."""
-    # ONNX has no bfloat16 LSTM: an fp32 model, converted (compile's dtype; it leaves an fp16 model fp16), against the
-    # reference on its fp32 values
-    case = Case(op="LSTM", hidden=hidden, input_size=32, dtype="float16" if dtype == "float16" else "float32", optional=("initial_h", "initial_c"))
-    module = tvmrnn.compile(case.model(), target="cuda", logs=False, dtype=dtype, precision=precision)
-    src = _cuda_sources(module)
-    assert "wgmma.mma_async" in src  # "cuda" on the H100: its own arch, sm_90a
-    assert re.search(rf"tvmrnn_store[24]_{dtype}\(", src)  # XW in the layer's dtype (half layers' too)
-    feeds = case.feeds(np.random.default_rng(T), T, N)
-    ref = case.reference(feeds)
-    for name, value in module.run(feeds).items():
-        value, want = np.asarray(value, "f8"), np.asarray(ref[name], "f8")
-        if dtype == "float32" and precision == "exact":
-            assert np.abs(value - want).max() / np.abs(want).max() < 1e-5, name
-        else:
-            tol = 3e-2 if dtype == "bfloat16" else 1e-2
-            np.testing.assert_allclose(value, want, rtol=tol, atol=tol, err_msg=name)
-
-
-SMALL_TILES = StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode, tol", [("float16", 1e-5), ("tf32", 3e-3), ("tf32x3", 1e-5)])
-@pytest.mark.parametrize("M, K, cols, config", [
-    (100, 1024, 4096, None), (512, 512, 2048, None), (513, 1024, 2048, None), (1, 64, 2, None),  # picked by M at run time
-    (100, 1024, 4096, dataclasses.replace(SMALL_TILES, split_k=4)), (37, 256, 1022, dataclasses.replace(SMALL_TILES, split_k=2)),
-], ids=str)
-def test_projection_staged_tiles_by_rows_and_split_k(M, K, cols, config, mode, tol):
-    """Without a fixed row count the kernel dispatches on M: the small tiles up to SMALL_M rows, the large ones above
-    (both sides of the boundary). split_k: K split 4 and 2 ways, partial sums added into the bias with atomicAdd."""
-    if config is not None and mode == "tf32x3":
-        config = dataclasses.replace(config, chunk_acc=True)
-    _check_projection(projection_staged(mode, K, cols, config), M, K, cols, "f2" if mode == "float16" else "f4", tol)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rows", [100, 12800])
-def test_projection_staged_exact_fp32_over_a_long_reduction(rows):
-    """3xTF32's default (chunk_acc) stays within fp32's 1e-5 at blog-a's K = 2560, where one accumulator across all 80
-    chunks measured 1.35e-5 on the H100 (the tensor cores' accumulation does not round to nearest)."""
-    _check_projection(projection_staged("tf32x3", 2560, 1024, rows=rows), rows, 2560, 1024, "f4", 1e-5)
-
-
-@pytest.mark.parametrize("mode, shape", [("float16", "m16n8k16"), ("bfloat16", "m16n8k16"), ("tf32", "m16n8k8"), ("tf32x3", "m16n8k8")])
-def test_projection_staged_builds_without_a_gpu(mode, shape):
-    """It compiles through NVRTC with one barrier per 32-column chunk, and 3xTF32 issues three TF32 mma's per tile. The
-    default at many rows, the cp.async ring: 16-byte async copies, waits that leave stages - 2 chunks in flight, no
-    barrier but the loop's. The register-staged double buffer: no extra barrier between a chunk's reads of one shared
-    buffer and its stores into the other."""
-    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    build = lambda m, **kw: tvm.compile(tvm.IRModule({"main": projection_staged(m, 800, 3200, **kw)}), target=target).mod.imports[0].inspect_source()  # noqa: E731
-    ring = build(mode, rows=6400)
-    assert f"mma.sync.aligned.{shape}" in ring
-    assert "cp.async.cg.shared.global" in ring and "cp.async.wait_group 2;" in ring
-    assert ring.count("__syncthreads()") == 1
-    if mode == "tf32x3":
-        assert ring.count("mma.sync") == 3 * build("tf32", rows=6400).count("mma.sync")
-    # 25 chunks: one barrier after the first copy, two in the loop (two chunks per iteration), one for the odd last chunk
-    assert build(mode, cfg=StagedConfig(mt=2)).count("__syncthreads()") == 4
-
-
-def test_projection_staged_picks_tiles_by_rows_and_can_split_k():
-    """A dynamic row count builds both tile shapes behind a dispatch on M; split_k builds a bias fill and atomicAdd's of
-    the partial sums (no default splits: measured no faster in whole models)."""
-    from schedules.projection_staged import SMALL_M, default_config
-
-    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    assert default_config("tf32x3", 100).block == (32, 128) and default_config("tf32x3", 100).stages == 0
-    assert default_config("tf32x3", 6400).block == (128, 64) and default_config("float16", 6400).block == (128, 128)
-    assert default_config("tf32x3", 6400).stages == default_config("float16", 6400).stages == 4
-    func = projection_staged("tf32x3", 1024, 4096)
-    assert f"    if M <= T.int64({SMALL_M}):" in func.script()
-    src = lambda cfg: tvm.compile(tvm.IRModule({"main": projection_staged("tf32x3", 1024, 4096, cfg)}),  # noqa: E731
-                                  target=target).mod.imports[0].inspect_source()
-    split = src(StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2, split_k=4))
-    assert "blockIdx.z" in split and "atomicAdd" in split
-    whole = src(StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2))
-    assert "blockIdx.z" not in whole and "atomicAdd" not in whole
-
-
-@pytest.mark.parametrize("mode, shape", [("float16", "m16n8k16"), ("bfloat16", "m16n8k16"), ("tf32", "m16n8k8")])
-def test_projection_mma_builds_without_a_gpu(mode, shape):
-    """The tensor-core projection compiles through NVRTC (the CI machine has no GPU)."""
-    lib = tvm.compile(tvm.IRModule({"main": projection_mma(mode, 64, 48)}), target=tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
-    assert f"mma.sync.aligned.{shape}" in lib.mod.imports[0].inspect_source()
 
 
 def test_tf32_is_opt_in():
@@ -721,7 +319,7 @@ def test_persistent_prefetch_loads_xw_before_the_warp_sums(case):
 def test_persistent_prefetch_is_correct(case, dtype, knobs):
     """prefetch against float64 on poisoned outputs, at batches that leave tiles partly empty (6, 37 rows in tiles of
     1, 2, 4) and with reversed, shortened sequences (the clamped loads of padded steps must never be used)."""
-    target = _target("cuda")
+    target = target_of("cuda")
     spec = dataclasses.replace(find_rnn_layers(case.model())[0].spec, dtype=dtype)
     cell = cell_for(spec)
     point = KernelConfig.of("persistent", **{**dict(default_config("persistent", spec, cell, target).knobs), **knobs})
@@ -776,7 +374,7 @@ def test_persistent_mma_knobs_are_correct(case, dtype, knobs):
     chunk_acc and streamed: by no default). streamed=1 reads the last chunk of R from L2 (GRU h33: the partial one; LSTM h24: its
     only one), 9 all of them."""
     _, spec, (_, point) = _with_knobs(case, dtype, **knobs)
-    _check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec, point_kernel(spec, cell_for(spec), _target("cuda"), point),
+    _check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec, point_kernel(spec, cell_for(spec), target_of("cuda"), point),
                   "rows", batches=(6, 37), note=point.describe())
 
 
@@ -872,7 +470,7 @@ def test_streamed_ring_is_correct(case, dtype, knobs):
     """Streamed chunks through the cp.async ring against float64 on poisoned outputs, at a batch under one pass of batch
     tiles and one over it (the ring refilled for every pass, phase and step)."""
     _, spec, (_, point) = _with_knobs(case, dtype, **knobs)
-    _check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec, point_kernel(spec, cell_for(spec), _target("cuda"), point),
+    _check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec, point_kernel(spec, cell_for(spec), target_of("cuda"), point),
                   "rows", batches=(6, 37), note=point.describe())
 
 
@@ -948,7 +546,7 @@ def test_half_operand_reads_a_half_copy_of_b(op, kind):
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
 def test_half_operand_gives_the_same_bits(case, kind):
     """B from the half copy or rounded from the fp32 state: both correct against float64, and bit-identical."""
-    target = _target("cuda")
+    target = target_of("cuda")
     spec = dataclasses.replace(find_rnn_layers(case.model())[0].spec, dtype="float16")
     case = dataclasses.replace(case, dtype="float16")
     base = default_config(kind, spec, cell_for(spec), target, 16)
