@@ -10,12 +10,11 @@ kernel takes this CPU's tile (projection_cpu.tile for the target's mcpu).
 
 import subprocess
 import sys
-import time
 import types
 
 import numpy as np
-import tvm
 
+from cpu_gemm import packed, turns
 from schedules.projection_cpu import panel_width, projection_cpu
 from tvmrnn.build import resolve_target
 from tvmrnn.runtime import use_every_core
@@ -32,11 +31,7 @@ def earlier_kernel():
 
 
 def weights(w, panel_width):
-    n, k = w.shape
-    if panel_width is None:
-        return np.ascontiguousarray(w.T)
-    nr = panel_width(n)
-    return np.ascontiguousarray(w.reshape(n // nr, nr, k).transpose(0, 2, 1))
+    return np.ascontiguousarray(w.T) if panel_width is None else packed(w, panel_width(w.shape[0]))
 
 
 use_every_core()  # TVM's thread pool as tvmrnn runs it (importing tvmrnn.runtime already did)
@@ -46,18 +41,7 @@ old_kernel, old_panels = earlier_kernel()
 rng = np.random.default_rng(0)
 for M, K, N in SHAPES:
     x, w, b = rng.standard_normal((M, K)).astype("f4"), rng.standard_normal((N, K)).astype("f4"), rng.standard_normal(N).astype("f4")
-    ref = x.astype("f8") @ w.T.astype("f8") + b
-    runs = {}
-    for name, kernel, panels in ((f"{REV}", old_kernel, old_panels), ("this checkout", lambda K, N: projection_cpu(K, N, MCPU), lambda n: panel_width(n, MCPU))):
-        lib = tvm.compile(tvm.IRModule({"main": kernel(K, N)}), target=target)
-        args = [tvm.runtime.tensor(v) for v in (x, weights(w, panels), b, np.full((M, N), np.nan, "f4"))]
-        lib["main"](*args)
-        assert np.abs(args[3].numpy() - ref).max() / np.abs(ref).max() < 1e-5, name
-        runs[name] = (lib["main"], args, [])
-    for _ in range(7):
-        for fn, args, times in runs.values():
-            t = time.perf_counter()
-            fn(*args)
-            times.append(time.perf_counter() - t)
+    times = turns({REV: (old_kernel(K, N), weights(w, old_panels)),
+                   "this checkout": (projection_cpu(K, N, MCPU), weights(w, lambda n: panel_width(n, MCPU)))}, x, w, b, target)
     print(f"M={M} K={K} N={N}: " + ", ".join(f"{name} {min(t) * 1e3:.2f} ms ({2 * M * K * N / min(t) / 1e9:.0f} GFLOP/s)"
-                                          for name, (_, _, t) in runs.items()), flush=True)
+                                          for name, t in times.items()), flush=True)

@@ -7,11 +7,10 @@ then all run in turns, 7 rounds; min and median per tile. What projection_cpu.ti
 """
 
 import sys
-import time
 
 import numpy as np
-import tvm
 
+from cpu_gemm import packed, turns
 from schedules.projection_cpu import projection_cpu
 from tvmrnn.build import resolve_target
 from tvmrnn.runtime import use_every_core
@@ -21,20 +20,7 @@ target = resolve_target("llvm")
 M, K, N = (int(v) for v in sys.argv[1].split(","))
 rng = np.random.default_rng(0)
 x, w, b = rng.standard_normal((M, K)).astype("f4"), rng.standard_normal((N, K)).astype("f4"), rng.standard_normal(N).astype("f4")
-ref = x.astype("f8") @ w.T.astype("f8") + b
-runs = {}
-for name in sys.argv[2:]:
-    mr, nr = (int(v) for v in name.split("x"))
-    lib = tvm.compile(tvm.IRModule({"main": projection_cpu(K, N, tile_shape=(mr, nr))}), target=target)
-    panels = np.ascontiguousarray(w.reshape(N // nr, nr, K).transpose(0, 2, 1))
-    args = [tvm.runtime.tensor(v) for v in (x, panels, b, np.full((M, N), np.nan, "f4"))]
-    lib["main"](*args)
-    assert np.abs(args[3].numpy() - ref).max() / np.abs(ref).max() < 1e-5, name
-    runs[name] = (lib["main"], args, [])
-for _ in range(7):
-    for fn, args, times in runs.values():
-        t = time.perf_counter()
-        fn(*args)
-        times.append(time.perf_counter() - t)
-for name, (_, _, t) in runs.items():
+shapes = {name: tuple(int(v) for v in name.split("x")) for name in sys.argv[2:]}
+times = turns({name: (projection_cpu(K, N, tile_shape=(mr, nr)), packed(w, nr)) for name, (mr, nr) in shapes.items()}, x, w, b, target)
+for name, t in times.items():
     print(f"{name} min {min(t) * 1e3:.1f} ms median {np.median(t) * 1e3:.1f} ms  {2 * M * K * N / min(t) / 1e9:.0f} GFLOP/s")

@@ -403,10 +403,10 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
 # c..c + 3 of the first group and the odd one c + 6..c + 9 (8 + c - 2..) of the second, each 16-byte aligned (8 in half
 # precision). The shuffle comes before the row's guard, which both lanes of a pair share (the same row). Per XW dtype:
 # the vector a pair of columns packs into, how it packs two fp32 sums, and the 4-column store of two such pairs
+_HALF_QUAD = ("uint2", "make_uint2(*reinterpret_cast<unsigned*>(&p), *reinterpret_cast<unsigned*>(&q))")  # two 4-byte pairs
 _PACK = {"float32": ("float", "float2", "make_float2", "float4", "make_float4(p.x, p.y, q.x, q.y)"),
-         "float16": ("half", "__half2", "__floats2half2_rn", "uint2", "make_uint2(*reinterpret_cast<unsigned*>(&p), *reinterpret_cast<unsigned*>(&q))"),
-         "bfloat16": ("nv_bfloat16", "__nv_bfloat162", "__floats2bfloat162_rn", "uint2",
-                      "make_uint2(*reinterpret_cast<unsigned*>(&p), *reinterpret_cast<unsigned*>(&q))")}
+         "float16": ("half", "__half2", "__floats2half2_rn", *_HALF_QUAD),
+         "bfloat16": ("nv_bfloat16", "__nv_bfloat162", "__floats2bfloat162_rn", *_HALF_QUAD)}
 
 
 def store_call(cols: int, xw_dtype: str) -> tuple[str, str]:
@@ -429,6 +429,7 @@ def _epilogue(cfg, cols, bias, XW, M, mb, nb, wg, t, acc):
     XW's rows hold a multiple of 8 columns: whole 8- and 16-byte pieces)."""
     w, lane = t // i64(32), t % i64(32)
     step = max(2, 2 * cfg.store_cols)  # accumulators per store call: 4 columns take two 8-column groups' pairs
+    name, source = store_call(cfg.store_cols, str(XW.dtype)) if cfg.store_cols > 1 else (None, None)
     for i0 in range(0, cfg.bn // 2, step):
         for i in range(i0, i0 + min(step, 4), 2):  # the two rows' column pairs (i % 4: 0 row r, 2 row r + 8)
             m = mb + wg * i64(64) + w * i64(16) + lane // i64(4) + i64(8 * (i % 4 >= 2))
@@ -440,6 +441,5 @@ def _epilogue(cfg, cols, bias, XW, M, mb, nb, wg, t, acc):
                             T.buffer_store(XW, (acc[i + v] + bias[n + i64(v)]).astype(XW.dtype), [m, n + i64(v)])
                 continue
             values = [acc[i + v] for v in ((0, 1) if cfg.store_cols == 2 else (0, 1, 4, 5))]
-            name, source = store_call(cfg.store_cols, str(XW.dtype))
             T.evaluate(T.cuda.func_call(name, m < M, XW.access_ptr("w", offset=tirx.min(m, M - i64(1)) * i64(cols) + n),
                                         bias.access_ptr("r", offset=n), *values, source_code=source))

@@ -80,15 +80,12 @@ def _projection(bb, X, w, bias, cols, In, target, mode, xw_dtype="float32"):
     of_rows = "" if rows is None else f"_m{rows}"  # a fixed row count picks its own tiles: a function of its own
     # both tensor-core GEMMs take the same modes (on sm_90a, which has tensor cores, staged is the half dtype or fp32's
     # TF32 / 3xTF32)
-    out = "float32"  # what the chosen GEMM writes
     if cuda and (rows is None or rows > projection_staged.SMALL_M) and projection_wgmma.supported(staged, In, cols, arch):
-        out = xw_dtype
-        func, weight, name = projection_wgmma.projection_wgmma(staged, In, cols, rows=rows, xw_dtype=out), w_as_x(), f"projection_wgmma_{staged}{of_rows}"
+        func, weight, name = projection_wgmma.projection_wgmma(staged, In, cols, rows=rows, xw_dtype=xw_dtype), w_as_x(), f"projection_wgmma_{staged}{of_rows}"
         bm, bn = projection_wgmma.default_config(staged, cols).block
         label = f"wgmma {staged} {bm}x{bn}" + (f" (staged mma.sync up to {projection_staged.SMALL_M} rows)" if rows is None else "")
     elif cuda and projection_staged.supported(staged, In, cols, rows=rows, xw_dtype=xw_dtype):
-        out = xw_dtype
-        func, weight, name = projection_staged.projection_staged(staged, In, cols, rows=rows, xw_dtype=out), w_as_x(), f"projection_staged_{staged}{of_rows}"
+        func, weight, name = projection_staged.projection_staged(staged, In, cols, rows=rows, xw_dtype=xw_dtype), w_as_x(), f"projection_staged_{staged}{of_rows}"
         label = f"staged mma.sync {staged}"
     elif cuda and projection_mma.supported(mode, In, cols):
         func, weight, name = projection_mma.projection_mma(mode, In, cols), w_as_x(), f"projection_{mode}"
@@ -99,8 +96,7 @@ def _projection(bb, X, w, bias, cols, In, target, mode, xw_dtype="float32"):
         label = "SIMT fp32"
     elif cuda:
         xw = bb.emit(op.matmul(X, op.permute_dims(w), out_dtype="float32"))  # fp32 results whatever the inputs
-        xw = bb.emit(op.add(xw, bias)) if bias is not None else xw
-        return (xw, "TVM matmul") if xw_dtype == "float32" else (bb.emit(op.astype(xw, xw_dtype)), f"TVM matmul, XW in {xw_dtype}")
+        return _as_xw(bb, bb.emit(op.add(xw, bias)) if bias is not None else xw, "TVM matmul", xw_dtype)
     else:
         from schedules.projection_cpu import projection_cpu, tile
 
@@ -111,12 +107,19 @@ def _projection(bb, X, w, bias, cols, In, target, mode, xw_dtype="float32"):
         label = f"CPU register-blocked {mr}x{nr}"
     if bias is None:
         bias = relax.const(np.zeros(cols, "float32"))
+    out = str(func.params[-1].dtype)  # XW as the chosen GEMM writes it
     name = f"{name}_{In}x{cols}" + ("" if out == "float32" else f"_{out}")  # same shape, same function: add_func shares it between layers
     gv = bb.add_func(func.with_attr("global_symbol", name), name)
     flat = bb.emit(relax.call_tir(gv, [bb.emit(op.reshape(X, [m, In])), weight, bias], relax.TensorType([m, cols], out)))
-    if out != xw_dtype:
-        flat = bb.emit(op.astype(flat, xw_dtype))
-    return bb.emit(op.reshape(flat, [shape[0], shape[1], cols])), label + ("" if xw_dtype == "float32" else f", XW in {xw_dtype}")
+    return _as_xw(bb, bb.emit(op.reshape(flat, [shape[0], shape[1], cols])), label, xw_dtype)
+
+
+def _as_xw(bb, xw, label: str, xw_dtype: str):
+    """XW in the dtype the recurrent kernel reads (cast where its GEMM wrote fp32), and the GEMM's label naming a dtype
+    other than fp32."""
+    if str(bb.normalize(xw).ty.dtype) != xw_dtype:
+        xw = bb.emit(op.astype(xw, xw_dtype))
+    return xw, label + ("" if xw_dtype == "float32" else f", XW in {xw_dtype}")
 
 
 def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, target, kernel_choice="auto", tuned=None):
