@@ -24,7 +24,7 @@ import tvm
 from schedules.projection_cuda import projection_cuda
 from schedules.projection_mma import projection_mma
 from schedules.projection_staged import StagedConfig, projection_staged, supported
-from schedules.projection_wgmma import projection_wgmma
+from schedules.projection_wgmma import projection_wgmma, weights_for
 from schedules.projection_wgmma import supported as wgmma_supported
 from wgmma_points import WGMMA, WGMMA_TF32, WGMMA_TF32X3
 
@@ -79,7 +79,7 @@ def ours(func, x, w, b, expected, tol, on=None):
     lib = tvm.tirx.build(tvm.IRModule({"main": func}), target=on or target)
     out = str(func.params[-1].dtype)
     tol = tol if out == "float32" else max(tol, 1e-3)
-    args = [tvm.runtime.tensor(v, dev) for v in (x, w, b)] + [tvm.runtime.tensor(np.full(expected.shape, np.nan, out), dev)]
+    args = [tvm.runtime.tensor(v, dev) for v in (x, weights_for(func, w), b)] + [tvm.runtime.tensor(np.full(expected.shape, np.nan, out), dev)]
     lib["main"](*args)
     got = args[-1].numpy().astype("f8")
     err = float(np.abs(got - expected).max() / np.abs(expected).max())

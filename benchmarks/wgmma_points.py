@@ -8,9 +8,10 @@ def named(mode: str, configs) -> dict[str, WgmmaConfig]:
     """Each point by its name in the benchmark's table: mode, block, ring stages (and chunks per buffer in half
     precision), overlap, tma, columns per store."""
     def name(c):
-        k = f" k{c.k_chunks * 32}" if mode == "float16" else ""
+        k = f" k{c.k_chunks * 32}" if mode == "float16" or c.k_chunks > 1 else ""
         return (f"wgmma{'' if mode == 'float16' else ' ' + mode} {c.warpgroups * 64}x{c.bn} s{c.stages}{k}"
-                f"{' overlap' if c.overlap else ''}{f' tma{c.tma}' if c.tma else ''}{f' st{c.store_cols}' if c.store_cols > 1 else ''}")
+                f"{' overlap' if c.overlap else ''}{f' tma{c.tma}' if c.tma else ''}{f' st{c.store_cols}' if c.store_cols > 1 else ''}"
+                f"{' regs' if c.lo_w else ''}")
     return {name(c): c for c in configs}
 
 
@@ -48,4 +49,9 @@ WGMMA_TF32 = named("tf32", (WgmmaConfig(bn=256, stages=3, overlap=1), WgmmaConfi
 # exact fp32 as 3xTF32 on wgmma (high and low parts split in shared memory, each chunk summed apart); compile builds TF32X3
 # (overlap: one chunk's products run while the next chunk is split, two chunk sums by parity)
 WGMMA_TF32X3 = named("tf32x3", (WgmmaConfig(bn=128, stages=2), WgmmaConfig(bn=128, stages=2, store_cols=2), WgmmaConfig(bn=128, stages=2, store_cols=4), WgmmaConfig(bn=128, stages=2, overlap=1), WgmmaConfig(bn=128, stages=3, overlap=1),
-                          WgmmaConfig(bn=64, warpgroups=1, stages=2, overlap=1), WgmmaConfig(bn=128, warpgroups=1, stages=4, overlap=1)))
+                          WgmmaConfig(bn=64, warpgroups=1, stages=2, overlap=1), WgmmaConfig(bn=128, warpgroups=1, stages=4, overlap=1),
+                          # X split in registers (the rs form), W's low parts copied beside W (lo_w): no parts buffers, so
+                          # more of the ring fits (48 KB a buffer at 128 x 128)
+                          WgmmaConfig(bn=128, stages=2, store_cols=2, lo_w=1), WgmmaConfig(bn=128, stages=3, store_cols=2, lo_w=1),
+                          WgmmaConfig(bn=128, stages=4, store_cols=2, lo_w=1), WgmmaConfig(bn=128, k_chunks=2, stages=2, store_cols=2, lo_w=1),
+                          WgmmaConfig(bn=64, warpgroups=1, stages=4, store_cols=2, lo_w=1), WgmmaConfig(bn=64, k_chunks=2, stages=3, store_cols=2, lo_w=1)))

@@ -1,8 +1,11 @@
 """The input projection on Hopper's warpgroup tensor cores (wgmma): XW = X @ W^T + bias, fp16/bf16 (or fp32 as TF32) in,
 fp32 out (a half-precision layer's XW in its dtype). compile uses it on sm_90a for half-precision layers and for fp32 ones (tvmrnn.lowering): with
 precision="tf32" in the TF32 mode (fp32 rows of 128 bytes in the 128-byte swizzle, k8 wgmma's), by default in the
-3xTF32 mode (exact fp32: as each chunk lands, the threads split their own copies into TF32 high and low parts in a
-second pair of buffers; hi*hi + hi*lo + lo*hi per k8, each chunk summed apart and added in fp32).
+3xTF32 mode (exact fp32: hi*hi + hi*lo + lo*hi per k8 of each operand's TF32 high and low parts, each ring item's
+products summed apart and added in fp32). compile's 3xTF32 point (lo_w) takes W with its low parts precomputed
+(low_parts, folded at compile time), copied into the ring beside W's rows, and each warpgroup splits its own rows of X
+in registers, from which its wgmma's read A (the rs form); the other points split both operands in shared memory, the
+threads each their own copies, into a second pair of buffers.
 
 projection_staged feeds mma.sync from shared memory, one warp's fragments at a time: on the H100 blog-a's
 GEMM (12800 x 2560 x 10240, fp16) ran 1.96 ms there, 343 TFLOP/s, against cuBLAS's 0.93 (which uses
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvm import tirx
+from tvm import te, tirx
 from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC, cp_async_ring, itemsize, tma_ring, to_tf32
@@ -85,6 +88,12 @@ class WgmmaConfig:
     # lane pairs: half the instructions again). On the H100 2 took blog-a's GEMM from 1.44 to 1.22 ms, b64-h1024's
     # from 0.180 to 0.120 (benchmarks/results/2026-11-25-h100-wgmma-producer-and-stores.md)
     store_cols: int = 1
+    # tf32x3 only. 1: W comes with its TF32 low parts precomputed (W [2 * cols, K]: W's rows, then low_parts' remainders,
+    # which compile folds into a constant), the ring copies them beside W's rows, and each warpgroup splits its own
+    # rows of X in registers (wgmma's A from registers, the rs form): no parts buffers, no split pass through shared
+    # memory, no second barrier per chunk. Per chunk the block reads and writes about 160 KB of shared memory where
+    # the split in shared memory moves about 270 KB, more than its wgmma's need to run
+    lo_w: int = 0
 
     @property
     def block(self) -> tuple[int, int]:
@@ -104,10 +113,17 @@ class WgmmaConfig:
         """The ring's mbarriers (tma): a "full" one per buffer, and (tma 2, 3) an "empty" one."""
         return self.stages * min(self.tma, 2)
 
+    @property
+    def w_blocks(self) -> int:
+        """The blocks of BN rows the ring holds from W per chunk: W's, and with lo_w its low parts'."""
+        return 1 + self.lo_w
+
     def smem_bytes(self, mode: str = "float16") -> int:
-        """The ring; in tf32x3 also two buffers of each chunk's high and low parts; with tma the ring's mbarriers."""
-        return ((self.stages + (4 if mode == "tf32x3" else 0)) * self.k_chunks * sum(self.block) * row_bytes(mode)
-                + 8 * self.barriers)
+        """The ring; in tf32x3 split in shared memory also two buffers of each chunk's high and low parts; with tma the
+        ring's mbarriers."""
+        parts = 4 if mode == "tf32x3" and not self.lo_w else 0
+        bm, bn = self.block
+        return (self.stages + parts) * self.k_chunks * (bm + self.w_blocks * bn) * row_bytes(mode) + 8 * self.barriers
 
 
 # the best point on the H100 (benchmarks/results/2026-11-25-h100-projection-wgmma.md): 128 x 256 blocks, two chunks per
@@ -128,7 +144,12 @@ HALF_128 = WgmmaConfig(bn=128, stages=4, overlap=1, store_cols=4)
 # against 0.804, ds2 0.437 against 0.448. Each storing two columns at a time (same file): TF32 blog-a 2.10 -> 1.90 ms
 # (128 columns 2.71 -> 2.44), 3xTF32 blog-a 8.07 -> 7.83, ds2-5l-bi's 6000 x 1600 x 6400 1.56 -> 1.47
 TF32 = {256: WgmmaConfig(bn=256, stages=4, overlap=1, store_cols=2), 128: WgmmaConfig(bn=128, stages=6, overlap=1, store_cols=2)}
-TF32X3 = WgmmaConfig(bn=128, stages=2, store_cols=2)
+# 3xTF32 with X split in registers and W's low parts beside W (lo_w), two 32-column chunks per buffer summed together,
+# two buffers: blog-a 6.53 ms against the split in shared memory's 7.78, b64-h1024 0.566 against 0.701, ds2 0.323
+# against 0.391, ds2-5l-bi's 1.20 against 1.48; one chunk per buffer 6.9-7.0 (2, 3, 4 buffers); whole exact-fp32 models:
+# blog-a 19.4 against 21.0, b64-h1024-l2 3.77 against 4.01, ds2-lstm 2.15 against 2.22
+# (benchmarks/results/2026-11-26-h100-split-regs.md)
+TF32X3 = WgmmaConfig(bn=128, k_chunks=2, stages=2, store_cols=2, lo_w=1)
 
 
 def default_config(mode: str, cols: int) -> WgmmaConfig:
@@ -150,7 +171,37 @@ def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig | None =
     return (mode in MODES and arch == "sm_90a" and K % KC == 0 and cols % cfg.bn == 0 and cfg.bn % (32 * cfg.warpgroups) == 0
             and cfg.bn <= 256 and cfg.smem_bytes(mode) <= 227 * 1024 and cfg.store_cols in (1, 2, 4) and cfg.stages - (0 if mode == "tf32x3" else cfg.overlap) >= 2
             # chunk sums: twice the registers (with overlap, three times: one chunk per buffer)
-            and not (mode == "tf32x3" and (cfg.bn > 128 or (cfg.overlap and cfg.k_chunks > 1) or cfg.tma)))
+            and not (mode == "tf32x3" and (cfg.bn > 128 or (cfg.overlap and cfg.k_chunks > 1) or cfg.tma))
+            # W's low parts beside it: X split in registers, one chunk's products summed before the next chunk's
+            and not (cfg.lo_w and (mode != "tf32x3" or cfg.overlap)))
+
+
+def low_parts(rows: int, K: int) -> tirx.PrimFunc:
+    """PrimFunc(W [rows, K] fp32, W2 [2 * rows, K]): W's rows, then each element's remainder past the TF32 the tensor
+    cores read of it (its top 19 bits), rounded to TF32: W as a lo_w GEMM takes it. compile emits it on the layer's
+    W; where W is a constant (an initializer) FoldConstant evaluates it at compile time."""
+    W = te.placeholder((rows, K), "float32", name="W")
+
+    def at(i, k):
+        x = W[tirx.indexmod(i, rows), k]
+        read = tirx.reinterpret("float32", tirx.reinterpret("uint32", x) & tirx.const(0xFFFFE000, "uint32"))
+        return tirx.Select(i < rows, x, to_tf32(x - read))
+
+    return te.create_prim_func([W, te.compute((2 * rows, K), at, name="W2")])
+
+
+def weights_for(func: tirx.PrimFunc, w):
+    """W (numpy [cols, K]) as a projection PrimFunc takes it, for callers that run the GEMM alone (tests, benchmarks):
+    as it is, or where the GEMM reads W's low parts beside it, W2 by low_parts, run on the CPU."""
+    import numpy as np
+    import tvm
+
+    if int(func.params[1].shape[0]) == w.shape[0]:
+        return w
+    lib = tvm.compile(tvm.IRModule({"main": low_parts(*w.shape)}), target="llvm")
+    out = tvm.runtime.tensor(np.empty((2 * w.shape[0], w.shape[1]), "float32"))
+    lib["main"](tvm.runtime.tensor(np.ascontiguousarray(w, "float32")), out)
+    return out.numpy()
 
 
 def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = None, rows: int | None = None,
@@ -186,7 +237,7 @@ def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = Non
         with T.thread_binding(0, m_tiles * n_tiles, "blockIdx.x") as b:
             bx, by = raster(b, m_tiles, n_tiles, point.group)
             with T.thread_binding(0, i64(point.threads), "threadIdx.x") as tid:
-                _tile(mode, K, cols, point, X, W, bias, XW, M, bx * i64(BM), by * i64(BN), tid, (BM + BN) * KC, K // KC, maps)
+                _tile(mode, K, cols, point, X, W, bias, XW, M, bx * i64(BM), by * i64(BN), tid, (BM + point.w_blocks * BN) * KC, K // KC, maps)
 
     def body(X, W, bias, XW, M):
         if cfg is not None or rows is not None:
@@ -195,7 +246,7 @@ def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = Non
             by_rows(M, lambda: gemm(mode, K, cols, staged_default(mode, SMALL_M), X, W, bias, XW, M),
                     lambda: warpgroup_tiles(X, W, bias, XW, M))
 
-    return projection_prim_func(f"projection_wgmma_{mode}", MODES[mode][0], K, cols, (cols, K), body, xw_dtype)
+    return projection_prim_func(f"projection_wgmma_{mode}", MODES[mode][0], K, cols, (point.w_blocks * cols, K), body, xw_dtype)
 
 
 def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps=None):
@@ -203,6 +254,8 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
     KCH = cfg.k_chunks
     dtype, ptx, kstep = MODES[mode]
     split = mode == "tf32x3"
+    in_regs = split and bool(cfg.lo_w)  # X split in registers, W's low parts copied beside W (WgmmaConfig.lo_w)
+    split_smem = split and not in_regs  # both operands split by the threads into the parts buffers
     rb = row_bytes(mode)
     segs, vec, per_k = rb // 16, 16 * KC // rb, 32 * KC // rb  # per row: 16-byte copies; elements per copy, per wgmma
     x_passes = BM * segs // cfg.threads  # X's rows take whole passes of the block's threads (64 rows per warpgroup)
@@ -212,12 +265,15 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
     bars = cfg.stages * KCH * size
     sm = T.alloc_buffer((bars + cfg.barriers * 8 // itemsize(dtype),), dtype, scope="shared.dyn")
     # tf32x3: each landed chunk's high and low parts, in two buffers by item parity, high planes then low ones
-    parts = T.alloc_buffer((2 * 2 * KCH * size,), dtype, scope="shared.dyn") if split else None
+    parts = T.alloc_buffer((2 * 2 * KCH * size,), dtype, scope="shared.dyn") if split_smem else None
     acc = T.alloc_buffer((BN // 2,), "float32", scope="local")
     # tf32x3 with overlap: two chunk sums, one item's wgmma's running while the next item is split
     pipelined = split and bool(cfg.overlap)
     sums = [T.alloc_buffer((BN // 2,), "float32", scope="local") for _ in range(1 + pipelined)] if split else None
-    staged = T.alloc_buffer(((BM + BN) * KC // cfg.threads,), "float32", scope="local") if split else None  # a chunk's own copies
+    staged = T.alloc_buffer(((BM + BN) * KC // cfg.threads,), "float32", scope="local") if split_smem else None  # a chunk's own copies
+    # in_regs: an item's A fragments of this thread's rows of X, per chunk TF32 high parts then low ones (4 registers
+    # per k8): all loaded before the item's first wgmma, which would otherwise still read them while the next are written
+    a_regs = T.alloc_buffer((KCH * 2 * 4 * (rb // 32),), "uint32", scope="local") if in_regs else None
     desc = T.alloc_buffer((2,), "uint64", scope="local")
     for i in range(BN // 2):
         T.buffer_store(acc, tirx.const(0, "float32"), [i])
@@ -231,17 +287,24 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
     def own_segments():
         """(pass, row in a plane, its 16-byte segment, the segment's place in the plane) of this thread's copies: segment
         seg of row r lands at seg XOR (bits 7.. of r's byte offset), the canonical SW64 / SW128 K-major atom."""
-        for i in range((BM + BN) * segs // cfg.threads):
+        for i in range((BM + cfg.w_blocks * BN) * segs // cfg.threads):
             r = i64(i * cfg.threads // segs) + tid // i64(segs)
             seg = tid % i64(segs)
             swz = (r * i64(rb) // i64(128)) % i64(segs)
             yield i, r, seg, r * i64(KC) + tirx.bitwise_xor(seg, swz) * i64(vec)
 
+    def w_row(i, r):
+        """W's row (in W [w_blocks * cols, K]) for row r of a plane, copied in pass i: BN rows of W, then with lo_w the
+        same rows' low parts, cols rows further on (a pass's rows are in one block: BN is whole passes)."""
+        block = (i * cfg.threads // segs - BM) // BN
+        return i64(block * cols) + nb + r - i64(BM + block * BN)
+
     def issue(item, buf):
-        """This thread's 16-byte copies of the item's chunks' X rows, then W rows, into buffer buf, in the swizzled layout."""
+        """This thread's 16-byte copies of the item's chunks' X rows, then W rows (and their low parts), into buffer
+        buf, in the swizzled layout."""
         def plane(j, ck):
             for i, r, seg, at in own_segments():
-                row_off = tirx.min(mb + r, M - i64(1)) * i64(K) if i < x_passes else (nb + r - i64(BM)) * i64(K)
+                row_off = tirx.min(mb + r, M - i64(1)) * i64(K) if i < x_passes else w_row(i, r) * i64(K)
                 dst = (buf * i64(KCH) + i64(j)) * i64(size) + at
                 T.evaluate(T.s_tir.cp_async_raw(dtype, sm.data, dst, (X if i < x_passes else W).data,
                                                 row_off + ck * i64(KC) + seg * i64(vec), 16))
@@ -274,7 +337,7 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
         if pipelined:  # only the reads: the parts are written after the ring's barrier (consume)
             read_own(item, 0)
             return
-        if split:  # this thread's own copies of the item, split into TF32 high and low parts
+        if split_smem:  # this thread's own copies of the item, split into TF32 high and low parts
             def plane(j, ck):
                 # all reads, then all writes: the shared.dyn buffers are merged into one before TVM plans barriers, and
                 # it wants one between a read and a later write of that one buffer. Ours, here, once (its planner put
@@ -293,6 +356,35 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
         transposes = (0, 0) if ptx != "tf32" else ()  # K-major A and B; TF32 has no transpose operands
         T.evaluate(T.ptx[f"wgmma.mma_async.sync.aligned.m64n{BN}k{kstep}.f32.{ptx}.{ptx}"](
             *[into[i] for i in range(BN // 2)], desc[0], desc[1], tirx.const(accumulate, "bool"), 1, 1, *transposes))
+
+    def load_a(base, j):
+        """in_regs: this thread's A fragments of the item's chunk j at `base` (its warp's 16 rows of the warpgroup's 64, the PTX
+        tf32 A layout: registers 0..3 hold (row g, k t), (g + 8, t), (g, t + 4), (g + 8, t + 4) of each k8, g = lane / 4,
+        t = lane % 4) read from the ring's swizzled X rows and split: high = X rounded to TF32, low = the rest rounded.
+        Conflict-free: a load's 8 rows g sit in 8 different 16-byte segments of the swizzle."""
+        lane = t % i64(32)
+        for kk in range(rb // 32):
+            for slot in range(4):
+                r = wg * i64(64) + t // i64(32) * i64(16) + lane // i64(4) + i64(8 * (slot % 2))
+                seg = i64(kk * per_k // vec + slot // 2)  # k = kk * 8 + t + 4 * (slot // 2): segment, then t in it
+                x = sm[base + r * i64(KC) + tirx.bitwise_xor(seg, r % i64(segs)) * i64(vec) + lane % i64(4)]
+                at = j * 8 * (rb // 32) + kk * 4 + slot
+                T.buffer_store(a_regs, tirx.reinterpret("uint32", to_tf32(x)), [at])
+                T.buffer_store(a_regs, tirx.reinterpret("uint32", to_tf32(x - to_tf32(x))), [at + 4 * (rb // 32)])
+
+    def register_products(into, base, j):
+        """in_regs: chunk j's three products per k8 into `into` (started at zero by the item's first): A's high and low
+        parts from registers, W's rows (the tensor cores read their top 19 bits: its truncated TF32) and its low parts
+        from the ring: hi*W, hi*W_lo, lo*W."""
+        for kk in range(rb // 32):
+            for d, rows in enumerate((BM, BM + BN)):  # W's rows, its low parts' rows
+                T.evaluate(T.cuda.wgmma.encode_matrix_descriptor(desc.access_ptr("w", offset=d),
+                                                                 sm.access_ptr("r", offset=base + i64(rows * KC + kk * per_k)),
+                                                                 1, 8 * rb // 16, SWIZZLE[rb]))
+            for n, (part, d) in enumerate(((0, 0), (0, 1), (1, 0))):
+                regs = [a_regs[(2 * j + part) * 4 * (rb // 32) + kk * 4 + slot] for slot in range(4)]
+                T.evaluate(T.ptx[f"wgmma.mma_async.sync.aligned.m64n{BN}k{kstep}.f32.tf32.tf32"](
+                    *[into[i] for i in range(BN // 2)], *regs, desc[d], tirx.const(j > 0 or kk > 0 or n > 0, "bool"), 1, 1))
 
     def split_products(into, item, j):
         """The chunk's three products (hi*hi, hi*lo, lo*hi per k8) into a sum of its own, started at zero by its first
@@ -337,10 +429,19 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
 
     def consume(item, buf):
         T.evaluate(T.ptx.wgmma.fence.sync.aligned())
+        at = lambda j: (buf * i64(KCH) + i64(j)) * i64(size)  # noqa: E731 - chunk j of the item in the ring
+        if in_regs:  # the item's products into one sum (64 columns of K at most in the tensor cores' accumulation)
+            each_plane(item, lambda j, ck: load_a(at(j), j))
+            T.evaluate(T.ptx.wgmma.fence.sync.aligned())  # A's registers were written: before the wgmma's read them
+            each_plane(item, lambda j, ck: register_products(sums[0], at(j), j))
+            T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
+            T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+            add_sum(sums[0])
+            return
 
         def plane(j, ck):
+            base = at(j)
             if not split:
-                base = (buf * i64(KCH) + i64(j)) * i64(size)
                 for kk in range(rb // 32):
                     wgmma(acc, sm, base + wg * i64(64 * KC) + i64(kk * per_k), base + i64(BM * KC + kk * per_k), True)
                 return

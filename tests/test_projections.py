@@ -21,7 +21,7 @@ from schedules.projection_mma import projection_mma
 from schedules.projection_staged import StagedConfig, projection_staged
 from schedules.projection_staged import supported as projection_staged_supported
 from schedules.projection_wgmma import DEFAULT as WGMMA_DEFAULT, HALF_128 as WGMMA_HALF_128
-from schedules.projection_wgmma import WgmmaConfig, projection_wgmma
+from schedules.projection_wgmma import WgmmaConfig, projection_wgmma, weights_for
 from schedules.ptxas import kernel_source
 
 
@@ -63,7 +63,7 @@ def _check_projection(func, M, K, cols, dtype, tol, target=None, xw_dtype="f4"):
     b = rng.standard_normal(cols).astype("f4")
     dev = tvm.cuda(0)
     out = tvm.runtime.tensor(np.full((M, cols), np.nan, xw_dtype), dev)
-    lib["main"](*[tvm.runtime.tensor(v, dev) for v in (x, w, b)], out)
+    lib["main"](*[tvm.runtime.tensor(v, dev) for v in (x, weights_for(func, w), b)], out)
     expected = x.astype("f8") @ w.astype("f8").T + b
     got = out.numpy().astype("f8")
     assert not np.isnan(got).any(), f"{np.isnan(got).sum()} elements never written"
@@ -118,13 +118,20 @@ WGMMA_TMA_CONFIGS = [dataclasses.replace(WGMMA_DEFAULT, tma=1), WgmmaConfig(bn=2
                      WgmmaConfig(bn=128, stages=6, overlap=1, store_cols=4)]
 
 
+# 3xTF32 with X split in registers and W's low parts beside W (lo_w): 128 x 128 with 2 and 4 buffers (K = 800's 25
+# chunks: an odd count), two chunks per buffer (a partial last buffer), one warpgroup of 64 columns
+WGMMA_REGS_CONFIGS = [WgmmaConfig(bn=128, stages=2, store_cols=2, lo_w=1), WgmmaConfig(bn=128, stages=4, store_cols=2, lo_w=1),
+                      WgmmaConfig(bn=128, k_chunks=2, stages=2, lo_w=1), WgmmaConfig(bn=64, warpgroups=1, stages=4, group=3, lo_w=1)]
+
+
 @pytest.mark.gpu
 # bfloat16 differs from float16 in the instruction's type only: compile's DEFAULT covers it; fp32's rows take twice the bytes
 @pytest.mark.parametrize("mode, config", [("float16", c) for c in WGMMA_CONFIGS + WGMMA_TMA_CONFIGS] + [("bfloat16", WGMMA_DEFAULT)]
                          + [("tf32", c) for c in WGMMA_CONFIGS + WGMMA_TMA_CONFIGS if c.smem_bytes("tf32") <= 227 * 1024]
                          + [("tf32x3", c) for c in (WgmmaConfig(bn=128, stages=3), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3),
                                                     WgmmaConfig(bn=128, stages=2, overlap=1), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3, overlap=1),
-                                                    WgmmaConfig(bn=128, stages=2, store_cols=4))], ids=str)
+                                                    WgmmaConfig(bn=128, stages=2, store_cols=4))]
+                         + [("tf32x3", c) for c in WGMMA_REGS_CONFIGS], ids=str)
 @pytest.mark.parametrize("M, K, cols", [(1, 32, 256), (333, 64, 2560), (1100, 800, 1024), (6400, 1024, 4096)])
 def test_projection_wgmma_matches_float64(M, K, cols, mode, config):
     """The warpgroup (wgmma) projection against float64 on the same inputs, output poisoned first: a partial last row
@@ -209,9 +216,33 @@ def test_projection_wgmma_builds_without_a_gpu():
     assert src.count("wgmma_tf32_ss_mma_async_sync_aligned_m64n128k8_f32_tf32_tf32_1_1(") == 1 + 3 * 12
     assert src.count("__syncthreads()") == 2 * 3 and "wgmma.wait_group.sync.aligned 1" in src and "tvmrnn_fence_operand(" in src
     assert not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, k_chunks=2, stages=2, overlap=1))
+    # X split in registers (lo_w): the rs form (A from four registers) three times per k8, one barrier per chunk (the
+    # ring's), W [2 * cols, K]; not with overlap, nor outside 3xTF32
+    regs = WgmmaConfig(bn=128, stages=4, lo_w=1)
+    func = projection_wgmma("tf32x3", 800, 1024, regs)
+    src = kernel_source(func)
+    assert src.count("wgmma_tf32_rs_mma_async_sync_aligned_m64n128k8_f32_tf32_tf32_1_1(") == 1 + 12 and "_ss_" not in src
+    assert src.count("__syncthreads()") == 1 and tuple(func.params[1].shape) == (2048, 800)
+    assert regs.smem_bytes("tf32x3") == 4 * (128 + 2 * 128) * 128 and supported("tf32x3", 800, 1024, "sm_90a", regs)
+    assert not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=4, overlap=1, lo_w=1))
+    assert not supported("tf32", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=4, lo_w=1))
     assert not supported("float32", 800, 1024, "sm_90a") and not supported("float16", 800, 1024, "sm_90")
     assert not supported("float16", 800, 1000, "sm_90a") and not supported("float16", 80, 1024, "sm_90a")
     assert not supported("float16", 800, 1024, "sm_90a", WgmmaConfig(stages=2, overlap=1))  # no buffer left to copy into
+
+
+def test_wgmma_low_parts_complete_what_the_tensor_cores_read():
+    """W's low parts (lo_w's second block of W, made by compile through low_parts): W's rows unchanged, then each
+    element's remainder past its top 19 bits (what wgmma reads of an fp32 operand), itself a TF32 value, so that the
+    truncated high part plus the low part is W within 2^-21 of its magnitude; zeros, signs, large and tiny exponents."""
+    rng = np.random.default_rng(7)
+    w = (rng.standard_normal((64, 32)) * np.exp2(rng.integers(-60, 60, (64, 32)))).astype("f4")
+    w[0, :3] = [0.0, -0.0, 1.0]
+    w2 = weights_for(projection_wgmma("tf32x3", 32, 64, WgmmaConfig(bn=64, warpgroups=1, stages=4, lo_w=1)), w)
+    high, low = (w.view("u4") & 0xFFFFE000).view("f4"), w2[64:]
+    assert w2.shape == (128, 32) and np.array_equal(w2[:64], w)
+    assert not (low.view("u4") & 0x1FFF).any()  # TF32: nothing the tensor cores would drop
+    assert (np.abs(high.astype("f8") + low - w) <= np.exp2(-21) * np.abs(w)).all()
 
 
 def test_projection_wgmma_tma_builds_without_a_gpu():
@@ -259,7 +290,7 @@ def test_projection_wgmma_tma_builds_without_a_gpu():
 
 
 @pytest.mark.parametrize("mode, config", [("float16", WGMMA_DEFAULT), ("float16", WGMMA_HALF_128), ("tf32", None), ("tf32x3", None),
-                                         ("tf32x3", WgmmaConfig(bn=128, stages=2, overlap=1))], ids=str)
+                                         ("tf32x3", WgmmaConfig(bn=128, stages=2, overlap=1))] + [("tf32x3", c) for c in WGMMA_REGS_CONFIGS], ids=str)
 def test_wgmma_gemms_keep_their_pipeline(mode, config):
     """ptxas (through NVRTC, no GPU) keeps compile's wgmma GEMMs asynchronous and in registers: it does not serialize
     their wgmma's (C7514, which it does where accumulators are read while a wgmma writing them may be in flight) and
@@ -294,9 +325,19 @@ def test_models_project_with_wgmma_on_sm90a(dtype, precision, hidden, arch):
     src = cuda_sources(module)
     assert (f"wgmma.mma_async.sync.aligned.{instruction}" in src) == (arch == "sm_90a")
     xw = "" if dtype == "float32" else f", XW in {dtype}"  # a half layer's GEMM writes XW in its dtype
-    assert module.metadata["layers"][0]["projection"] == (f"wgmma {mode} {block} (staged mma.sync up to 512 rows){xw}"
+    split = ", X split in registers" if mode == "tf32x3" else ""  # and W's low parts precomputed: the lo_w point
+    assert module.metadata["layers"][0]["projection"] == (f"wgmma {mode} {block}{split} (staged mma.sync up to 512 rows){xw}"
                                                           if arch == "sm_90a" else f"staged mma.sync {mode}{xw}")
     assert "mma.sync.aligned.m16n8k" in src  # the recurrent kernels, and the small-row branch of either projection
+
+
+@pytest.mark.parametrize("weights_as_inputs", [False, True])
+def test_w_low_parts_fold_at_compile_time(weights_as_inputs):
+    """compile's 3xTF32 wgmma GEMM reads W's TF32 low parts beside W: where W is an initializer they are computed at
+    compile time (no kernel for them in the module), where it is a graph input by a kernel of their own at run time."""
+    case = Case(op="LSTM", hidden=64, input_size=32, weights_as_inputs=weights_as_inputs)
+    src = cuda_sources(tvmrnn.compile(case.model(), target={"kind": "cuda", "arch": "sm_90a"}, logs=False))
+    assert "wgmma_tf32_rs_mma_async" in src and ("tf32_low_parts_256x32_kernel" in src) == weights_as_inputs
 
 
 @pytest.mark.parametrize("arch, projection", [("sm_80", "TVM matmul"), ("sm_90a", "staged mma.sync float16")])
