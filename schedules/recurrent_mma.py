@@ -66,10 +66,6 @@ class MmaConfig:
     # with a ring: 1 also copies the streamed chunks' B (the block's batch rows of h, or of GRU's r*h) into it, so neither
     # operand of those chunks is a synchronous L2 read (the ncu profile of blog-a: 36% of warp cycles waiting on L1TEX)
     ring_h: int = 0
-    # with a ring: P >= 1 also asks L2 for each streamed round's rows of R P rounds before the ring copies them
-    # (cp.async.bulk.prefetch.L2: no shared memory), so more of R is on its way from HBM than the ring's buffers hold;
-    # the rounds are latency-bound (blog-a: 15 rounds a step, one in flight at a time)
-    l2_ahead: int = 0
 
     @property
     def rows(self) -> int:

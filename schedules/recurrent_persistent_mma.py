@@ -111,7 +111,7 @@ def fits(spec, cell, arch: str, cfg: MmaConfig) -> bool:
             and smem_bytes(spec, cell, cfg) <= SMEM_LIMIT.get(arch, SMEM_DEFAULT)
             and cfg.n_warps * cfg.k_warps <= 16
             and not (cfg.ring and (cfg.ring < 2 or not cfg.streamed or spec.hidden_size % KC))  # the ring copies whole chunks
-            and not ((cfg.ring_h or cfg.l2_ahead) and not cfg.ring))
+            and not (cfg.ring_h and not cfg.ring))
 
 
 # the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, in exact fp32 three up to MID_BATCH,
@@ -284,7 +284,6 @@ def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident:
                                                           tiles.multiply)
     ring_a, ring_b = ring
     threads, rows, per_round, NB = 32 * cfg.n_warps * KW, len(phase.gates) * UB, KW * depth, cfg.rows
-    assert rows <= threads or not cfg.l2_ahead, cfg  # a thread per row of R asks for its streamed chunks
     rounds = -(-streamed // per_round)
 
     def copies(r, buf, sm, dtype, rows, source):
@@ -332,27 +331,6 @@ def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident:
                     emit_if(ck < i64(chunks), (lambda: loader(a_at, True, 0, None if ring_b is None else b_shared)(ck, j)) if step == "load"
                             else (lambda: tiles.multiply(j)), streamed % per_round == 0)
 
-        if not cfg.l2_ahead:
-            cp_async_ring(rounds, cfg.ring, issue, consume)
-            return
-        for r in range(min(cfg.l2_ahead, rounds)):  # the first rounds, then each copy asks for the round l2_ahead on
-            l2_prefetch(i64(r))
-
-        def issue_ahead(r, buf):
-            emit_if(r + i64(cfg.l2_ahead) < i64(rounds), lambda: l2_prefetch(r + i64(cfg.l2_ahead)))
-            issue(r, buf)
-
-        cp_async_ring(rounds, cfg.ring, issue_ahead, consume)
-
-    def l2_prefetch(r):
-        """One bulk L2 prefetch per row of R the block reads (thread `row` issues row's): round r's chunks of it, one
-        contiguous run (the last round's may be short)."""
-        first = i64(resident) + r * i64(per_round)
-        # (clamped at 0: a round past the last is guarded off, but its expression is still built)
-        size = (tirx.max(tirx.min(i64(chunks) - first, i64(per_round)), i64(0)) * i64(KC * itemsize(spec.dtype))).astype("uint32")
-        row = r_row_of(phase, UB, H, u0, tirx.min(tid, i64(rows - 1)))
-        offset = (d * i64(a.cell.gates * H) + row) * i64(H) + first * i64(KC)
-        emit_if(tid < i64(rows), lambda: T.evaluate(T.ptx["cp.async.bulk.prefetch.L2.global"](a.R.access_ptr("r", offset=offset), size)),
-                threads == rows)
+        cp_async_ring(rounds, cfg.ring, issue, consume)
 
     return reduce

@@ -266,8 +266,6 @@ def default_config(kind: str, spec, cell, target, batch: int | None = None) -> K
             knobs["ring"] = c.ring
         if c.ring_h:
             knobs["ring_h"] = c.ring_h
-        if c.l2_ahead:  # ... with L2 asked for R's rounds ahead of the ring
-            knobs["l2_ahead"] = c.l2_ahead
         return KernelConfig.of(kind, **knobs)
     from . import recurrent_persistent as persistent
 

@@ -405,12 +405,6 @@ RING_CASES = [
      "float32", dict(units=20, streamed=4, ring=3, ring_h=1, k_warps=2, depth=1, n_tiles=2, n_warps=2)),
     (Case(op="LSTM", direction="reverse", optional=("initial_h",), hidden=96, input_size=7),
      "float16", dict(units=20, streamed=2, ring=2, k_warps=2, depth=1)),
-    # l2_ahead: L2 asked for R's rounds ahead of the ring (more rounds ahead than there are, a partial last round; GRU's
-    # two phases of different widths)
-    (Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h", "initial_c"), hidden=160, input_size=7),
-     "float16", dict(units=20, streamed=3, ring=2, ring_h=1, k_warps=2, depth=1, l2_ahead=2)),
-    (Case(op="GRU", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=256, input_size=5, layout=1),
-     "float32", dict(streamed=7, ring=3, ring_h=1, k_warps=2, depth=1, n_tiles=2, n_warps=2, l2_ahead=4)),
 ]
 
 
@@ -461,10 +455,7 @@ def test_streamed_ring_copies_with_cp_async():
     assert counts[1] > counts[0] > 0, counts
     h_cfg = MmaConfig(**dict(with_h.knobs))
     assert ring_bytes(spec, cell, h_cfg) - ring_bytes(spec, cell, cfg) == 2 * cfg.k_warps * cfg.depth * cfg.rows * 32 * 2  # two buffers, fp16
-    # l2_ahead: each round also asks L2 for a later round's rows of R, one bulk prefetch per row
-    ahead = KernelConfig.of("persistent_mma", **dict(ring.knobs), l2_ahead=2)
-    assert "cp.async.bulk.prefetch.L2.global" in _source(target, spec, ahead) and "prefetch.L2" not in _source(target, spec, ring)
-    for bad in (dict(ring=1), dict(streamed=0), dict(ring=0, ring_h=1), dict(ring=0, l2_ahead=1)):
+    for bad in (dict(ring=1), dict(streamed=0), dict(ring=0, ring_h=1)):
         assert not fits(spec, cell, "sm_90", dataclasses.replace(cfg, **bad)), bad
     odd = find_rnn_layers(Case(op="LSTM", hidden=72, input_size=8, dtype=dtype).model())[0].spec
     assert not fits(odd, cell_for(odd), "sm_90", cfg)  # a partial last chunk
