@@ -54,4 +54,8 @@ WGMMA_TF32X3 = named("tf32x3", (WgmmaConfig(bn=128, stages=2), WgmmaConfig(bn=12
                           # more of the ring fits (48 KB a buffer at 128 x 128)
                           WgmmaConfig(bn=128, stages=2, store_cols=2, lo_w=1), WgmmaConfig(bn=128, stages=3, store_cols=2, lo_w=1),
                           WgmmaConfig(bn=128, stages=4, store_cols=2, lo_w=1), WgmmaConfig(bn=128, k_chunks=2, stages=2, store_cols=2, lo_w=1),
-                          WgmmaConfig(bn=64, warpgroups=1, stages=4, store_cols=2, lo_w=1), WgmmaConfig(bn=64, k_chunks=2, stages=3, store_cols=2, lo_w=1)))
+                          WgmmaConfig(bn=64, warpgroups=1, stages=4, store_cols=2, lo_w=1), WgmmaConfig(bn=64, k_chunks=2, stages=3, store_cols=2, lo_w=1),
+                          # one warpgroup of 64 x 128: 80 KB of ring at two one-chunk buffers, so two blocks share an SM
+                          # (each one's waits and barriers beside the other's wgmma's)
+                          WgmmaConfig(bn=128, warpgroups=1, stages=2, store_cols=2, lo_w=1),
+                          WgmmaConfig(bn=128, warpgroups=1, k_chunks=2, stages=2, store_cols=2, lo_w=1)))
