@@ -150,12 +150,18 @@ TF32 = {256: WgmmaConfig(bn=256, stages=4, overlap=1, store_cols=2), 128: WgmmaC
 # blog-a 19.4 against 21.0, b64-h1024-l2 3.77 against 4.01, ds2-lstm 2.15 against 2.22
 # (benchmarks/results/2026-11-26-h100-split-regs.md)
 TF32X3 = WgmmaConfig(bn=128, k_chunks=2, stages=2, store_cols=2, lo_w=1)
+# ... and up to SMALL_K reduction columns 64 x 128 blocks of one warpgroup, one chunk per buffer (80 KB of ring, 173
+# registers: two blocks share an SM, one's waits and epilogue beside the other's wgmma's): the GEMM alone b64-h1024 0.511
+# ms against TF32X3's 0.560, ds2-lstm 0.291 against 0.324, but blog-a (K = 2560) 6.47 against 6.34; whole models
+# b64-h1024-l2 3.70 against 3.79, ds2-lstm 2.12 against 2.15 (benchmarks/results/2026-11-26-h100-split-regs.md)
+TF32X3_SMALL_K = WgmmaConfig(bn=128, warpgroups=1, stages=2, store_cols=2, lo_w=1)
+SMALL_K = 1024
 
 
-def default_config(mode: str, cols: int) -> WgmmaConfig:
-    """compile's point for the mode: the widest tile that divides the gates."""
+def default_config(mode: str, cols: int, K: int | None = None) -> WgmmaConfig:
+    """compile's point for the mode: the widest tile that divides the gates; in 3xTF32 by the reduction's length K."""
     if mode == "tf32x3":
-        return TF32X3
+        return TF32X3_SMALL_K if K is not None and K <= SMALL_K else TF32X3
     if mode == "tf32":
         return TF32[256 if cols % 256 == 0 else 128]
     return DEFAULT if cols % 256 == 0 else HALF_128
@@ -167,7 +173,7 @@ def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig | None =
     sm_90a; whole 32-column chunks and whole BN-column tiles (BN a multiple of 32 rows per warpgroup, so W's copies take
     whole passes of the block's threads); the ring in shared memory, with a buffer free to copy into. cfg None: the
     mode's default_config."""
-    cfg = cfg or default_config(mode, cols)
+    cfg = cfg or default_config(mode, cols, K)
     return (mode in MODES and arch == "sm_90a" and K % KC == 0 and cols % cfg.bn == 0 and cfg.bn % (32 * cfg.warpgroups) == 0
             and cfg.bn <= 256 and cfg.smem_bytes(mode) <= 227 * 1024 and cfg.store_cols in (1, 2, 4) and cfg.stages - (0 if mode == "tf32x3" else cfg.overlap) >= 2
             # chunk sums: twice the registers (with overlap, three times: one chunk per buffer)
@@ -215,7 +221,7 @@ def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = Non
     from .projection_staged import SMALL_M, by_rows, gemm
     from .projection_staged import default_config as staged_default
 
-    point = cfg or default_config(mode, cols)
+    point = cfg or default_config(mode, cols, K)
     assert supported(mode, K, cols, "sm_90a", point), (mode, K, cols, point)
     assert xw_dtype in ("float32", MODES[mode][0]), (mode, xw_dtype)
     BM, BN = point.block

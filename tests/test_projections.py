@@ -20,7 +20,7 @@ from schedules.projection_cuda import projection_cuda
 from schedules.projection_mma import projection_mma
 from schedules.projection_staged import StagedConfig, projection_staged
 from schedules.projection_staged import supported as projection_staged_supported
-from schedules.projection_wgmma import DEFAULT as WGMMA_DEFAULT, HALF_128 as WGMMA_HALF_128
+from schedules.projection_wgmma import DEFAULT as WGMMA_DEFAULT, HALF_128 as WGMMA_HALF_128, TF32X3_SMALL_K as WGMMA_TF32X3_SMALL_K
 from schedules.projection_wgmma import WgmmaConfig, projection_wgmma, weights_for
 from schedules.ptxas import kernel_source
 
@@ -121,7 +121,8 @@ WGMMA_TMA_CONFIGS = [dataclasses.replace(WGMMA_DEFAULT, tma=1), WgmmaConfig(bn=2
 # 3xTF32 with X split in registers and W's low parts beside W (lo_w): 128 x 128 with 2 and 4 buffers (K = 800's 25
 # chunks: an odd count), two chunks per buffer (a partial last buffer), one warpgroup of 64 columns
 WGMMA_REGS_CONFIGS = [WgmmaConfig(bn=128, stages=2, store_cols=2, lo_w=1), WgmmaConfig(bn=128, stages=4, store_cols=2, lo_w=1),
-                      WgmmaConfig(bn=128, k_chunks=2, stages=2, lo_w=1), WgmmaConfig(bn=64, warpgroups=1, stages=4, group=3, lo_w=1)]
+                      WgmmaConfig(bn=128, k_chunks=2, stages=2, lo_w=1), WgmmaConfig(bn=64, warpgroups=1, stages=4, group=3, lo_w=1),
+                      WGMMA_TF32X3_SMALL_K]
 
 
 @pytest.mark.gpu
@@ -226,6 +227,11 @@ def test_projection_wgmma_builds_without_a_gpu():
     assert regs.smem_bytes("tf32x3") == 4 * (128 + 2 * 128) * 128 and supported("tf32x3", 800, 1024, "sm_90a", regs)
     assert not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=4, overlap=1, lo_w=1))
     assert not supported("tf32", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=4, lo_w=1))
+    # compile's 3xTF32 point by K: 64 x 128 (one warpgroup, two blocks an SM) up to 1024, 128 x 128 with two chunks a
+    # buffer above
+    from schedules.projection_wgmma import TF32X3, default_config
+    assert default_config("tf32x3", 4096, 1024) is WGMMA_TF32X3_SMALL_K and default_config("tf32x3", 10240, 2560) is TF32X3
+    assert WGMMA_TF32X3_SMALL_K.smem_bytes("tf32x3") * 2 <= 227 * 1024
     assert not supported("float32", 800, 1024, "sm_90a") and not supported("float16", 800, 1024, "sm_90")
     assert not supported("float16", 800, 1000, "sm_90a") and not supported("float16", 80, 1024, "sm_90a")
     assert not supported("float16", 800, 1024, "sm_90a", WgmmaConfig(stages=2, overlap=1))  # no buffer left to copy into
@@ -308,7 +314,7 @@ def test_wgmma_gemms_keep_their_pipeline(mode, config):
 # instruction in its CUDA source
 WGMMA_MODELS = {("float16", "exact", 64): ("float16", "128x256", "m64n256k16.f32.f16.f16"),
                 ("float16", "exact", 32): ("float16", "128x128", "m64n128k16.f32.f16.f16"),  # 256 columns do not divide 128
-                ("float32", "exact", 64): ("tf32x3", "128x128", "m64n128k8.f32.tf32.tf32"),
+                ("float32", "exact", 64): ("tf32x3", "64x128", "m64n128k8.f32.tf32.tf32"),  # K = 32: one warpgroup
                 ("float32", "tf32", 64): ("tf32", "128x256", "m64n256k8.f32.tf32.tf32"),
                 ("float32", "tf32", 32): ("tf32", "128x128", "m64n128k8.f32.tf32.tf32")}
 

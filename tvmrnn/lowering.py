@@ -82,7 +82,7 @@ def _projection(bb, X, w, bias, cols, In, target, mode, xw_dtype="float32"):
     # TF32 / 3xTF32)
     if cuda and (rows is None or rows > projection_staged.SMALL_M) and projection_wgmma.supported(staged, In, cols, arch):
         func, weight, name = projection_wgmma.projection_wgmma(staged, In, cols, rows=rows, xw_dtype=xw_dtype), w_as_x(), f"projection_wgmma_{staged}{of_rows}"
-        point = projection_wgmma.default_config(staged, cols)
+        point = projection_wgmma.default_config(staged, cols, In)
         if point.lo_w:  # W, then its TF32 low parts: evaluated here at compile time where W is a constant (FoldConstant)
             # private (no global symbol, opaque to fusion): once folded, DeadCodeElimination drops it from the module
             low = f"tf32_low_parts_{cols}x{In}"
