@@ -39,7 +39,11 @@ WGMMA = named("float16", (WgmmaConfig(), WgmmaConfig(stages=6, overlap=1), Wgmma
                    WgmmaConfig(stages=4, overlap=1, store_cols=2),
                    # four columns a store: with XW in fp16, where pairs write half a 32-byte sector per row (four lanes'
                    # 4 bytes), as fp32's scalar stores did; four columns make the sector whole again
-                   WgmmaConfig(stages=4, overlap=1, store_cols=4)))
+                   WgmmaConfig(stages=4, overlap=1, store_cols=4),
+                   # 64 x 256 blocks of one warpgroup (168 registers) with 60-80 KB of ring: two or three blocks share an
+                   # SM, each one's barriers and epilogue beside the others' wgmma's (as 3xTF32's 64 x 128 gained)
+                   WgmmaConfig(bn=256, warpgroups=1, stages=4, overlap=1, store_cols=2), WgmmaConfig(bn=256, warpgroups=1, k_chunks=2, stages=2, store_cols=2),
+                   WgmmaConfig(bn=256, warpgroups=1, stages=3, overlap=1, store_cols=2)))
 # the same in TF32 (fp32 rows are 128 bytes: the ring fits fewer buffers); compile builds projection_wgmma.TF32
 WGMMA_TF32 = named("tf32", (WgmmaConfig(bn=256, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1), WgmmaConfig(bn=128, stages=6, overlap=1),
                         WgmmaConfig(bn=128, k_chunks=2, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1, tma=1),
