@@ -21,6 +21,7 @@
 #                                            then whole fp16 models with it against fp32 XW (benchmarks/half_xw_ab.py)
 #   bash benchmarks/device_run.sh half-xw-stores   with XW in fp16: the fp16 GEMMs storing 2 and 4 columns (two 4-byte
 #                                            pairs leave half sectors), then blog-a whole with the 256-column point's st4
+#   bash benchmarks/device_run.sh sanitize-gemm   compile's wgmma GEMMs under compute-sanitizer memcheck and racecheck
 #   bash benchmarks/device_run.sh split-regs [gemm|ab ROW ...]   3xTF32 with X split in registers: GPU tests, GEMM, whole models
 #   bash benchmarks/device_run.sh store-cols-ab [ROW ...]   fp16 models with the 256-column GEMM storing 2 / 4 columns
 #   bash benchmarks/device_run.sh wgmma-fp32 [ROW ...]   fp32 layers' warpgroup GEMM (3xTF32, TF32): GPU tests, then whole
@@ -121,6 +122,10 @@ case "$1" in
       blog-a b64-h1024 ds2-lstm 2>&1 | grep -v Warning | tee "$OUT/projection_log.txt" | cut -c1-150
     POINTS='wgmma 128x256 s4 k64 overlap st4' DTYPES=float16 timeout 300 python3 benchmarks/projection_in_model.py blog-a b64-h1024-l2 2>&1 \
       | grep -v Warning | tee "$OUT/in_model_log.txt" | tail -6 ;;
+  sanitize-gemm)  # compile's wgmma GEMMs (3xTF32 128 x 128 and 64 x 128, fp16 128 x 256) under memcheck and racecheck
+    for tool in memcheck racecheck; do
+      timeout 250 compute-sanitizer --tool $tool python3 benchmarks/sanitize_gemm.py 2>&1 | grep -v Warning | tee "$OUT/sanitize_gemm_$tool.txt" | tail -5
+    done ;;
   split-regs)  # 3xTF32 with X split in registers (lo_w): its GPU tests, the GEMM alone beside the split in shared memory
     # and cuBLAS (fp32 shapes), then whole exact-fp32 models with each (benchmarks/split_regs_ab.py)
     timeout 150 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_projections.py -k "wgmma and tf32x3" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4
