@@ -152,10 +152,11 @@ TF32 = {256: WgmmaConfig(bn=256, stages=4, overlap=1, store_cols=2), 128: WgmmaC
 TF32X3 = WgmmaConfig(bn=128, k_chunks=2, stages=2, store_cols=2, lo_w=1)
 # ... and up to SMALL_K reduction columns 64 x 128 blocks of one warpgroup, one chunk per buffer (80 KB of ring, 173
 # registers: two blocks share an SM, one's waits and epilogue beside the other's wgmma's): the GEMM alone b64-h1024 0.511
-# ms against TF32X3's 0.560, ds2-lstm 0.291 against 0.324, but blog-a (K = 2560) 6.47 against 6.34; whole models
-# b64-h1024-l2 3.70 against 3.79, ds2-lstm 2.12 against 2.15 (benchmarks/results/2026-11-26-h100-split-regs.md)
+# ms against TF32X3's 0.560, ds2-lstm 0.291 against 0.324, ds2-5l-bi's upper layers (K = 1600) 1.132 against 1.184,
+# but blog-a (K = 2560) 6.47 against 6.34; whole models b64-h1024-l2 3.70 against 3.79, ds2-lstm 2.12 against 2.15
+# (benchmarks/results/2026-11-26-h100-split-regs.md)
 TF32X3_SMALL_K = WgmmaConfig(bn=128, warpgroups=1, stages=2, store_cols=2, lo_w=1)
-SMALL_K = 1024
+SMALL_K = 1600
 
 
 def default_config(mode: str, cols: int, K: int | None = None) -> WgmmaConfig:

@@ -227,10 +227,10 @@ def test_projection_wgmma_builds_without_a_gpu():
     assert regs.smem_bytes("tf32x3") == 4 * (128 + 2 * 128) * 128 and supported("tf32x3", 800, 1024, "sm_90a", regs)
     assert not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=4, overlap=1, lo_w=1))
     assert not supported("tf32", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=4, lo_w=1))
-    # compile's 3xTF32 point by K: 64 x 128 (one warpgroup, two blocks an SM) up to 1024, 128 x 128 with two chunks a
+    # compile's 3xTF32 point by K: 64 x 128 (one warpgroup, two blocks an SM) up to 1600, 128 x 128 with two chunks a
     # buffer above
     from schedules.projection_wgmma import TF32X3, default_config
-    assert default_config("tf32x3", 4096, 1024) is WGMMA_TF32X3_SMALL_K and default_config("tf32x3", 10240, 2560) is TF32X3
+    assert default_config("tf32x3", 6400, 1600) is WGMMA_TF32X3_SMALL_K and default_config("tf32x3", 10240, 2560) is TF32X3
     assert WGMMA_TF32X3_SMALL_K.smem_bytes("tf32x3") * 2 <= 227 * 1024
     assert not supported("float32", 800, 1024, "sm_90a") and not supported("float16", 800, 1024, "sm_90")
     assert not supported("float16", 800, 1000, "sm_90a") and not supported("float16", 80, 1024, "sm_90a")
