@@ -14,7 +14,8 @@ from schedules import projection_wgmma
 from schedules.projection_wgmma import WgmmaConfig
 
 BUILT = projection_wgmma.TF32X3
-POINTS = {"smem": WgmmaConfig(bn=128, stages=2, store_cols=2), "regs k32 s2": WgmmaConfig(bn=128, stages=2, store_cols=2, lo_w=1),
+POINTS = {"smem": WgmmaConfig(bn=128, stages=2, store_cols=2),
+          "regs k32 s2": WgmmaConfig(bn=128, stages=2, store_cols=2, lo_w=1),
           "regs k64 s2": WgmmaConfig(bn=128, k_chunks=2, stages=2, store_cols=2, lo_w=1),
           "regs 64x128 s2": WgmmaConfig(bn=128, warpgroups=1, stages=2, store_cols=2, lo_w=1)}
 
@@ -30,5 +31,5 @@ def build(point: WgmmaConfig):
 
 
 NAMES = sys.argv[1:] or ["blog-a", "b64-h1024-l2", "ds2-lstm"]
-write(compare(NAMES, {name: build(p) for name, p in POINTS.items()}, describe=lambda m: m.metadata["layers"][0]["projection"]),
-      "split_regs_ab.json")
+variants = {name: build(p) for name, p in POINTS.items()}
+write(compare(NAMES, variants, describe=lambda m: m.metadata["layers"][0]["projection"]), "split_regs_ab.json")

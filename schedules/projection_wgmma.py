@@ -365,10 +365,10 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
             *[into[i] for i in range(BN // 2)], desc[0], desc[1], tirx.const(accumulate, "bool"), 1, 1, *transposes))
 
     def load_a(base, j):
-        """in_regs: this thread's A fragments of the item's chunk j at `base` (its warp's 16 rows of the warpgroup's 64, the PTX
-        tf32 A layout: registers 0..3 hold (row g, k t), (g + 8, t), (g, t + 4), (g + 8, t + 4) of each k8, g = lane / 4,
-        t = lane % 4) read from the ring's swizzled X rows and split: high = X rounded to TF32, low = the rest rounded.
-        Conflict-free: a load's 8 rows g sit in 8 different 16-byte segments of the swizzle."""
+        """in_regs: this thread's A fragments of the item's chunk j at `base` (its warp's 16 rows of the warpgroup's
+        64, in PTX's tf32 A layout: registers 0..3 hold (row g, k t), (g + 8, t), (g, t + 4), (g + 8, t + 4) of each k8,
+        g = lane / 4, t = lane % 4), read from the ring's swizzled X rows and split: high = X rounded to TF32, low =
+        the rest rounded. Conflict-free: a load's 8 rows g sit in 8 different 16-byte segments of the swizzle."""
         lane = t % i64(32)
         for kk in range(rb // 32):
             for slot in range(4):
