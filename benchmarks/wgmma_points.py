@@ -11,7 +11,7 @@ def named(mode: str, configs) -> dict[str, WgmmaConfig]:
         k = f" k{c.k_chunks * 32}" if mode == "float16" or c.k_chunks > 1 else ""
         return (f"wgmma{'' if mode == 'float16' else ' ' + mode} {c.warpgroups * 64}x{c.bn} s{c.stages}{k}"
                 f"{' overlap' if c.overlap else ''}{f' tma{c.tma}' if c.tma else ''}{f' st{c.store_cols}' if c.store_cols > 1 else ''}"
-                f"{' regs' if c.lo_w else ''}")
+                f"{' regs' if c.lo_w else ''}{f' g{c.group}' if c.group != 8 else ''}")
     return {name(c): c for c in configs}
 
 
@@ -43,7 +43,11 @@ WGMMA = named("float16", (WgmmaConfig(), WgmmaConfig(stages=6, overlap=1), Wgmma
                    # 64 x 256 blocks of one warpgroup (168 registers) with 60-80 KB of ring: two or three blocks share an
                    # SM, each one's barriers and epilogue beside the others' wgmma's (as 3xTF32's 64 x 128 gained)
                    WgmmaConfig(bn=256, warpgroups=1, stages=4, overlap=1, store_cols=2), WgmmaConfig(bn=256, warpgroups=1, k_chunks=2, stages=2, store_cols=2),
-                   WgmmaConfig(bn=256, warpgroups=1, stages=3, overlap=1, store_cols=2)))
+                   WgmmaConfig(bn=256, warpgroups=1, stages=3, overlap=1, store_cols=2),
+                   # DEFAULT walking 4, 16, 32 M tiles per raster group instead of 8: a wave's patch of X against W's
+                   WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, store_cols=2, group=4),
+                   WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, store_cols=2, group=16),
+                   WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, store_cols=2, group=32)))
 # the same in TF32 (fp32 rows are 128 bytes: the ring fits fewer buffers); compile builds projection_wgmma.TF32
 WGMMA_TF32 = named("tf32", (WgmmaConfig(bn=256, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1), WgmmaConfig(bn=128, stages=6, overlap=1),
                         WgmmaConfig(bn=128, k_chunks=2, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1, tma=1),
@@ -62,4 +66,9 @@ WGMMA_TF32X3 = named("tf32x3", (WgmmaConfig(bn=128, stages=2), WgmmaConfig(bn=12
                           # one warpgroup of 64 x 128: 80 KB of ring at two one-chunk buffers, so two blocks share an SM
                           # (each one's waits and barriers beside the other's wgmma's)
                           WgmmaConfig(bn=128, warpgroups=1, stages=2, store_cols=2, lo_w=1),
-                          WgmmaConfig(bn=128, warpgroups=1, k_chunks=2, stages=2, store_cols=2, lo_w=1)))
+                          WgmmaConfig(bn=128, warpgroups=1, k_chunks=2, stages=2, store_cols=2, lo_w=1),
+                          # compile's two points with 16 / 32 M tiles per raster group (W's low parts double W's bytes)
+                          WgmmaConfig(bn=128, k_chunks=2, stages=2, store_cols=2, lo_w=1, group=16),
+                          WgmmaConfig(bn=128, k_chunks=2, stages=2, store_cols=2, lo_w=1, group=32),
+                          WgmmaConfig(bn=128, warpgroups=1, stages=2, store_cols=2, lo_w=1, group=16),
+                          WgmmaConfig(bn=128, warpgroups=1, stages=2, store_cols=2, lo_w=1, group=32)))
