@@ -23,3 +23,12 @@ def test_cpu_row_checks_ours_against_pytorch_and_times_all_three():
     assert res["rel_err_vs_torch"] < 1e-5
     assert all(res[f"{k}_ms"] > 0 for k in ("ours", "onnxruntime", "torch"))
     assert np.isclose(res["speedup_vs_ort"], res["onnxruntime_ms"] / res["ours_ms"])
+
+
+def test_markdown_keeps_the_columns_some_row_has():
+    """The table drops the kinds nobody asked for (a run of auto alone has no stepwise column), keeps a column one row
+    fills, and writes what a row lacks as an empty cell."""
+    rows = [{"row": "a", "dtype": "float32", "auto_ms": 1.5, "tf32_ms": 1.0}, {"row": "a", "dtype": "float16", "auto_ms": 0.25}]
+    table = bench.markdown(rows, bench.GPU_COLUMNS, {"date": "today"}, "tvmrnn bench").splitlines()[-4:]
+    assert table[0] == "| row | dtype | auto ms | TF32 ms |" and table[1] == "|---|---|---|---|"
+    assert table[2:] == ["| a | float32 | 1.5 | 1 |", "| a | float16 | 0.25 |  |"]

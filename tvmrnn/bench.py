@@ -268,7 +268,9 @@ CPU_COLUMNS = [("row", "row"), ("ours_ms", "ours ms"), ("onnxruntime_ms", "ONNX 
 
 
 def markdown(results: list[dict], columns, env: dict, command: str) -> str:
+    """The run's environment and its table, with only the columns some row has (the kinds asked for)."""
     fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    columns = [(k, h) for k, h in columns if any(r.get(k) not in (None, "") for r in results)]
     lines = [f"Run {env['date']} with `{command}`", "", "```", json.dumps(env, indent=1), "```", "",
              "| " + " | ".join(h for _, h in columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(r.get(k, "")) for k, _ in columns) + " |" for r in results]
