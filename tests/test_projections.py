@@ -119,7 +119,8 @@ WGMMA_TMA_CONFIGS = [dataclasses.replace(WGMMA_DEFAULT, tma=1), WgmmaConfig(bn=2
 
 
 # 3xTF32 with X split in registers and W's low parts beside W (lo_w): 128 x 128 with 2 and 4 buffers (K = 800's 25
-# chunks: an odd count), two chunks per buffer (a partial last buffer), one warpgroup of 64 columns
+# chunks: an odd count), two chunks per buffer (a partial last buffer: compile's point above K = 1600), one warpgroup of
+# 64 columns, and compile's point up to K = 1600 (64 x 128, two blocks an SM)
 WGMMA_REGS_CONFIGS = [WgmmaConfig(bn=128, stages=2, store_cols=2, lo_w=1), WgmmaConfig(bn=128, stages=4, store_cols=2, lo_w=1),
                       WgmmaConfig(bn=128, k_chunks=2, stages=2, lo_w=1), WgmmaConfig(bn=64, warpgroups=1, stages=4, group=3, lo_w=1),
                       WGMMA_TF32X3_SMALL_K]
