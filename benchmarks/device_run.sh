@@ -21,6 +21,7 @@
 #                                            then whole fp16 models with it against fp32 XW (benchmarks/half_xw_ab.py)
 #   bash benchmarks/device_run.sh half-xw-stores   with XW in fp16: the fp16 GEMMs storing 2 and 4 columns (two 4-byte
 #                                            pairs leave half sectors), then blog-a whole with the 256-column point's st4
+#   bash benchmarks/device_run.sh narrow-gates   3xTF32 over 160 / 96 columns (ds2-gru): GPU tests, GEMM, whole models
 #   bash benchmarks/device_run.sh sanitize-gemm   compile's wgmma GEMMs under compute-sanitizer memcheck and racecheck
 #   bash benchmarks/device_run.sh split-regs [gemm|ab ROW ...]   3xTF32 with X split in registers: GPU tests, GEMM, whole models
 #   bash benchmarks/device_run.sh store-cols-ab [ROW ...]   fp16 models with the 256-column GEMM storing 2 / 4 columns
@@ -132,6 +133,12 @@ case "$1" in
     DTYPES=float32 STAGED=none WGMMA="tf32x3" timeout 200 python3 benchmarks/projection_staged.py blog-a b64-h1024 ds2-lstm "ds2-5l-bi l1+" 2>&1 | grep -v Warning > "$OUT/gemm_log.txt"
     python3 -c "import json; [print(r['shape'], r['kernel'], r['ms'] and round(r['ms'], 3), r['rel_err']) for r in json.load(open('$OUT/projection_staged.json'))['results']]"
     [ "${2:-}" = gemm ] || timeout 380 python3 benchmarks/split_regs_ab.py "${@:3}" 2>&1 | grep -v Warning | tee "$OUT/split_regs_log.txt" | tail -8 ;;
+  narrow-gates)  # 3xTF32 where 128 columns do not divide the gates (ds2-gru): GPU tests, the GEMM beside the staged one,
+    # whole ds2-gru fp32 models (SET=widths benchmarks/split_regs_ab.py)
+    timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_projections.py tests/test_gpu.py -k "narrow or cuda_matches" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -3
+    DTYPES=float32 STAGED=default WGMMA="64x160|64x96" timeout 150 python3 benchmarks/projection_staged.py ds2-gru 2>&1 | grep -v Warning > "$OUT/gemm_log.txt"
+    python3 -c "import json; [print(r['shape'], r['kernel'], r['ms'] and round(r['ms'], 3), r['rel_err']) for r in json.load(open('$OUT/projection_staged.json'))['results']]"
+    SET=widths timeout 200 python3 benchmarks/split_regs_ab.py ds2-gru 2>&1 | grep -v Warning | tail -2 ;;
   store-cols-ab)  # the 256-column default's 2 against 4 columns a store in whole fp16 models, interleaved
     timeout 400 python3 benchmarks/store_cols_ab.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/store_cols_log.txt" | tail -4 ;;
   wgmma-fp32)  # fp32 layers on the warpgroup GEMM: its GPU tests (3xTF32 kernels, whole fp32 and TF32 models), then whole

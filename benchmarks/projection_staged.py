@@ -29,6 +29,7 @@ from schedules.projection_wgmma import supported as wgmma_supported
 from wgmma_points import WGMMA, WGMMA_TF32, WGMMA_TF32X3
 
 SHAPES = {"lat-b1-h512": (100, 512, 2048), "lat-b1-h1024": (100, 1024, 4096), "b8-h1024": (800, 1024, 4096), "ds2-lstm": (6000, 800, 3200),
+          "ds2-gru": (6000, 800, 2400),
           "b64-h1024": (6400, 1024, 4096), "ds2-5l-bi l1+": (6000, 1600, 6400), "blog-a": (12800, 2560, 10240)}
 # today's defaults (64 x 128 and 128 x 64 register-staged; the other register-staged points measured on 2026-11-23 lost
 # to them and are in benchmarks/results/2026-11-23-h100-projection-staged.md), then the cp.async ring (stages) with

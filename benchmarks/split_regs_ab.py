@@ -1,35 +1,45 @@
-"""Exact-fp32 models with the 3xTF32 wgmma GEMM splitting its operands in shared memory (TF32X3 before lo_w) against
-splitting X in registers with W's low parts precomputed (lo_w): 128 x 128 with one or two 32-column chunks per ring
-buffer, and 64 x 128 (two blocks an SM), two buffers each; checked against float64 PyTorch and timed interleaved in
-one process (benchmarks/ab.py).
+"""Exact-fp32 models with different points of the 3xTF32 wgmma GEMM, checked against float64 PyTorch and timed
+interleaved in one process (benchmarks/ab.py).
 
-    PYTHONPATH=.:benchmarks python3 benchmarks/split_regs_ab.py [ROW ...]     -> $OUT/split_regs_ab.json
+    PYTHONPATH=.:benchmarks python3 benchmarks/split_regs_ab.py [ROW ...]            -> $OUT/split_regs_ab.json
+    SET=widths PYTHONPATH=.:benchmarks python3 benchmarks/split_regs_ab.py ds2-gru
+
+SET=tiles (default): whatever K, the layers' GEMM split in shared memory (TF32X3 before lo_w) against X split in
+registers with W's low parts precomputed (lo_w): 128 x 128 with one or two 32-column chunks per ring buffer, and
+64 x 128 (two blocks an SM). SET=widths: where 128 columns do not divide the gates, the staged mma.sync GEMM (what
+compile took there before) against one warpgroup over 160 and over 96 columns.
 """
 
+import os
 import sys
 
 import tvmrnn
 from ab import compare, write
 from schedules import projection_wgmma
-from schedules.projection_wgmma import WgmmaConfig
+from schedules.projection_wgmma import TF32X3_NARROW, WgmmaConfig
 
-BUILT = projection_wgmma.TF32X3
-POINTS = {"smem": WgmmaConfig(bn=128, stages=2, store_cols=2),
-          "regs k32 s2": WgmmaConfig(bn=128, stages=2, store_cols=2, lo_w=1),
-          "regs k64 s2": WgmmaConfig(bn=128, k_chunks=2, stages=2, store_cols=2, lo_w=1),
-          "regs 64x128 s2": WgmmaConfig(bn=128, warpgroups=1, stages=2, store_cols=2, lo_w=1)}
+TILES = {"smem": WgmmaConfig(bn=128, stages=2, store_cols=2),
+         "regs k32 s2": WgmmaConfig(bn=128, stages=2, store_cols=2, lo_w=1),
+         "regs k64 s2": WgmmaConfig(bn=128, k_chunks=2, stages=2, store_cols=2, lo_w=1),
+         "regs 64x128 s2": WgmmaConfig(bn=128, warpgroups=1, stages=2, store_cols=2, lo_w=1)}
+SETS = {"tiles": {name: dict(TF32X3=p, TF32X3_SMALL_K=p) for name, p in TILES.items()},
+        "widths": {"staged": dict(TF32X3_NARROW={}), **{f"64x{bn}": dict(TF32X3_NARROW={bn: c}) for bn, c in TF32X3_NARROW.items()}}}
 
 
-def build(point: WgmmaConfig):
+def build(overrides: dict):
     def make(row, model):
-        projection_wgmma.TF32X3 = point  # read when the layer's GEMM is picked and built
+        built = {name: getattr(projection_wgmma, name) for name in overrides}
+        for name, value in overrides.items():  # read when the layer's GEMM is picked and built
+            setattr(projection_wgmma, name, value)
         try:
             return tvmrnn.compile(model, target="cuda")
         finally:
-            projection_wgmma.TF32X3 = BUILT
+            for name, value in built.items():
+                setattr(projection_wgmma, name, value)
     return make
 
 
-NAMES = sys.argv[1:] or ["blog-a", "b64-h1024-l2", "ds2-lstm"]
-variants = {name: build(p) for name, p in POINTS.items()}
-write(compare(NAMES, variants, describe=lambda m: m.metadata["layers"][0]["projection"]), "split_regs_ab.json")
+SET = os.environ.get("SET", "tiles")
+NAMES = sys.argv[1:] or (["ds2-gru"] if SET == "widths" else ["blog-a", "b64-h1024-l2", "ds2-lstm"])
+variants = {name: build(overrides) for name, overrides in SETS[SET].items()}
+write(compare(NAMES, variants, describe=lambda m: m.metadata["layers"][0]["projection"]), f"split_regs_ab_{SET}.json")

@@ -71,4 +71,8 @@ WGMMA_TF32X3 = named("tf32x3", (WgmmaConfig(bn=128, stages=2), WgmmaConfig(bn=12
                           WgmmaConfig(bn=128, k_chunks=2, stages=2, store_cols=2, lo_w=1, group=16),
                           WgmmaConfig(bn=128, k_chunks=2, stages=2, store_cols=2, lo_w=1, group=32),
                           WgmmaConfig(bn=128, warpgroups=1, stages=2, store_cols=2, lo_w=1, group=16),
-                          WgmmaConfig(bn=128, warpgroups=1, stages=2, store_cols=2, lo_w=1, group=32)))
+                          WgmmaConfig(bn=128, warpgroups=1, stages=2, store_cols=2, lo_w=1, group=32),
+                          # where 128 columns do not divide the gates (ds2-gru's 2400): one warpgroup over 160 or 96
+                          WgmmaConfig(bn=160, warpgroups=1, stages=2, store_cols=2, lo_w=1),
+                          WgmmaConfig(bn=160, warpgroups=1, stages=3, store_cols=2, lo_w=1),
+                          WgmmaConfig(bn=96, warpgroups=1, stages=2, store_cols=2, lo_w=1)))

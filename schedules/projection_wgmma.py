@@ -157,11 +157,17 @@ TF32X3 = WgmmaConfig(bn=128, k_chunks=2, stages=2, store_cols=2, lo_w=1)
 # (benchmarks/results/2026-11-26-h100-split-regs.md)
 TF32X3_SMALL_K = WgmmaConfig(bn=128, warpgroups=1, stages=2, store_cols=2, lo_w=1)
 SMALL_K = 1600
+# where 128 columns do not divide the gates (a GRU's 3 * 800): one warpgroup over 160 or 96 columns (lo_w's sums and
+# accumulators take 160 registers at 160 columns: 213 in all, two blocks an SM), widest first
+TF32X3_NARROW = {160: WgmmaConfig(bn=160, warpgroups=1, stages=2, store_cols=2, lo_w=1),
+                 96: WgmmaConfig(bn=96, warpgroups=1, stages=2, store_cols=2, lo_w=1)}
 
 
 def default_config(mode: str, cols: int, K: int | None = None) -> WgmmaConfig:
     """compile's point for the mode: the widest tile that divides the gates; in 3xTF32 by the reduction's length K."""
     if mode == "tf32x3":
+        if cols % 128:
+            return next((c for bn, c in TF32X3_NARROW.items() if cols % bn == 0), TF32X3)
         return TF32X3_SMALL_K if K is not None and K <= SMALL_K else TF32X3
     if mode == "tf32":
         return TF32[256 if cols % 256 == 0 else 128]
@@ -178,7 +184,7 @@ def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig | None =
     return (mode in MODES and arch == "sm_90a" and K % KC == 0 and cols % cfg.bn == 0 and cfg.bn % (32 * cfg.warpgroups) == 0
             and cfg.bn <= 256 and cfg.smem_bytes(mode) <= 227 * 1024 and cfg.store_cols in (1, 2, 4) and cfg.stages - (0 if mode == "tf32x3" else cfg.overlap) >= 2
             # chunk sums: twice the registers (with overlap, three times: one chunk per buffer)
-            and not (mode == "tf32x3" and (cfg.bn > 128 or (cfg.overlap and cfg.k_chunks > 1) or cfg.tma))
+            and not (mode == "tf32x3" and (cfg.bn > (160 if cfg.lo_w else 128) or (cfg.overlap and cfg.k_chunks > 1) or cfg.tma))
             # W's low parts beside it: X split in registers, one chunk's products summed before the next chunk's
             and not (cfg.lo_w and (mode != "tf32x3" or cfg.overlap)))
 

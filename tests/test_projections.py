@@ -202,7 +202,7 @@ def test_projection_wgmma_builds_without_a_gpu():
     assert supported("float16", 800, 1024, "sm_90a") and supported("tf32", 800, 1024, "sm_90a", tf32)
     assert not supported("tf32", 800, 1024, "sm_90a", WGMMA_DEFAULT)  # 128 x 256 with two chunks per buffer: 384 KB of fp32
     assert supported("tf32", 800, 1024, "sm_90a") and supported("tf32", 800, 3200, "sm_90a")  # TF32's own: 256, 128 columns
-    assert supported("tf32x3", 800, 3200, "sm_90a") and not supported("tf32x3", 800, 3264, "sm_90a")
+    assert supported("tf32x3", 800, 3200, "sm_90a") and not supported("tf32x3", 800, 3280, "sm_90a")  # 3280: no 128, 160 or 96
     # 3xTF32: three k8 wgmma's per 32 bytes of a row into a chunk sum started at zero, the parts split between the
     # copies landing and the barrier (one barrier more per chunk, not one per store)
     x3 = WgmmaConfig(bn=128, stages=3)
@@ -236,6 +236,30 @@ def test_projection_wgmma_builds_without_a_gpu():
     assert not supported("float32", 800, 1024, "sm_90a") and not supported("float16", 800, 1024, "sm_90")
     assert not supported("float16", 800, 1000, "sm_90a") and not supported("float16", 80, 1024, "sm_90a")
     assert not supported("float16", 800, 1024, "sm_90a", WgmmaConfig(stages=2, overlap=1))  # no buffer left to copy into
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bn", [160, 96])
+@pytest.mark.parametrize("M", [333, 6000])
+def test_projection_wgmma_narrow_gates_match_float64(M, bn):
+    """Where 128 columns do not divide the gates (a GRU's 3 x 800), compile's 3xTF32 GEMM takes one warpgroup over 160
+    or 96 columns: against float64 on a poisoned output, a partial row tile at M = 333, 25 chunks of K."""
+    from schedules.projection_wgmma import TF32X3_NARROW
+
+    _check_projection(projection_wgmma("tf32x3", 800, 2400, TF32X3_NARROW[bn]), M, 800, 2400, "f4", 1e-5,
+                      tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
+
+
+def test_narrow_gates_pick_the_widest_tile_that_divides_them():
+    """compile's 3xTF32 point where 128 columns do not divide the gates: 160 where it divides them, else 96; ptxas
+    (no GPU) keeps the 160-column point's 160 registers of sums and accumulators unspilled and its wgmma's unserialized."""
+    from schedules.projection_wgmma import TF32X3_NARROW, default_config, supported
+    from schedules.ptxas import ptxas
+
+    assert default_config("tf32x3", 2400, 800) is TF32X3_NARROW[160] and default_config("tf32x3", 672, 800) is TF32X3_NARROW[96]
+    assert supported("tf32x3", 800, 2400, "sm_90a") and not supported("tf32x3", 800, 2400, "sm_90a", dataclasses.replace(TF32X3_NARROW[160], lo_w=0))
+    report = ptxas(kernel_source(projection_wgmma("tf32x3", 800, 2400, rows=6000)), "sm_90a")
+    assert report.spill_stores == 0 and not report.serialized, report
 
 
 def test_wgmma_low_parts_complete_what_the_tensor_cores_read():
