@@ -2,6 +2,7 @@
 then timed in alternating rounds in one process (so clock drift and a neighbour's load fall on every variant alike).
 
     results = compare(rows, {"name": build(row, model) -> module, ...}, dtypes)    -> list of dicts, also printed
+    build = built_with(module, NAME=value, ...)   compile for CUDA with a module's constants set, restored after
 """
 
 import json
@@ -11,9 +12,25 @@ import statistics
 import numpy as np
 import torch
 
+import tvmrnn
 from tvmrnn import bench
 
 ROUNDS, RUNS = 7, 10
+
+
+def built_with(module, **overrides):
+    """A build for compare: tvmrnn.compile for CUDA with the module's constants (the defaults the schedules read when a
+    layer's kernels are picked and built) set to `overrides`, and put back after."""
+    def make(row, model):
+        before = {name: getattr(module, name) for name in overrides}
+        for name, value in overrides.items():
+            setattr(module, name, value)
+        try:
+            return tvmrnn.compile(model, target="cuda")
+        finally:
+            for name, value in before.items():
+                setattr(module, name, value)
+    return make
 
 
 def timed(module, x, runs=RUNS) -> float:

@@ -13,8 +13,7 @@ compile took there before) against one warpgroup over 160 and over 96 columns.
 import os
 import sys
 
-import tvmrnn
-from ab import compare, write
+from ab import built_with, compare, write
 from schedules import projection_wgmma
 from schedules.projection_wgmma import TF32X3_NARROW, WgmmaConfig
 
@@ -22,24 +21,11 @@ TILES = {"smem": WgmmaConfig(bn=128, stages=2, store_cols=2),
          "regs k32 s2": WgmmaConfig(bn=128, stages=2, store_cols=2, lo_w=1),
          "regs k64 s2": WgmmaConfig(bn=128, k_chunks=2, stages=2, store_cols=2, lo_w=1),
          "regs 64x128 s2": WgmmaConfig(bn=128, warpgroups=1, stages=2, store_cols=2, lo_w=1)}
+# the module's constants each variant sets (read when a layer's GEMM is picked and built)
 SETS = {"tiles": {name: dict(TF32X3=p, TF32X3_SMALL_K=p) for name, p in TILES.items()},
         "widths": {"staged": dict(TF32X3_NARROW={}), **{f"64x{bn}": dict(TF32X3_NARROW={bn: c}) for bn, c in TF32X3_NARROW.items()}}}
 
-
-def build(overrides: dict):
-    def make(row, model):
-        built = {name: getattr(projection_wgmma, name) for name in overrides}
-        for name, value in overrides.items():  # read when the layer's GEMM is picked and built
-            setattr(projection_wgmma, name, value)
-        try:
-            return tvmrnn.compile(model, target="cuda")
-        finally:
-            for name, value in built.items():
-                setattr(projection_wgmma, name, value)
-    return make
-
-
 SET = os.environ.get("SET", "tiles")
 NAMES = sys.argv[1:] or (["ds2-gru"] if SET == "widths" else ["blog-a", "b64-h1024-l2", "ds2-lstm"])
-variants = {name: build(overrides) for name, overrides in SETS[SET].items()}
+variants = {name: built_with(projection_wgmma, **overrides) for name, overrides in SETS[SET].items()}
 write(compare(NAMES, variants, describe=lambda m: m.metadata["layers"][0]["projection"]), f"split_regs_ab_{SET}.json")

@@ -7,23 +7,10 @@ half layers), checked against float64 PyTorch and timed interleaved in one proce
 import dataclasses
 import sys
 
-import tvmrnn
-from ab import compare, write
+from ab import built_with, compare, write
 from schedules import projection_wgmma
 
-BUILT = projection_wgmma.DEFAULT
-
-
-def build(store_cols: int):
-    def make(row, model):
-        projection_wgmma.DEFAULT = dataclasses.replace(BUILT, store_cols=store_cols)  # read when the GEMM is built
-        try:
-            return tvmrnn.compile(model, target="cuda")
-        finally:
-            projection_wgmma.DEFAULT = BUILT
-    return make
-
-
+# DEFAULT is read when the GEMM is built
 NAMES = sys.argv[1:] or ["blog-a", "b64-h1024-l2"]
-write(compare(NAMES, {"st2": build(2), "st4": build(4)}, dtypes=("float16",),
-              describe=lambda m: m.metadata["layers"][0]["projection"]), "store_cols_ab.json")
+variants = {f"st{n}": built_with(projection_wgmma, DEFAULT=dataclasses.replace(projection_wgmma.DEFAULT, store_cols=n)) for n in (2, 4)}
+write(compare(NAMES, variants, dtypes=("float16",), describe=lambda m: m.metadata["layers"][0]["projection"]), "store_cols_ab.json")

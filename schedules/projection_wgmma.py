@@ -33,6 +33,7 @@ Needs sm_90a (the H100 tag's arch).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from tvm import te, tirx
@@ -203,17 +204,29 @@ def low_parts(rows: int, K: int) -> tirx.PrimFunc:
     return te.create_prim_func([W, te.compute((2 * rows, K), at, name="W2")])
 
 
+def reads_low_parts(func: tirx.PrimFunc) -> bool:
+    """Whether a projection PrimFunc (X, W, bias, XW) takes W with its low parts beside it (lo_w): W has twice XW's
+    columns in rows. Read off the PrimFunc, so its callers follow what was built, not a guess at the point."""
+    return int(func.params[1].shape[0]) == 2 * int(func.params[-1].shape[1])
+
+
+@functools.cache
+def _low_parts_on_cpu(rows: int, K: int):
+    import tvm
+
+    return tvm.compile(tvm.IRModule({"main": low_parts(rows, K)}), target="llvm")
+
+
 def weights_for(func: tirx.PrimFunc, w):
     """W (numpy [cols, K]) as a projection PrimFunc takes it, for callers that run the GEMM alone (tests, benchmarks):
-    as it is, or where the GEMM reads W's low parts beside it, W2 by low_parts, run on the CPU."""
+    as it is, or where the GEMM reads W's low parts beside it, W2 by low_parts, run on the CPU (built once a shape)."""
     import numpy as np
     import tvm
 
-    if int(func.params[1].shape[0]) == w.shape[0]:
+    if not reads_low_parts(func):
         return w
-    lib = tvm.compile(tvm.IRModule({"main": low_parts(*w.shape)}), target="llvm")
     out = tvm.runtime.tensor(np.empty((2 * w.shape[0], w.shape[1]), "float32"))
-    lib["main"](tvm.runtime.tensor(np.ascontiguousarray(w, "float32")), out)
+    _low_parts_on_cpu(*w.shape)["main"](tvm.runtime.tensor(np.ascontiguousarray(w, "float32")), out)
     return out.numpy()
 
 

@@ -82,13 +82,13 @@ def _projection(bb, X, w, bias, cols, In, target, mode, xw_dtype="float32"):
     # TF32 / 3xTF32)
     if cuda and (rows is None or rows > projection_staged.SMALL_M) and projection_wgmma.supported(staged, In, cols, arch):
         func, weight, name = projection_wgmma.projection_wgmma(staged, In, cols, rows=rows, xw_dtype=xw_dtype), w_as_x(), f"projection_wgmma_{staged}{of_rows}"
-        point = projection_wgmma.default_config(staged, cols, In)
-        if point.lo_w:  # W, then its TF32 low parts: evaluated here at compile time where W is a constant (FoldConstant)
+        point = projection_wgmma.default_config(staged, cols, In)  # what projection_wgmma built: for the label
+        if projection_wgmma.reads_low_parts(func):  # W, then its TF32 low parts: evaluated at compile time where W is a constant (FoldConstant)
             # private (no global symbol, opaque to fusion): once folded, DeadCodeElimination drops it from the module
             low = f"tf32_low_parts_{cols}x{In}"
             parts = bb.add_func(projection_wgmma.low_parts(cols, In).without_attr("global_symbol").with_attr("op_pattern", 8), low)
             weight = bb.emit(relax.call_tir(parts, [weight], relax.TensorType([2 * cols, In], "float32")))
-        label = f"wgmma {staged} {point.block[0]}x{point.bn}" + (", X split in registers" if point.lo_w else "") + (
+        label = f"wgmma {staged} {point.block[0]}x{point.bn}" + (", X split in registers" if projection_wgmma.reads_low_parts(func) else "") + (
             f" (staged mma.sync up to {projection_staged.SMALL_M} rows)" if rows is None else "")
     elif cuda and projection_staged.supported(staged, In, cols, rows=rows, xw_dtype=xw_dtype):
         func, weight, name = projection_staged.projection_staged(staged, In, cols, rows=rows, xw_dtype=xw_dtype), w_as_x(), f"projection_staged_{staged}{of_rows}"
