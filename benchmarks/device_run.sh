@@ -22,6 +22,8 @@
 #   bash benchmarks/device_run.sh half-xw-stores   with XW in fp16: the fp16 GEMMs storing 2 and 4 columns (two 4-byte
 #                                            pairs leave half sectors), then blog-a whole with the 256-column point's st4
 #   bash benchmarks/device_run.sh narrow-gates   3xTF32 over 160 / 96 columns (ds2-gru): GPU tests, GEMM, whole models
+#   bash benchmarks/device_run.sh halves [gemm SHAPE ...|ab ROW ...]   exact fp32 as fp16 products of scaled halves (f16x3): GPU
+#                                            tests and the GEMM alone, or whole models against 3xTF32
 #   bash benchmarks/device_run.sh sanitize-gemm   compile's wgmma GEMMs under compute-sanitizer memcheck and racecheck
 #   bash benchmarks/device_run.sh split-regs [gemm|ab ROW ...]   3xTF32 with X split in registers: GPU tests, GEMM, whole models
 #   bash benchmarks/device_run.sh store-cols-ab [ROW ...]   fp16 models with the 256-column GEMM storing 2 / 4 columns
@@ -133,6 +135,15 @@ case "$1" in
     DTYPES=float32 STAGED=none WGMMA="tf32x3" timeout 200 python3 benchmarks/projection_staged.py blog-a b64-h1024 ds2-lstm "ds2-5l-bi l1+" 2>&1 | grep -v Warning > "$OUT/gemm_log.txt"
     python3 -c "import json; [print(r['shape'], r['kernel'], r['ms'] and round(r['ms'], 3), r['rel_err']) for r in json.load(open('$OUT/projection_staged.json'))['results']]"
     [ "${2:-}" = gemm ] || timeout 380 python3 benchmarks/split_regs_ab.py "${@:3}" 2>&1 | grep -v Warning | tee "$OUT/split_regs_log.txt" | tail -8 ;;
+  halves)  # exact fp32 as three fp16 products of scaled halves (f16x3): its GPU tests and the GEMM alone beside compile's
+    # 3xTF32 points and cuBLAS (gemm), or whole exact-fp32 models against 3xTF32 (ab [ROW ...]: benchmarks/halves_ab.py)
+    if [ "${2:-gemm}" = gemm ]; then
+      timeout 220 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_projections.py tests/test_gpu.py -k "halves or model_with_wgmma or cuda_matches" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4
+      DTYPES=float32 STAGED=none WGMMA="f16x3|tf32x3 (128x128 s2 k64|64x128 s2|64x160 s2) st2 regs$" timeout 330 python3 benchmarks/projection_staged.py "${@:3}" 2>&1 | grep -v Warning > "$OUT/gemm_log.txt"
+      python3 -c "import json; [print(r['shape'], r['kernel'], r['ms'] and round(r['ms'], 3), r['rel_err']) for r in json.load(open('$OUT/projection_staged.json'))['results']]"
+    else
+      timeout 560 python3 benchmarks/halves_ab.py "${@:3}" 2>&1 | grep -v Warning | tee "$OUT/halves_log.txt" | tail -12
+    fi ;;
   narrow-gates)  # 3xTF32 where 128 columns do not divide the gates (ds2-gru): GPU tests, the GEMM beside the staged one,
     # whole ds2-gru fp32 models (SET=widths benchmarks/split_regs_ab.py)
     timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_projections.py tests/test_gpu.py -k "narrow or cuda_matches" 2>&1 | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -3

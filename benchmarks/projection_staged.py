@@ -24,9 +24,9 @@ import tvm
 from schedules.projection_cuda import projection_cuda
 from schedules.projection_mma import projection_mma
 from schedules.projection_staged import StagedConfig, projection_staged, supported
-from schedules.projection_wgmma import projection_wgmma, weights_for
+from schedules.projection_wgmma import operands_for, projection_wgmma
 from schedules.projection_wgmma import supported as wgmma_supported
-from wgmma_points import WGMMA, WGMMA_TF32, WGMMA_TF32X3
+from wgmma_points import WGMMA, WGMMA_F16X3, WGMMA_TF32, WGMMA_TF32X3
 
 SHAPES = {"lat-b1-h512": (100, 512, 2048), "lat-b1-h1024": (100, 1024, 4096), "b8-h1024": (800, 1024, 4096), "ds2-lstm": (6000, 800, 3200),
           "ds2-gru": (6000, 800, 2400),
@@ -80,7 +80,7 @@ def ours(func, x, w, b, expected, tol, on=None):
     lib = tvm.tirx.build(tvm.IRModule({"main": func}), target=on or target)
     out = str(func.params[-1].dtype)
     tol = tol if out == "float32" else max(tol, 1e-3)
-    args = [tvm.runtime.tensor(v, dev) for v in (x, weights_for(func, w), b)] + [tvm.runtime.tensor(np.full(expected.shape, np.nan, out), dev)]
+    args = [tvm.runtime.tensor(v, dev) for v in (*operands_for(func, x, w), b)] + [tvm.runtime.tensor(np.full(expected.shape, np.nan, out), dev)]
     lib["main"](*args)
     got = args[-1].numpy().astype("f8")
     err = float(np.abs(got - expected).max() / np.abs(expected).max())
@@ -88,6 +88,23 @@ def ours(func, x, w, b, expected, tol, on=None):
         return None, err
     timer = lib.time_evaluator("main", dev, number=5, repeat=3)
     return float(np.median(timer(*args).results)) * 1e3, err
+
+
+def split_ms(x) -> float:
+    """X's row scales and scaled halves (split_halves) as compile builds them for f16x3 (dlight's schedules), in ms."""
+    from tvm.s_tir import dlight as dl
+
+    from schedules.split_halves import halves, row_scales
+
+    M, K = x.shape
+    with hopper:
+        mod = dl.ApplyDefaultSchedule(dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())(
+            tvm.IRModule({name: make(tvm.tirx.Var("M", "int64"), K).with_attr("global_symbol", name) for name, make in (("scales", row_scales), ("halves", halves))}))
+    lib = tvm.tirx.build(mod, target=hopper)
+    a, s, p = (tvm.runtime.tensor(np.zeros(shape, dt), dev) for shape, dt in (((M, K), "f4"), ((M,), "f4"), ((M, 2 * K), "f2")))
+    a.copyfrom(x)
+    times = [np.median(lib.time_evaluator(name, dev, number=5, repeat=3)(*args).results) for name, args in (("scales", (a, s)), ("halves", (a, s, p)))]
+    return float(sum(times)) * 1e3
 
 
 def keep(shape, dtype, name, ms, err, flop):
@@ -132,6 +149,11 @@ for shape, (M, K, cols) in SHAPES.items():
             for name, cfg in WGMMA_TF32X3.items():
                 if wgmma_supported("tf32x3", K, cols, "sm_90a", cfg) and ONLY_WGMMA.search(name):
                     keep(shape, dtype, name, *ours(projection_wgmma("tf32x3", K, cols, cfg), x, w, b, expected, 1e-5, hopper), flop)
+            if any(ONLY_WGMMA.search(name) for name in WGMMA_F16X3):  # what f16x3 adds before its GEMM: X's halves
+                keep(shape, dtype, "f16x3: X's scales and halves (dlight)", split_ms(x), None, 0)
+            for name, cfg in WGMMA_F16X3.items():
+                if wgmma_supported("f16x3", K, cols, "sm_90a", cfg) and ONLY_WGMMA.search(name):
+                    keep(shape, dtype, name, *ours(projection_wgmma("f16x3", K, cols, cfg), x, w, b, expected, 1e-5, hopper), flop)
         for name, mode, cfg in variants * (os.environ.get("STAGED") != "none"):
             xw = XW if mode == "float16" else "float32"
             if supported(mode, K, cols, cfg, xw_dtype=xw):

@@ -76,3 +76,12 @@ WGMMA_TF32X3 = named("tf32x3", (WgmmaConfig(bn=128, stages=2), WgmmaConfig(bn=12
                           WgmmaConfig(bn=160, warpgroups=1, stages=2, store_cols=2, lo_w=1),
                           WgmmaConfig(bn=160, warpgroups=1, stages=3, store_cols=2, lo_w=1),
                           WgmmaConfig(bn=96, warpgroups=1, stages=2, store_cols=2, lo_w=1)))
+# exact fp32 as three fp16 products of X's and W's scaled halves (f16x3): 128 x 128 with 1 or 2 chunks a buffer, 64 x
+# 128 of one warpgroup (two blocks an SM at 96 KB of ring), and the 160- and 96-column points for a GRU's gates
+WGMMA_F16X3 = named("f16x3", (WgmmaConfig(bn=128, k_chunks=2, stages=3, store_cols=2), WgmmaConfig(bn=128, k_chunks=2, stages=2, store_cols=2),
+                              WgmmaConfig(bn=128, stages=4, store_cols=2), WgmmaConfig(bn=128, stages=6, store_cols=2),
+                              WgmmaConfig(bn=128, warpgroups=1, k_chunks=2, stages=2, store_cols=2),
+                              WgmmaConfig(bn=128, warpgroups=1, stages=4, store_cols=2), WgmmaConfig(bn=128, warpgroups=1, k_chunks=2, stages=3, store_cols=2),
+                              WgmmaConfig(bn=128, k_chunks=2, stages=3, store_cols=4),
+                              WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=4, store_cols=2), WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=2, store_cols=2),
+                              WgmmaConfig(bn=96, warpgroups=1, k_chunks=2, stages=4, store_cols=2)))

@@ -37,6 +37,7 @@ import functools
 from dataclasses import dataclass
 
 from tvm import te, tirx
+from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC, cp_async_ring, itemsize, tma_ring, to_tf32
@@ -50,8 +51,9 @@ FENCE_OPERAND_SRC = f'__forceinline__ __device__ void {FENCE_OPERAND}(float& r) 
 
 # mode -> (storage dtype, PTX operand type, k per wgmma): each wgmma takes 32 bytes of every row's chunk
 # (tf32x3: exact fp32 as three TF32 products, hi*hi + hi*lo + lo*hi, of each operand's TF32 high and low parts)
+# (f16x3: exact fp32 as three fp16 products of each operand's scaled high and low halves, schedules.split_halves)
 MODES = {"float16": ("float16", "f16", 16), "bfloat16": ("bfloat16", "bf16", 16), "tf32": ("float32", "tf32", 8),
-         "tf32x3": ("float32", "tf32", 8)}
+         "tf32x3": ("float32", "tf32", 8), "f16x3": ("float16", "f16", 16)}
 SWIZZLE = {64: 2, 128: 3}  # a chunk row's bytes -> tirx.cuda.wgmma_encode_matrix_descriptor's swizzle code (SW64, SW128)
 TMA_SWIZZLE = {64: 2, 128: 3}  # the same -> CUtensorMapSwizzle (CU_TENSOR_MAP_SWIZZLE_64B, _128B): the same permutation
 
@@ -114,17 +116,21 @@ class WgmmaConfig:
         """The ring's mbarriers (tma): a "full" one per buffer, and (tma 2, 3) an "empty" one."""
         return self.stages * min(self.tma, 2)
 
-    @property
-    def w_blocks(self) -> int:
-        """The blocks of BN rows the ring holds from W per chunk: W's, and with lo_w its low parts'."""
-        return 1 + self.lo_w
+    def ring_blocks(self, mode: str) -> tuple[int, int]:
+        """The blocks of rows the ring holds per chunk from X (of BM rows) and from W (of BN): one each; with lo_w W's
+        low parts too; in f16x3 both operands' high and low halves."""
+        return (2, 2) if mode == "f16x3" else (1, 1 + self.lo_w)
+
+    def chunk_rows(self, mode: str) -> int:
+        """A chunk's rows in the ring: its X blocks, then its W blocks."""
+        (xb, wb), (bm, bn) = self.ring_blocks(mode), self.block
+        return xb * bm + wb * bn
 
     def smem_bytes(self, mode: str = "float16") -> int:
         """The ring; in tf32x3 split in shared memory also two buffers of each chunk's high and low parts; with tma the
         ring's mbarriers."""
         parts = 4 if mode == "tf32x3" and not self.lo_w else 0
-        bm, bn = self.block
-        return (self.stages + parts) * self.k_chunks * (bm + self.w_blocks * bn) * row_bytes(mode) + 8 * self.barriers
+        return (self.stages + parts) * self.k_chunks * self.chunk_rows(mode) * row_bytes(mode) + 8 * self.barriers
 
 
 # the best point on the H100 (benchmarks/results/2026-11-25-h100-projection-wgmma.md): 128 x 256 blocks, two chunks per
@@ -164,8 +170,21 @@ TF32X3_NARROW = {160: WgmmaConfig(bn=160, warpgroups=1, stages=2, store_cols=2, 
                  96: WgmmaConfig(bn=96, warpgroups=1, stages=2, store_cols=2, lo_w=1)}
 
 
+# exact fp32 as three fp16 products of scaled halves (f16x3): X's and W's high and low halves each in the ring, one
+# chunk sum per item as in 3xTF32 (acc and sum: BN registers). One warpgroup over the widest of 160, 128, 96 columns
+# that divides the gates, two chunks a buffer, two buffers (at 160 columns 104 KB: two blocks an SM). The GEMM alone
+# on the H100 (benchmarks/results/2026-11-26-h100-halves.md), against 3xTF32's compile points: blog-a 3.69 ms (128 x
+# 128 with three buffers 3.95) against 5.96-6.58, b64-h1024 0.337 (128 x 128: 0.351-0.358) against 0.512, ds2-lstm
+# 0.191 against 0.291, ds2-gru 0.152 against 0.233, ds2-5l-bi's upper layers 0.744 (128 x 128: 0.739) against 1.11;
+# X's halves add 0.05-0.28 ms
+EXACT_ON_HALVES = True  # False: compile's exact-fp32 GEMM on sm_90a is 3xTF32 (for A/B runs)
+F16X3 = {bn: WgmmaConfig(bn=bn, warpgroups=1, k_chunks=2, stages=2, store_cols=2) for bn in (160, 128, 96)}
+
+
 def default_config(mode: str, cols: int, K: int | None = None) -> WgmmaConfig:
     """compile's point for the mode: the widest tile that divides the gates; in 3xTF32 by the reduction's length K."""
+    if mode == "f16x3":
+        return next((c for bn, c in F16X3.items() if cols % bn == 0), F16X3[128])
     if mode == "tf32x3":
         if cols % 128:
             return next((c for bn, c in TF32X3_NARROW.items() if cols % bn == 0), TF32X3)
@@ -187,7 +206,9 @@ def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig | None =
             # chunk sums: twice the registers (with overlap, three times: one chunk per buffer)
             and not (mode == "tf32x3" and (cfg.bn > (160 if cfg.lo_w else 128) or (cfg.overlap and cfg.k_chunks > 1) or cfg.tma))
             # W's low parts beside it: X split in registers, one chunk's products summed before the next chunk's
-            and not (cfg.lo_w and (mode != "tf32x3" or cfg.overlap)))
+            and not (cfg.lo_w and (mode != "tf32x3" or cfg.overlap))
+            # halves: one chunk sum beside the accumulators, copies by every thread (cp.async)
+            and not (mode == "f16x3" and (cfg.bn > 160 or cfg.overlap or cfg.tma)))
 
 
 def low_parts(rows: int, K: int) -> tirx.PrimFunc:
@@ -204,10 +225,15 @@ def low_parts(rows: int, K: int) -> tirx.PrimFunc:
     return te.create_prim_func([W, te.compute((2 * rows, K), at, name="W2")])
 
 
+def takes_halves(func: tirx.PrimFunc) -> bool:
+    """Whether a projection PrimFunc takes its operands as scaled halves (f16x3: X, x_scale, W, w_scale, bias, XW)."""
+    return len(func.params) == 6
+
+
 def reads_low_parts(func: tirx.PrimFunc) -> bool:
     """Whether a projection PrimFunc (X, W, bias, XW) takes W with its low parts beside it (lo_w): W has twice XW's
     columns in rows. Read off the PrimFunc, so its callers follow what was built, not a guess at the point."""
-    return int(func.params[1].shape[0]) == 2 * int(func.params[-1].shape[1])
+    return not takes_halves(func) and int(func.params[1].shape[0]) == 2 * int(func.params[-1].shape[1])
 
 
 @functools.cache
@@ -218,8 +244,9 @@ def _low_parts_on_cpu(rows: int, K: int):
 
 
 def weights_for(func: tirx.PrimFunc, w):
-    """W (numpy [cols, K]) as a projection PrimFunc takes it, for callers that run the GEMM alone (tests, benchmarks):
-    as it is, or where the GEMM reads W's low parts beside it, W2 by low_parts, run on the CPU (built once a shape)."""
+    """W (numpy [cols, K]) as a projection PrimFunc (X, W, bias, XW) takes it, for callers that run the GEMM alone
+    (tests, benchmarks): as it is, or where the GEMM reads W's low parts beside it, W2 by low_parts, run on the CPU
+    (built once a shape)."""
     import numpy as np
     import tvm
 
@@ -228,6 +255,16 @@ def weights_for(func: tirx.PrimFunc, w):
     out = tvm.runtime.tensor(np.empty((2 * w.shape[0], w.shape[1]), "float32"))
     _low_parts_on_cpu(*w.shape)["main"](tvm.runtime.tensor(np.ascontiguousarray(w, "float32")), out)
     return out.numpy()
+
+
+def operands_for(func: tirx.PrimFunc, x, w) -> list:
+    """The GEMM's inputs before bias for numpy X [M, K] and W [cols, K]: (X, weights_for W), or for an f16x3 GEMM each
+    one's scaled halves and scales (split_halves, on the CPU)."""
+    if not takes_halves(func):
+        return [x, weights_for(func, w)]
+    from .split_halves import split_on_cpu
+
+    return [*split_on_cpu(x), *split_on_cpu(w)]
 
 
 def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = None, rows: int | None = None,
@@ -242,6 +279,7 @@ def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = Non
     from .projection_staged import default_config as staged_default
 
     point = cfg or default_config(mode, cols, K)
+    halves = mode == "f16x3"  # its operands as split_halves makes them; no small-row branch (those GEMMs read fp32)
     assert supported(mode, K, cols, "sm_90a", point), (mode, K, cols, point)
     assert xw_dtype in ("float32", MODES[mode][0]), (mode, xw_dtype)
     BM, BN = point.block
@@ -257,45 +295,51 @@ def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = Non
             maps.append(tmap)
         return maps
 
-    def warpgroup_tiles(X, W, bias, XW, M):
+    def warpgroup_tiles(X, W, bias, XW, M, scales=None):
         maps = tensor_maps(X, W, M) if point.tma else None
         m_tiles, n_tiles = tirx.ceildiv(M, i64(BM)), i64(cols // BN)
         with T.thread_binding(0, m_tiles * n_tiles, "blockIdx.x") as b:
             bx, by = raster(b, m_tiles, n_tiles, point.group)
             with T.thread_binding(0, i64(point.threads), "threadIdx.x") as tid:
-                _tile(mode, K, cols, point, X, W, bias, XW, M, bx * i64(BM), by * i64(BN), tid, (BM + point.w_blocks * BN) * KC, K // KC, maps)
+                _tile(mode, K, cols, point, X, W, bias, XW, M, bx * i64(BM), by * i64(BN), tid, point.chunk_rows(mode) * KC, K // KC,
+                      maps, scales)
 
-    def body(X, W, bias, XW, M):
-        if cfg is not None or rows is not None:
-            warpgroup_tiles(X, W, bias, XW, M)
+    def body(X, W, bias, XW, M, scales=None):
+        if cfg is not None or rows is not None or halves:
+            warpgroup_tiles(X, W, bias, XW, M, scales)
         else:
             by_rows(M, lambda: gemm(mode, K, cols, staged_default(mode, SMALL_M), X, W, bias, XW, M),
                     lambda: warpgroup_tiles(X, W, bias, XW, M))
 
-    return projection_prim_func(f"projection_wgmma_{mode}", MODES[mode][0], K, cols, (point.w_blocks * cols, K), body, xw_dtype)
+    w_shape = (cols, 2 * K) if halves else (point.ring_blocks(mode)[1] * cols, K)
+    return projection_prim_func(f"projection_wgmma_{mode}", MODES[mode][0], K, cols, w_shape, body, xw_dtype, scaled=halves)
 
 
-def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps=None):
+def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps=None, scales=None):
     BM, BN = cfg.block
     KCH = cfg.k_chunks
     dtype, ptx, kstep = MODES[mode]
     split = mode == "tf32x3"
+    halves = mode == "f16x3"  # X's and W's scaled high and low halves (split_halves), each a block of the ring's rows
+    xb = cfg.ring_blocks(mode)[0]
     in_regs = split and bool(cfg.lo_w)  # X split in registers, W's low parts copied beside W (WgmmaConfig.lo_w)
     split_smem = split and not in_regs  # both operands split by the threads into the parts buffers
     rb = row_bytes(mode)
     segs, vec, per_k = rb // 16, 16 * KC // rb, 32 * KC // rb  # per row: 16-byte copies; elements per copy, per wgmma
-    x_passes = BM * segs // cfg.threads  # X's rows take whole passes of the block's threads (64 rows per warpgroup)
+    x_passes = xb * BM * segs // cfg.threads  # X's rows take whole passes of the block's threads (64 rows per warpgroup)
     wg, t = tid // i64(128), tid % i64(128)
     # with tma the ring's mbarriers (8 bytes each) after its buffers, in the same allocation: the buffers stay at the
     # start of dynamic shared memory, aligned as the swizzle needs
     bars = cfg.stages * KCH * size
-    sm = T.alloc_buffer((bars + cfg.barriers * 8 // itemsize(dtype),), dtype, scope="shared.dyn")
+    # named for its dtype: kernels of one module share a translation unit, where two dynamic shared arrays of one name
+    # (TVM's default: _ptr_1) but other types do not compile (f16x3's half ring beside an fp32 recurrent kernel's)
+    sm = IRBuilder.name(f"ring_{dtype}", T.alloc_buffer((bars + cfg.barriers * 8 // itemsize(dtype),), dtype, scope="shared.dyn"))
     # tf32x3: each landed chunk's high and low parts, in two buffers by item parity, high planes then low ones
     parts = T.alloc_buffer((2 * 2 * KCH * size,), dtype, scope="shared.dyn") if split_smem else None
     acc = T.alloc_buffer((BN // 2,), "float32", scope="local")
     # tf32x3 with overlap: two chunk sums, one item's wgmma's running while the next item is split
     pipelined = split and bool(cfg.overlap)
-    sums = [T.alloc_buffer((BN // 2,), "float32", scope="local") for _ in range(1 + pipelined)] if split else None
+    sums = [T.alloc_buffer((BN // 2,), "float32", scope="local") for _ in range(1 + pipelined)] if split or halves else None
     staged = T.alloc_buffer(((BM + BN) * KC // cfg.threads,), "float32", scope="local") if split_smem else None  # a chunk's own copies
     # in_regs: an item's A fragments of this thread's rows of X, per chunk TF32 high parts then low ones (4 registers
     # per k8): all loaded before the item's first wgmma, which would otherwise still read them while the next are written
@@ -313,27 +357,33 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
     def own_segments():
         """(pass, row in a plane, its 16-byte segment, the segment's place in the plane) of this thread's copies: segment
         seg of row r lands at seg XOR (bits 7.. of r's byte offset), the canonical SW64 / SW128 K-major atom."""
-        for i in range((BM + cfg.w_blocks * BN) * segs // cfg.threads):
+        for i in range(cfg.chunk_rows(mode) * segs // cfg.threads):
             r = i64(i * cfg.threads // segs) + tid // i64(segs)
             seg = tid % i64(segs)
             swz = (r * i64(rb) // i64(128)) % i64(segs)
             yield i, r, seg, r * i64(KC) + tirx.bitwise_xor(seg, swz) * i64(vec)
 
-    def w_row(i, r):
-        """W's row (in W [w_blocks * cols, K]) for row r of a plane, copied in pass i: BN rows of W, then with lo_w the
-        same rows' low parts, cols rows further on (a pass's rows are in one block: BN is whole passes)."""
-        block = (i * cfg.threads // segs - BM) // BN
-        return i64(block * cols) + nb + r - i64(BM + block * BN)
+    def source(i, r):
+        """The operand and the element offset of the row that row r of a plane holds, copied in pass i (a pass's rows
+        are in one block: BM and BN are whole passes). X's BM rows (past M the last one's), in f16x3 its high halves
+        then its low ones, K columns on in X [M, 2K]; then W's BN rows: with lo_w then the same rows' low parts, cols
+        rows on in W [2 * cols, K]; in f16x3 its high halves, then its low ones, K columns on in W [cols, 2K]."""
+        first, stride = i * cfg.threads // segs, i64(2 * K if halves else K)
+        if i < x_passes:
+            block = first // BM
+            return X, tirx.min(mb + r - i64(block * BM), M - i64(1)) * stride + i64(block * K)
+        block = (first - xb * BM) // BN
+        row = nb + r - i64(xb * BM + block * BN)
+        return W, row * stride + i64(block * K) if halves else (row + i64(block * cols)) * stride
 
     def issue(item, buf):
         """This thread's 16-byte copies of the item's chunks' X rows, then W rows (and their low parts), into buffer
         buf, in the swizzled layout."""
         def plane(j, ck):
             for i, r, seg, at in own_segments():
-                row_off = tirx.min(mb + r, M - i64(1)) * i64(K) if i < x_passes else w_row(i, r) * i64(K)
+                operand, row_off = source(i, r)
                 dst = (buf * i64(KCH) + i64(j)) * i64(size) + at
-                T.evaluate(T.s_tir.cp_async_raw(dtype, sm.data, dst, (X if i < x_passes else W).data,
-                                                row_off + ck * i64(KC) + seg * i64(vec), 16))
+                T.evaluate(T.s_tir.cp_async_raw(dtype, sm.data, dst, operand.data, row_off + ck * i64(KC) + seg * i64(vec), 16))
 
         each_plane(item, plane)
 
@@ -453,9 +503,23 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
                 add_sum(sums[done])
                 fence_operands(acc)
 
+    def halves_products(base, j):
+        """f16x3: chunk j's three products per k16 into the item's sum, from the ring's blocks: X's high halves times
+        W's high and low ones, X's low halves times W's high ones (the sum started at zero by the item's first)."""
+        for kk in range(rb // 32):
+            for n, (xh, wh) in enumerate(((0, 0), (0, 1), (1, 0))):
+                wgmma(sums[0], sm, base + wg * i64(64 * KC) + i64(xh * BM * KC + kk * per_k),
+                      base + i64((xb * BM + wh * BN) * KC + kk * per_k), j > 0 or kk > 0 or n > 0)
+
     def consume(item, buf):
         T.evaluate(T.ptx.wgmma.fence.sync.aligned())
         at = lambda j: (buf * i64(KCH) + i64(j)) * i64(size)  # noqa: E731 - chunk j of the item in the ring
+        if halves:  # as in 3xTF32, the item's products into a sum of their own, added in fp32
+            each_plane(item, lambda j, ck: halves_products(at(j), j))
+            T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
+            T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+            add_sum(sums[0])
+            return
         if in_regs:  # the item's products into one sum (64 columns of K at most in the tensor cores' accumulation)
             each_plane(item, lambda j, ck: load_a(at(j), j))
             T.evaluate(T.ptx.wgmma.fence.sync.aligned())  # A's registers were written: before the wgmma's read them
@@ -522,7 +586,7 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
             cp_async_ring(items, cfg.stages, issue, consume, landed, lag=1 + cfg.overlap)
         if cfg.overlap:  # the last item's wgmma's
             T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-    emit_if(tid < i64(cfg.consumers), lambda: _epilogue(cfg, cols, bias, XW, M, mb, nb, wg, t, acc), cfg.threads == cfg.consumers)
+    emit_if(tid < i64(cfg.consumers), lambda: _epilogue(cfg, cols, bias, XW, M, mb, nb, wg, t, acc, scales), cfg.threads == cfg.consumers)
 
 
 # the epilogue's stores of 2 and 4 columns (store_cols), bias added on the way. Four: lanes l and l ^ 1 hold columns
@@ -551,9 +615,18 @@ def store_call(cols: int, xw_dtype: str) -> tuple[str, str]:
                   f"*reinterpret_cast<{quad}*>(out + at) = {both}; }}")
 
 
-def _epilogue(cfg, cols, bias, XW, M, mb, nb, wg, t, acc):
+def _epilogue(cfg, cols, bias, XW, M, mb, nb, wg, t, acc, scales=None):
     """The accumulators plus bias into XW, rows past M skipped, store_cols columns per load and store (n is even, and
-    XW's rows hold a multiple of 8 columns: whole 8- and 16-byte pieces)."""
+    XW's rows hold a multiple of 8 columns: whole 8- and 16-byte pieces). With scales (f16x3: X's rows' and W's rows'
+    powers of two) each sum divided by its row's and column's first (exact: reciprocals of powers of two)."""
+    def value(i, m, n):
+        """Accumulator i of row m, column n."""
+        if scales is None:
+            return acc[i]
+        x_scale, w_scale = scales
+        one = tirx.const(1, "float32")
+        return acc[i] * (one / x_scale[tirx.min(m, M - i64(1))]) * (one / w_scale[n])
+
     w, lane = t // i64(32), t % i64(32)
     step = max(2, 2 * cfg.store_cols)  # accumulators per store call: 4 columns take two 8-column groups' pairs
     name, source = store_call(cfg.store_cols, str(XW.dtype)) if cfg.store_cols > 1 else (None, None)
@@ -565,8 +638,9 @@ def _epilogue(cfg, cols, bias, XW, M, mb, nb, wg, t, acc):
                 with T.If(m < M):
                     with T.Then():
                         for v in range(2):
-                            T.buffer_store(XW, (acc[i + v] + bias[n + i64(v)]).astype(XW.dtype), [m, n + i64(v)])
+                            T.buffer_store(XW, (value(i + v, m, n + i64(v)) + bias[n + i64(v)]).astype(XW.dtype), [m, n + i64(v)])
                 continue
-            values = [acc[i + v] for v in ((0, 1) if cfg.store_cols == 2 else (0, 1, 4, 5))]
+            # accumulator i + v: column n + v % 2 of its 8-column group, the next group's at v = 4, 5
+            values = [value(i + v, m, n + i64(8 * (v // 4) + v % 2)) for v in ((0, 1) if cfg.store_cols == 2 else (0, 1, 4, 5))]
             T.evaluate(T.cuda.func_call(name, m < M, XW.access_ptr("w", offset=tirx.min(m, M - i64(1)) * i64(cols) + n),
                                         bias.access_ptr("r", offset=n), *values, source_code=source))

@@ -263,20 +263,25 @@ def recurrent_prim_func(spec: RNNLayerSpec, cell: Cell, r_layout: str, emit_body
     return ib.get()
 
 
-def projection_prim_func(name: str, x_dtype: str, K: int, cols: int, w_shape: tuple, emit_body, xw_dtype="float32") -> tirx.PrimFunc:
+def projection_prim_func(name: str, x_dtype: str, K: int, cols: int, w_shape: tuple, emit_body, xw_dtype="float32",
+                         scaled: bool = False) -> tirx.PrimFunc:
     """The input projection's PrimFunc(X [M, K], W w_shape, bias [cols] fp32, XW [M, cols] xw_dtype), M = seq * batch
     symbolic, X and W in `x_dtype`; the body from emit_body(X, W, bias, XW, M). Every target's GEMM has this signature
-    (XW fp32 but in the tensor-core GEMMs of half-precision layers, which may store it in their dtype)."""
+    (XW fp32 but in the tensor-core GEMMs of half-precision layers, which may store it in their dtype), but for the
+    scaled halves of exact fp32 on fp16 tensor cores (schedules.split_halves): PrimFunc(X [M, 2K], x_scale [M] fp32,
+    W w_shape, w_scale [cols] fp32, bias, XW), the body from emit_body(X, W, bias, XW, M, (x_scale, w_scale))."""
     M = tirx.Var("M", I64)
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name(name)
             T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-            X = T.arg("X", T.Buffer((M, K), x_dtype))
+            X = T.arg("X", T.Buffer((M, 2 * K if scaled else K), x_dtype))
+            x_scale = T.arg("x_scale", T.Buffer((M,), "float32")) if scaled else None
             W = T.arg("W", T.Buffer(w_shape, x_dtype))
+            w_scale = T.arg("w_scale", T.Buffer((cols,), "float32")) if scaled else None
             bias = T.arg("bias", T.Buffer((cols,), "float32"))
             XW = T.arg("XW", T.Buffer((M, cols), xw_dtype))
-            emit_body(X, W, bias, XW, M)
+            emit_body(X, W, bias, XW, M, *([(x_scale, w_scale)] if scaled else []))
     return ib.get()
 
 

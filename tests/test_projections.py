@@ -21,7 +21,8 @@ from schedules.projection_mma import projection_mma
 from schedules.projection_staged import StagedConfig, projection_staged
 from schedules.projection_staged import supported as projection_staged_supported
 from schedules.projection_wgmma import DEFAULT as WGMMA_DEFAULT, HALF_128 as WGMMA_HALF_128, TF32X3_SMALL_K as WGMMA_TF32X3_SMALL_K
-from schedules.projection_wgmma import WgmmaConfig, projection_wgmma, weights_for
+from schedules.projection_wgmma import F16X3
+from schedules.projection_wgmma import WgmmaConfig, operands_for, projection_wgmma, weights_for
 from schedules.ptxas import kernel_source
 
 
@@ -63,7 +64,7 @@ def _check_projection(func, M, K, cols, dtype, tol, target=None, xw_dtype="f4"):
     b = rng.standard_normal(cols).astype("f4")
     dev = tvm.cuda(0)
     out = tvm.runtime.tensor(np.full((M, cols), np.nan, xw_dtype), dev)
-    lib["main"](*[tvm.runtime.tensor(v, dev) for v in (x, weights_for(func, w), b)], out)
+    lib["main"](*[tvm.runtime.tensor(v, dev) for v in (*operands_for(func, x, w), b)], out)
     expected = x.astype("f8") @ w.astype("f8").T + b
     got = out.numpy().astype("f8")
     assert not np.isnan(got).any(), f"{np.isnan(got).sum()} elements never written"
@@ -238,6 +239,67 @@ def test_projection_wgmma_builds_without_a_gpu():
     assert not supported("float16", 800, 1024, "sm_90a", WgmmaConfig(stages=2, overlap=1))  # no buffer left to copy into
 
 
+# exact fp32 as three fp16 products of scaled halves (f16x3): compile's points (one warpgroup over 160, 128 or 96
+# columns, two chunks a buffer: K = 800's 25 chunks leave a partial last buffer), 128 x 128 with one chunk a buffer and
+# four buffers, and 64 x 64 with a raster group that does not divide the M tiles, storing four columns at a time
+WGMMA_HALVES_CONFIGS = [*F16X3.values(), WgmmaConfig(bn=128, stages=4, store_cols=2), WgmmaConfig(bn=64, warpgroups=1, stages=3, group=3, store_cols=4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", WGMMA_HALVES_CONFIGS, ids=str)
+@pytest.mark.parametrize("M, K, cols", [(1, 32, 1920), (333, 64, 1920), (1100, 800, 1920), (6000, 800, 3840)])
+def test_projection_wgmma_halves_match_float64(M, K, cols, config):
+    """The f16x3 GEMM (X's and W's rows scaled and split into fp16 halves by split_halves, hi*hi + hi*lo + lo*hi)
+    against float64, output poisoned first, within fp32's 1e-5 of the largest value; partial row tiles, one chunk to
+    25."""
+    _check_projection(projection_wgmma("f16x3", K, cols, config), M, K, cols, "f4", 1e-5, tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
+
+
+@pytest.mark.gpu
+def test_projection_wgmma_halves_keep_each_row_exact():
+    """Each row keeps fp32's accuracy whatever its magnitude: rows of X and W scaled by 2^-100 to 2^100 (far outside
+    fp16's range, as each row's scale brings them into it), a row of zeros, mixed signs: every element within 2^-20 of
+    its own dot product's magnitude (|X| @ |W|^T, the bound a float32 dot product keeps), and the zero row exactly the
+    bias."""
+    M, K, cols = 700, 256, 512
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((M, K)) * np.exp2(rng.integers(-100, 100, (M, 1)))).astype("f4")
+    w = (rng.standard_normal((cols, K)) * np.exp2(rng.integers(-20, 20, (cols, 1)))).astype("f4")
+    x[5] = 0
+    b = rng.standard_normal(cols).astype("f4")
+    func = projection_wgmma("f16x3", K, cols, rows=M)
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full((M, cols), np.nan, "f4"), dev)
+    lib["main"](*[tvm.runtime.tensor(v, dev) for v in (*operands_for(func, x, w), b)], out)
+    got, x8, w8 = out.numpy().astype("f8"), x.astype("f8"), w.astype("f8")
+    bound = np.abs(x8) @ np.abs(w8).T
+    assert (np.abs(got - (x8 @ w8.T + b)) <= np.exp2(-20) * bound + np.abs(b) * np.exp2(-23)).all()
+    assert np.array_equal(got[5], b)
+
+
+def test_split_halves_rebuild_each_row():
+    """split_halves (run on the CPU): each row's scale a power of two that puts its largest magnitude in [2^14, 2^15),
+    high + low rebuilding each element within 2^-23 of the row's largest (22 bits and the rounding of the low half), a
+    row of fp32 subnormals and a zero row given the largest scale (2^126) without overflow, an infinity left non-finite
+    (its low half is NaN, as 3xTF32's was)."""
+    from schedules.split_halves import split_on_cpu
+
+    rng = np.random.default_rng(5)
+    a = (rng.standard_normal((6, 96)) * np.exp2(np.array([0, -30, 40, -126, 0, 0]))[:, None]).astype("f4")
+    a[4], a[5, 3] = 0, np.inf
+    parts, scales = split_on_cpu(a)
+    assert parts.dtype == np.float16 and parts.shape == (6, 192)
+    assert (np.frexp(scales)[0] == 0.5).all()  # powers of two
+    high, low = parts[:, :96].astype("f8"), parts[:, 96:].astype("f8")
+    top = np.abs(high[:3]).max(axis=1)  # row 3 (under 2^-112) takes the largest scale, 2^126, and stays below
+    assert ((top >= 2**14) & (top <= 2**15)).all() and scales[3] == scales[4] == 2.0**126
+    rebuilt = (high + low) / scales[:, None]
+    scale = np.abs(a[:4].astype("f8")).max(axis=1, keepdims=True)
+    assert (np.abs(rebuilt[:4] - a[:4]) <= np.exp2(-23) * scale).all()
+    assert not rebuilt[4].any() and np.isfinite(scales).all() and not np.isfinite(rebuilt[5, 3])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("bn", [160, 96])
 @pytest.mark.parametrize("M", [333, 6000])
@@ -320,7 +382,7 @@ def test_projection_wgmma_tma_builds_without_a_gpu():
     assert not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=2, tma=1))
 
 
-@pytest.mark.parametrize("mode, config", [("float16", WGMMA_DEFAULT), ("float16", WGMMA_HALF_128), ("tf32", None), ("tf32x3", None),
+@pytest.mark.parametrize("mode, config", [("float16", WGMMA_DEFAULT), ("float16", WGMMA_HALF_128), ("tf32", None), ("tf32x3", None), ("f16x3", None),
                                          ("tf32x3", WgmmaConfig(bn=128, stages=2, overlap=1))] + [("tf32x3", c) for c in WGMMA_REGS_CONFIGS], ids=str)
 def test_wgmma_gemms_keep_their_pipeline(mode, config):
     """ptxas (through NVRTC, no GPU) keeps compile's wgmma GEMMs asynchronous and in registers: it does not serialize
@@ -339,7 +401,7 @@ def test_wgmma_gemms_keep_their_pipeline(mode, config):
 # instruction in its CUDA source
 WGMMA_MODELS = {("float16", "exact", 64): ("float16", "128x256", "m64n256k16.f32.f16.f16"),
                 ("float16", "exact", 32): ("float16", "128x128", "m64n128k16.f32.f16.f16"),  # 256 columns do not divide 128
-                ("float32", "exact", 64): ("tf32x3", "64x128", "m64n128k8.f32.tf32.tf32"),  # K = 32: one warpgroup
+                ("float32", "exact", 64): ("f16x3", "64x128", "m64n128k16.f32.f16.f16"),  # exact fp32 as scaled fp16 halves
                 ("float32", "tf32", 64): ("tf32", "128x256", "m64n256k8.f32.tf32.tf32"),
                 ("float32", "tf32", 32): ("tf32", "128x128", "m64n128k8.f32.tf32.tf32")}
 
@@ -348,26 +410,46 @@ WGMMA_MODELS = {("float16", "exact", 64): ("float16", "128x256", "m64n256k16.f32
 @pytest.mark.parametrize("dtype, precision, hidden", list(WGMMA_MODELS), ids=str)
 def test_models_project_with_wgmma_on_sm90a(dtype, precision, hidden, arch):
     """A layer whose gates fill the mode's column tiles projects with the warpgroup GEMM on sm_90a (the H100 tag's
-    arch): half precision in its dtype, fp32 exact as 3xTF32 and with precision="tf32" as TF32, each on its widest
-    tile that divides the gates; on sm_90, which has no wgmma, with projection_staged in the same mode."""
+    arch): half precision in its dtype, fp32 exact as three fp16 products of scaled halves (f16x3) and with
+    precision="tf32" as TF32, each on its widest tile that divides the gates; on sm_90, which has no wgmma, with
+    projection_staged in the same mode (exact fp32 there as 3xTF32)."""
     mode, block, instruction = WGMMA_MODELS[dtype, precision, hidden]
     case = Case(op="LSTM", hidden=hidden, input_size=32, dtype=dtype)
     module = tvmrnn.compile(case.model(), target={"kind": "cuda", "arch": arch}, logs=False, precision=precision)
     src = cuda_sources(module)
     assert (f"wgmma.mma_async.sync.aligned.{instruction}" in src) == (arch == "sm_90a")
     xw = "" if dtype == "float32" else f", XW in {dtype}"  # a half layer's GEMM writes XW in its dtype
-    split = ", X split in registers" if mode == "tf32x3" else ""  # and W's low parts precomputed: the lo_w point
-    assert module.metadata["layers"][0]["projection"] == (f"wgmma {mode} {block}{split} (staged mma.sync up to 512 rows){xw}"
-                                                          if arch == "sm_90a" else f"staged mma.sync {mode}{xw}")
+    # f16x3 reads X's halves at every row count (no small-row branch); on sm_90 exact fp32 is 3xTF32 on mma.sync
+    wgmma = (f"wgmma {mode} {block}, X and W as scaled fp16 halves" if mode == "f16x3" else
+             f"wgmma {mode} {block} (staged mma.sync up to 512 rows){xw}")
+    assert module.metadata["layers"][0]["projection"] == (wgmma if arch == "sm_90a" else f"staged mma.sync {'tf32x3' if mode == 'f16x3' else mode}{xw}")
     assert "mma.sync.aligned.m16n8k" in src  # the recurrent kernels, and the small-row branch of either projection
 
 
 @pytest.mark.parametrize("weights_as_inputs", [False, True])
-def test_w_low_parts_fold_at_compile_time(weights_as_inputs):
-    """compile's 3xTF32 wgmma GEMM reads W's TF32 low parts beside W: where W is an initializer they are computed at
-    compile time (no kernel for them in the module), where it is a graph input by a kernel of their own at run time."""
+def test_w_halves_fold_at_compile_time(weights_as_inputs):
+    """compile's exact-fp32 wgmma GEMM (f16x3) reads X's and W's scaled fp16 halves: W's are computed at compile time
+    where W is an initializer (no kernel for them in the module), by kernels of their own at run time where it is a
+    graph input; X's always at run time, for any row count."""
     case = Case(op="LSTM", hidden=64, input_size=32, weights_as_inputs=weights_as_inputs)
     src = cuda_sources(tvmrnn.compile(case.model(), target={"kind": "cuda", "arch": "sm_90a"}, logs=False))
+    assert "wgmma_f16_ss_mma_async" in src and "row_scales_Mx32_kernel" in src and "halves_Mx32_kernel" in src
+    assert ("row_scales_256x32_kernel" in src) == ("halves_256x32_kernel" in src) == weights_as_inputs
+
+
+@pytest.mark.parametrize("weights_as_inputs", [False, True])
+def test_w_low_parts_fold_at_compile_time(weights_as_inputs):
+    """With f16x3 off (EXACT_ON_HALVES), compile's 3xTF32 wgmma GEMM reads W's TF32 low parts beside W: where W is an
+    initializer they are computed at compile time (no kernel for them in the module), where it is a graph input by a
+    kernel of their own at run time."""
+    from schedules import projection_wgmma
+
+    case = Case(op="LSTM", hidden=64, input_size=32, weights_as_inputs=weights_as_inputs)
+    projection_wgmma.EXACT_ON_HALVES = False
+    try:
+        src = cuda_sources(tvmrnn.compile(case.model(), target={"kind": "cuda", "arch": "sm_90a"}, logs=False))
+    finally:
+        projection_wgmma.EXACT_ON_HALVES = True
     assert "wgmma_tf32_rs_mma_async" in src and ("tf32_low_parts_256x32_kernel" in src) == weights_as_inputs
 
 

@@ -80,7 +80,16 @@ def _projection(bb, X, w, bias, cols, In, target, mode, xw_dtype="float32"):
     of_rows = "" if rows is None else f"_m{rows}"  # a fixed row count picks its own tiles: a function of its own
     # both tensor-core GEMMs take the same modes (on sm_90a, which has tensor cores, staged is the half dtype or fp32's
     # TF32 / 3xTF32)
-    if cuda and (rows is None or rows > projection_staged.SMALL_M) and projection_wgmma.supported(staged, In, cols, arch):
+    operands = lambda x2d: [x2d, weight]  # noqa: E731 - the GEMM's inputs before bias, from X as [rows, In]
+    if (cuda and staged == "tf32x3" and projection_wgmma.EXACT_ON_HALVES and (rows is None or rows > projection_staged.SMALL_M)
+            and projection_wgmma.supported("f16x3", In, cols, arch)):
+        # exact fp32 as three fp16 products of scaled halves: half the tensor-core time of 3xTF32's three TF32 products.
+        # Where the model does not fix the rows, at every row count (its tiles read the halves, not fp32)
+        func, name = projection_wgmma.projection_wgmma("f16x3", In, cols, rows=rows, xw_dtype=xw_dtype), "projection_wgmma_f16x3" + of_rows
+        point, w_parts = projection_wgmma.default_config("f16x3", cols, In), _halves(bb, _f32(w), cols, In)
+        operands = lambda x2d: [*_halves(bb, x2d, m, In), *w_parts]  # noqa: E731
+        label = f"wgmma f16x3 {point.block[0]}x{point.bn}, X and W as scaled fp16 halves"
+    elif cuda and (rows is None or rows > projection_staged.SMALL_M) and projection_wgmma.supported(staged, In, cols, arch):
         func, weight, name = projection_wgmma.projection_wgmma(staged, In, cols, rows=rows, xw_dtype=xw_dtype), w_as_x(), f"projection_wgmma_{staged}{of_rows}"
         point = projection_wgmma.default_config(staged, cols, In)  # what projection_wgmma built: for the label
         if projection_wgmma.reads_low_parts(func):  # W, then its TF32 low parts: evaluated at compile time where W is a constant (FoldConstant)
@@ -116,8 +125,26 @@ def _projection(bb, X, w, bias, cols, In, target, mode, xw_dtype="float32"):
     out = str(func.params[-1].dtype)  # XW as the chosen GEMM writes it
     name = f"{name}_{In}x{cols}" + ("" if out == "float32" else f"_{out}")  # same shape, same function: add_func shares it between layers
     gv = bb.add_func(func.with_attr("global_symbol", name), name)
-    flat = bb.emit(relax.call_tir(gv, [bb.emit(op.reshape(X, [m, In])), weight, bias], relax.TensorType([m, cols], out)))
+    flat = bb.emit(relax.call_tir(gv, [*operands(bb.emit(op.reshape(X, [m, In]))), bias], relax.TensorType([m, cols], out)))
     return _as_xw(bb, bb.emit(op.reshape(flat, [shape[0], shape[1], cols])), label, xw_dtype)
+
+
+def _halves(bb, a, rows, K: int) -> list:
+    """An fp32 [rows, K] operand as the f16x3 GEMM reads it (schedules.split_halves): its rows' scaled fp16 halves
+    [rows, 2K] and their scales [rows]. Private and opaque functions, as W's TF32 low parts are: folded at compile
+    time where `a` is a constant (W's initializer), and then dropped from the module. rows: a number, or the Relax
+    shape's expression (the functions then take any row count)."""
+    from schedules import split_halves
+
+    fixed = isinstance(rows, (int, tirx.IntImm))
+
+    def private(make, name):
+        func = make(int(rows) if fixed else tirx.Var("M", "int64"), K)
+        return bb.add_func(func.without_attr("global_symbol").with_attr("op_pattern", 8), f"{name}_{int(rows) if fixed else 'M'}x{K}")
+
+    scales = bb.emit(relax.call_tir(private(split_halves.row_scales, "row_scales"), [a], relax.TensorType([rows], "float32")))
+    parts = bb.emit(relax.call_tir(private(split_halves.halves, "halves"), [a, scales], relax.TensorType([rows, 2 * K], "float16")))
+    return [parts, scales]
 
 
 def _as_xw(bb, xw, label: str, xw_dtype: str):
