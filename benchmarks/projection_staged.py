@@ -91,20 +91,13 @@ def ours(func, x, w, b, expected, tol, on=None):
 
 
 def split_ms(x) -> float:
-    """X's row scales and scaled halves (split_halves) as compile builds them for f16x3 (dlight's schedules), in ms."""
-    from tvm.s_tir import dlight as dl
-
-    from schedules.split_halves import halves, row_scales
+    """X's row scales and scaled halves as compile builds them for f16x3 (split_halves.split_on_gpu), in ms."""
+    from schedules.split_halves import split_on_gpu
 
     M, K = x.shape
-    with hopper:
-        mod = dl.ApplyDefaultSchedule(dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())(
-            tvm.IRModule({name: make(tvm.tirx.Var("M", "int64"), K).with_attr("global_symbol", name) for name, make in (("scales", row_scales), ("halves", halves))}))
-    lib = tvm.tirx.build(mod, target=hopper)
-    a, s, p = (tvm.runtime.tensor(np.zeros(shape, dt), dev) for shape, dt in (((M, K), "f4"), ((M,), "f4"), ((M, 2 * K), "f2")))
-    a.copyfrom(x)
-    times = [np.median(lib.time_evaluator(name, dev, number=5, repeat=3)(*args).results) for name, args in (("scales", (a, s)), ("halves", (a, s, p)))]
-    return float(sum(times)) * 1e3
+    lib = tvm.tirx.build(tvm.IRModule({"main": split_on_gpu(K)}), target=hopper)
+    args = [tvm.runtime.tensor(v, dev) for v in (x, np.zeros((M, 2 * K), "f2"), np.zeros(M, "f4"))]
+    return float(np.median(lib.time_evaluator("main", dev, number=5, repeat=3)(*args).results)) * 1e3
 
 
 def keep(shape, dtype, name, ms, err, flop):
@@ -150,7 +143,7 @@ for shape, (M, K, cols) in SHAPES.items():
                 if wgmma_supported("tf32x3", K, cols, "sm_90a", cfg) and ONLY_WGMMA.search(name):
                     keep(shape, dtype, name, *ours(projection_wgmma("tf32x3", K, cols, cfg), x, w, b, expected, 1e-5, hopper), flop)
             if any(ONLY_WGMMA.search(name) for name in WGMMA_F16X3):  # what f16x3 adds before its GEMM: X's halves
-                keep(shape, dtype, "f16x3: X's scales and halves (dlight)", split_ms(x), None, 0)
+                keep(shape, dtype, "f16x3: X's scales and halves", split_ms(x), None, 0)
             for name, cfg in WGMMA_F16X3.items():
                 if wgmma_supported("f16x3", K, cols, "sm_90a", cfg) and ONLY_WGMMA.search(name):
                     keep(shape, dtype, name, *ours(projection_wgmma("f16x3", K, cols, cfg), x, w, b, expected, 1e-5, hopper), flop)

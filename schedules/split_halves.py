@@ -12,8 +12,10 @@ largest), it keeps fewer bits. Its error stays under 2^-25 in scaled units (subn
 largest magnitude: far under the 2^-22 the split leaves anyway. Scales are powers of two, so scaling and unscaling
 round nothing.
 
-Both functions are plain TE: compile folds W's at compile time (FoldConstant, as an initializer's), and dlight
-schedules X's, which runs before each GEMM.
+Two builds of one split: `split`, plain TE, which compile folds for W at compile time (FoldConstant, as an
+initializer's) and runs on the CPU for tests; and `split_on_gpu`, X's before each GEMM, one warp per row. dlight's
+schedules of `split` read a row one thread at a time (three kernels); as two functions, scales then halves, they took
+0.28 ms on blog-a's X (benchmarks/results/2026-11-26-h100-halves.md).
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from __future__ import annotations
 import functools
 
 from tvm import te, tirx
+from tvm.backend.cuda import op as cuda_op
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as T
+
+from .recurrent_common import i64
 
 LOWEST_EXPONENT = 15  # rows of zeros (or smaller than 2^-112) take the scale of 2^-112: exponent bits stay in range
 
@@ -33,45 +40,76 @@ def scale_of(amax):
     return tirx.reinterpret("float32", (tirx.const(268, "uint32") - E) << tirx.const(23, "uint32"))
 
 
-def row_scales(rows, K: int) -> tirx.PrimFunc:
-    """PrimFunc(A [rows, K] fp32, S [rows] fp32): each row's scale (scale_of its largest magnitude). rows may be symbolic."""
+def halves_of(x):
+    """A scaled element's fp16 high half (x rounded to nearest) and low half (the exact fp32 remainder, rounded)."""
+    high = x.astype("float16")
+    return high, (x - high.astype("float32")).astype("float16")
+
+
+def split(rows, K: int) -> tirx.PrimFunc:
+    """PrimFunc(A [rows, K] fp32, P [rows, 2K] fp16, S [rows] fp32): each row's scale (scale_of its largest
+    magnitude), then its scaled high parts and low parts. rows may be symbolic. One function, so that a schedule may
+    keep a row on chip between its reduction and its split."""
     A = te.placeholder((rows, K), "float32", name="A")
     k = te.reduce_axis((0, K), name="k")
     amax = te.compute((rows,), lambda r: te.max(tirx.abs(A[r, k]), axis=k), name="amax")
-    return te.create_prim_func([A, te.compute((rows,), lambda r: scale_of(amax[r]), name="S")])
-
-
-def halves(rows, K: int) -> tirx.PrimFunc:
-    """PrimFunc(A [rows, K] fp32, S [rows] fp32, P [rows, 2K] fp16): each scaled row's high parts, then its low parts."""
-    A, S = te.placeholder((rows, K), "float32", name="A"), te.placeholder((rows,), "float32", name="S")
+    S = te.compute((rows,), lambda r: scale_of(amax[r]), name="S")
 
     def part(r, c):
-        x = A[r, tirx.indexmod(c, K)] * S[r]
-        high = x.astype("float16")
-        return tirx.Select(c < K, high, (x - high.astype("float32")).astype("float16"))
+        high, low = halves_of(A[r, tirx.indexmod(c, K)] * S[r])
+        return tirx.Select(c < K, high, low)
 
-    return te.create_prim_func([A, S, te.compute((rows, 2 * K), part, name="P")])
+    return te.create_prim_func([A, te.compute((rows, 2 * K), part, name="P"), S])
+
+
+def split_on_gpu(K: int, warps: int = 8) -> tirx.PrimFunc:
+    """CUDA: split(M, K) for any row count M, one warp per row (`warps` rows a block). The lanes read the row 32
+    columns at a time (128 bytes a warp) for its largest magnitude, a butterfly shuffle shares it, then they read the
+    row again (from L1) and write its halves: X read twice, its halves written once, each in whole sectors."""
+    M = tirx.Var("M", "int64")
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name("split_halves")
+            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+            A = T.arg("A", T.Buffer((M, K), "float32"))
+            P = T.arg("P", T.Buffer((M, 2 * K), "float16"))
+            S = T.arg("S", T.Buffer((M,), "float32"))
+            with T.sblock("root"):  # Relax's passes read a one-input function's body as a block (reshape detection)
+                with T.thread_binding(0, tirx.ceildiv(M, i64(warps)), "blockIdx.x") as bx:
+                    with T.thread_binding(0, i64(32 * warps), "threadIdx.x") as tx:
+                        row, lane = bx * i64(warps) + tx // i64(32), tx % i64(32)
+                        amax = T.alloc_buffer((1,), "float32", scope="local")
+                        with T.If(row < M):  # warp-uniform: the shuffles see every lane
+                            with T.Then():
+                                T.buffer_store(amax, tirx.const(0, "float32"), [0])
+                                with T.serial(0, i64(K // 32)) as j:
+                                    T.buffer_store(amax, tirx.max(amax[0], tirx.abs(A[row, j * i64(32) + lane])), [0])
+                                T.buffer_store(amax, scale_of(cuda_op.cuda_warp_max(amax[0])), [0])  # now the row's scale
+                                with T.If(lane == i64(0)):
+                                    with T.Then():
+                                        T.buffer_store(S, amax[0], [row])
+                                with T.serial(0, i64(K // 32)) as j:
+                                    high, low = halves_of(A[row, j * i64(32) + lane] * amax[0])
+                                    T.buffer_store(P, high, [row, j * i64(32) + lane])
+                                    T.buffer_store(P, low, [row, i64(K) + j * i64(32) + lane])
+    return ib.get()
 
 
 @functools.cache
 def _on_cpu(rows: int, K: int):
     import tvm
 
-    target = "llvm"
-    return (tvm.compile(tvm.IRModule({"main": row_scales(rows, K)}), target=target),
-            tvm.compile(tvm.IRModule({"main": halves(rows, K)}), target=target))
+    return tvm.compile(tvm.IRModule({"main": split(rows, K)}), target="llvm")
 
 
 def split_on_cpu(a):
-    """numpy fp32 [rows, K] -> (P fp16 [rows, 2K], S fp32 [rows]), by the same functions on the CPU (built once a shape):
+    """numpy fp32 [rows, K] -> (P fp16 [rows, 2K], S fp32 [rows]), by the same function on the CPU (built once a shape):
     for tests and benchmarks that run the GEMM alone."""
     import numpy as np
     import tvm
 
     a = np.ascontiguousarray(a, "float32")
-    scales_fn, halves_fn = _on_cpu(*a.shape)
-    s = tvm.runtime.tensor(np.empty(a.shape[0], "float32"))
     p = tvm.runtime.tensor(np.empty((a.shape[0], 2 * a.shape[1]), "float16"))
-    scales_fn["main"](tvm.runtime.tensor(a), s)
-    halves_fn["main"](tvm.runtime.tensor(a), s, p)
+    s = tvm.runtime.tensor(np.empty(a.shape[0], "float32"))
+    _on_cpu(*a.shape)["main"](tvm.runtime.tensor(a), p, s)
     return p.numpy(), s.numpy()

@@ -278,6 +278,26 @@ def test_projection_wgmma_halves_keep_each_row_exact():
     assert np.array_equal(got[5], b)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, K", [(1, 32), (333, 800), (1000, 2560)])
+def test_split_on_gpu_matches_the_folded_split(M, K):
+    """X's split on the GPU (one warp per row) gives the bits W's split gives at compile time (split, on the CPU):
+    fresh rows of mixed magnitudes, a zero row, an infinity; M not a multiple of the block's 8 rows; outputs poisoned."""
+    from schedules.split_halves import split_on_cpu, split_on_gpu
+
+    rng = np.random.default_rng(M)
+    a = (rng.standard_normal((M, K)) * np.exp2(rng.integers(-60, 60, (M, 1)))).astype("f4")
+    a[M // 2] = 0
+    a[-1, -1] = np.inf
+    lib = tvm.compile(tvm.IRModule({"main": split_on_gpu(K)}), target=tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
+    dev = tvm.cuda(0)
+    p, s = tvm.runtime.tensor(np.full((M, 2 * K), np.nan, "f2"), dev), tvm.runtime.tensor(np.full(M, np.nan, "f4"), dev)
+    lib["main"](tvm.runtime.tensor(a, dev), p, s)
+    want_p, want_s = split_on_cpu(a)
+    assert np.array_equal(s.numpy(), want_s)
+    assert np.array_equal(p.numpy(), want_p, equal_nan=True)  # value for value (the infinity's low half is NaN in both)
+
+
 def test_split_halves_rebuild_each_row():
     """split_halves (run on the CPU): each row's scale a power of two that puts its largest magnitude in [2^14, 2^15),
     high + low rebuilding each element within 2^-23 of the row's largest (22 bits and the rounding of the low half), a
@@ -433,8 +453,8 @@ def test_w_halves_fold_at_compile_time(weights_as_inputs):
     graph input; X's always at run time, for any row count."""
     case = Case(op="LSTM", hidden=64, input_size=32, weights_as_inputs=weights_as_inputs)
     src = cuda_sources(tvmrnn.compile(case.model(), target={"kind": "cuda", "arch": "sm_90a"}, logs=False))
-    assert "wgmma_f16_ss_mma_async" in src and "row_scales_Mx32_kernel" in src and "halves_Mx32_kernel" in src
-    assert ("row_scales_256x32_kernel" in src) == ("halves_256x32_kernel" in src) == weights_as_inputs
+    assert "wgmma_f16_ss_mma_async" in src and "split_halves_32_kernel" in src
+    assert ("halves_256x32_kernel" in src) == weights_as_inputs
 
 
 @pytest.mark.parametrize("weights_as_inputs", [False, True])

@@ -86,8 +86,8 @@ def _projection(bb, X, w, bias, cols, In, target, mode, xw_dtype="float32"):
         # exact fp32 as three fp16 products of scaled halves: half the tensor-core time of 3xTF32's three TF32 products.
         # Where the model does not fix the rows, at every row count (its tiles read the halves, not fp32)
         func, name = projection_wgmma.projection_wgmma("f16x3", In, cols, rows=rows, xw_dtype=xw_dtype), "projection_wgmma_f16x3" + of_rows
-        point, w_parts = projection_wgmma.default_config("f16x3", cols, In), _halves(bb, _f32(w), cols, In)
-        operands = lambda x2d: [*_halves(bb, x2d, m, In), *w_parts]  # noqa: E731
+        point, w_parts = projection_wgmma.default_config("f16x3", cols, In), _halves(bb, _f32(w), cols, In, fold=True)
+        operands = lambda x2d: [*_halves(bb, x2d, m, In, fold=False), *w_parts]  # noqa: E731
         label = f"wgmma f16x3 {point.block[0]}x{point.bn}, X and W as scaled fp16 halves"
     elif cuda and (rows is None or rows > projection_staged.SMALL_M) and projection_wgmma.supported(staged, In, cols, arch):
         func, weight, name = projection_wgmma.projection_wgmma(staged, In, cols, rows=rows, xw_dtype=xw_dtype), w_as_x(), f"projection_wgmma_{staged}{of_rows}"
@@ -129,22 +129,22 @@ def _projection(bb, X, w, bias, cols, In, target, mode, xw_dtype="float32"):
     return _as_xw(bb, bb.emit(op.reshape(flat, [shape[0], shape[1], cols])), label, xw_dtype)
 
 
-def _halves(bb, a, rows, K: int) -> list:
+def _halves(bb, a, rows, K: int, fold: bool) -> list:
     """An fp32 [rows, K] operand as the f16x3 GEMM reads it (schedules.split_halves): its rows' scaled fp16 halves
-    [rows, 2K] and their scales [rows]. Private and opaque functions, as W's TF32 low parts are: folded at compile
-    time where `a` is a constant (W's initializer), and then dropped from the module. rows: a number, or the Relax
-    shape's expression (the functions then take any row count)."""
+    [rows, 2K] and their scales [rows]. fold (W): plain TE in a private, opaque function, as W's TF32 low parts are:
+    folded at compile time where W is a constant (an initializer), then dropped from the module; else (X) the CUDA
+    kernel of one warp per row, for any row count. rows: a number, or the Relax shape's expression."""
     from schedules import split_halves
 
     fixed = isinstance(rows, (int, tirx.IntImm))
-
-    def private(make, name):
-        func = make(int(rows) if fixed else tirx.Var("M", "int64"), K)
-        return bb.add_func(func.without_attr("global_symbol").with_attr("op_pattern", 8), f"{name}_{int(rows) if fixed else 'M'}x{K}")
-
-    scales = bb.emit(relax.call_tir(private(split_halves.row_scales, "row_scales"), [a], relax.TensorType([rows], "float32")))
-    parts = bb.emit(relax.call_tir(private(split_halves.halves, "halves"), [a, scales], relax.TensorType([rows, 2 * K], "float16")))
-    return [parts, scales]
+    if fold:
+        func = split_halves.split(int(rows) if fixed else tirx.Var("M", "int64"), K).without_attr("global_symbol")
+        name = f"halves_{int(rows) if fixed else 'M'}x{K}"
+    else:
+        name = f"split_halves_{K}"
+        func = split_halves.split_on_gpu(K).with_attr("global_symbol", name)
+    parts = bb.emit(relax.call_tir(bb.add_func(func.with_attr("op_pattern", 8), name), [a], [relax.TensorType([rows, 2 * K], "float16"), relax.TensorType([rows], "float32")]))
+    return [bb.emit(relax.TupleGetItem(parts, 0)), bb.emit(relax.TupleGetItem(parts, 1))]
 
 
 def _as_xw(bb, xw, label: str, xw_dtype: str):
