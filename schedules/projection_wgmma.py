@@ -5,7 +5,9 @@ precision="tf32" in the TF32 mode (fp32 rows of 128 bytes in the 128-byte swizzl
 products summed apart and added in fp32). compile's 3xTF32 point (lo_w) takes W with its low parts precomputed
 (low_parts, folded at compile time), copied into the ring beside W's rows, and each warpgroup splits its own rows of X
 in registers, from which its wgmma's read A (the rs form); the other points split both operands in shared memory, the
-threads each their own copies, into a second pair of buffers.
+threads each their own copies, into a second pair of buffers. compile's exact fp32 is now the f16x3 mode instead: X
+and W come as fp16 halves of rows scaled by powers of two (schedules.split_halves), the ring holds both halves of
+each, and hi*hi + hi*lo + lo*hi run on fp16 wgmma's (half 3xTF32's tensor-core time), the epilogue unscaling.
 
 projection_staged feeds mma.sync from shared memory, one warp's fragments at a time: on the H100 blog-a's
 GEMM (12800 x 2560 x 10240, fp16) ran 1.96 ms there, 343 TFLOP/s, against cuBLAS's 0.93 (which uses
@@ -176,7 +178,7 @@ TF32X3_NARROW = {160: WgmmaConfig(bn=160, warpgroups=1, stages=2, store_cols=2, 
 # on the H100 (benchmarks/results/2026-11-26-h100-halves.md), against 3xTF32's compile points: blog-a 3.69 ms (128 x
 # 128 with three buffers 3.95) against 5.96-6.58, b64-h1024 0.337 (128 x 128: 0.351-0.358) against 0.512, ds2-lstm
 # 0.191 against 0.291, ds2-gru 0.152 against 0.233, ds2-5l-bi's upper layers 0.744 (128 x 128: 0.739) against 1.11;
-# X's halves add 0.05-0.28 ms
+# X's halves (split_halves.split_on_gpu) add 0.011-0.139 ms
 EXACT_ON_HALVES = True  # False: compile's exact-fp32 GEMM on sm_90a is 3xTF32 (for A/B runs)
 F16X3 = {bn: WgmmaConfig(bn=bn, warpgroups=1, k_chunks=2, stages=2, store_cols=2) for bn in (160, 128, 96)}
 

@@ -62,8 +62,9 @@ def _projection(bb, X, w, bias, cols, In, target, mode, xw_dtype="float32"):
     """XW = X @ w^T + bias for all steps at once, in xw_dtype (what the recurrent kernel reads: fp32, or a CUDA half
     layer's dtype), and what computes it (for the plan). On CUDA our GEMMs:
     on sm_90a (the H100 tag) above SMALL_M rows, the warpgroup GEMM (projection_wgmma) where its tiles divide the gates
-    (256 or 128 columns); otherwise with tensor cores the staged tensor-core GEMM (projection_staged);
-    both in the layer's mode (fp16/bf16, TF32 with precision="tf32", 3xTF32 for exact fp32); else projection_mma / the
+    (256, 160, 128 or 96 columns), exact fp32 there as three fp16 products of X's and W's scaled halves (f16x3, at any
+    row count where the model does not fix them); otherwise with tensor cores the staged tensor-core GEMM
+    (projection_staged); both in the layer's mode (fp16/bf16, TF32 with precision="tf32", 3xTF32 for exact fp32); else projection_mma / the
     exact-fp32 SIMT GEMM (projection_cuda) where it does not apply; TVM's default matmul for shapes none covers. Our
     register-blocked GEMM on CPUs. mode: schedules.space.rounding_mode's. The tensor-core GEMMs store XW in xw_dtype
     themselves; the rest write fp32, cast after."""
