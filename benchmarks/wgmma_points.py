@@ -47,7 +47,15 @@ WGMMA = named("float16", (WgmmaConfig(), WgmmaConfig(stages=6, overlap=1), Wgmma
                    # DEFAULT walking 4, 16, 32 M tiles per raster group instead of 8: a wave's patch of X against W's
                    WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, store_cols=2, group=4),
                    WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, store_cols=2, group=16),
-                   WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, store_cols=2, group=32)))
+                   WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, store_cols=2, group=32),
+                   # one warpgroup over 160 or 128 columns, two chunks a buffer (f16x3's best points, 14-28 KB a buffer,
+                   # 80 or 64 accumulators: two or three blocks an SM), with and without the next buffer's wgmma's issued
+                   # early, storing two or four columns
+                   WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=2, store_cols=2), WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=4, store_cols=2),
+                   WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=4, overlap=1, store_cols=2),
+                   WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=4, overlap=1, store_cols=4),
+                   WgmmaConfig(bn=128, warpgroups=1, k_chunks=2, stages=4, overlap=1, store_cols=4),
+                   WgmmaConfig(bn=128, warpgroups=1, k_chunks=2, stages=2, store_cols=4)))
 # the same in TF32 (fp32 rows are 128 bytes: the ring fits fewer buffers); compile builds projection_wgmma.TF32
 WGMMA_TF32 = named("tf32", (WgmmaConfig(bn=256, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1), WgmmaConfig(bn=128, stages=6, overlap=1),
                         WgmmaConfig(bn=128, k_chunks=2, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1, tma=1),
