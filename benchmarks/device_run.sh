@@ -125,7 +125,8 @@ case "$1" in
       blog-a b64-h1024 ds2-lstm 2>&1 | grep -v Warning | tee "$OUT/projection_log.txt" | cut -c1-150
     POINTS='wgmma 128x256 s4 k64 overlap st4' DTYPES=float16 timeout 300 python3 benchmarks/projection_in_model.py blog-a b64-h1024-l2 2>&1 \
       | grep -v Warning | tee "$OUT/in_model_log.txt" | tail -6 ;;
-  sanitize-gemm)  # compile's wgmma GEMMs (3xTF32 128 x 128 and 64 x 128, fp16 128 x 256) under memcheck and racecheck
+  sanitize-gemm)  # compile's wgmma GEMMs (3xTF32 128 x 128 and 64 x 128, fp16 128 x 256, f16x3 64 x 128 and 64 x 160 with
+    # X's split kernel) under memcheck and racecheck
     for tool in memcheck racecheck; do
       timeout 250 compute-sanitizer --tool $tool python3 benchmarks/sanitize_gemm.py 2>&1 | grep -v Warning | tee "$OUT/sanitize_gemm_$tool.txt" | tail -5
     done ;;
