@@ -446,6 +446,19 @@ def test_models_project_with_wgmma_on_sm90a(dtype, precision, hidden, arch):
     assert "mma.sync.aligned.m16n8k" in src  # the recurrent kernels, and the small-row branch of either projection
 
 
+@pytest.mark.parametrize("T, N, projection", [(300, 2, "wgmma f16x3 64x128, X and W as scaled fp16 halves"),
+                                               (5, 1, "staged mma.sync tf32x3")])
+def test_fixed_rows_pick_the_exact_fp32_gemm_by_count(T, N, projection):
+    """A model that fixes its rows (seq x batch) builds its exact-fp32 GEMM for them: above the staged GEMM's 512 rows
+    the f16x3 wgmma GEMM (a function of its own for the count), at or below them 3xTF32 in the staged GEMM's small tiles."""
+    model = Case(op="LSTM", hidden=32, input_size=32).model()
+    for dim, value in zip(model.graph.input[0].type.tensor_type.shape.dim, (T, N)):
+        dim.dim_value = value
+    module = tvmrnn.compile(model, target={"kind": "cuda", "arch": "sm_90a"}, logs=False)
+    assert module.metadata["layers"][0]["projection"] == projection
+    assert (f"projection_wgmma_f16x3_m{T * N}_32x128_kernel" in cuda_sources(module)) == (T * N > 512)
+
+
 @pytest.mark.parametrize("weights_as_inputs", [False, True])
 def test_w_halves_fold_at_compile_time(weights_as_inputs):
     """compile's exact-fp32 wgmma GEMM (f16x3) reads X's and W's scaled fp16 halves: W's are computed at compile time
