@@ -26,8 +26,8 @@ CASES = [
     Case(op="GRU", direction="bidirectional", optional=OPTIONAL["GRU"], hidden=96, input_size=40, linear_before_reset=1),
     Case(op="GRU", direction="forward", optional=OPTIONAL["GRU"], hidden=96, input_size=40, layout=1, weights_as_inputs=True),
     Case(op="RNN", direction="bidirectional", optional=OPTIONAL["RNN"], hidden=513, input_size=31, activations=("Relu", "Tanh")),
-    # 256 gate columns in fp32: at T * N = 680 rows (over the staged GEMM's 512) the 3xTF32 wgmma GEMM on the H100, whose
-    # W's low parts (projection_wgmma.low_parts) are made at run time from W as a graph input, not folded at compile time
+    # 256 gate columns in fp32: the f16x3 wgmma GEMM on the H100 (every row count: the model does not fix them), whose
+    # W's scaled halves (split_halves.split) are made at run time from W as a graph input, not folded at compile time
     Case(op="LSTM", direction="forward", optional=("B", "initial_h"), hidden=64, input_size=32, weights_as_inputs=True),
 ]
 
