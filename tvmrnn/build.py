@@ -183,7 +183,7 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
     # weight re-layouts on initializers (transposes, stacked biases, casts to the storage dtype) become constants
     # here: TVM's default pipeline does not fold them, and they ran at every call (CPU: naive transposes of R,
     # 11 of lat-b1-h512-l2's 28 ms on this VM; CUDA: a cast+transpose of W before each fp16 projection)
-    # (and the functions that only computed them, such as W's TF32 low parts for the 3xTF32 GEMM, go: no dead kernels)
+    # (and the functions that only computed them, such as W's scaled fp16 halves for the f16x3 GEMM, go: no dead kernels)
     mod = relax.transform.DeadCodeElimination()(relax.transform.FoldConstant()(imported.mod))
     # our pipeline = TVM's + the cooperative-launch tag that persistent kernels' grid barriers need
     if bounds is not None or max_dims:
