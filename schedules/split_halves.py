@@ -29,12 +29,15 @@ from tvm.script.ir_builder import tirx as T
 
 from .recurrent_common import i64
 
-LOWEST_EXPONENT = 15  # rows of zeros (or smaller than 2^-112) take the scale of 2^-112: exponent bits stay in range
+# rows whose largest magnitude is under 2^-112 (zero rows among them) take the largest scale, 2^126: its exponent
+# bits stay in range
+LOWEST_EXPONENT = 15
 
 
 def scale_of(amax):
-    """The power of two s with amax * s in [2^14, 2^15), built from amax's exponent bits E (amax in [2^(E - 127), 2^(E - 126))): s = 2^(141 - E),
-    whose own bits are (268 - E) << 23. Infinities and NaNs (E = 255) take 2^-114 and stay what they are."""
+    """The power of two s with amax * s in [2^14, 2^15), from amax's exponent bits E (amax in [2^(E - 127),
+    2^(E - 126))): s = 2^(141 - E), whose own bits are (268 - E) << 23. Infinities and NaNs (E = 255) take 2^-114 and
+    stay what they are."""
     E = tirx.max(tirx.reinterpret("uint32", amax) >> tirx.const(23, "uint32") & tirx.const(0xFF, "uint32"),
                  tirx.const(LOWEST_EXPONENT, "uint32"))
     return tirx.reinterpret("float32", (tirx.const(268, "uint32") - E) << tirx.const(23, "uint32"))
@@ -48,8 +51,7 @@ def halves_of(x):
 
 def split(rows, K: int) -> tirx.PrimFunc:
     """PrimFunc(A [rows, K] fp32, P [rows, 2K] fp16, S [rows] fp32): each row's scale (scale_of its largest
-    magnitude), then its scaled high parts and low parts. rows may be symbolic. One function, so that a schedule may
-    keep a row on chip between its reduction and its split."""
+    magnitude), then its scaled high parts and low parts. rows may be symbolic. One function: W's is one call to fold."""
     A = te.placeholder((rows, K), "float32", name="A")
     k = te.reduce_axis((0, K), name="k")
     amax = te.compute((rows,), lambda r: te.max(tirx.abs(A[r, k]), axis=k), name="amax")
