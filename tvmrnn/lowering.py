@@ -132,19 +132,18 @@ def _projection(bb, X, w, bias, cols, In, target, mode, xw_dtype="float32"):
 
 def _halves(bb, a, rows, K: int, fold: bool) -> list:
     """An fp32 [rows, K] operand as the f16x3 GEMM reads it (schedules.split_halves): its rows' scaled fp16 halves
-    [rows, 2K] and their scales [rows]. fold (W): plain TE in a private, opaque function, as W's TF32 low parts are:
-    folded at compile time where W is a constant (an initializer), then dropped from the module; else (X) the CUDA
-    kernel of one warp per row, for any row count. rows: a number, or the Relax shape's expression."""
+    [rows, 2K] and their scales [rows]. fold (W, rows a number): plain TE in a private, opaque function, as W's TF32
+    low parts are: folded at compile time where W is a constant (an initializer), then dropped from the module; else
+    (X, rows the Relax shape's expression) the CUDA kernel of one warp per row, for any row count."""
     from schedules import split_halves
 
-    fixed = isinstance(rows, (int, tirx.IntImm))
     if fold:
-        func = split_halves.split(int(rows) if fixed else tirx.Var("M", "int64"), K).without_attr("global_symbol")
-        name = f"halves_{int(rows) if fixed else 'M'}x{K}"
+        func, name = split_halves.split(int(rows), K).without_attr("global_symbol"), f"halves_{int(rows)}x{K}"
     else:
         name = f"split_halves_{K}"
         func = split_halves.split_on_gpu(K).with_attr("global_symbol", name)
-    parts = bb.emit(relax.call_tir(bb.add_func(func.with_attr("op_pattern", 8), name), [a], [relax.TensorType([rows, 2 * K], "float16"), relax.TensorType([rows], "float32")]))
+    parts = bb.emit(relax.call_tir(bb.add_func(func.with_attr("op_pattern", 8), name), [a],
+                                   [relax.TensorType([rows, 2 * K], "float16"), relax.TensorType([rows], "float32")]))
     return [bb.emit(relax.TupleGetItem(parts, 0)), bb.emit(relax.TupleGetItem(parts, 1))]
 
 
