@@ -24,6 +24,8 @@
 #   bash benchmarks/device_run.sh narrow-gates   3xTF32 over 160 / 96 columns (ds2-gru): GPU tests, GEMM, whole models
 #   bash benchmarks/device_run.sh halves [gemm SHAPE ...|ab ROW ...]   exact fp32 as fp16 products of scaled halves (f16x3): GPU
 #                                            tests and the GEMM alone, or whole models against 3xTF32
+#   bash benchmarks/device_run.sh step-halves [ROW ...]   exact-fp32 steps as f16x3 (schedules.step_halves): their GPU tests and
+#                                            persistent_mma's, then whole models against 3xTF32 steps (benchmarks/step_halves_ab.py)
 #   bash benchmarks/device_run.sh sanitize-gemm   compile's wgmma GEMMs under compute-sanitizer memcheck and racecheck
 #   bash benchmarks/device_run.sh split-regs [gemm|ab ROW ...]   3xTF32 with X split in registers: GPU tests, GEMM, whole models
 #   bash benchmarks/device_run.sh store-cols-ab [ROW ...]   fp16 models with the 256-column GEMM storing 2 / 4 columns
@@ -136,6 +138,13 @@ case "$1" in
     DTYPES=float32 STAGED=none WGMMA="tf32x3" timeout 200 python3 benchmarks/projection_staged.py blog-a b64-h1024 ds2-lstm "ds2-5l-bi l1+" 2>&1 | grep -v Warning > "$OUT/gemm_log.txt"
     python3 -c "import json; [print(r['shape'], r['kernel'], r['ms'] and round(r['ms'], 3), r['rel_err']) for r in json.load(open('$OUT/projection_staged.json'))['results']]"
     [ "${2:-}" = gemm ] || timeout 380 python3 benchmarks/split_regs_ab.py "${@:3}" 2>&1 | grep -v Warning | tee "$OUT/split_regs_log.txt" | tail -8 ;;
+  step-halves)  # f16x3 steps: their GPU tests and persistent_mma's knobs, then whole models against 3xTF32 steps
+    python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/test_step_halves.py tests/test_kernels.py tests/test_gpu.py \
+      -k "step_halves or persistent_mma_knobs or exact_fp32 or repeated_runs or cuda_matches or (sampled_points and persistent_mma) or writes_every_element" \
+      2>/dev/null | grep "::" > /tmp/ids.txt
+    for i in 0 1 2; do awk "NR % 3 == $i" /tmp/ids.txt > /tmp/ids$i.txt; run_ids /tmp/ids$i.txt 280 "$OUT/pytest_gpu_$i.txt" > /dev/null & done
+    wait; tail -n 3 "$OUT"/pytest_gpu_*.txt
+    timeout 280 python3 benchmarks/step_halves_ab.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/step_halves_log.txt" | tail -14 ;;
   halves)  # exact fp32 as three fp16 products of scaled halves (f16x3): its GPU tests and the GEMM alone beside compile's
     # 3xTF32 points and cuBLAS (gemm), or whole exact-fp32 models against 3xTF32 (ab [ROW ...]: benchmarks/halves_ab.py)
     if [ "${2:-gemm}" = gemm ]; then

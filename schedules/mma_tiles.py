@@ -8,6 +8,10 @@ Two instruction shapes, three kinds of math (MODES):
     tf32x3        m16n8k8 three times: each fp32 operand split into a TF32 high part and a TF32 low part
                   (x - high), and a*b = al*bh + ah*bl + ah*bh; the dropped al*bl is 2^-22 relative,
                   so the result is within a few times SIMT fp32's error (exact fp32 layers on tensor cores)
+    f16x3         m16n8k16 three times on fp16 high and low halves of operands scaled by powers of two
+                  (schedules.split_halves): the same three products and the same 22 bits, in half the mma's.
+                  A comes already split (its two halves loaded apart: a_at's `part`), B in fp32, scaled by
+                  b_scale and split here; the sums carry both scales, which the caller divides out
 
 Per 32-column chunk of the reduction a lane loads 8 consecutive k of each of its A rows (g and g+8
 of every m-tile, g = lane / 4) and of its B row (g of every n-tile): 16-byte loads. Those 8 k are
@@ -26,6 +30,7 @@ from tvm.backend.cuda.op import ptx_legacy_mma
 from tvm.script.ir_builder import tirx as T
 
 from .recurrent_common import block_sync, emit_if, i64
+from .split_halves import halves_of
 
 F32 = "float32"
 KC = 32  # reduction columns per chunk: 8 consecutive k per lane
@@ -60,6 +65,7 @@ MODES = {
     "bfloat16": Mode("bfloat16", "bf16", "m16n8k16", 4, _HALF_SLOTS),
     "tf32": Mode(F32, "tf32", "m16n8k8", 2, _TF32_SLOTS),
     "tf32x3": Mode(F32, "tf32", "m16n8k8", 2, _TF32_SLOTS, split=True),
+    "f16x3": Mode("float16", "fp16", "m16n8k16", 4, _HALF_SLOTS, split=True),
 }
 
 
@@ -75,13 +81,17 @@ class WarpTiles:
     mode: a MODES key; a_dtype / b_dtype: the dtypes A and B are loaded in (fp32 h is converted)."""
 
     def __init__(self, lane, mt: int, nt: int, mode: str, a_dtype: str, b_dtype: str, depth: int = 1, split_acc: bool = False,
-                 chunk_acc: bool = False):
+                 chunk_acc: bool = False, b_scale=None):
         self.MT, self.NT, self.mode, self.a_dtype, self.b_dtype = mt, nt, MODES[mode], a_dtype, b_dtype
         m = self.mode
+        self.halves = mode == "f16x3"  # A's halves loaded apart, B scaled by b_scale and split in multiply
+        assert not self.halves or (a_dtype == "float16" and b_scale is not None), (a_dtype, b_scale)
+        self.b_scale = b_scale
         self.g, self.t = lane // i64(4), lane % i64(4)
         # `depth` chunks staged at once: their loads are in flight together, so a warp waits on memory once per
         # `depth` chunks (the kernels are latency-bound: a chunk's mma's take far less than an L2 or HBM round trip)
         self.ra = T.alloc_buffer((depth, mt, 2, 8), a_dtype, scope="local")  # A: chunk, tile, row half, 8 k
+        self.ra_lo = T.alloc_buffer((depth, mt, 2, 8), a_dtype, scope="local") if self.halves else None  # A's low halves
         self.rb = T.alloc_buffer((depth, nt, 8), b_dtype, scope="local")  # B: chunk, tile, 8 k
         self.fa = T.alloc_buffer((mt, m.mmas, 2 * m.per_lane), m.storage, scope="local")  # A fragments: tile, mma, registers
         self.fb = T.alloc_buffer((nt, m.mmas, m.per_lane), m.storage, scope="local")  # B fragments
@@ -127,15 +137,17 @@ class WarpTiles:
 
     def load_a(self, a_at, vector: bool, slot: int = 0):
         """Stage A's part of one chunk: a_at(mt, half, v0, v) gives element v0 + v (v0 a multiple of width(a_dtype),
-        v the vector lane) of the lane's 8 k of row g + 8*half of m-tile mt, or None for a padding row (zeros)."""
+        v the vector lane) of the lane's 8 k of row g + 8*half of m-tile mt, or None for a padding row (zeros); in
+        f16x3 a_at(mt, half, v0, v, part) gives its high (part 0) or low (part 1) half."""
         lanes = T.vectorized if vector else T.unroll  # CUDA has no half8 select: a guarded tail loads scalars
         w = self.width(self.a_dtype)
-        for mt in range(self.MT):
-            for half in range(2):
-                for v0 in range(0, 8, w):
-                    with lanes(0, i64(w)) as v:
-                        val = a_at(mt, half, v0, v)
-                        T.buffer_store(self.ra, tirx.const(0, self.a_dtype) if val is None else val, [i64(slot), i64(mt), i64(half), i64(v0) + v])
+        for part, ra in enumerate((self.ra, self.ra_lo) if self.halves else (self.ra,)):
+            for mt in range(self.MT):
+                for half in range(2):
+                    for v0 in range(0, 8, w):
+                        with lanes(0, i64(w)) as v:
+                            val = a_at(mt, half, v0, v, *([part] if self.halves else []))
+                            T.buffer_store(ra, tirx.const(0, self.a_dtype) if val is None else val, [i64(slot), i64(mt), i64(half), i64(v0) + v])
 
     def load_b(self, b_at, vector: bool, slot: int = 0):
         """Stage B's part of one chunk: b_at(nt, k), k = 8t + (0..7) of the chunk."""
@@ -158,6 +170,11 @@ class WarpTiles:
         convert = to_tf32 if m.ptx == "tf32" else (lambda x: x.astype(m.storage))
 
         def fragment(hi, lo, x, idx):
+            if self.halves:  # B: scaled, then split into fp16 halves (split_halves.halves_of)
+                high, low = halves_of(x * self.b_scale)
+                T.buffer_store(hi, high, idx)
+                T.buffer_store(lo, low, idx)
+                return
             T.buffer_store(hi, convert(x), idx)
             if m.split:  # x - high is exact in fp32; its TF32 rounding leaves 2^-22 of x
                 T.buffer_store(lo, convert(x - hi[tuple(idx)]), idx)
@@ -165,8 +182,12 @@ class WarpTiles:
         for j in range(m.mmas):
             for mt in range(self.MT):
                 for i, (half, kk) in enumerate(m.a_slots):
-                    fragment(self.fa, getattr(self, "fa_lo", None), self.ra[i64(slot), i64(mt), i64(half), i64(j * m.per_lane + kk)],
-                             [i64(mt), i64(j), i64(i)])
+                    at = [i64(slot), i64(mt), i64(half), i64(j * m.per_lane + kk)]
+                    if self.halves:  # A's halves as loaded
+                        T.buffer_store(self.fa, self.ra[tuple(at)], [i64(mt), i64(j), i64(i)])
+                        T.buffer_store(self.fa_lo, self.ra_lo[tuple(at)], [i64(mt), i64(j), i64(i)])
+                    else:
+                        fragment(self.fa, getattr(self, "fa_lo", None), self.ra[tuple(at)], [i64(mt), i64(j), i64(i)])
             for nt in range(self.NT):
                 for i in range(m.per_lane):
                     fragment(self.fb, getattr(self, "fb_lo", None), self.rb[i64(slot), i64(nt), i64(j * m.per_lane + i)], [i64(nt), i64(j), i64(i)])

@@ -66,6 +66,10 @@ class MmaConfig:
     # with a ring: 1 also copies the streamed chunks' B (the block's batch rows of h, or of GRU's r*h) into it, so neither
     # operand of those chunks is a synchronous L2 read (the ncu profile of blog-a: 36% of warp cycles waiting on L1TEX)
     ring_h: int = 0
+    # persistent_mma in exact fp32, R resident and h bounded (cells.state_bound): 1 runs f16x3 (mma_tiles) instead of
+    # 3xTF32: R's rows scaled and split into fp16 halves once, as the kernel copies them into shared memory, h scaled
+    # by a power of two from its bound and split each step; three fp16 products per k16, half 3xTF32's mma's
+    halves: int = 0
 
     @property
     def rows(self) -> int:
@@ -82,6 +86,11 @@ def slots(k_warps: int) -> int:
 
 def m_tiles(gates: int, units: int) -> int:
     return -(-gates * units // 16)
+
+
+def tile_mode(spec, cfg: MmaConfig) -> str:
+    """The mode a config's tiles run: the layer's, or f16x3 where the config splits exact fp32 into halves."""
+    return "f16x3" if cfg.halves else mode(spec)
 
 
 def mode(spec, exact: bool = True) -> str | None:
@@ -105,7 +114,7 @@ def default_config(batch: int | None = None) -> MmaConfig:
 
 
 def mma_body(a: KernelArgs, cfg: MmaConfig):
-    assert supported(a.spec), a.spec.dtype
+    assert supported(a.spec) and not cfg.halves, (a.spec.dtype, cfg)
     operand_copies(a, cfg)
     step_launches(a, lambda *args: _mma_launch(*args, cfg))
 
@@ -165,7 +174,7 @@ def partial_sums(cfg: MmaConfig, gates: int, scope: str = "shared"):
 
 
 def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg: MmaConfig, d, u0, n0, wy, lane,
-                acc_s, a_at, a_vector: bool, shared_a: bool = False, streamed=None):
+                acc_s, a_at, a_vector: bool, shared_a: bool = False, streamed=None, scales=None):
     """One block's part of a phase: the gate rows of units u0.. by batch rows n0.. on tensor cores, then the gate
     program for each (unit, row). a_at(tiles, chunk, mt, half, v0, v): A's element (WarpTiles.load_a) or None
     for a padding row; B (h or an earlier phase's value) comes from global memory. Both kernels run it.
@@ -175,7 +184,9 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     first, in a reduction loop of their own that reduce_streamed emits (loader(a_at, a_vector, first, b_shared) gives
     load_chunk(chunk, slot); b_shared(row, v0, v), where given, B's element for the pass's batch row `row` from shared
     memory instead of global);
-    b_operand = (B's buffer, its flat offset of (batch row, k), the pass's first batch row n0)."""
+    b_operand = (B's buffer, its flat offset of (batch row, k), the pass's first batch row n0).
+    scales (cfg.halves): (B's scale, unscale(gi, u)): the tiles scale B by the first, and the epilogue multiplies the
+    sum of gate gi's row of unit u by the second (the inverse of both rows' scales)."""
     H, N = a.spec.hidden_size, a.batch
     UB, NT, NW, KW = cfg.units, cfg.n_tiles, cfg.n_warps, cfg.k_warps
     # gate-aligned m-tiles where A is read from R by fragment (r_row); from shared memory (persistent_mma, rows placed
@@ -188,8 +199,10 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     wn, wk = wy % i64(NW), wy // i64(NW)
     b_src = a.mirrors.get(phase.operand, operand)  # the half-precision copy where the kernel keeps one
     b_dtype = str(b_src.dtype)
-    tiles = WarpTiles(lane, MT, NT, mode(a.spec), a.spec.dtype, b_dtype, cfg.depth, bool(cfg.split_acc),
-                      chunk_acc=bool(cfg.chunk_acc) and mode(a.spec) == "tf32x3")
+    tm = tile_mode(a.spec, cfg)
+    assert (scales is not None) == (tm == "f16x3"), cfg
+    tiles = WarpTiles(lane, MT, NT, tm, "float16" if tm == "f16x3" else a.spec.dtype, b_dtype, cfg.depth, bool(cfg.split_acc),
+                      chunk_acc=bool(cfg.chunk_acc) and tm in ("tf32x3", "f16x3"), b_scale=scales and scales[0])
     threads = 32 * NW * KW
     tid = wy * i64(32) + lane
     xw = _prefetch_xw(a, phase, s, d, u0, n0, UB, NB, threads, tid) if cfg.prefetch else None
@@ -202,7 +215,7 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
                 n = tirx.min(n0 + (wn * i64(NT) + i64(nt)) * i64(8) + tiles.g, N - 1)  # rows past N: never stored
                 return guarded(ck * i64(KC) + k, H, exact, lambda k: operand_at(b_src, phase, cur, d, n, k), b_dtype)
 
-            tiles.load_a(lambda mt, half, v0, v: a_at(tiles, ck, mt, half, v0, v), a_vector, slot)
+            tiles.load_a(lambda mt, half, v0, v, *part: a_at(tiles, ck, mt, half, v0, v, *part), a_vector, slot)
             if b_shared is None:
                 tiles.load_b(b_at, exact, slot)
             else:
@@ -241,6 +254,9 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     emit_if(wk == i64(0), lambda: [T.buffer_store(acc_s, tiles.c[ci], [si]) for ci, si in tile_slots(i64(0))])
     block_sync()
 
+    def rec(gi, u, total):  # the recurrent term: the tiles' sum, in f16x3 with both rows' scales divided out
+        return total if scales is None else total * scales[1](gi, u)
+
     for it in range(-(-UB * NB // threads)):
         e = i64(it * threads) + tid
         u, b = e % i64(UB), e // i64(UB)  # consecutive threads: consecutive units (coalesced Y stores)
@@ -248,7 +264,7 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
         with T.If(tirx.all(e < i64(UB * NB), n < N, j < i64(H))):
             with T.Then():
                 epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j,
-                         lambda gi, u=u, b=b: acc_s[(i64(gi * UB) + u) * i64(stride) + b],
+                         lambda gi, u=u, b=b: rec(gi, u, acc_s[(i64(gi * UB) + u) * i64(stride) + b]),
                          **({} if xw is None else {"x": lambda gi, it=it: xw[i64(it), i64(gi)]}))
 
 

@@ -41,6 +41,8 @@ from .mma_tiles import KC, WarpTiles, chunk_rounds, cp_async_ring, itemsize, sha
 from .recurrent_common import KernelArgs, block_sync, emit_if, i64, step_phases
 from .recurrent_mma import MmaConfig, block_phase, global_a, operand_copies, operand_dtype, partial_sums
 from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, _strided, final_states, initial_states, sm_count
+from . import step_halves
+from .split_halves import halves_of
 
 F32 = "float32"
 R_LAYOUT = "rows"
@@ -86,7 +88,8 @@ def ring_bytes(spec, cell, cfg: MmaConfig) -> int:
 
 
 def smem_bytes(spec, cell, cfg: MmaConfig) -> int:
-    return r_bytes(spec, cell, cfg.units, resident_chunks(spec, cfg)) + cfg.smem_bytes(cell.gates) + ring_bytes(spec, cell, cfg)
+    scales = 4 * step_halves.shared_floats(cell, cfg.units, cfg.n_warps * cfg.k_warps) if cfg.halves else 0
+    return r_bytes(spec, cell, cfg.units, resident_chunks(spec, cfg)) + cfg.smem_bytes(cell.gates) + ring_bytes(spec, cell, cfg) + scales
 
 
 def fewest_streamed(spec, cell, arch: str, cfg: MmaConfig) -> int | None:
@@ -111,7 +114,8 @@ def fits(spec, cell, arch: str, cfg: MmaConfig) -> bool:
             and smem_bytes(spec, cell, cfg) <= SMEM_LIMIT.get(arch, SMEM_DEFAULT)
             and cfg.n_warps * cfg.k_warps <= 16
             and not (cfg.ring and (cfg.ring < 2 or not cfg.streamed or spec.hidden_size % KC))  # the ring copies whole chunks
-            and not (cfg.ring_h and not cfg.ring))
+            and not (cfg.ring_h and not cfg.ring)
+            and not (cfg.halves and (cfg.streamed or not halves_apply(spec))))
 
 
 # the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, in exact fp32 three up to MID_BATCH,
@@ -119,6 +123,18 @@ def fits(spec, cell, arch: str, cfg: MmaConfig) -> bool:
 SMALL_BATCH = 8
 MID_BATCH = 24
 WIDE_BATCH = 32
+
+
+def halves_apply(spec) -> bool:
+    """Whether exact-fp32 steps may run f16x3 (MmaConfig.halves): an fp32 layer without precision="tf32" whose cell
+    bounds h (step_halves)."""
+    from .recurrent_mma import mode
+
+    return mode(spec) == "tf32x3" and step_halves.applies(spec)
+
+
+# exact fp32 with R resident: f16x3 steps by default where the cell bounds h (False: 3xTF32, for A/B runs)
+HALVES = True
 
 
 def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig | None:
@@ -148,9 +164,10 @@ def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig
         points = [dict(n_tiles=2, n_warps=2, k_warps=4, prefetch=int(phases > 1))]
         if exact and (batch is None or batch > WIDE_BATCH):
             points.insert(0, dict(n_tiles=4, n_warps=2, k_warps=4, prefetch=int(phases > 1)))
+    halves = int(HALVES and halves_apply(spec))
     for units in UNITS:
         for point in points:
-            cfg = MmaConfig(units=units, depth=2, **point)
+            cfg = MmaConfig(units=units, depth=2, halves=halves, **point)
             if fits(spec, cell, arch, cfg):
                 return cfg
     return streaming_config(spec, cell, arch)
@@ -200,8 +217,11 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
     chunks, NB = -(-H // KC), cfg.rows
     CR = resident_chunks(spec, cfg)  # the first CR chunks in shared memory, the rest read from L2 each step
     assert unit_rows_fit(cell, cfg), cfg
-    swizzle = spec.dtype == F32  # 32-byte lane spans: odd rows swap their 16-byte halves
+    assert not cfg.halves or (halves_apply(spec) and CR == chunks), f"f16x3 steps need exact fp32, a bounded h and R resident: {cfg}"
+    halves = bool(cfg.halves)  # f16x3: R's rows scaled and split into fp16 halves in shared memory (step_halves)
+    swizzle = spec.dtype == F32 and not halves  # 32-byte lane spans: odd rows swap their 16-byte halves
     threads = 32 * cfg.n_warps * cfg.k_warps
+    warps = threads // 32
     per_dir = -(-H // UB)
     # each phase's 8-row groups: (phase index, first group); its rows are gate-major, units along them
     group0, total = [], 0
@@ -211,12 +231,20 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
     hbuf = T.alloc_buffer((2, D, N, H), F32)
     scratch = {v: T.alloc_buffer((D, N, H), F32) for v in cell.stored_values}
     operand_copies(a, cfg)
+    hscale = step_halves.HScale(a, D * per_dir) if halves else None
     with T.thread_binding(0, i64(D * per_dir), "blockIdx.x") as bx:
         with T.thread_binding(0, i64(threads // 32), "threadIdx.y") as wy:
             with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
                 tid = wy * i64(32) + lane
                 d, u0 = bx // i64(per_dir), bx % i64(per_dir) * i64(UB)
-                wsm = T.alloc_buffer((max(1, total * CR * 8 * KC),), spec.dtype, scope="shared.dyn")
+                # per 8-row group and chunk: its 8 rows of KC (in f16x3 the rows' high halves, then their low ones)
+                block_elems = 8 * KC * (2 if halves else 1)
+                wsm = T.alloc_buffer((max(1, total * CR * block_elems),), "float16" if halves else spec.dtype, scope="shared.dyn")
+                if halves:
+                    rscale, rinv = (T.alloc_buffer((cell.gates * UB,), F32, scope="shared") for _ in range(2))
+                    wmax = T.alloc_buffer((warps,), F32, scope="shared")
+                    step_halves.row_scales(a, lambda pi, q: r_row_of(cell.phases[pi], UB, H, u0, q), UB, d, warps, wy, lane, rscale, rinv)
+                    block_sync()
                 # dynamic too: the launch asks for static + dynamic bytes above 48 KB only through the dynamic size
                 acc_s = partial_sums(cfg, cell.gates, "shared.dyn")
                 ring = None
@@ -238,28 +266,42 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                         k = ck * i64(KC) + position(g, p)  # the inverse of position: the XOR is its own inverse
                         row = r_row_of(phase, UB, H, u0, r)
                         val = tirx.if_then_else(k < i64(H), a.R[d, row, tirx.min(k, i64(H - 1))], tirx.const(0, spec.dtype))
-                        T.buffer_store(wsm, val, [i64(group0[pi] * CR * 8 * KC) + e])
+                        if not halves:
+                            T.buffer_store(wsm, val, [i64(group0[pi] * CR * 8 * KC) + e])
+                            return
+                        high, low = halves_of(val * rscale[i64(group0[pi] * 8) + r])
+                        at = ((i64(group0[pi]) + grp) * i64(CR) + ck) * i64(block_elems) + g * i64(KC) + p
+                        T.buffer_store(wsm, high, [at])
+                        T.buffer_store(wsm, low, [at + i64(8 * KC)])
 
                     if count:
                         _strided(count, threads, tid, load_weights)
 
                 initial_states(a, hbuf, d, u0, UB, threads, tid)
+                if halves:
+                    hscale.h0_max(bx, d, u0, UB, warps, wy, lane, tid, wmax)
                 block_sync()
                 _grid_sync()
+                if halves:
+                    h_scale, h_inv = hscale.after(lane)
 
                 def phase_step(pi, phase, last, operand, s, cur, nxt):
                     groups = len(phase.gates) * UB // 8
 
-                    def a_at(tiles, ck, mt, half, v0, v):
+                    def a_at(tiles, ck, mt, half, v0, v, part=0):
                         grp = 2 * mt + half
                         if grp >= groups:
                             return None  # padding rows of the last m-tile
-                        return shared_element(tiles, wsm, (i64((group0[pi] + grp) * CR) + ck) * i64(8 * KC), tiles.g, v0, v, swizzle)
+                        base = (i64((group0[pi] + grp) * CR) + ck) * i64(block_elems) + i64(part * 8 * KC)
+                        return shared_element(tiles, wsm, base, tiles.g, v0, v, swizzle)
+
+                    scales = None if not halves else \
+                        (h_scale, lambda gi, u: rinv[i64(group0[pi] * 8 + gi * UB) + u] * h_inv)
 
                     streamed = None if CR == chunks else (CR, streamed_rounds(a, phase, cfg, ring, d, u0, CR, tid))
                     with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
                         block_phase(a, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg, d, u0, chunk * i64(NB),
-                                    wy, lane, acc_s, a_at, True, shared_a=True, streamed=streamed)
+                                    wy, lane, acc_s, a_at, True, shared_a=True, streamed=streamed, scales=scales)
                         block_sync()  # the next chunk's partial sums reuse acc_s
                     _grid_sync()
 

@@ -10,7 +10,8 @@ A point of a space is a `KernelConfig`: a schedule kind and a value for each of 
     mma         (tensor cores) units per block, n_tiles x n_warps batch tiles of 8 rows, k_warps splitting the reduction, depth chunks in flight,
                 and in fp16/bf16 half_operand (B read from a half-precision copy of h)
     persistent_mma  the same knobs, prefetch (XW loaded before the reduction) and in exact fp32 split_acc (3xTF32's
-                cross products in accumulators of their own) and chunk_acc (each k-chunk summed apart, added in fp32), for the persistent tensor-core kernel (one wave, R in shared memory;
+                cross products in accumulators of their own), chunk_acc (each k-chunk summed apart, added in fp32) and
+                halves (f16x3 instead of 3xTF32, where R is resident and the cell bounds h), for the persistent tensor-core kernel (one wave, R in shared memory;
                 where R is larger than that, streamed: the chunks of R read from L2 every step, ring: the buffers in
                 shared memory they pass through, and ring_h: h's chunks through them too)
 
@@ -28,7 +29,7 @@ CPU_ROWS = (1, 2, 4, 5, 8)
 CPU_UNITS = (8, 16, 32, 64, 128, 256)
 # Knobs added to a kind after tuning logs were written for it, with the value that is what the kernel did before: a point
 # names them only when set otherwise, so a logged point without the knob and today's point with that value are one point
-LATER_KNOBS = {"cpu": {"serpentine": 0}, "persistent": {"prefetch": 0}, "mma": {"chunk_acc": 0}, "persistent_mma": {"chunk_acc": 0, "ring": 0, "ring_h": 0}}
+LATER_KNOBS = {"cpu": {"serpentine": 0}, "persistent": {"prefetch": 0}, "mma": {"chunk_acc": 0}, "persistent_mma": {"chunk_acc": 0, "ring": 0, "ring_h": 0, "halves": 0}}
 
 
 @dataclass(frozen=True)
@@ -108,14 +109,18 @@ def knob_space(kind: str, spec, cell, target) -> dict[str, tuple[int, ...]]:
 def _persistent_mma_space(spec, cell, arch) -> dict[str, tuple[int, ...]]:
     """The persistent tensor-core kernel's knobs: tile shapes that fit beside R (or, where R is larger than a wave's
     shared memory, beside the part of it that stays resident), prefetch, and in 3xTF32 split_acc and chunk_acc."""
-    space = _resident_tiles(spec, cell, arch) or _streaming_tiles(spec, cell, arch)
+    resident = _resident_tiles(spec, cell, arch)
+    space = resident or _streaming_tiles(spec, cell, arch)
     if space:
         from .recurrent_mma import mode
+        from .recurrent_persistent_mma import halves_apply
 
         space["prefetch"] = (0, 1)
         if mode(spec) == "tf32x3":
             space["split_acc"] = (0, 1)
             space["chunk_acc"] = (0, 1)
+            if resident and halves_apply(spec):
+                space["halves"] = (0, 1)
         space = _half_operand(spec) | space  # the streaming space fixes half_operand (_streaming_tiles)
     return space
 
@@ -258,6 +263,7 @@ def default_config(kind: str, spec, cell, target, batch: int | None = None) -> K
             knobs["prefetch"] = c.prefetch
             if mma_mode(spec) == "tf32x3":
                 knobs["split_acc"] = c.split_acc
+                knobs["halves"] = c.halves
         if _half_operand(spec):
             knobs["half_operand"] = c.half_operand
         if c.streamed:  # R does not fit on chip: the default streams part of it (streaming_config)

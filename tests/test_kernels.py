@@ -181,8 +181,8 @@ def test_cuda_points_build_without_a_gpu(case):
         for config in configs:
             src = tvm.tirx.build(point_kernel(spec, cell, target, config), target=target, pipeline=cooperative.register()).imports[0].inspect_source()
             assert "__global__" in src, config.describe()
-            if "mma" in kind:  # 3xTF32 issues three TF32 mma's per tile: exact fp32 never runs plain TF32
-                assert ("m16n8k16" in src) == (spec.dtype == "float16"), config.describe()
+            if "mma" in kind:  # 3xTF32 issues three TF32 mma's per tile, f16x3 (halves) three fp16 ones: never plain TF32
+                assert ("m16n8k16" in src) == (spec.dtype == "float16" or bool(dict(config.knobs).get("halves"))), config.describe()
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
@@ -274,6 +274,8 @@ def _with_knobs(case, dtype, **knobs):
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     spec = dataclasses.replace(find_rnn_layers(case.model())[0].spec, dtype=dtype)
     base = default_config("persistent_mma", spec, cell_for(spec), target, 16)
+    if knobs.get("streamed"):  # f16x3 steps (the exact-fp32 default's halves) keep all of R resident
+        knobs = {"halves": 0, **knobs}
     return target, spec, [base, KernelConfig.of("persistent_mma", **{**dict(base.knobs), **knobs})]
 
 
@@ -341,12 +343,15 @@ def test_exact_fp32_epilogue_calls_no_fast_math_function(dtype):
         assert own == (dtype == "float32"), (kind, dtype)
 
 
-def test_split_accumulators_keep_three_mmas_per_tile():
-    """split_acc (exact fp32's 3xTF32 only): the cross products accumulate apart, so the same number of mma's, but
-    not all into one accumulator set; the knob is not offered where there is no 3xTF32."""
-    target, spec, (base, split) = _with_knobs(CASES[0], "float32", split_acc=1)
+@pytest.mark.parametrize("halves", [0, 1])
+def test_split_accumulators_keep_three_mmas_per_tile(halves):
+    """split_acc (exact fp32's 3xTF32 and f16x3 only): the cross products accumulate apart, so the same number of mma's,
+    but not all into one accumulator set; the knob is not offered where there is no split."""
+    target, spec, (base, split) = _with_knobs(CASES[0], "float32", split_acc=1, halves=halves)
+    base = KernelConfig.of("persistent_mma", **{**dict(base.knobs), "halves": halves})
     one, two = _source(target, spec, base), _source(target, spec, split)
-    assert one != two and one.count("mma.sync.aligned.m16n8k8") == two.count("mma.sync.aligned.m16n8k8") > 0
+    shape = "m16n8k16" if halves else "m16n8k8"
+    assert one != two and one.count(f"mma.sync.aligned.{shape}") == two.count(f"mma.sync.aligned.{shape}") > 0
     half = dataclasses.replace(spec, dtype="float16")
     assert "split_acc" not in knob_space("persistent_mma", half, cell_for(half), target)
 
@@ -354,7 +359,8 @@ def test_split_accumulators_keep_three_mmas_per_tile():
 def test_chunk_accumulators_add_each_chunk_in_fp32():
     """chunk_acc (3xTF32 only, off by default): each chunk's mma's run into a zeroed accumulator set that is added into the
     sum, so the same mma's and more adds; a logged point without the knob is the chunk_acc=0 point; not offered in fp16."""
-    target, spec, (base, chunked) = _with_knobs(CASES[0], "float32", chunk_acc=1)
+    target, spec, (base, chunked) = _with_knobs(CASES[0], "float32", chunk_acc=1, halves=0)
+    base = KernelConfig.of("persistent_mma", **{**dict(base.knobs), "halves": 0})
     one, two = _source(target, spec, base), _source(target, spec, chunked)
     assert one.count("mma.sync.aligned.m16n8k8") == two.count("mma.sync.aligned.m16n8k8") > 0
     assert two.count(" + ") > one.count(" + ")
@@ -367,12 +373,13 @@ def test_chunk_accumulators_add_each_chunk_in_fp32():
 @pytest.mark.parametrize("dtype, knobs", [("float32", {"prefetch": 1}), ("float16", {"prefetch": 1}), ("float32", {"split_acc": 1}),
                                           ("float32", {"prefetch": 1, "split_acc": 1}), ("float32", {"chunk_acc": 1}),
                                           ("float32", {"chunk_acc": 1, "split_acc": 1}), ("float16", {"streamed": 1}),
-                                          ("float32", {"streamed": 1}), ("float32", {"streamed": 9})], ids=str)
+                                          ("float32", {"streamed": 1}), ("float32", {"streamed": 9}), ("float32", {"halves": 0}),
+                                          ("float32", {"halves": 1, "chunk_acc": 1, "split_acc": 1})], ids=str)
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
 def test_persistent_mma_knobs_are_correct(case, dtype, knobs):
     """The knobs against float64 on poisoned outputs (prefetch: set by the batch <= 8 default and GRU's above; split_acc,
-    chunk_acc and streamed: by no default). streamed=1 reads the last chunk of R from L2 (GRU h33: the partial one; LSTM h24: its
-    only one), 9 all of them."""
+    chunk_acc and streamed: by no default; halves: the exact-fp32 default's, 0 its 3xTF32 steps). streamed=1 reads the
+    last chunk of R from L2 (GRU h33: the partial one; LSTM h24: its only one), 9 all of them."""
     _, spec, (_, point) = _with_knobs(case, dtype, **knobs)
     _check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec, point_kernel(spec, cell_for(spec), target_of("cuda"), point),
                   "rows", batches=(6, 37), note=point.describe())
@@ -559,12 +566,15 @@ def test_half_operand_gives_the_same_bits(case, kind):
 
 @pytest.mark.parametrize("kind", ["mma", "persistent_mma"])
 def test_exact_fp32_issues_three_tf32_mmas_per_tile(kind):
-    """Exact fp32 on tensor cores is 3xTF32: the same point issues three times the TF32 mma's of precision='tf32'
-    (high x high, and both high x low cross terms), never a single rounded product."""
+    """Exact fp32 on tensor cores is 3xTF32 (or f16x3, persistent_mma's halves: test_step_halves): the same point issues
+    three times the TF32 mma's of precision='tf32' (high x high, and both high x low cross terms), never a single rounded
+    product."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     spec = find_rnn_layers(Case(op="LSTM", hidden=64, input_size=8).model())[0].spec
     counts = {}
     config = default_config(kind, spec, cell_for(spec), target, 16)  # one point for both (their defaults differ)
+    if kind == "persistent_mma":
+        config = KernelConfig.of(kind, **{**dict(config.knobs), "halves": 0})
     for s in (spec, dataclasses.replace(spec, precision="tf32")):
         src = tvm.tirx.build(point_kernel(s, cell_for(s), target, config), target=target, pipeline=cooperative.register()).imports[0].inspect_source()
         counts[s.precision] = src.count("mma.sync.aligned.m16n8k8")

@@ -55,6 +55,38 @@ def apply_activation(act: Activation, x: Expr) -> Expr:
     return ACTIVATIONS[act.name](x, act.alpha, act.beta)
 
 
+# the largest |f(x)| of the bounded activations, and which of them never leave [0, 1]
+_SUP = {"Tanh": lambda a: 1.0, "Sigmoid": lambda a: 1.0, "HardSigmoid": lambda a: 1.0, "Softsign": lambda a: 1.0,
+        "ScaledTanh": lambda a: abs(a.alpha)}
+_UNIT_RANGE = ("Sigmoid", "HardSigmoid")
+
+
+def _sup(act: Activation) -> float | None:
+    return _SUP[act.name](act) if act.name in _SUP else None
+
+
+def state_bound(spec: RNNLayerSpec) -> float | None:
+    """A bound on |h| after the first step that the cell's activations guarantee, whatever the inputs, or None where
+    they guarantee none (Relu, Affine, ...). The exact-fp32 persistent tensor-core kernel scales h into fp16's range by
+    max(bound, max |h0|): LSTM h = o * h(c), |h| <= sup|f| * sup|h|; GRU h = (1 - z) h~ + z h_prev is a convex
+    combination where z's activation stays in [0, 1], so |h| <= max(sup|g|, |h_prev|), and r*h, the operand of its
+    second phase, is no larger than h; RNN h = f(...)."""
+    bounds = []
+    for acts in spec.activations:
+        sups = [_sup(a) for a in acts]
+        if None in sups:
+            return None
+        if spec.op == "LSTM":
+            bounds.append(sups[0] * sups[2])
+        elif spec.op == "GRU":
+            if acts[0].name not in _UNIT_RANGE:
+                return None
+            bounds.append(sups[1])
+        else:
+            bounds.append(sups[0])
+    return max(bounds, default=None)
+
+
 class Terms:
     """What a phase program of one hidden unit (one direction, batch row and unit) can read.
 

@@ -1,0 +1,128 @@
+"""Exact fp32 steps on fp16 tensor cores (f16x3, schedules.step_halves): where the default runs them, what they build,
+and (on the GPU) that they keep fp32's accuracy whatever the magnitudes of R's rows and of h0."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tvm
+
+from compiled import target_of
+from onnx_cases import Case
+from schedules import cooperative, point_kernel, recurrent_kernel
+from schedules.recurrent_mma import MmaConfig
+from schedules.recurrent_persistent_mma import fits
+from schedules.space import KernelConfig, default_config, knob_space
+from test_kernels import _check_kernel, _source
+from tvmrnn.cells import cell_for, state_bound
+from tvmrnn.frontend.inspect import find_rnn_layers
+
+SM90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+
+
+def _spec(case, **changes):
+    return dataclasses.replace(find_rnn_layers(case.model())[0].spec, **changes)
+
+
+@pytest.mark.parametrize("op, activations, alpha, bound", [
+    ("LSTM", None, None, 1.0),
+    ("LSTM", ("Sigmoid", "ScaledTanh", "ScaledTanh"), (2.0, 3.0), 3.0),  # o in [0, 1] times |h(c)| <= 3
+    ("LSTM", ("Tanh", "Tanh", "Softsign"), None, 1.0),
+    ("LSTM", ("Sigmoid", "Tanh", "Relu"), None, None),
+    ("GRU", None, None, 1.0),
+    ("GRU", ("HardSigmoid", "ScaledTanh"), (0.2, 4.0), 4.0),
+    ("GRU", ("Tanh", "Tanh"), None, None),  # z outside [0, 1]: h is no convex combination
+    ("RNN", None, None, 1.0),
+    ("RNN", ("Relu",), None, None),
+])
+def test_state_bound_follows_the_activations(op, activations, alpha, bound):
+    """cells.state_bound: the bound on |h| the cell's activations give, None where they give none."""
+    case = Case(op=op, hidden=16, input_size=4, activations=activations, activation_alpha=alpha)
+    assert state_bound(_spec(case)) == bound
+
+
+@pytest.mark.parametrize("case", [
+    Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h", "initial_c"), hidden=24, input_size=7),
+    Case(op="GRU", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=33, input_size=5, layout=1),
+    Case(op="GRU", hidden=64, input_size=5, linear_before_reset=1),
+], ids=lambda c: f"{c.op}-{c.optional}")
+def test_f16x3_kernels_build_inside_the_batch_dispatch(case):
+    """A layer's kernel is a dispatch over batch buckets, and TVM's barrier planner cannot add a barrier inside its
+    branches: every barrier the f16x3 prologue needs (row scales, the halves' copy, h0's largest magnitude) is its own.
+    The whole dispatch builds for the H100 through NVRTC, its persistent_mma branches running f16x3."""
+    spec = _spec(case)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    kernel = recurrent_kernel(spec, cell_for(spec), target, "persistent_mma")
+    assert kernel.plan.describe().count("halves=1") == len(kernel.plan.branches) > 1
+    src = tvm.tirx.build(kernel.func, target=target, pipeline=cooperative.register()).imports[0].inspect_source()
+    assert "mma.sync.aligned.m16n8k16" in src and "m16n8k8" not in src
+
+
+def test_exact_fp32_default_runs_f16x3_steps_where_h_is_bounded():
+    """The exact-fp32 persistent_mma default runs f16x3 (halves=1): fp16 m16n8k16 mma's and no TF32 ones, R's halves
+    made in the kernel from fp32 R (its argument stays fp32). Not where h is unbounded (a Relu cell), in TF32 or fp16
+    (there is no 3xTF32 to replace), or with chunks of R streamed from L2 (only resident rows are split)."""
+    lstm = _spec(Case(op="LSTM", direction="bidirectional", optional=("initial_h",), hidden=96, input_size=8))
+    cell = cell_for(lstm)
+    for batch in (6, 16, 64):
+        assert default_config("persistent_mma", lstm, cell, SM90, batch)["halves"] == 1, batch
+    assert knob_space("persistent_mma", lstm, cell, SM90)["halves"] == (0, 1)
+    point = default_config("persistent_mma", lstm, cell, SM90, 16)
+    src = _source(SM90, lstm, point)
+    assert "mma.sync.aligned.m16n8k16" in src and "m16n8k8" not in src and "float* __restrict__ R" in src
+    plain = _source(SM90, lstm, KernelConfig.of("persistent_mma", **{**dict(point.knobs), "halves": 0}))
+    assert "m16n8k8" in plain and "m16n8k16" not in plain
+    relu = _spec(Case(op="RNN", hidden=96, input_size=8, activations=("Relu",)))
+    for spec in (relu, dataclasses.replace(lstm, precision="tf32"), dataclasses.replace(lstm, dtype="float16")):
+        assert default_config("persistent_mma", spec, cell_for(spec), SM90, 16)["halves"] == 0
+        assert "halves" not in knob_space("persistent_mma", spec, cell_for(spec), SM90)
+        assert not fits(spec, cell_for(spec), "sm_90", MmaConfig(halves=1))
+    assert fits(lstm, cell, "sm_90", MmaConfig(halves=1)) and not fits(lstm, cell, "sm_90", MmaConfig(halves=1, streamed=1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Magnitudes(Case):
+    """A case whose R rows are scaled by powers of two from 2^-12 to 2 and whose h0 is 8 times the usual (up to about 30,
+    so h's scale comes from h0, not from the cell's bound of 1)."""
+
+    def weights(self) -> dict:
+        w = super().weights()
+        rows = w["R"].shape[1]
+        factors = 2.0 ** np.random.default_rng(1).integers(-12, 2, rows)
+        w["R"] = (w["R"] * factors[None, :, None]).astype(self.dtype)
+        return w
+
+    def feeds(self, rng, T, N) -> dict:
+        f = super().feeds(rng, T, N)
+        f["initial_h"] = (f["initial_h"] * 8).astype(self.dtype)
+        return f
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    Magnitudes(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h", "initial_c"), hidden=96, input_size=7),
+    Magnitudes(op="GRU", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=72, input_size=5, layout=1),
+], ids=lambda c: c.op)
+def test_f16x3_steps_keep_fp32_accuracy_across_magnitudes(case):
+    """f16x3 steps against float64 on poisoned outputs: rows of R 2^13 apart in magnitude (each scaled on its own) and h0
+    far above the cell's bound (the launch's scale of h comes from max |h0|), at batches under and over one pass; every
+    output within 1e-5 of the largest reference element, as the 3xTF32 steps on the same inputs."""
+    spec = find_rnn_layers(case.model())[0].spec
+    cell, target = cell_for(spec), target_of("cuda")
+    base = default_config("persistent_mma", spec, cell, target, 16)
+    assert base["halves"] == 1
+    errors = {}
+    for halves in (1, 0):
+        point = KernelConfig.of("persistent_mma", **{**dict(base.knobs), "halves": halves})
+        # elementwise, as loose as the large rec terms of step 0 need; the bound that matters is the one below
+        outs = _check_kernel("cuda", case, spec, point_kernel(spec, cell, target, point), "rows", batches=(6, 37), note=point.describe(),
+                             tol=(1e-3, 1e-4))
+        rng = np.random.default_rng(7)  # _check_kernel's inputs, again
+        worst = 0.0
+        for got, N in zip(outs, (6, 37)):
+            ref = case.reference(case.feeds(rng, 9, N))
+            worst = max(worst, *(np.abs(g - ref[n]).max() / np.abs(ref[n]).max() for g, n in zip(got, ref)))
+        errors[halves] = worst
+    assert errors[1] < 1e-5 and errors[1] <= 4 * errors[0], errors
