@@ -10,8 +10,8 @@ Two instruction shapes, three kinds of math (MODES):
                   so the result is within a few times SIMT fp32's error (exact fp32 layers on tensor cores)
     f16x3         m16n8k16 three times on fp16 high and low halves of operands scaled by powers of two
                   (schedules.split_halves): the same three products and the same 22 bits, in half the mma's.
-                  A comes already split (its two halves loaded apart: a_at's `part`), B in fp32, scaled by
-                  b_scale and split here; the sums carry both scales, which the caller divides out
+                  Both operands come already split (each half loaded apart: a_at's and b_at's `part`); the
+                  sums carry both scales, which the caller divides out
 
 Per 32-column chunk of the reduction a lane loads 8 consecutive k of each of its A rows (g and g+8
 of every m-tile, g = lane / 4) and of its B row (g of every n-tile): 16-byte loads. Those 8 k are
@@ -30,7 +30,6 @@ from tvm.backend.cuda.op import ptx_legacy_mma
 from tvm.script.ir_builder import tirx as T
 
 from .recurrent_common import block_sync, emit_if, i64
-from .split_halves import halves_of
 
 F32 = "float32"
 KC = 32  # reduction columns per chunk: 8 consecutive k per lane
@@ -81,18 +80,18 @@ class WarpTiles:
     mode: a MODES key; a_dtype / b_dtype: the dtypes A and B are loaded in (fp32 h is converted)."""
 
     def __init__(self, lane, mt: int, nt: int, mode: str, a_dtype: str, b_dtype: str, depth: int = 1, split_acc: bool = False,
-                 chunk_acc: bool = False, b_scale=None):
+                 chunk_acc: bool = False):
         self.MT, self.NT, self.mode, self.a_dtype, self.b_dtype = mt, nt, MODES[mode], a_dtype, b_dtype
         m = self.mode
-        self.halves = mode == "f16x3"  # A's halves loaded apart, B scaled by b_scale and split in multiply
-        assert not self.halves or (a_dtype == "float16" and b_scale is not None), (a_dtype, b_scale)
-        self.b_scale = b_scale
+        self.halves = mode == "f16x3"  # both operands' halves loaded apart
+        assert not self.halves or a_dtype == b_dtype == "float16", (a_dtype, b_dtype)
         self.g, self.t = lane // i64(4), lane % i64(4)
         # `depth` chunks staged at once: their loads are in flight together, so a warp waits on memory once per
         # `depth` chunks (the kernels are latency-bound: a chunk's mma's take far less than an L2 or HBM round trip)
         self.ra = T.alloc_buffer((depth, mt, 2, 8), a_dtype, scope="local")  # A: chunk, tile, row half, 8 k
         self.ra_lo = T.alloc_buffer((depth, mt, 2, 8), a_dtype, scope="local") if self.halves else None  # A's low halves
         self.rb = T.alloc_buffer((depth, nt, 8), b_dtype, scope="local")  # B: chunk, tile, 8 k
+        self.rb_lo = T.alloc_buffer((depth, nt, 8), b_dtype, scope="local") if self.halves else None  # B's low halves
         self.fa = T.alloc_buffer((mt, m.mmas, 2 * m.per_lane), m.storage, scope="local")  # A fragments: tile, mma, registers
         self.fb = T.alloc_buffer((nt, m.mmas, m.per_lane), m.storage, scope="local")  # B fragments
         if m.split:  # the low parts (x - high) of both operands
@@ -150,19 +149,21 @@ class WarpTiles:
                             T.buffer_store(ra, tirx.const(0, self.a_dtype) if val is None else val, [i64(slot), i64(mt), i64(half), i64(v0) + v])
 
     def load_b(self, b_at, vector: bool, slot: int = 0):
-        """Stage B's part of one chunk: b_at(nt, k), k = 8t + (0..7) of the chunk."""
+        """Stage B's part of one chunk: b_at(nt, k), k = 8t + (0..7) of the chunk (in f16x3 b_at(nt, k, part))."""
         k0 = self.t * i64(8)
-        self.load_b_parts(lambda nt, v0, v: b_at(nt, k0 + i64(v0) + v), vector, slot)
+        self.load_b_parts(lambda nt, v0, v, *part: b_at(nt, k0 + i64(v0) + v, *part), vector, slot)
 
     def load_b_parts(self, b_at, vector: bool, slot: int = 0):
         """Stage B's part of one chunk: b_at(nt, v0, v) gives element v0 + v (v0 a multiple of width(b_dtype), v the
-        vector lane) of the lane's 8 k of row g of n-tile nt (the form a swizzled shared layout needs, as load_a's)."""
+        vector lane) of the lane's 8 k of row g of n-tile nt (the form a swizzled shared layout needs, as load_a's);
+        in f16x3 b_at(nt, v0, v, part), its high (0) or low (1) half."""
         lanes = T.vectorized if vector else T.unroll
         w = self.width(self.b_dtype)
-        for nt in range(self.NT):
-            for v0 in range(0, 8, w):
-                with lanes(0, i64(w)) as v:
-                    T.buffer_store(self.rb, b_at(nt, v0, v), [i64(slot), i64(nt), i64(v0) + v])
+        for part, rb in enumerate((self.rb, self.rb_lo) if self.halves else (self.rb,)):
+            for nt in range(self.NT):
+                for v0 in range(0, 8, w):
+                    with lanes(0, i64(w)) as v:
+                        T.buffer_store(rb, b_at(nt, v0, v, *([part] if self.halves else [])), [i64(slot), i64(nt), i64(v0) + v])
 
     def multiply(self, slot: int = 0):
         """The mma's of the chunk in staging slot `slot` (per_lane of each lane's 8 k each), on every tile."""
@@ -170,11 +171,6 @@ class WarpTiles:
         convert = to_tf32 if m.ptx == "tf32" else (lambda x: x.astype(m.storage))
 
         def fragment(hi, lo, x, idx):
-            if self.halves:  # B: scaled, then split into fp16 halves (split_halves.halves_of)
-                high, low = halves_of(x * self.b_scale)
-                T.buffer_store(hi, high, idx)
-                T.buffer_store(lo, low, idx)
-                return
             T.buffer_store(hi, convert(x), idx)
             if m.split:  # x - high is exact in fp32; its TF32 rounding leaves 2^-22 of x
                 T.buffer_store(lo, convert(x - hi[tuple(idx)]), idx)
@@ -190,7 +186,12 @@ class WarpTiles:
                         fragment(self.fa, getattr(self, "fa_lo", None), self.ra[tuple(at)], [i64(mt), i64(j), i64(i)])
             for nt in range(self.NT):
                 for i in range(m.per_lane):
-                    fragment(self.fb, getattr(self, "fb_lo", None), self.rb[i64(slot), i64(nt), i64(j * m.per_lane + i)], [i64(nt), i64(j), i64(i)])
+                    at, idx = (i64(slot), i64(nt), i64(j * m.per_lane + i)), [i64(nt), i64(j), i64(i)]
+                    if self.halves:  # B's halves as loaded
+                        T.buffer_store(self.fb, self.rb[at], idx)
+                        T.buffer_store(self.fb_lo, self.rb_lo[at], idx)
+                    else:
+                        fragment(self.fb, getattr(self, "fb_lo", None), self.rb[at], idx)
         # 3xTF32: the small products first, so the large one does not swamp them in the accumulator
         c = self.c if self.c_chunk is None else self.c_chunk
         if self.c_chunk is not None:

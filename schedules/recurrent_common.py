@@ -52,6 +52,10 @@ class KernelArgs:
     batch: tirx.Var = field(default_factory=lambda: tirx.Var("batch", I64))
     # operand name ("h" or a stored value) -> its copy in half precision (half_operands), written beside the fp32 one
     mirrors: dict = field(default_factory=dict)
+    # f16x3 (split_operands): operand name -> the low fp16 halves of its values times operand_scale, whose high halves
+    # are its mirror
+    split_mirrors: dict = field(default_factory=dict)
+    operand_scale: PrimExpr | None = None
 
     def declare(self, r_layout: str, weight_dtype: str = "float32", xw_dtype: str = "float32"):
         """Everything is fp32 but R, which keeps the storage dtype (fp16/bf16 halve its bytes), and XW in xw_dtype (the
@@ -234,10 +238,26 @@ def half_operands(a: KernelArgs, dtype: str):
         a.mirrors[name] = T.alloc_buffer((2, D, N, H) if name == "h" else (D, N, H), dtype)
 
 
+def split_operands(a: KernelArgs):
+    """f16x3 steps: the phases' operands kept beside the fp32 ones as the fp16 high and low halves of each value times
+    a.operand_scale (schedules.split_halves), which store_operand writes once per value, so that the blocks that read
+    them every step do not each split them again; the same bytes as fp32."""
+    half_operands(a, "float16")
+    for name, high in a.mirrors.items():
+        a.split_mirrors[name] = T.alloc_buffer(high.shape, "float16")
+
+
 def store_operand(a: KernelArgs, name: str, buf, value, idx):
-    """Store an operand value (h or a stored value) and its half-precision copy where the kernel keeps one."""
+    """Store an operand value (h or a stored value) and its half-precision copy, or its scaled halves, where the kernel
+    keeps them."""
     T.buffer_store(buf, value, idx)
-    if name in a.mirrors:
+    if name in a.split_mirrors:
+        from .split_halves import halves_of
+
+        high, low = halves_of(value * a.operand_scale)
+        T.buffer_store(a.mirrors[name], high, idx)
+        T.buffer_store(a.split_mirrors[name], low, idx)
+    elif name in a.mirrors:
         T.buffer_store(a.mirrors[name], value.astype(a.mirrors[name].dtype), idx)
 
 

@@ -24,7 +24,7 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC, MODES, WarpTiles, chunk_rounds
-from .recurrent_common import KernelArgs, block_sync, emit_if, guarded, half_operands, i64, load_xw_ahead
+from .recurrent_common import KernelArgs, block_sync, emit_if, guarded, half_operands, i64, load_xw_ahead, split_operands
 from .recurrent_cuda import epilogue, operand_at, operand_index, step_launches
 
 F32 = "float32"
@@ -68,7 +68,7 @@ class MmaConfig:
     ring_h: int = 0
     # persistent_mma in exact fp32, R resident and h bounded (cells.state_bound): 1 runs f16x3 (mma_tiles) instead of
     # 3xTF32: R's rows scaled and split into fp16 halves once, as the kernel copies them into shared memory, h scaled
-    # by a power of two from its bound and split each step; three fp16 products per k16, half 3xTF32's mma's
+    # by a power of two from its bound and split as it is stored; three fp16 products per k16, half 3xTF32's mma's
     halves: int = 0
 
     @property
@@ -141,8 +141,11 @@ def operand_dtype(spec, cfg: MmaConfig) -> str:
 
 
 def operand_copies(a: KernelArgs, cfg: MmaConfig):
-    """Allocate the half-precision copies of the phases' operands where the config reads B from them."""
-    if operand_dtype(a.spec, cfg) != F32:
+    """Allocate the half-precision copies of the phases' operands where the config reads B from them (in f16x3 their
+    scaled halves)."""
+    if cfg.halves:
+        split_operands(a)
+    elif operand_dtype(a.spec, cfg) != F32:
         half_operands(a, a.spec.dtype)
 
 
@@ -174,7 +177,7 @@ def partial_sums(cfg: MmaConfig, gates: int, scope: str = "shared"):
 
 
 def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg: MmaConfig, d, u0, n0, wy, lane,
-                acc_s, a_at, a_vector: bool, shared_a: bool = False, streamed=None, scales=None):
+                acc_s, a_at, a_vector: bool, shared_a: bool = False, streamed=None, unscale=None):
     """One block's part of a phase: the gate rows of units u0.. by batch rows n0.. on tensor cores, then the gate
     program for each (unit, row). a_at(tiles, chunk, mt, half, v0, v): A's element (WarpTiles.load_a) or None
     for a padding row; B (h or an earlier phase's value) comes from global memory. Both kernels run it.
@@ -185,8 +188,8 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     load_chunk(chunk, slot); b_shared(row, v0, v), where given, B's element for the pass's batch row `row` from shared
     memory instead of global);
     b_operand = (B's buffer, its flat offset of (batch row, k), the pass's first batch row n0).
-    scales (cfg.halves): (B's scale, unscale(gi, u)): the tiles scale B by the first, and the epilogue multiplies the
-    sum of gate gi's row of unit u by the second (the inverse of both rows' scales)."""
+    unscale (cfg.halves): unscale(gi, u), what the epilogue multiplies the sum of gate gi's row of unit u by (the
+    inverse of its scale and of B's)."""
     H, N = a.spec.hidden_size, a.batch
     UB, NT, NW, KW = cfg.units, cfg.n_tiles, cfg.n_warps, cfg.k_warps
     # gate-aligned m-tiles where A is read from R by fragment (r_row); from shared memory (persistent_mma, rows placed
@@ -198,11 +201,12 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     stride = NB + 1  # shared row stride: the epilogue's threads read down a column without bank conflicts
     wn, wk = wy % i64(NW), wy // i64(NW)
     b_src = a.mirrors.get(phase.operand, operand)  # the half-precision copy where the kernel keeps one
+    b_parts = (b_src, a.split_mirrors[phase.operand]) if phase.operand in a.split_mirrors else (b_src,)  # f16x3: high, low
     b_dtype = str(b_src.dtype)
     tm = tile_mode(a.spec, cfg)
-    assert (scales is not None) == (tm == "f16x3"), cfg
+    assert (unscale is not None) == (tm == "f16x3") == (len(b_parts) == 2), cfg
     tiles = WarpTiles(lane, MT, NT, tm, "float16" if tm == "f16x3" else a.spec.dtype, b_dtype, cfg.depth, bool(cfg.split_acc),
-                      chunk_acc=bool(cfg.chunk_acc) and tm in ("tf32x3", "f16x3"), b_scale=scales and scales[0])
+                      chunk_acc=bool(cfg.chunk_acc) and tm in ("tf32x3", "f16x3"))
     threads = 32 * NW * KW
     tid = wy * i64(32) + lane
     xw = _prefetch_xw(a, phase, s, d, u0, n0, UB, NB, threads, tid) if cfg.prefetch else None
@@ -211,9 +215,9 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
         def load_chunk(ck, slot):
             ck = ck + i64(first) if first else ck
 
-            def b_at(nt, k):
+            def b_at(nt, k, part=0):
                 n = tirx.min(n0 + (wn * i64(NT) + i64(nt)) * i64(8) + tiles.g, N - 1)  # rows past N: never stored
-                return guarded(ck * i64(KC) + k, H, exact, lambda k: operand_at(b_src, phase, cur, d, n, k), b_dtype)
+                return guarded(ck * i64(KC) + k, H, exact, lambda k: operand_at(b_parts[part], phase, cur, d, n, k), b_dtype)
 
             tiles.load_a(lambda mt, half, v0, v, *part: a_at(tiles, ck, mt, half, v0, v, *part), a_vector, slot)
             if b_shared is None:
@@ -255,7 +259,7 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     block_sync()
 
     def rec(gi, u, total):  # the recurrent term: the tiles' sum, in f16x3 with both rows' scales divided out
-        return total if scales is None else total * scales[1](gi, u)
+        return total if unscale is None else total * unscale(gi, u)
 
     for it in range(-(-UB * NB // threads)):
         e = i64(it * threads) + tid

@@ -277,13 +277,12 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                     if count:
                         _strided(count, threads, tid, load_weights)
 
-                initial_states(a, hbuf, d, u0, UB, threads, tid)
-                if halves:
+                if halves:  # h's scale first: initial_states stores h0's halves
                     hscale.h0_max(bx, d, u0, UB, warps, wy, lane, tid, wmax)
+                    a.operand_scale, h_inv = hscale.after(lane)
+                initial_states(a, hbuf, d, u0, UB, threads, tid)
                 block_sync()
                 _grid_sync()
-                if halves:
-                    h_scale, h_inv = hscale.after(lane)
 
                 def phase_step(pi, phase, last, operand, s, cur, nxt):
                     groups = len(phase.gates) * UB // 8
@@ -295,13 +294,12 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                         base = (i64((group0[pi] + grp) * CR) + ck) * i64(block_elems) + i64(part * 8 * KC)
                         return shared_element(tiles, wsm, base, tiles.g, v0, v, swizzle)
 
-                    scales = None if not halves else \
-                        (h_scale, lambda gi, u: rinv[i64(group0[pi] * 8 + gi * UB) + u] * h_inv)
+                    unscale = (lambda gi, u: rinv[i64(group0[pi] * 8 + gi * UB) + u] * h_inv) if halves else None
 
                     streamed = None if CR == chunks else (CR, streamed_rounds(a, phase, cfg, ring, d, u0, CR, tid))
                     with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
                         block_phase(a, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg, d, u0, chunk * i64(NB),
-                                    wy, lane, acc_s, a_at, True, shared_a=True, streamed=streamed, scales=scales)
+                                    wy, lane, acc_s, a_at, True, shared_a=True, streamed=streamed, unscale=unscale)
                         block_sync()  # the next chunk's partial sums reuse acc_s
                     _grid_sync()
 

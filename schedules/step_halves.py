@@ -5,8 +5,9 @@ that puts its largest magnitude in [2^14, 2^15) and split into fp16 high and low
 block copies its rows into shared memory (row_scales gives the scales, the copy splits). h has no rows to scale ahead:
 it changes every step. But the cell bounds it (cells.state_bound: LSTM |h| <= 1 with its default activations; GRU's h
 is a convex combination of its candidate and the last h), so one power of two for the whole launch, from
-max(bound, max |h0|), keeps every scaled element of h and of GRU's r*h under 2^15 (h_scale). Products then carry both
-scales, powers of two, which the epilogue divides out exactly.
+max(bound, max |h0|), keeps every scaled element of h and of GRU's r*h under 2^15 (HScale). Each value is split as it
+is stored (recurrent_common.split_operands), once, not by each block that reads it. Products then carry both scales,
+powers of two, which the epilogue divides out exactly.
 """
 
 from __future__ import annotations
@@ -64,9 +65,9 @@ def row_scales(a: KernelArgs, row_of, units: int, d, warps: int, wy, lane, rscal
 
 
 class HScale:
-    """h's scale for one launch: h0_max (before the grid barrier that follows the initial states) leaves each block's
-    largest |h0| in a global slot, after() (behind that barrier) reads every block's into the scale and its inverse.
-    Without initial_h, the bound alone: a constant."""
+    """h's scale for one launch, which must be known before h0 is stored (its halves with it): h0_max leaves each
+    block's largest |h0| in a global slot and waits at a grid barrier, after() then reads every block's into the scale
+    and its inverse. Without initial_h, the bound alone: a constant, and no barrier."""
 
     def __init__(self, a: KernelArgs, blocks: int):
         self.a, self.blocks = a, blocks
@@ -75,10 +76,11 @@ class HScale:
         self.slots = T.alloc_buffer((blocks,), F32) if a.h0 is not None else None  # global: each block's max |h0|
 
     def h0_max(self, bx, d, u0, units: int, warps: int, wy, lane, tid, wmax):
-        """This block's largest |h0| (its units, every batch row) into its slot; wmax: `warps` shared floats."""
+        """This block's largest |h0| (its units, every batch row) into its slot, then the grid barrier after which every
+        slot is written; wmax: `warps` shared floats."""
         if self.slots is None:
             return
-        from .recurrent_persistent import _each_unit_row
+        from .recurrent_persistent import _each_unit_row, _grid_sync
 
         a, m = self.a, T.alloc_buffer((1,), F32, scope="local")
         T.buffer_store(m, tirx.const(0, F32), [0])
@@ -98,6 +100,7 @@ class HScale:
             T.buffer_store(self.slots, best, [bx])
 
         emit_if(tid == i64(0), total)
+        _grid_sync()
 
     def after(self, lane):
         """(scale, inverse) as local values, every thread's: each warp reads the blocks' slots and shares their max."""
