@@ -27,7 +27,9 @@ against the tiled kernel's 46.2, and 13.6 ms in fp16 against mma's 15.8
 (benchmarks/results/2026-11-23-h100-streamed-blog-a.md).
 
 Math by dtype (recurrent_mma.mode): fp16/bf16 on m16n8k16, fp32 with precision="tf32" on TF32, and
-exact fp32 as 3xTF32 (mma_tiles: high and low TF32 parts, within a few times SIMT fp32's error).
+exact fp32 as 3xTF32 (mma_tiles: high and low TF32 parts, within a few times SIMT fp32's error) or, where R is resident
+and the cell bounds h, as f16x3 (MmaConfig.halves, step_halves: fp16 halves of scaled rows of R, kept in shared memory
+as two 8-row blocks per group and chunk, high then low, and of h; half 3xTF32's mma's, as accurate).
 """
 
 from __future__ import annotations
