@@ -26,6 +26,7 @@
 #                                            tests and the GEMM alone, or whole models against 3xTF32
 #   bash benchmarks/device_run.sh step-halves [ROW ...]   exact-fp32 steps as f16x3 (schedules.step_halves): their GPU tests and
 #                                            persistent_mma's, then whole models against 3xTF32 steps (benchmarks/step_halves_ab.py)
+#   bash benchmarks/device_run.sh sanitize-halves   the f16x3 steps (persistent_mma, exact fp32, initial_h) under compute-sanitizer
 #   bash benchmarks/device_run.sh sanitize-gemm   compile's wgmma GEMMs under compute-sanitizer memcheck and racecheck
 #   bash benchmarks/device_run.sh split-regs [gemm|ab ROW ...]   3xTF32 with X split in registers: GPU tests, GEMM, whole models
 #   bash benchmarks/device_run.sh store-cols-ab [ROW ...]   fp16 models with the 256-column GEMM storing 2 / 4 columns
@@ -242,6 +243,11 @@ case "$1" in
     VARIANTS=layers,stage timeout 250 python3 benchmarks/wavefront_variants.py gru-b1-h512-l2 2>&1 | grep -v Warning | tee "$OUT/wavefront_variants_log.txt" ;;
   resident-tiles)
     timeout 560 python3 benchmarks/resident_tiles_ab.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/resident_tiles_log.txt" ;;
+  sanitize-halves)  # exact fp32's f16x3 steps (persistent_mma with initial_h: the grid-wide max |h0|, the halves' copies)
+    for tool in racecheck synccheck memcheck; do
+      timeout 100 compute-sanitizer --tool $tool python3 benchmarks/sanitize_case.py persistent_mma LSTM h0 2>&1 | grep -v Warning | tail -6 | tee "$OUT/sanitizer_halves_lstm_$tool.txt"
+    done
+    timeout 100 compute-sanitizer --tool racecheck python3 benchmarks/sanitize_case.py persistent_mma GRU h0 2>&1 | grep -v Warning | tail -6 | tee "$OUT/sanitizer_halves_gru_racecheck.txt" ;;
   sanitize)
     for tool in racecheck synccheck memcheck; do
       timeout 180 compute-sanitizer --tool $tool python3 benchmarks/sanitize_case.py "${2:-persistent}" LSTM 2>&1 | grep -v Warning | tail -8 | tee "$OUT/sanitizer_${2:-persistent}_$tool.txt"

@@ -1,12 +1,13 @@
 """One small persistent-kernel layer under compute-sanitizer (racecheck / synccheck): a few steps, batch 2.
 
-    python3 benchmarks/sanitize_case.py [KERNEL [LSTM|GRU [streamed|ring|ring-h]]]
+    python3 benchmarks/sanitize_case.py [KERNEL [LSTM|GRU [streamed|ring|ring-h|h0]]]
     python3 benchmarks/sanitize_case.py wavefront     two stacked LSTM layers in one wavefront kernel
 
 streamed (persistent_mma only): half of each block's R read from global memory every step (the path layers too large
 for shared memory run), instead of all of it resident. ring: hidden 128, three of its four chunks streamed through
 the cp.async ring (two buffers of two chunks, a partial second round) that two batch warps read; ring-h: the same with
-h's chunks copied into the ring too.
+h's chunks copied into the ring too. h0: the layer takes initial_h (exact fp32's f16x3 steps then find h's scale from
+max |h0| across the grid before storing h0's halves).
 """
 
 import sys
@@ -36,7 +37,8 @@ if kernel == "wavefront":
     ours, ref = module.run(feeds), stack_reference(cases, feeds)
     print(kernel, module.metadata["stacks"], {k: float(np.abs(v - ref[k]).max()) for k, v in ours.items()})
     sys.exit(0)
-case = Case(op=sys.argv[2] if len(sys.argv) > 2 else "LSTM", direction="bidirectional", optional=("B", "sequence_lens"),
+case = Case(op=sys.argv[2] if len(sys.argv) > 2 else "LSTM", direction="bidirectional",
+            optional=("B", "sequence_lens") + (("initial_h",) if sys.argv[3:] == ["h0"] else ()),
             hidden=128 if sys.argv[3:] in (["ring"], ["ring-h"]) else 64, input_size=16)
 module = tvmrnn.compile(case.model(), target="cuda", kernel=kernel)
 feeds = case.feeds(np.random.default_rng(0), 4, 2)
