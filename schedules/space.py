@@ -134,13 +134,15 @@ def _half_operand(spec) -> dict[str, tuple[int, ...]]:
 
 def _resident_tiles(spec, cell, arch) -> dict[str, tuple[int, ...]]:
     """Units per block that fit one wave with R in shared memory, and batch tiles whose partial sums still fit
-    beside R at the largest of those units with the most warps (so every combination fits)."""
+    beside R at the largest of those units with the most warps (so every combination fits, f16x3's row scales too)."""
     from .recurrent_mma import MmaConfig
-    from .recurrent_persistent_mma import UNITS, fits
+    from .recurrent_persistent_mma import UNITS, fits, halves_apply
 
-    units = [u for u in UNITS if fits(spec, cell, arch, MmaConfig(units=u, n_tiles=1, n_warps=1, k_warps=2))]
+    halves = int(halves_apply(spec))
+    units = [u for u in UNITS if fits(spec, cell, arch, MmaConfig(units=u, n_tiles=1, n_warps=1, k_warps=2, halves=halves))]
     while units:
-        n_tiles = tuple(nt for nt in (1, 2, 3, 4) if fits(spec, cell, arch, MmaConfig(units=units[-1], n_tiles=nt, n_warps=2, k_warps=8)))
+        n_tiles = tuple(nt for nt in (1, 2, 3, 4)
+                        if fits(spec, cell, arch, MmaConfig(units=units[-1], n_tiles=nt, n_warps=2, k_warps=8, halves=halves)))
         if n_tiles:
             return {"units": tuple(units), "n_tiles": n_tiles, "n_warps": (1, 2), "k_warps": (2, 4, 8), "depth": (1, 2)}
         units.pop()

@@ -82,6 +82,20 @@ def test_exact_fp32_default_runs_f16x3_steps_where_h_is_bounded():
     assert fits(lstm, cell, "sm_90", MmaConfig(halves=1)) and not fits(lstm, cell, "sm_90", MmaConfig(halves=1, streamed=1))
 
 
+@pytest.mark.parametrize("hidden, direction", [(1024, "forward"), (800, "bidirectional")])
+def test_every_point_of_the_space_fits_with_the_row_scales(hidden, direction):
+    """The f16x3 row scales take shared memory beside R: every combination of persistent_mma's knobs (halves among them)
+    still fits one wave, at the H100's largest resident layers (b64-h1024-l2's, ds2-5l-bi's)."""
+    import itertools
+
+    spec = _spec(Case(op="LSTM", direction=direction, hidden=hidden, input_size=64))
+    cell = cell_for(spec)
+    space = knob_space("persistent_mma", spec, cell, SM90)
+    assert space["halves"] == (0, 1)
+    for values in itertools.product(*space.values()):
+        assert fits(spec, cell, "sm_90", MmaConfig(**dict(zip(space, values)))), dict(zip(space, values))
+
+
 @dataclasses.dataclass(frozen=True)
 class Magnitudes(Case):
     """A case whose R rows are scaled by powers of two from 2^-12 to 2 and whose h0 is 8 times the usual (up to about 30,
