@@ -338,8 +338,11 @@ def block_sync():
 
 
 def batch_dispatch(a: KernelArgs, branches):
-    """Emit `if batch <= b0: e0(a) elif batch <= b1: e1(a) ... else: en(a)` over (max_batch, emit) pairs."""
+    """Emit `if batch <= b0: e0(a) elif batch <= b1: e1(a) ... else: en(a)` over (max_batch, emit) pairs. Each branch
+    starts without the operand copies an earlier one allocated (their buffers live in that branch, and a kind that
+    keeps none must not write them)."""
     (limit, emit), rest = branches[0], branches[1:]
+    a.mirrors, a.split_mirrors, a.operand_scale = {}, {}, None
     if limit is None or not rest:
         emit(a)
         return

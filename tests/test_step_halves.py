@@ -60,6 +60,26 @@ def test_f16x3_kernels_build_inside_the_batch_dispatch(case):
     assert "mma.sync.aligned.m16n8k16" in src and "m16n8k8" not in src
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_branch_after_one_with_operand_copies_writes_none(dtype):
+    """A tuned plan may follow a persistent_mma branch (f16x3's scaled halves of h in fp32, its half copy in fp16) with a
+    kind that keeps no copies: that branch builds, and stores no halves (the copies live in the branch that made them)."""
+    from schedules import Branch, _prim_func
+
+    spec = _spec(Case(op="GRU", hidden=64, input_size=8, optional=("initial_h",), dtype=dtype))
+    cell = cell_for(spec)
+    first = Branch(8, default_config("persistent_mma", spec, cell, SM90, 8), False)
+
+    def source(branches):
+        func, _ = _prim_func(spec, cell, SM90, branches)
+        return tvm.tirx.build(func.with_attr("tirx.is_scheduled", True), target=SM90, pipeline=cooperative.register()).imports[0].inspect_source()
+
+    alone = source([first]).count("(half)")
+    assert alone > 0
+    for kind in ("stepwise", "tiled"):
+        assert source([first, Branch(None, default_config(kind, spec, cell, SM90, 64), False)]).count("(half)") == alone, kind
+
+
 def test_exact_fp32_default_runs_f16x3_steps_where_h_is_bounded():
     """The exact-fp32 persistent_mma default runs f16x3 (halves=1): fp16 m16n8k16 mma's and no TF32 ones, R's halves
     made in the kernel from fp32 R (its argument stays fp32). Not where h is unbounded (a Relu cell), in TF32 or fp16
