@@ -70,7 +70,7 @@ def test_zoo_model_on_cuda_matches_onnxruntime(entry):
 @pytest.mark.parametrize("kernel", ["stepwise", "persistent", "tiled", "mma", "persistent_mma"])
 def test_repeated_runs_are_stable(kernel):
     """A race shows as results that move between runs; ours must repeat to the bit on the same inputs."""
-    dtype = "float16" if kernel == "mma" else "float32"  # persistent_mma in exact fp32: 3xTF32
+    dtype = "float16" if kernel == "mma" else "float32"  # persistent_mma in exact fp32: f16x3 steps
     case = Case(op="LSTM", direction="bidirectional", optional=("B", "sequence_lens"), hidden=200, input_size=64, dtype=dtype)
     module = tvmrnn.compile(case.model(), target="cuda", kernel=kernel)
     feeds = case.feeds(np.random.default_rng(5), 30, 4)
@@ -102,8 +102,9 @@ def test_cuda_float16_models(case, kernel):
 
 
 def test_exact_fp32_on_tensor_cores_is_fp32_accurate():
-    """Exact fp32 on tensor cores (3xTF32: high and low TF32 parts, per-step mma and persistent_mma) against the
-    float64 reference: relative error under 1e-5, and within 4x the SIMT kernel's on the same inputs. (On the H100,
+    """Exact fp32 on tensor cores (per-step mma: 3xTF32, high and low TF32 parts; persistent_mma: f16x3, fp16 halves of
+    scaled operands) against the float64 reference: relative error under 1e-5, and within 4x the SIMT kernel's on the
+    same inputs. (On the H100,
     2026-11-24: SIMT 2.8e-7, 3xTF32 7.8e-7 with one accumulator, chunk_acc's default since session 10; the 2x this
     test asked before was measured with chunk_acc on, benchmarks/results/2026-11-24-h100-pytest-gpu-rest.txt.)"""
     case = Case(op="LSTM", optional=("B", "initial_h", "initial_c"), hidden=512, input_size=64)
