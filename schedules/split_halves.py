@@ -49,6 +49,19 @@ def halves_of(x):
     return high, (x - high.astype("float32")).astype("float16")
 
 
+def warp_row_scale(scale, n: int, at, lane):
+    """scale[0] := the scale of a row of n elements (scale_of its largest magnitude), read by one warp: lane l takes
+    elements l, l + 32, ... (at(k): element k; past n, nothing), a butterfly shuffle gives every lane the result. All 32
+    lanes must run it. X's split (split_on_gpu) and the f16x3 steps' rows of R (step_halves.row_scales) share it."""
+    T.buffer_store(scale, tirx.const(0, "float32"), [0])
+    with T.serial(0, i64(-(-n // 32))) as j:
+        k = j * i64(32) + lane
+        x = tirx.abs(at(k)) if n % 32 == 0 else \
+            tirx.if_then_else(k < i64(n), tirx.abs(at(tirx.min(k, i64(n - 1)))), tirx.const(0, "float32"))
+        T.buffer_store(scale, tirx.max(scale[0], x), [0])
+    T.buffer_store(scale, scale_of(cuda_op.cuda_warp_max(scale[0])), [0])
+
+
 def split(rows, K: int) -> tirx.PrimFunc:
     """PrimFunc(A [rows, K] fp32, P [rows, 2K] fp16, S [rows] fp32): each row's scale (scale_of its largest
     magnitude), then its scaled high parts and low parts. rows may be symbolic. One function: W's is one call to fold."""
@@ -83,10 +96,7 @@ def split_on_gpu(K: int, warps: int = 8) -> tirx.PrimFunc:
                         amax = T.alloc_buffer((1,), "float32", scope="local")
                         with T.If(row < M):  # warp-uniform: the shuffles see every lane
                             with T.Then():
-                                T.buffer_store(amax, tirx.const(0, "float32"), [0])
-                                with T.serial(0, i64(K // 32)) as j:
-                                    T.buffer_store(amax, tirx.max(amax[0], tirx.abs(A[row, j * i64(32) + lane])), [0])
-                                T.buffer_store(amax, scale_of(cuda_op.cuda_warp_max(amax[0])), [0])  # now the row's scale
+                                warp_row_scale(amax, K, lambda k: A[row, k], lane)  # now the row's scale
                                 with T.If(lane == i64(0)):
                                     with T.Then():
                                         T.buffer_store(S, amax[0], [row])

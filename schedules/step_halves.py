@@ -21,7 +21,7 @@ from tvm.script.ir_builder import tirx as T
 from tvmrnn.cells import state_bound
 
 from .recurrent_common import KernelArgs, block_sync, emit_if, i64
-from .split_halves import scale_of
+from .split_halves import scale_of, warp_row_scale
 
 F32 = "float32"
 
@@ -49,12 +49,7 @@ def row_scales(a: KernelArgs, row_of, units: int, d, warps: int, wy, lane, rscal
             with T.If(q < i64(rows)):  # warp-uniform: the shuffles see every lane
                 with T.Then():
                     row = row_of(pi, q)
-                    T.buffer_store(amax, tirx.const(0, F32), [0])
-                    with T.serial(0, i64(-(-H // 32))) as j:
-                        k = j * i64(32) + lane
-                        x = tirx.if_then_else(k < i64(H), tirx.abs(a.R[d, row, tirx.min(k, i64(H - 1))]), tirx.const(0, F32))
-                        T.buffer_store(amax, tirx.max(amax[0], x), [0])
-                    T.buffer_store(amax, scale_of(cuda_op.cuda_warp_max(amax[0])), [0])
+                    warp_row_scale(amax, H, lambda k, row=row: a.R[d, row, k], lane)
 
                     def store(q=q, pos=i64(q0) + q):
                         T.buffer_store(rscale, amax[0], [pos])

@@ -471,18 +471,15 @@ def test_w_halves_fold_at_compile_time(weights_as_inputs):
 
 
 @pytest.mark.parametrize("weights_as_inputs", [False, True])
-def test_w_low_parts_fold_at_compile_time(weights_as_inputs):
+def test_w_low_parts_fold_at_compile_time(weights_as_inputs, monkeypatch):
     """With f16x3 off (EXACT_ON_HALVES), compile's 3xTF32 wgmma GEMM reads W's TF32 low parts beside W: where W is an
     initializer they are computed at compile time (no kernel for them in the module), where it is a graph input by a
     kernel of their own at run time."""
     from schedules import projection_wgmma
 
     case = Case(op="LSTM", hidden=64, input_size=32, weights_as_inputs=weights_as_inputs)
-    projection_wgmma.EXACT_ON_HALVES = False
-    try:
-        src = cuda_sources(tvmrnn.compile(case.model(), target={"kind": "cuda", "arch": "sm_90a"}, logs=False))
-    finally:
-        projection_wgmma.EXACT_ON_HALVES = True
+    monkeypatch.setattr(projection_wgmma, "EXACT_ON_HALVES", False)
+    src = cuda_sources(tvmrnn.compile(case.model(), target={"kind": "cuda", "arch": "sm_90a"}, logs=False))
     assert "wgmma_tf32_rs_mma_async" in src and ("tf32_low_parts_256x32_kernel" in src) == weights_as_inputs
 
 
