@@ -26,6 +26,8 @@
 #                                            tests and the GEMM alone, or whole models against 3xTF32
 #   bash benchmarks/device_run.sh step-halves [ROW ...]   exact-fp32 steps as f16x3 (schedules.step_halves): their GPU tests and
 #                                            persistent_mma's, then whole models against 3xTF32 steps (benchmarks/step_halves_ab.py)
+#   bash benchmarks/device_run.sh step-halves-streamed [ROW ...]   f16x3 steps with chunks of R streamed through the ring:
+#                                            GPU tests, racecheck, then blog-a against 3xTF32 steps (SET=streamed step_halves_ab.py)
 #   bash benchmarks/device_run.sh sanitize-halves   the f16x3 steps (persistent_mma, exact fp32, initial_h) under compute-sanitizer
 #   bash benchmarks/device_run.sh sanitize-gemm   compile's wgmma GEMMs under compute-sanitizer memcheck and racecheck
 #   bash benchmarks/device_run.sh split-regs [gemm|ab ROW ...]   3xTF32 with X split in registers: GPU tests, GEMM, whole models
@@ -146,6 +148,12 @@ case "$1" in
     for i in 0 1 2; do awk "NR % 3 == $i" /tmp/ids.txt > /tmp/ids$i.txt; run_ids /tmp/ids$i.txt 280 "$OUT/pytest_gpu_$i.txt" > /dev/null & done
     wait; tail -n 3 "$OUT"/pytest_gpu_*.txt
     timeout 280 python3 benchmarks/step_halves_ab.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/step_halves_log.txt" | tail -14 ;;
+  step-halves-streamed)  # f16x3 with streamed chunks (blog-a): GPU tests, compute-sanitizer, then blog-a against 3xTF32 steps
+    timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_step_halves.py tests/test_kernels.py -k "streamed or ring" 2>&1 \
+      | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4
+    timeout 120 compute-sanitizer --tool racecheck python3 benchmarks/sanitize_case.py persistent_mma LSTM ring-h-halves 2>&1 | grep -v Warning | tail -4 \
+      | tee "$OUT/sanitizer_streamed_halves.txt"
+    SET=streamed timeout 240 python3 benchmarks/step_halves_ab.py "${@:2}" 2>&1 | grep -v Warning | tee "$OUT/step_halves_log.txt" | tail -4 ;;
   halves)  # exact fp32 as three fp16 products of scaled halves (f16x3): its GPU tests and the GEMM alone beside compile's
     # 3xTF32 points and cuBLAS (gemm), or whole exact-fp32 models against 3xTF32 (ab [ROW ...]: benchmarks/halves_ab.py)
     if [ "${2:-gemm}" = gemm ]; then

@@ -6,7 +6,7 @@
 streamed (persistent_mma only): half of each block's R read from global memory every step (the path layers too large
 for shared memory run), instead of all of it resident. ring: hidden 128, three of its four chunks streamed through
 the cp.async ring (two buffers of two chunks, a partial second round) that two batch warps read; ring-h: the same with
-h's chunks copied into the ring too. h0: the layer takes initial_h (exact fp32's f16x3 steps then find h's scale from
+h's chunks copied into the ring too; ring-h-halves: that in exact fp32's f16x3 steps. h0: the layer takes initial_h (exact fp32's f16x3 steps then find h's scale from
 max |h0| across the grid before storing h0's halves).
 """
 
@@ -25,9 +25,10 @@ kernel = sys.argv[1] if len(sys.argv) > 1 else "persistent"
 if sys.argv[3:] == ["streamed"]:
     # hidden 64: two 32-column chunks, the second streamed
     recurrent_persistent_mma.default_config = lambda *_, **__: MmaConfig(units=8, n_tiles=1, n_warps=1, k_warps=2, depth=1, prefetch=1, streamed=1)
-if sys.argv[3:] in (["ring"], ["ring-h"]):
+if sys.argv[3:] in (["ring"], ["ring-h"], ["ring-h-halves"]):
     recurrent_persistent_mma.default_config = lambda *_, **__: MmaConfig(units=8, n_tiles=1, n_warps=2, k_warps=2, depth=1, prefetch=1,
-                                                                        streamed=3, ring=2, ring_h=int(sys.argv[3] == "ring-h"))
+                                                                        streamed=3, ring=2, ring_h=int(sys.argv[3] != "ring"),
+                                                                        halves=int(sys.argv[3] == "ring-h-halves"))
 if kernel == "wavefront":
     from test_wavefront import lstm_stack, stack_model, stack_reference
 
@@ -39,7 +40,7 @@ if kernel == "wavefront":
     sys.exit(0)
 case = Case(op=sys.argv[2] if len(sys.argv) > 2 else "LSTM", direction="bidirectional",
             optional=("B", "sequence_lens") + (("initial_h",) if sys.argv[3:] == ["h0"] else ()),
-            hidden=128 if sys.argv[3:] in (["ring"], ["ring-h"]) else 64, input_size=16)
+            hidden=128 if sys.argv[3:] in (["ring"], ["ring-h"], ["ring-h-halves"]) else 64, input_size=16)
 module = tvmrnn.compile(case.model(), target="cuda", kernel=kernel)
 feeds = case.feeds(np.random.default_rng(0), 4, 2)
 ours, ref = module.run(feeds), case.reference(feeds)

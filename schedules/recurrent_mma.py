@@ -186,8 +186,9 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     streamed: None, or (resident chunks, reduce_streamed(loader, tiles, wk, b_operand)): the chunks from there on come
     first, in a reduction loop of their own that reduce_streamed emits (loader(a_at, a_vector, first, b_shared) gives
     load_chunk(chunk, slot); b_shared(row, v0, v), where given, B's element for the pass's batch row `row` from shared
-    memory instead of global);
-    b_operand = (B's buffer, its flat offset of (batch row, k), the pass's first batch row n0).
+    memory instead of global; in f16x3 b_shared(row, v0, v, part), its high or low half);
+    b_operand = (B's buffers (in f16x3 its high and low halves), their flat offset of (batch row, k), the pass's first
+    batch row n0).
     unscale (cfg.halves): unscale(gi, u), what the epilogue multiplies the sum of gate gi's row of unit u by (the
     inverse of its scale and of B's)."""
     H, N = a.spec.hidden_size, a.batch
@@ -223,7 +224,7 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
             if b_shared is None:
                 tiles.load_b(b_at, exact, slot)
             else:
-                tiles.load_b_parts(lambda nt, v0, v: b_shared((wn * i64(NT) + i64(nt)) * i64(8) + tiles.g, v0, v), True, slot)
+                tiles.load_b_parts(lambda nt, v0, v, *part: b_shared((wn * i64(NT) + i64(nt)) * i64(8) + tiles.g, v0, v, *part), True, slot)
 
         return load_chunk
 
@@ -232,7 +233,7 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     else:
         # the L2 chunks first: their loads wait longest, and the shared-memory ones then run back to back
         resident, reduce_streamed = streamed
-        reduce_streamed(loader, tiles, wk, (b_src, lambda n, k: b_src.offset_of(operand_index(phase, cur, d, n, k))[0], n0))
+        reduce_streamed(loader, tiles, wk, (b_parts, lambda n, k: b_src.offset_of(operand_index(phase, cur, d, n, k))[0], n0))
         if resident:
             chunk_rounds(resident, KW, cfg.depth, wk, loader(a_at, a_vector), tiles.multiply)
     tiles.finish()

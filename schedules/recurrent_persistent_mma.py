@@ -70,14 +70,26 @@ def r_bytes(spec, cell, units: int, chunks: int | None = None) -> int:
     return cell.gates * units * (-(-spec.hidden_size // KC) if chunks is None else chunks) * KC * itemsize(spec.dtype)
 
 
+def parts(cfg: MmaConfig) -> int:
+    """The parts each operand element takes in the ring: 2 in f16x3 (its fp16 high and low halves), else 1."""
+    return 2 if cfg.halves else 1
+
+
 def ring_a_elems(cell, cfg: MmaConfig) -> int:
-    """Elements of A (R's rows) in one buffer of the ring: one round's k_warps x depth chunks of the widest phase's rows."""
-    return cfg.k_warps * cfg.depth * max(len(phase.gates) for phase in cell.phases) * cfg.units * KC
+    """Elements of A (R's rows) in one buffer of the ring: one round's k_warps x depth chunks of the widest phase's rows
+    (in f16x3 both halves of each)."""
+    return cfg.k_warps * cfg.depth * max(len(phase.gates) for phase in cell.phases) * cfg.units * KC * parts(cfg)
 
 
 def ring_b_elems(cfg: MmaConfig) -> int:
-    """Elements of B in one buffer of the ring (ring_h): the pass's batch rows by one round's chunks."""
-    return cfg.k_warps * cfg.depth * cfg.rows * KC
+    """Elements of B in one buffer of the ring (ring_h): the pass's batch rows by one round's chunks (in f16x3 both
+    halves of each)."""
+    return cfg.k_warps * cfg.depth * cfg.rows * KC * parts(cfg)
+
+
+def ring_dtypes(spec, cfg: MmaConfig) -> tuple[str, str]:
+    """The ring's element types for A and B: fp16 halves in f16x3, else R's dtype and the dtype B is read in."""
+    return ("float16", "float16") if cfg.halves else (spec.dtype, operand_dtype(spec, cfg))
 
 
 def ring_bytes(spec, cell, cfg: MmaConfig) -> int:
@@ -85,8 +97,9 @@ def ring_bytes(spec, cell, cfg: MmaConfig) -> int:
     batch rows by the same chunks); none where nothing streams or the ring is off."""
     if not (cfg.ring and cfg.streamed):
         return 0
-    b = ring_b_elems(cfg) * itemsize(operand_dtype(spec, cfg)) if cfg.ring_h else 0
-    return cfg.ring * (ring_a_elems(cell, cfg) * itemsize(spec.dtype) + b)
+    a_dtype, b_dtype = ring_dtypes(spec, cfg)
+    b = ring_b_elems(cfg) * itemsize(b_dtype) if cfg.ring_h else 0
+    return cfg.ring * (ring_a_elems(cell, cfg) * itemsize(a_dtype) + b)
 
 
 def smem_bytes(spec, cell, cfg: MmaConfig) -> int:
@@ -117,7 +130,7 @@ def fits(spec, cell, arch: str, cfg: MmaConfig) -> bool:
             and cfg.n_warps * cfg.k_warps <= 16
             and not (cfg.ring and (cfg.ring < 2 or not cfg.streamed or spec.hidden_size % KC))  # the ring copies whole chunks
             and not (cfg.ring_h and not cfg.ring)
-            and not (cfg.halves and (cfg.streamed or not halves_apply(spec))))
+            and not (cfg.halves and ((cfg.streamed and not cfg.ring) or not halves_apply(spec))))
 
 
 # the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, in exact fp32 three up to MID_BATCH,
@@ -137,6 +150,8 @@ def halves_apply(spec) -> bool:
 
 # exact fp32 with R resident: f16x3 steps by default where the cell bounds h (False: 3xTF32, for A/B runs)
 HALVES = True
+# the same where part of R streams from L2 (streaming_config): not yet run on a GPU, so off (True: for A/B runs)
+HALVES_STREAMED = False
 
 
 def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig | None:
@@ -192,7 +207,8 @@ def streaming_config(spec, cell, arch: str) -> MmaConfig | None:
     measured against that."""
     if r_bytes(spec, cell, spec.hidden_size) * spec.num_directions <= sm_count(arch) * SMEM_LIMIT.get(arch, SMEM_DEFAULT):
         return None
-    for ring in (dict(ring=2, ring_h=1), dict(ring=0, ring_h=0)):  # the ring copies whole chunks: none where H % 32
+    halves = int(HALVES_STREAMED and halves_apply(spec))
+    for ring in (dict(ring=2, ring_h=1, halves=halves), dict(ring=0, ring_h=0)):  # the ring copies whole chunks: none where H % 32
         for units in range(UNITS[0], MAX_STREAM_UNITS + 1):
             cfg = MmaConfig(units=units, n_tiles=4, n_warps=2, k_warps=4, depth=1, prefetch=int(len(cell.phases) > 1), **ring)
             streamed = fewest_streamed(spec, cell, arch, cfg)
@@ -219,7 +235,8 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
     chunks, NB = -(-H // KC), cfg.rows
     CR = resident_chunks(spec, cfg)  # the first CR chunks in shared memory, the rest read from L2 each step
     assert unit_rows_fit(cell, cfg), cfg
-    assert not cfg.halves or (halves_apply(spec) and CR == chunks), f"f16x3 steps need exact fp32, a bounded h and R resident: {cfg}"
+    assert not cfg.halves or (halves_apply(spec) and (CR == chunks or cfg.ring)), \
+        f"f16x3 steps need exact fp32, a bounded h, and R resident or its streamed chunks through the ring: {cfg}"
     halves = bool(cfg.halves)  # f16x3: R's rows scaled and split into fp16 halves in shared memory (step_halves)
     swizzle = spec.dtype == F32 and not halves  # 32-byte lane spans: odd rows swap their 16-byte halves
     threads = 32 * cfg.n_warps * cfg.k_warps
@@ -234,6 +251,10 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
     scratch = {v: T.alloc_buffer((D, N, H), F32) for v in cell.stored_values}
     operand_copies(a, cfg)
     hscale = step_halves.HScale(a, D * per_dir) if halves else None
+    # f16x3 with streamed chunks: each row's scaled halves of them (high, then low), written once per launch by the
+    # block that owns the row, read from L2 every step through the ring
+    SW = (chunks - CR) * KC
+    rsplit = T.alloc_buffer((D, cell.gates * H, 2 * SW), "float16") if halves and SW else None
     with T.thread_binding(0, i64(D * per_dir), "blockIdx.x") as bx:
         with T.thread_binding(0, i64(threads // 32), "threadIdx.y") as wy:
             with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
@@ -251,9 +272,9 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                 acc_s = partial_sums(cfg, cell.gates, "shared.dyn")
                 ring = None
                 if ring_bytes(spec, cell, cfg):
-                    ring = (T.alloc_buffer((cfg.ring * ring_a_elems(cell, cfg),), spec.dtype, scope="shared.dyn"),
-                            T.alloc_buffer((cfg.ring * ring_b_elems(cfg),), operand_dtype(spec, cfg), scope="shared.dyn")
-                            if cfg.ring_h else None)
+                    a_dtype, b_dtype = ring_dtypes(spec, cfg)
+                    ring = (T.alloc_buffer((cfg.ring * ring_a_elems(cell, cfg),), a_dtype, scope="shared.dyn"),
+                            T.alloc_buffer((cfg.ring * ring_b_elems(cfg),), b_dtype, scope="shared.dyn") if cfg.ring_h else None)
 
                 def position(g, lane_k):
                     """Where column lane_k (0..31 of a chunk) of row g sits in its 32-element row: the XOR swizzle in fp32."""
@@ -279,6 +300,16 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                     if count:
                         _strided(count, threads, tid, load_weights)
 
+                    def split_streamed(e, pi=pi, phase=phase):  # row r's streamed column c: its halves into rsplit
+                        r, c = e // i64(SW), e % i64(SW)
+                        row = r_row_of(phase, UB, H, u0, r)
+                        high, low = halves_of(a.R[d, row, i64(CR * KC) + c] * rscale[i64(group0[pi] * 8) + r])
+                        T.buffer_store(rsplit, high, [d, row, c])
+                        T.buffer_store(rsplit, low, [d, row, i64(SW) + c])
+
+                    if rsplit is not None:
+                        _strided(len(phase.gates) * UB * SW, threads, tid, split_streamed)
+
                 if halves:  # h's scale first: initial_states stores h0's halves
                     hscale.h0_max(bx, d, u0, UB, warps, wy, lane, tid, wmax)
                     a.operand_scale, h_inv = hscale.after(lane)
@@ -298,7 +329,7 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
 
                     unscale = (lambda gi, u: rinv[i64(group0[pi] * 8 + gi * UB) + u] * h_inv) if halves else None
 
-                    streamed = None if CR == chunks else (CR, streamed_rounds(a, phase, cfg, ring, d, u0, CR, tid))
+                    streamed = None if CR == chunks else (CR, streamed_rounds(a, phase, cfg, ring, d, u0, CR, tid, rsplit))
                     with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
                         block_phase(a, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg, d, u0, chunk * i64(NB),
                                     wy, lane, acc_s, a_at, True, shared_a=True, streamed=streamed, unscale=unscale)
@@ -310,48 +341,58 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                 final_states(a, hbuf, d, u0, UB, threads, tid)
 
 
-def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident: int, tid):
+def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident: int, tid, rsplit=None):
     """block_phase's reduce_streamed for the chunks of R past `resident`. Without a ring each warp loads its chunks' A
     from R in global memory (L2) into registers. With one (cfg.ring buffers in shared memory, each one round's
     k_warps x depth chunks of the phase's rows in the resident layout), the block's threads copy round r + ring - 1 with
     cp.async while its warps multiply round r out of shared memory: the n_warps that share a chunk's rows read them
     from shared memory, and L2 serves each element once per block and step instead of n_warps times. With ring_h the
     same rounds copy B too (the pass's batch rows by the round's chunks), so no load of a streamed chunk waits on L2.
-    One barrier per round: after it round r has landed and the buffer round r - 1 used is free."""
-    spec, H, UB, KW, depth = a.spec, a.spec.hidden_size, cfg.units, cfg.k_warps, cfg.depth
+    One barrier per round: after it round r has landed and the buffer round r - 1 used is free.
+    f16x3 (cfg.halves, ring only): A's chunks come from rsplit (each row's scaled halves of the streamed columns) and B's
+    from the operand's split halves, each chunk's high halves then its low ones in the buffer."""
+    H, UB, KW, depth = a.spec.hidden_size, cfg.units, cfg.k_warps, cfg.depth
     chunks = -(-H // KC)
     streamed = chunks - resident
     if ring is None:
         return lambda loader, tiles, wk, _b: chunk_rounds(streamed, KW, depth, wk, loader(global_a(a, phase, UB, d, u0), H % KC == 0, resident),
                                                           tiles.multiply)
     ring_a, ring_b = ring
-    threads, rows, per_round, NB = 32 * cfg.n_warps * KW, len(phase.gates) * UB, KW * depth, cfg.rows
+    threads, rows, per_round, NB, P = 32 * cfg.n_warps * KW, len(phase.gates) * UB, KW * depth, cfg.rows, parts(cfg)
     rounds = -(-streamed // per_round)
+    SW = streamed * KC  # rsplit's columns per half
 
-    def copies(r, buf, sm, dtype, rows, source):
-        """This thread's cp.async copies (16 bytes each) of round r's chunks, `rows` rows each, into buffer `buf` of sm:
-        source(row, k) is the flat offset of (row, k) in the source buffer. fp32 rows swap their 16-byte halves on odd
-        rows (the swizzle shared_element reads)."""
+    def copies(r, buf, sm, dtype, rows, source, part=0):
+        """This thread's cp.async copies (16 bytes each) of round r's chunks, `rows` rows each, into buffer `buf` of sm
+        (in f16x3 the halves `part` of them): source(row, k) is the flat offset of (row, k) in the source buffer. fp32
+        rows swap their 16-byte halves on odd rows (the swizzle shared_element reads)."""
         vec = WarpTiles.width(dtype)
-        segs, count, size = KC // vec, per_round * rows * KC // vec, per_round * rows * KC
+        segs, count, size = KC // vec, per_round * rows * KC // vec, per_round * rows * KC * P
         for i in range(-(-count // threads)):
             e = i64(i * threads) + tid
             seg, row, j = e % i64(segs), e // i64(segs) % i64(rows), e // i64(segs * rows)
             ck = i64(resident) + r * i64(per_round) + j
             pos = tirx.bitwise_xor(seg, row % i64(2)) if dtype == F32 else seg
-            dst = buf * i64(size) + (j * i64(rows) + row) * i64(KC) + pos * i64(vec)
+            dst = buf * i64(size) + ((j * i64(P) + i64(part)) * i64(rows) + row) * i64(KC) + pos * i64(vec)
             yield (i + 1) * threads <= count and streamed % per_round == 0, tirx.all(e < i64(count), ck < i64(chunks)), dst, \
                 source(row, ck * i64(KC) + seg * i64(vec))
 
     def reduce(loader, tiles, wk, b_operand):
-        b_src, b_offset, n0 = b_operand
+        b_srcs, b_offset, n0 = b_operand
 
         def issue(r, buf):
-            plan = [(ring_a, a.R, rows, lambda row, k: (d * i64(a.cell.gates * H) + r_row_of(phase, UB, H, u0, row)) * i64(H) + k)]
+            def r_at(row):
+                return d * i64(a.cell.gates * H) + r_row_of(phase, UB, H, u0, row)
+
+            if rsplit is None:
+                plan = [(ring_a, a.R, rows, lambda row, k: r_at(row) * i64(H) + k, 0)]
+            else:  # the streamed columns' halves: column k of the row at k - resident * KC, its low half SW on
+                plan = [(ring_a, rsplit, rows, lambda row, k, p=p: r_at(row) * i64(2 * SW) + i64(p * SW) + k - i64(resident * KC), p)
+                        for p in range(P)]
             if ring_b is not None:  # rows past the batch: a clamped row, never stored
-                plan.append((ring_b, b_src, NB, lambda row, k: b_offset(tirx.min(n0 + row, a.batch - i64(1)), k)))
-            for sm, src_buf, n_rows, source in plan:
-                for whole, cond, dst, src in copies(r, buf, sm, str(sm.dtype), n_rows, source):
+                plan += [(ring_b, b_srcs[p], NB, lambda row, k: b_offset(tirx.min(n0 + row, a.batch - i64(1)), k), p) for p in range(P)]
+            for sm, src_buf, n_rows, source, part in plan:
+                for whole, cond, dst, src in copies(r, buf, sm, str(sm.dtype), n_rows, source, part):
                     emit_if(cond, lambda sm=sm, src_buf=src_buf, dst=dst, src=src:
                             T.evaluate(T.s_tir.cp_async_raw(str(sm.dtype), sm.data, dst, src_buf.data, src, 16)), whole)
 
@@ -359,15 +400,16 @@ def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident:
             for step in ("load", "multiply"):
                 for j in range(depth):
                     local = i64(j * KW) + wk  # the chunk of the round this warp takes, as chunk_rounds assigns them
-                    base = (buf * i64(per_round) + local) * i64(rows * KC)
-                    base_b = (buf * i64(per_round) + local) * i64(NB * KC)
+                    base = (buf * i64(per_round) + local) * i64(P * rows * KC)
+                    base_b = (buf * i64(per_round) + local) * i64(P * NB * KC)
 
-                    def a_at(tiles, _ck, mt, half, v0, v, base=base):
+                    def a_at(tiles, _ck, mt, half, v0, v, part=0, base=base):
                         first = mt * 16 + 8 * half
-                        return None if first >= rows else shared_element(tiles, ring_a, base, i64(first) + tiles.g, v0, v, spec.dtype == F32)
+                        return None if first >= rows else \
+                            shared_element(tiles, ring_a, base + i64(part * rows * KC), i64(first) + tiles.g, v0, v, str(ring_a.dtype) == F32)
 
-                    def b_shared(row, v0, v, base_b=base_b):
-                        return shared_element(tiles, ring_b, base_b, row, v0, v, str(ring_b.dtype) == F32)
+                    def b_shared(row, v0, v, part=0, base_b=base_b):
+                        return shared_element(tiles, ring_b, base_b + i64(part * NB * KC), row, v0, v, str(ring_b.dtype) == F32)
 
                     ck = i64(resident) + r * i64(per_round) + local
                     emit_if(ck < i64(chunks), (lambda: loader(a_at, True, 0, None if ring_b is None else b_shared)(ck, j)) if step == "load"

@@ -160,3 +160,57 @@ def test_f16x3_steps_keep_fp32_accuracy_across_magnitudes(case):
             worst = max(worst, *(np.abs(g - ref[n]).max() / np.abs(ref[n]).max() for g, n in zip(got, ref)))
         errors[halves] = worst
     assert errors[1] < 1e-5 and errors[1] <= 4 * errors[0], errors
+
+
+# streamed chunks through the ring in f16x3 (recurrent_persistent_mma.HALVES_STREAMED: off by default until measured):
+# rows of R 2^13 apart, h0 8 times the usual; a round of whole chunks, a partial last round, h's chunks in the ring, 20
+# units a block (8-row groups holding two gates' rows), a GRU's two phases
+STREAMED = [
+    (Magnitudes(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h", "initial_c"), hidden=96, input_size=7),
+     dict(units=8, n_tiles=1, n_warps=2, k_warps=2, depth=1, prefetch=1, streamed=2, ring=2)),
+    (Magnitudes(op="GRU", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=128, input_size=5, layout=1),
+     dict(units=8, n_tiles=2, n_warps=2, k_warps=2, depth=2, prefetch=1, streamed=3, ring=2, ring_h=1)),
+    (Magnitudes(op="LSTM", direction="forward", optional=("sequence_lens", "initial_h", "initial_c"), hidden=160, input_size=7),
+     dict(units=20, n_tiles=2, n_warps=2, k_warps=2, depth=1, prefetch=0, streamed=4, ring=3, ring_h=1)),
+]
+
+
+def test_streamed_f16x3_points_build_without_a_gpu():
+    """blog-a's streaming default with f16x3 steps (its streamed chunks' halves written once per launch, read through the
+    ring with h's) compiles through NVRTC: fp16 mma's only, no spills; without the ring it does not fit."""
+    from schedules.ptxas import ptxas
+
+    spec = _spec(Case(op="LSTM", hidden=2560, input_size=8, optional=("initial_h",)))
+    cell, target = cell_for(spec), tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    base = default_config("persistent_mma", spec, cell, target, 64)
+    assert base["streamed"] > 0 and base["halves"] == 0  # not the default until measured
+    point = KernelConfig.of("persistent_mma", **{**dict(base.knobs), "halves": 1})
+    cfg = MmaConfig(**dict(point.knobs))
+    assert fits(spec, cell, "sm_90a", cfg) and not fits(spec, cell, "sm_90a", dataclasses.replace(cfg, ring=0, ring_h=0))
+    src = tvm.tirx.build(point_kernel(spec, cell, target, point, 4, 64), target=target, pipeline=cooperative.register()).imports[0].inspect_source()
+    assert "mma.sync.aligned.m16n8k16" in src and "m16n8k8" not in src
+    report = ptxas(src, "sm_90a")
+    assert report.spill_stores == report.spill_loads == 0, report.describe()
+    for case, knobs in STREAMED:  # the GPU test's points
+        spec = _spec(case)
+        point = KernelConfig.of("persistent_mma", **knobs, halves=1)
+        assert fits(spec, cell_for(spec), "sm_90", MmaConfig(**dict(point.knobs))), point.describe()
+        assert "m16n8k8" not in _source(SM90, spec, point), point.describe()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case, knobs", STREAMED, ids=lambda c: str(c) if isinstance(c, dict) else f"{c.op}-h{c.hidden}")
+def test_streamed_f16x3_steps_are_fp32_accurate(case, knobs):
+    """Streamed chunks in f16x3 against float64 on poisoned outputs, within 1e-5 of the largest reference element and 4x
+    the 3xTF32 steps' error on the same inputs, at a batch under one pass and one over it."""
+    spec = find_rnn_layers(case.model())[0].spec
+    cell, target = cell_for(spec), target_of("cuda")
+    errors = {}
+    for halves in (1, 0):
+        point = KernelConfig.of("persistent_mma", **knobs, halves=halves)
+        outs = _check_kernel("cuda", case, spec, point_kernel(spec, cell, target, point), "rows", batches=(6, 37), note=point.describe(),
+                             tol=(1e-3, 1e-4))
+        rng = np.random.default_rng(7)
+        errors[halves] = max(np.abs(g - ref).max() / np.abs(ref).max()
+                             for got, N in zip(outs, (6, 37)) for g, ref in zip(got, case.reference(case.feeds(rng, 9, N)).values()))
+    assert errors[1] < 1e-5 and errors[1] <= 4 * errors[0], errors
