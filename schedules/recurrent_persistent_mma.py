@@ -150,8 +150,8 @@ def halves_apply(spec) -> bool:
 
 # exact fp32 with R resident: f16x3 steps by default where the cell bounds h (False: 3xTF32, for A/B runs)
 HALVES = True
-# the same where part of R streams from L2 (streaming_config): not yet run on a GPU, so off (True: for A/B runs)
-HALVES_STREAMED = False
+# the same where part of R streams from L2 through the ring (streaming_config; False: 3xTF32 there, for A/B runs)
+HALVES_STREAMED = True
 
 
 def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig | None:
@@ -201,7 +201,10 @@ def streaming_config(spec, cell, arch: str) -> MmaConfig | None:
       too (ring_h, 2026-11-25-h100-ring-h.md): fp16 8.69 against 9.40 ms, fp32 24.2 against 26.5;
     - 20 units (128 blocks, 58 of 80 chunks streamed in fp16) against 24 (107 blocks, 64 streamed), without XW prefetched
       (2026-11-25-h100-blog-a-units20.md): fp16 7.39 against 8.24 ms, exact fp32 20.5 against 22.9; with XW prefetched
-      7.53 and 20.6; ring=3 at 20 units 7.46.
+      7.53 and 20.6; ring=3 at 20 units 7.46;
+    - exact fp32 with f16x3 steps where the cell bounds h (HALVES_STREAMED: each row's scaled halves of its streamed
+      columns written once per launch, R's and h's halves through the ring; 2026-11-26-h100-streamed-halves.md):
+      15.6 against 17.5 ms with 3xTF32 steps.
     None where no wave of blocks holds H, or where R (every direction) would fit in a wave's shared memory: there more
     units per block than UNITS would keep it all resident, which is what tuning is for, and streaming has not been
     measured against that."""

@@ -11,7 +11,7 @@ A point of a space is a `KernelConfig`: a schedule kind and a value for each of 
                 and in fp16/bf16 half_operand (B read from a half-precision copy of h)
     persistent_mma  the same knobs, prefetch (XW loaded before the reduction) and in exact fp32 split_acc (3xTF32's
                 cross products in accumulators of their own), chunk_acc (each k-chunk summed apart, added in fp32) and
-                halves (f16x3 instead of 3xTF32, where R is resident and the cell bounds h), for the persistent tensor-core kernel (one wave, R in shared memory;
+                halves (f16x3 instead of 3xTF32, where the cell bounds h and R is resident or its streamed chunks come through the ring), for the persistent tensor-core kernel (one wave, R in shared memory;
                 where R is larger than that, streamed: the chunks of R read from L2 every step, ring: the buffers in
                 shared memory they pass through, and ring_h: h's chunks through them too)
 
@@ -119,7 +119,7 @@ def _persistent_mma_space(spec, cell, arch) -> dict[str, tuple[int, ...]]:
         if mode(spec) == "tf32x3":
             space["split_acc"] = (0, 1)
             space["chunk_acc"] = (0, 1)
-            if resident and halves_apply(spec):
+            if halves_apply(spec) and (resident or space["ring"][0]):  # streamed chunks in f16x3 come through the ring
                 space["halves"] = (0, 1)
         space = _half_operand(spec) | space  # the streaming space fixes half_operand (_streaming_tiles)
     return space

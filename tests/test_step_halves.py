@@ -83,7 +83,8 @@ def test_a_branch_after_one_with_operand_copies_writes_none(dtype):
 def test_exact_fp32_default_runs_f16x3_steps_where_h_is_bounded():
     """The exact-fp32 persistent_mma default runs f16x3 (halves=1): fp16 m16n8k16 mma's and no TF32 ones, R's halves
     made in the kernel from fp32 R (its argument stays fp32). Not where h is unbounded (a Relu cell), in TF32 or fp16
-    (there is no 3xTF32 to replace), or with chunks of R streamed from L2 (only resident rows are split)."""
+    (there is no 3xTF32 to replace), or with chunks of R streamed from L2 into registers (without the ring, which carries
+    the streamed chunks' halves)."""
     lstm = _spec(Case(op="LSTM", direction="bidirectional", optional=("initial_h",), hidden=96, input_size=8))
     cell = cell_for(lstm)
     for batch in (6, 16, 64):
@@ -100,6 +101,7 @@ def test_exact_fp32_default_runs_f16x3_steps_where_h_is_bounded():
         assert "halves" not in knob_space("persistent_mma", spec, cell_for(spec), SM90)
         assert not fits(spec, cell_for(spec), "sm_90", MmaConfig(halves=1))
     assert fits(lstm, cell, "sm_90", MmaConfig(halves=1)) and not fits(lstm, cell, "sm_90", MmaConfig(halves=1, streamed=1))
+    assert fits(lstm, cell, "sm_90", MmaConfig(halves=1, streamed=1, ring=2, k_warps=2, depth=1))
 
 
 @pytest.mark.parametrize("hidden, direction", [(1024, "forward"), (800, "bidirectional")])
@@ -162,7 +164,7 @@ def test_f16x3_steps_keep_fp32_accuracy_across_magnitudes(case):
     assert errors[1] < 1e-5 and errors[1] <= 4 * errors[0], errors
 
 
-# streamed chunks through the ring in f16x3 (recurrent_persistent_mma.HALVES_STREAMED: off by default until measured):
+# streamed chunks through the ring in f16x3 (recurrent_persistent_mma.HALVES_STREAMED, the exact-fp32 default there):
 # rows of R 2^13 apart, h0 8 times the usual; a round of whole chunks, a partial last round, h's chunks in the ring, 20
 # units a block (8-row groups holding two gates' rows), a GRU's two phases
 STREAMED = [
@@ -176,15 +178,15 @@ STREAMED = [
 
 
 def test_streamed_f16x3_points_build_without_a_gpu():
-    """blog-a's streaming default with f16x3 steps (its streamed chunks' halves written once per launch, read through the
-    ring with h's) compiles through NVRTC: fp16 mma's only, no spills; without the ring it does not fit."""
+    """blog-a's streaming default runs f16x3 steps (its streamed chunks' halves written once per launch, read through the
+    ring with h's) and compiles through NVRTC: fp16 mma's only, no spills; without the ring it does not fit."""
     from schedules.ptxas import ptxas
 
     spec = _spec(Case(op="LSTM", hidden=2560, input_size=8, optional=("initial_h",)))
     cell, target = cell_for(spec), tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
     base = default_config("persistent_mma", spec, cell, target, 64)
-    assert base["streamed"] > 0 and base["halves"] == 0  # not the default until measured
-    point = KernelConfig.of("persistent_mma", **{**dict(base.knobs), "halves": 1})
+    assert base["streamed"] > 0 and base["halves"] == 1
+    point = base
     cfg = MmaConfig(**dict(point.knobs))
     assert fits(spec, cell, "sm_90a", cfg) and not fits(spec, cell, "sm_90a", dataclasses.replace(cfg, ring=0, ring_h=0))
     src = tvm.tirx.build(point_kernel(spec, cell, target, point, 4, 64), target=target, pipeline=cooperative.register()).imports[0].inspect_source()
