@@ -45,6 +45,7 @@ from .recurrent_mma import MmaConfig, block_phase, global_a, operand_copies, ope
 from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, _strided, final_states, initial_states, sm_count
 from . import step_halves
 from .split_halves import halves_of
+from .streamed_r import StreamedR
 
 F32 = "float32"
 R_LAYOUT = "rows"
@@ -254,15 +255,15 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
     scratch = {v: T.alloc_buffer((D, N, H), F32) for v in cell.stored_values}
     operand_copies(a, cfg)
     hscale = step_halves.HScale(a, D * per_dir) if halves else None
-    # f16x3 with streamed chunks: each row's scaled halves of them (high, then low), written once per launch by the
-    # block that owns the row, read from L2 every step through the ring
-    SW = (chunks - CR) * KC
-    rsplit = T.alloc_buffer((D, cell.gates * H, 2 * SW), "float16") if halves and SW else None
+    # where the ring reads the streamed chunks from: a copy in its order (f16x3: of the scaled halves), made once per launch
+    stream = StreamedR(a, cfg, CR, D * per_dir, r_row_of) if ring_bytes(spec, cell, cfg) else None
     with T.thread_binding(0, i64(D * per_dir), "blockIdx.x") as bx:
         with T.thread_binding(0, i64(threads // 32), "threadIdx.y") as wy:
             with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
                 tid = wy * i64(32) + lane
                 d, u0 = bx // i64(per_dir), bx % i64(per_dir) * i64(UB)
+                if stream is not None:
+                    stream.bind(bx, d, u0)
                 # per 8-row group and chunk: its 8 rows of KC (in f16x3 the rows' high halves, then their low ones)
                 block_elems = 8 * KC * (2 if halves else 1)
                 wsm = T.alloc_buffer((max(1, total * CR * block_elems),), "float16" if halves else spec.dtype, scope="shared.dyn")
@@ -303,15 +304,8 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                     if count:
                         _strided(count, threads, tid, load_weights)
 
-                    def split_streamed(e, pi=pi, phase=phase):  # row r's streamed column c: its halves into rsplit
-                        r, c = e // i64(SW), e % i64(SW)
-                        row = r_row_of(phase, UB, H, u0, r)
-                        high, low = halves_of(a.R[d, row, i64(CR * KC) + c] * rscale[i64(group0[pi] * 8) + r])
-                        T.buffer_store(rsplit, high, [d, row, c])
-                        T.buffer_store(rsplit, low, [d, row, i64(SW) + c])
-
-                    if rsplit is not None:
-                        _strided(len(phase.gates) * UB * SW, threads, tid, split_streamed)
+                    if stream is not None:
+                        stream.fill(pi, phase, lambda r, pi=pi: rscale[i64(group0[pi] * 8) + r], threads, tid, _strided)
 
                 if halves:  # h's scale first: initial_states stores h0's halves
                     hscale.h0_max(bx, d, u0, UB, warps, wy, lane, tid, wmax)
@@ -332,7 +326,7 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
 
                     unscale = (lambda gi, u: rinv[i64(group0[pi] * 8 + gi * UB) + u] * h_inv) if halves else None
 
-                    streamed = None if CR == chunks else (CR, streamed_rounds(a, phase, cfg, ring, d, u0, CR, tid, rsplit))
+                    streamed = None if CR == chunks else (CR, streamed_rounds(a, pi, phase, cfg, ring, d, u0, CR, tid, stream))
                     with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
                         block_phase(a, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg, d, u0, chunk * i64(NB),
                                     wy, lane, acc_s, a_at, True, shared_a=True, streamed=streamed, unscale=unscale)
@@ -344,7 +338,7 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                 final_states(a, hbuf, d, u0, UB, threads, tid)
 
 
-def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident: int, tid, rsplit=None):
+def streamed_rounds(a: KernelArgs, pi, phase, cfg: MmaConfig, ring, d, u0, resident: int, tid, stream: StreamedR | None = None):
     """block_phase's reduce_streamed for the chunks of R past `resident`. Without a ring each warp loads its chunks' A
     from R in global memory (L2) into registers. With one (cfg.ring buffers in shared memory, each one round's
     k_warps x depth chunks of the phase's rows in the resident layout), the block's threads copy round r + ring - 1 with
@@ -352,8 +346,9 @@ def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident:
     from shared memory, and L2 serves each element once per block and step instead of n_warps times. With ring_h the
     same rounds copy B too (the pass's batch rows by the round's chunks), so no load of a streamed chunk waits on L2.
     One barrier per round: after it round r has landed and the buffer round r - 1 used is free.
-    f16x3 (cfg.halves, ring only): A's chunks come from rsplit (each row's scaled halves of the streamed columns) and B's
-    from the operand's split halves, each chunk's high halves then its low ones in the buffer."""
+    The ring reads A's chunks where `stream` (streamed_r.StreamedR, phase pi's rows) says: by default a copy of them in the
+    ring's order. f16x3 (cfg.halves, ring only): that copy holds the rows' scaled halves, B's chunks come from the
+    operand's split halves, each chunk's high halves then its low ones in the buffer."""
     H, UB, KW, depth = a.spec.hidden_size, cfg.units, cfg.k_warps, cfg.depth
     chunks = -(-H // KC)
     streamed = chunks - resident
@@ -363,11 +358,11 @@ def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident:
     ring_a, ring_b = ring
     threads, rows, per_round, NB, P = 32 * cfg.n_warps * KW, len(phase.gates) * UB, KW * depth, cfg.rows, parts(cfg)
     rounds = -(-streamed // per_round)
-    SW = streamed * KC  # rsplit's columns per half
 
     def copies(r, buf, sm, dtype, rows, source, part=0):
         """This thread's cp.async copies (16 bytes each) of round r's chunks, `rows` rows each, into buffer `buf` of sm
-        (in f16x3 the halves `part` of them): source(row, k) is the flat offset of (row, k) in the source buffer. fp32
+        (in f16x3 the halves `part` of them): source(row, j, k) is the flat offset of (row, streamed chunk j, column k of
+        the chunk) in the source buffer. fp32
         rows swap their 16-byte halves on odd rows (the swizzle shared_element reads)."""
         vec = WarpTiles.width(dtype)
         segs, count, size = KC // vec, per_round * rows * KC // vec, per_round * rows * KC * P
@@ -378,22 +373,16 @@ def streamed_rounds(a: KernelArgs, phase, cfg: MmaConfig, ring, d, u0, resident:
             pos = tirx.bitwise_xor(seg, row % i64(2)) if dtype == F32 else seg
             dst = buf * i64(size) + ((j * i64(P) + i64(part)) * i64(rows) + row) * i64(KC) + pos * i64(vec)
             yield (i + 1) * threads <= count and streamed % per_round == 0, tirx.all(e < i64(count), ck < i64(chunks)), dst, \
-                source(row, ck * i64(KC) + seg * i64(vec))
+                source(row, ck - i64(resident), seg * i64(vec))
 
     def reduce(loader, tiles, wk, b_operand):
         b_srcs, b_offset, n0 = b_operand
 
         def issue(r, buf):
-            def r_at(row):
-                return d * i64(a.cell.gates * H) + r_row_of(phase, UB, H, u0, row)
-
-            if rsplit is None:
-                plan = [(ring_a, a.R, rows, lambda row, k: r_at(row) * i64(H) + k, 0)]
-            else:  # the streamed columns' halves: column k of the row at k - resident * KC, its low half SW on
-                plan = [(ring_a, rsplit, rows, lambda row, k, p=p: r_at(row) * i64(2 * SW) + i64(p * SW) + k - i64(resident * KC), p)
-                        for p in range(P)]
+            plan = [(ring_a, stream.buffer, rows, lambda row, j, k, p=p: stream.at(pi, phase, row, j, p, k), p) for p in range(P)]
             if ring_b is not None:  # rows past the batch: a clamped row, never stored
-                plan += [(ring_b, b_srcs[p], NB, lambda row, k: b_offset(tirx.min(n0 + row, a.batch - i64(1)), k), p) for p in range(P)]
+                plan += [(ring_b, b_srcs[p], NB, lambda row, j, k: b_offset(tirx.min(n0 + row, a.batch - i64(1)), (i64(resident) + j) * i64(KC) + k), p)
+                         for p in range(P)]
             for sm, src_buf, n_rows, source, part in plan:
                 for whole, cond, dst, src in copies(r, buf, sm, str(sm.dtype), n_rows, source, part):
                     emit_if(cond, lambda sm=sm, src_buf=src_buf, dst=dst, src=src:

@@ -436,7 +436,8 @@ def test_units_not_a_multiple_of_8_need_whole_groups_and_the_ring():
 
 def test_streamed_ring_copies_with_cp_async():
     """persistent_mma's ring (cfg.ring buffers of streamed chunks in shared memory, filled with cp.async): the kernel copies
-    R with cp.async and waits on it inside the step loop, where the ring is off it does neither; with ring_h it copies B
+    R's streamed chunks with cp.async from the launch's copy of them in the ring's order (streamed_r: R itself is not read
+    in the step loop) and waits on it there, where the ring is off it does neither and reads R; with ring_h it copies B
     too; the ring's bytes count against shared memory (more chunks stream to make room); it needs whole chunks
     (H % 32 == 0), 2+ buffers, and something streamed, and ring_h needs the ring."""
     from schedules.recurrent_mma import MmaConfig
@@ -451,7 +452,7 @@ def test_streamed_ring_copies_with_cp_async():
         src = _source(target, spec, config)
         loop = src[re.search(r"for \(int64_t \w+ = \(int64_t\)0; \w+ < seq;", src).start():]
         assert ("cp.async.cg.shared.global" in src and "cp_async_wait_group" in loop) == copies, config.describe()
-        assert "R_ptr" in loop, config.describe()
+        assert ("R_ptr" in loop) != copies, config.describe()
     cfg = MmaConfig(**dict(ring.knobs))
     assert smem_bytes(spec, cell, cfg) - smem_bytes(spec, cell, MmaConfig(**dict(plain.knobs))) == ring_bytes(spec, cell, cfg) > 0
     assert fits(spec, cell, "sm_90", cfg)
