@@ -28,7 +28,8 @@
 #                                            persistent_mma's, then whole models against 3xTF32 steps (benchmarks/step_halves_ab.py)
 #   bash benchmarks/device_run.sh step-halves-streamed [ROW ...]   f16x3 steps with chunks of R streamed through the ring:
 #                                            GPU tests, racecheck, then blog-a against 3xTF32 steps (SET=streamed step_halves_ab.py)
-#   bash benchmarks/device_run.sh stream-order   streamed chunks of R in the ring's order (streamed_r): GPU tests, sanitizers, blog-a A/B
+#   [SET=order|early] bash benchmarks/device_run.sh stream-order   streamed chunks of R in the ring's order (streamed_r), or the ring's
+#                                            first rounds copied early (EARLY_ROUNDS): GPU tests, sanitizers, blog-a A/B
 #   bash benchmarks/device_run.sh sanitize-halves   the f16x3 steps (persistent_mma, exact fp32, initial_h) under compute-sanitizer
 #   bash benchmarks/device_run.sh sanitize-gemm   compile's wgmma GEMMs under compute-sanitizer memcheck and racecheck
 #   bash benchmarks/device_run.sh split-regs [gemm|ab ROW ...]   3xTF32 with X split in registers: GPU tests, GEMM, whole models
@@ -159,10 +160,11 @@ case "$1" in
     # (racecheck on f16x3 and a GRU's two phases, memcheck on the copy's offsets), then blog-a against R's row order
     timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_step_halves.py tests/test_kernels.py -k "streamed or ring" 2>&1 \
       | grep -v "Warning: Scope" | tee "$OUT/pytest_gpu.txt" | tail -4
-    for c in "racecheck LSTM ring-h-halves" "racecheck GRU ring-h" "memcheck GRU ring-h" "memcheck LSTM ring-h-halves"; do set -- $c
+    for c in "racecheck LSTM ring-h-halves" "racecheck GRU ring-h" "memcheck GRU ring-h" "memcheck LSTM ring-h-halves" "synccheck LSTM ring-h" \
+             "racecheck LSTM ring"; do set -- $c
       echo "== $1 $2 $3"; timeout 120 compute-sanitizer --tool $1 python3 benchmarks/sanitize_case.py persistent_mma $2 $3 2>&1 | grep -v Warning | tail -3
     done | tee "$OUT/sanitizer_stream_order.txt"
-    timeout 300 python3 benchmarks/stream_order_ab.py 2>&1 | grep -v Warning | tee "$OUT/stream_order_log.txt" | tail -4 ;;
+    timeout 300 python3 benchmarks/stream_order_ab.py 2>&1 | grep -v Warning | tee "$OUT/stream_${SET:-order}_log.txt" | tail -4 ;;
   halves)  # exact fp32 as three fp16 products of scaled halves (f16x3): its GPU tests and the GEMM alone beside compile's
     # 3xTF32 points and cuBLAS (gemm), or whole exact-fp32 models against 3xTF32 (ab [ROW ...]: benchmarks/halves_ab.py)
     if [ "${2:-gemm}" = gemm ]; then
