@@ -183,13 +183,12 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     for a padding row; B (h or an earlier phase's value) comes from global memory. Both kernels run it.
     shared_a: A comes from the same dynamic shared memory as acc_s (one merged buffer to TVM's sync planner), so the
     reads of A must be fenced from the first writes of partial sums here, outside the tree's branches.
-    streamed: None, or (resident chunks, reduce_streamed(loader, tiles, wk, b_operand), early or None): the chunks from there on come
+    streamed: None, or (resident chunks, reduce_streamed(loader, tiles, wk, b_operand)): the chunks from there on come
     first, in a reduction loop of their own that reduce_streamed emits (loader(a_at, a_vector, first, b_shared) gives
     load_chunk(chunk, slot); b_shared(row, v0, v), where given, B's element for the pass's batch row `row` from shared
     memory instead of global; in f16x3 b_shared(row, v0, v, part), its high or low half);
     b_operand = (B's buffers (in f16x3 its high and low halves), their flat offset of (batch row, k), the pass's first
-    batch row n0); early(), where given, is called once the block has multiplied its last chunk (persistent_mma's ring:
-    the copies of the next reduction's first rounds of R).
+    batch row n0).
     unscale (cfg.halves): unscale(gi, u), what the epilogue multiplies the sum of gate gi's row of unit u by (the
     inverse of its scale and of B's)."""
     H, N = a.spec.hidden_size, a.batch
@@ -233,16 +232,13 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
         chunk_rounds(chunks, KW, cfg.depth, wk, loader(a_at, a_vector), tiles.multiply)
     else:
         # the L2 chunks first: their loads wait longest, and the shared-memory ones then run back to back
-        resident, reduce_streamed, _ = streamed
+        resident, reduce_streamed = streamed
         reduce_streamed(loader, tiles, wk, (b_parts, lambda n, k: b_src.offset_of(operand_index(phase, cur, d, n, k))[0], n0))
         if resident:
             chunk_rounds(resident, KW, cfg.depth, wk, loader(a_at, a_vector), tiles.multiply)
     tiles.finish()
     if shared_a:
         block_sync()
-    if streamed is not None and streamed[2] is not None:
-        assert shared_a, "the early copies go into buffers the multiplies read until the barrier above"
-        streamed[2]()
 
     # the k_warps' partial sums meet in shared memory as a tree: each round the upper half of the
     # k-slices hands its tiles to the lower half (a write, a barrier, a read: TVM's sync planner

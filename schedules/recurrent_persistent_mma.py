@@ -153,9 +153,6 @@ def halves_apply(spec) -> bool:
 HALVES = True
 # the same where part of R streams from L2 through the ring (streaming_config; False: 3xTF32 there, for A/B runs)
 HALVES_STREAMED = True
-# cells of one phase: the ring's first rounds of R copied right after a reduction for the next one, so they land while
-# the epilogue and the grid barrier run (streamed_rounds; False: each reduction copies its own, for A/B runs)
-EARLY_ROUNDS = True
 
 
 def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig | None:
@@ -314,11 +311,7 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                     hscale.h0_max(bx, d, u0, UB, warps, wy, lane, tid, wmax)
                     a.operand_scale, h_inv = hscale.after(lane)
                 initial_states(a, hbuf, d, u0, UB, threads, tid)
-                block_sync()  # the block's copy of its streamed chunks is whole before anything reads it
-                if CR < chunks:  # the first reduction's early rounds (later ones are copied by the reduction before)
-                    early = streamed_rounds(a, 0, cell.phases[0], cfg, ring, d, u0, CR, tid, stream)[1]
-                    if early is not None:
-                        early()
+                block_sync()
                 _grid_sync()
 
                 def phase_step(pi, phase, last, operand, s, cur, nxt):
@@ -333,7 +326,7 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
 
                     unscale = (lambda gi, u: rinv[i64(group0[pi] * 8 + gi * UB) + u] * h_inv) if halves else None
 
-                    streamed = None if CR == chunks else (CR, *streamed_rounds(a, pi, phase, cfg, ring, d, u0, CR, tid, stream))
+                    streamed = None if CR == chunks else (CR, streamed_rounds(a, pi, phase, cfg, ring, d, u0, CR, tid, stream))
                     with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
                         block_phase(a, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg, d, u0, chunk * i64(NB),
                                     wy, lane, acc_s, a_at, True, shared_a=True, streamed=streamed, unscale=unscale)
@@ -341,8 +334,6 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                     _grid_sync()
 
                 step_phases(a, hbuf, scratch, phase_step)
-                if ring is not None:
-                    T.evaluate(T.ptx.cp.async_.wait_group(0))  # the last reduction's early rounds, copied for nothing
 
                 final_states(a, hbuf, d, u0, UB, threads, tid)
 
@@ -362,13 +353,11 @@ def streamed_rounds(a: KernelArgs, pi, phase, cfg: MmaConfig, ring, d, u0, resid
     chunks = -(-H // KC)
     streamed = chunks - resident
     if ring is None:
-        return (lambda loader, tiles, wk, _b: chunk_rounds(streamed, KW, depth, wk, loader(global_a(a, phase, UB, d, u0), H % KC == 0, resident),
-                                                           tiles.multiply)), None
+        return lambda loader, tiles, wk, _b: chunk_rounds(streamed, KW, depth, wk, loader(global_a(a, phase, UB, d, u0), H % KC == 0, resident),
+                                                          tiles.multiply)
     ring_a, ring_b = ring
     threads, rows, per_round, NB, P = 32 * cfg.n_warps * KW, len(phase.gates) * UB, KW * depth, cfg.rows, parts(cfg)
     rounds = -(-streamed // per_round)
-    # rounds of A whose copies an earlier reduction issued (EARLY_ROUNDS): every buffer's, at most the rounds there are
-    early = min(cfg.ring, rounds) if EARLY_ROUNDS and len(a.cell.phases) == 1 else 0
 
     def copies(r, buf, sm, dtype, rows, source, part=0):
         """This thread's cp.async copies (16 bytes each) of round r's chunks, `rows` rows each, into buffer `buf` of sm
@@ -386,32 +375,18 @@ def streamed_rounds(a: KernelArgs, pi, phase, cfg: MmaConfig, ring, d, u0, resid
             yield (i + 1) * threads <= count and streamed % per_round == 0, tirx.all(e < i64(count), ck < i64(chunks)), dst, \
                 source(row, ck - i64(resident), seg * i64(vec))
 
-    def emit(plan, r, buf, skip=None):
-        """The cp.async copies of round r into buffer buf for each (shared buffer, source, rows, source(row, j, k), part)
-        of the plan; none where skip (a condition on r) holds."""
-        for sm, src_buf, n_rows, source, part in plan:
-            for whole, cond, dst, src in copies(r, buf, sm, str(sm.dtype), n_rows, source, part):
-                emit_if(cond if skip is None else tirx.all(cond, tirx.Not(skip)), lambda sm=sm, src_buf=src_buf, dst=dst, src=src:
-                        T.evaluate(T.s_tir.cp_async_raw(str(sm.dtype), sm.data, dst, src_buf.data, src, 16)), whole and skip is None)
-
-    a_plan = [(ring_a, stream.buffer, rows, lambda row, j, k, p=p: stream.at(pi, phase, row, j, p, k), p) for p in range(P)]
-
-    def copy_early():
-        """The next reduction's first `early` rounds of A into buffers 0.., one group. A reduction's last round has been
-        read by every warp (block_phase calls this after the barrier that follows the multiplies), and these rounds
-        go where that reduction will look for them: round r in buffer r."""
-        for r in range(early):
-            emit(a_plan, i64(r), i64(r))
-        T.evaluate(T.ptx.cp.async_.commit_group())
-
     def reduce(loader, tiles, wk, b_operand):
         b_srcs, b_offset, n0 = b_operand
 
         def issue(r, buf):
-            emit(a_plan, r, buf, (r < i64(early)) if early else None)
+            plan = [(ring_a, stream.buffer, rows, lambda row, j, k, p=p: stream.at(pi, phase, row, j, p, k), p) for p in range(P)]
             if ring_b is not None:  # rows past the batch: a clamped row, never stored
-                emit([(ring_b, b_srcs[p], NB, lambda row, j, k: b_offset(tirx.min(n0 + row, a.batch - i64(1)), (i64(resident) + j) * i64(KC) + k), p)
-                      for p in range(P)], r, buf)
+                plan += [(ring_b, b_srcs[p], NB, lambda row, j, k: b_offset(tirx.min(n0 + row, a.batch - i64(1)), (i64(resident) + j) * i64(KC) + k), p)
+                         for p in range(P)]
+            for sm, src_buf, n_rows, source, part in plan:
+                for whole, cond, dst, src in copies(r, buf, sm, str(sm.dtype), n_rows, source, part):
+                    emit_if(cond, lambda sm=sm, src_buf=src_buf, dst=dst, src=src:
+                            T.evaluate(T.s_tir.cp_async_raw(str(sm.dtype), sm.data, dst, src_buf.data, src, 16)), whole)
 
         def consume(r, buf):
             for step in ("load", "multiply"):
@@ -434,4 +409,4 @@ def streamed_rounds(a: KernelArgs, pi, phase, cfg: MmaConfig, ring, d, u0, resid
 
         cp_async_ring(rounds, cfg.ring, issue, consume)
 
-    return reduce, (copy_early if early else None)
+    return reduce
