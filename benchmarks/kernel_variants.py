@@ -20,7 +20,7 @@ import tvmrnn
 from schedules import recurrent_mma, recurrent_persistent_mma, recurrent_tiled
 from tvmrnn import bench
 from tvmrnn.cells import cell_for
-from tvmrnn.layer import RNNLayerSpec
+from tvmrnn.frontend.inspect import find_rnn_layers
 
 KIND = sys.argv[1]
 NAMES = sys.argv[2:] or ["b64-h1024-l2", "blog-a", "b8-h1024-l2", "ds2-lstm"]
@@ -73,8 +73,8 @@ def resolve(row, dtype, knobs):
         return None
     if KIND != "persistent_mma":
         return knobs
-    spec = RNNLayerSpec(name="x", op=row.cell, hidden_size=row.H, input_size=row.I, dtype=dtype,
-                        direction="bidirectional" if row.bidirectional else "forward")
+    # the row's own first layer (its activations: f16x3 steps need the bound they put on h)
+    spec = find_rnn_layers(bench.onnx_model(bench.torch_module(row), row, dtype))[0].spec
     if knobs.get("streamed") == "fewest":
         n = recurrent_persistent_mma.fewest_streamed(spec, cell_for(spec), "sm_90", CONFIG(**{**knobs, "streamed": 0}))
         if not n:  # no wave of blocks, or all of R fits (the points above cover that)
