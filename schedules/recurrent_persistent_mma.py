@@ -17,19 +17,21 @@ odd rows swap their two 16-byte halves of each lane's 32 bytes (an XOR swizzle),
 lanes of each quarter-warp hit distinct banks.
 
 Layers whose R does not fit on chip (blog-a: H=2560, 52 MB in fp16): a block keeps its rows' first
-chunks in shared memory and reads the last `streamed` chunks from R in global memory every step
-(L2 holds them across steps), in a reduction loop of their own before the resident ones
-(fewest_streamed picks the least that fits), through a ring of shared buffers that the block fills
-with cp.async a round ahead, so the n_warps that share R's rows read each element of the streamed
-chunks from L2 once per step between them (streamed_rounds). streaming_config is the default for such layers, which
+chunks in shared memory and reads the last `streamed` chunks from global memory every step, in a
+reduction loop of their own before the resident ones (fewest_streamed picks the least that fits),
+through a ring of shared buffers that the block fills with cp.async a round ahead, so the n_warps
+that share R's rows read each element of the streamed chunks once per step between them
+(streamed_rounds). The ring reads them from a copy the block makes once per launch in the order it
+consumes them, a round one contiguous run (streamed_r). streaming_config is the default for such layers, which
 auto runs at batch 33-64 (schedules.STREAMED_MAX_BATCH): on the H100 blog-a ran 31.3 ms in exact fp32
 against the tiled kernel's 46.2, and 13.6 ms in fp16 against mma's 15.8
 (benchmarks/results/2026-11-23-h100-streamed-blog-a.md).
 
 Math by dtype (recurrent_mma.mode): fp16/bf16 on m16n8k16, fp32 with precision="tf32" on TF32, and
-exact fp32 as 3xTF32 (mma_tiles: high and low TF32 parts, within a few times SIMT fp32's error) or, where R is resident
-and the cell bounds h, as f16x3 (MmaConfig.halves, step_halves: fp16 halves of scaled rows of R, kept in shared memory
-as two 8-row blocks per group and chunk, high then low, and of h; half 3xTF32's mma's, as accurate).
+exact fp32 as 3xTF32 (mma_tiles: high and low TF32 parts, within a few times SIMT fp32's error) or, where the cell
+bounds h and R is resident or streams through the ring, as f16x3 (MmaConfig.halves, step_halves: fp16 halves of scaled
+rows of R, kept in shared memory as two 8-row blocks per group and chunk, high then low, or in the streamed copy, and of
+h; half 3xTF32's mma's, as accurate).
 """
 
 from __future__ import annotations
@@ -205,7 +207,11 @@ def streaming_config(spec, cell, arch: str) -> MmaConfig | None:
       7.53 and 20.6; ring=3 at 20 units 7.46;
     - exact fp32 with f16x3 steps where the cell bounds h (HALVES_STREAMED: each row's scaled halves of its streamed
       columns written once per launch, R's and h's halves through the ring; 2026-11-26-h100-streamed-halves.md):
-      15.6 against 17.5 ms with 3xTF32 steps.
+      15.6 against 17.5 ms with 3xTF32 steps;
+    - the streamed chunks read from a copy in the ring's order (streamed_r, 2026-11-26-h100-stream-order.md): exact fp32
+      14.56 against 15.59 ms, fp16 6.70 against 7.00; then in exact fp32 (2026-11-26-h100-blog-a-fp32-points.md) XW
+      prefetched 14.36 against the default's 14.36, h outside the ring (6 more chunks resident) 16.9, that with 3
+      buffers 17.6.
     None where no wave of blocks holds H, or where R (every direction) would fit in a wave's shared memory: there more
     units per block than UNITS would keep it all resident, which is what tuning is for, and streaming has not been
     measured against that."""
