@@ -368,8 +368,8 @@ def streamed_rounds(a: KernelArgs, pi, phase, cfg: MmaConfig, ring, d, u0, resid
     def copies(r, buf, sm, dtype, rows, source, part=0):
         """This thread's cp.async copies (16 bytes each) of round r's chunks, `rows` rows each, into buffer `buf` of sm
         (in f16x3 the halves `part` of them): source(row, j, k) is the flat offset of (row, streamed chunk j, column k of
-        the chunk) in the source buffer. fp32
-        rows swap their 16-byte halves on odd rows (the swizzle shared_element reads)."""
+        the chunk) in the source buffer. fp32 rows swap their 16-byte halves on odd rows (the swizzle shared_element
+        reads)."""
         vec = WarpTiles.width(dtype)
         segs, count, size = KC // vec, per_round * rows * KC // vec, per_round * rows * KC * P
         for i in range(-(-count // threads)):
