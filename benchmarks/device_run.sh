@@ -29,6 +29,7 @@
 #   bash benchmarks/device_run.sh step-halves-streamed [ROW ...]   f16x3 steps with chunks of R streamed through the ring:
 #                                            GPU tests, racecheck, then blog-a against 3xTF32 steps (SET=streamed step_halves_ab.py)
 #   bash benchmarks/device_run.sh stream-order   streamed chunks of R in the ring's order (streamed_r): GPU tests, sanitizers, blog-a A/B
+#   bash benchmarks/device_run.sh probe-cluster   clusters + cooperative launch + DSMEM load + cluster barrier cost
 #   bash benchmarks/device_run.sh sanitize-halves   the f16x3 steps (persistent_mma, exact fp32, initial_h) under compute-sanitizer
 #   bash benchmarks/device_run.sh sanitize-gemm   compile's wgmma GEMMs under compute-sanitizer memcheck and racecheck
 #   bash benchmarks/device_run.sh split-regs [gemm|ab ROW ...]   3xTF32 with X split in registers: GPU tests, GEMM, whole models
@@ -164,6 +165,9 @@ case "$1" in
       echo "== $1 $2 $3"; timeout 120 compute-sanitizer --tool $1 python3 benchmarks/sanitize_case.py persistent_mma $2 $3 2>&1 | grep -v Warning | tail -3
     done | tee "$OUT/sanitizer_stream_order.txt"
     timeout 300 python3 benchmarks/stream_order_ab.py 2>&1 | grep -v Warning | tee "$OUT/stream_${SET:-order}_log.txt" | tail -4 ;;
+  probe-cluster)  # thread-block clusters in a cooperative launch: a DSMEM load of the partner block's shared memory, the grid
+    # barrier with clusters, a cluster barrier's cost (benchmarks/probe_cluster.py)
+    timeout 120 python3 benchmarks/probe_cluster.py 2>&1 | grep -v Warning | tee "$OUT/probe_cluster.txt" | tail -5 ;;
   halves)  # exact fp32 as three fp16 products of scaled halves (f16x3): its GPU tests and the GEMM alone beside compile's
     # 3xTF32 points and cuBLAS (gemm), or whole exact-fp32 models against 3xTF32 (ab [ROW ...]: benchmarks/halves_ab.py)
     if [ "${2:-gemm}" = gemm ]; then
