@@ -31,7 +31,9 @@ PEER_LOAD_SRC = f"""__forceinline__ __device__ float {PEER_LOAD}(float* p, unsig
 
 
 @T.prim_func
-def probe(out: T.Buffer((G * TX,), "float32"), after: T.Buffer((G * TX,), "float32")):
+def probe(out_ptr: T.handle, after_ptr: T.handle):
+    out = T.match_buffer(out_ptr, (G * TX,), "float32")
+    after = T.match_buffer(after_ptr, (G * TX,), "float32")
     for rank in T.thread_binding(2, thread="clusterCtaIdx.x"):
         for bx in T.thread_binding(G, thread="blockIdx.x"):
             for tx in T.thread_binding(TX, thread="threadIdx.x"):
@@ -46,7 +48,8 @@ def probe(out: T.Buffer((G * TX,), "float32"), after: T.Buffer((G * TX,), "float
 
 
 @T.prim_func
-def barriers(out: T.Buffer((G * TX,), "float32"), rounds: T.int32):
+def barriers(out_ptr: T.handle, rounds: T.int32):
+    out = T.match_buffer(out_ptr, (G * TX,), "float32")
     for rank in T.thread_binding(2, thread="clusterCtaIdx.x"):
         for bx in T.thread_binding(G, thread="blockIdx.x"):
             for tx in T.thread_binding(TX, thread="threadIdx.x"):
