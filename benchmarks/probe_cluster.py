@@ -69,8 +69,9 @@ def build(func):
 def main():
     lib = build(probe)
     src = lib.imports[0].inspect_source()
-    print("cluster dims in source:", "__cluster_dims__" in src, "| cluster_ctarank:", "cluster_ctarank" in src,
-          "| grid sync:", "grid_sync" in src or "this_grid" in src)
+    # the cluster's size is a launch attribute (the clusterCtaIdx.x binding's extent), not in the source
+    print("reads its cluster rank:", "cluster_ctarank" in src, "| grid barrier:", "grid_sync" in src,
+          "| DSMEM load:", PEER_LOAD in src)
     try:
         dev = tvm.cuda(0)
         dev_ok = dev.exist
