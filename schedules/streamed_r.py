@@ -35,16 +35,16 @@ class StreamedR:
         self.streamed = -(-self.H // KC) - resident
         self.rows = [len(phase.gates) * cfg.units for phase in cell.phases]
         self.row0 = [sum(self.rows[:pi]) for pi in range(len(self.rows))]
-        self.copied = bool(cfg.halves or IN_RING_ORDER)
+        self.in_ring_order = IN_RING_ORDER  # read once: a build sees one value
+        self.copied = bool(cfg.halves or self.in_ring_order)
+        self.per_block = sum(self.rows) * self.streamed * KC * self.parts
         dtype = "float16" if cfg.halves else spec.dtype
-        per_block = sum(self.rows) * self.streamed * KC * self.parts
         if not self.copied:
             self.buffer = a.R
-        elif IN_RING_ORDER:
-            self.buffer = T.alloc_buffer((blocks * per_block,), dtype)
+        elif self.in_ring_order:
+            self.buffer = T.alloc_buffer((blocks * self.per_block,), dtype)
         else:
             self.buffer = T.alloc_buffer((spec.num_directions * cell.gates * self.H * self.parts * self.streamed * KC,), dtype)
-        self.per_block = per_block
 
     def bind(self, bx, d, u0):
         self.bx, self.d, self.u0 = bx, d, u0
@@ -53,7 +53,7 @@ class StreamedR:
     def at(self, pi, phase, row, j, part, k):
         """Phase pi's row `row` (0 .. its rows - 1), streamed chunk j (0 .. streamed - 1), part (f16x3's half), column k
         of the chunk."""
-        if self.copied and IN_RING_ORDER:
+        if self.copied and self.in_ring_order:
             block = (self.bx * i64(self.per_block) + i64(self.row0[pi] * self.streamed * KC * self.parts))
             return block + ((j * i64(self.parts) + i64(part)) * i64(self.rows[pi]) + row) * i64(KC) + k
         r_row = self.d * i64(self.a.cell.gates * self.H) + self.r_row_of(phase, self.units, self.H, self.u0, row)
