@@ -10,6 +10,7 @@ against the recurrent launches. Writes $OUT/<kind>_variants.json after every poi
 environment replace the points and dtypes, BASELINES (comma-separated kinds) the defaults.
 """
 
+import functools
 import json
 import os
 import sys
@@ -67,14 +68,19 @@ def meaningful(dtype, knobs):
     return dtype == "float32" or not knobs.get("split_acc")
 
 
+@functools.cache
+def layer_spec(row, dtype):
+    """The row's own first layer (its activations: f16x3 steps need the bound they put on h), exported once."""
+    return find_rnn_layers(bench.onnx_model(bench.torch_module(row), row, dtype))[0].spec
+
+
 def resolve(row, dtype, knobs):
     """The point for this row and dtype (streamed="fewest" resolved), or None where it does not apply or fit."""
     if not meaningful(dtype, knobs):
         return None
     if KIND != "persistent_mma":
         return knobs
-    # the row's own first layer (its activations: f16x3 steps need the bound they put on h)
-    spec = find_rnn_layers(bench.onnx_model(bench.torch_module(row), row, dtype))[0].spec
+    spec = layer_spec(row, dtype)
     if knobs.get("streamed") == "fewest":
         n = recurrent_persistent_mma.fewest_streamed(spec, cell_for(spec), "sm_90", CONFIG(**{**knobs, "streamed": 0}))
         if not n:  # no wave of blocks, or all of R fits (the points above cover that)

@@ -15,6 +15,5 @@ from ab import built_with, compare, write
 from schedules import streamed_r
 
 SET = os.environ.get("SET", "order")
-SETS = {"order": {"row order": built_with(streamed_r, IN_RING_ORDER=False), "ring order": built_with(streamed_r, IN_RING_ORDER=True)},
-        }
+SETS = {"order": {"row order": built_with(streamed_r, IN_RING_ORDER=False), "ring order": built_with(streamed_r, IN_RING_ORDER=True)}}
 write(compare(sys.argv[1:] or ["blog-a"], SETS[SET], dtypes=("float32", "float16")), f"stream_{SET}_ab.json")

@@ -344,7 +344,7 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                 final_states(a, hbuf, d, u0, UB, threads, tid)
 
 
-def streamed_rounds(a: KernelArgs, pi, phase, cfg: MmaConfig, ring, d, u0, resident: int, tid, stream: StreamedR | None = None):
+def streamed_rounds(a: KernelArgs, pi, phase, cfg: MmaConfig, ring, d, u0, resident: int, tid, stream: StreamedR | None):
     """block_phase's reduce_streamed for the chunks of R past `resident`. Without a ring each warp loads its chunks' A
     from R in global memory (L2) into registers. With one (cfg.ring buffers in shared memory, each one round's
     k_warps x depth chunks of the phase's rows in the resident layout), the block's threads copy round r + ring - 1 with
@@ -352,8 +352,8 @@ def streamed_rounds(a: KernelArgs, pi, phase, cfg: MmaConfig, ring, d, u0, resid
     from shared memory, and L2 serves each element once per block and step instead of n_warps times. With ring_h the
     same rounds copy B too (the pass's batch rows by the round's chunks), so no load of a streamed chunk waits on L2.
     One barrier per round: after it round r has landed and the buffer round r - 1 used is free.
-    The ring reads A's chunks where `stream` (streamed_r.StreamedR, phase pi's rows) says: by default a copy of them in the
-    ring's order. f16x3 (cfg.halves, ring only): that copy holds the rows' scaled halves, B's chunks come from the
+    The ring reads A's chunks where `stream` (streamed_r.StreamedR, phase pi's rows; None without a ring) says: by
+    default a copy of them in the ring's order. f16x3 (cfg.halves, ring only): that copy holds the rows' scaled halves, B's chunks come from the
     operand's split halves, each chunk's high halves then its low ones in the buffer."""
     H, UB, KW, depth = a.spec.hidden_size, cfg.units, cfg.k_warps, cfg.depth
     chunks = -(-H // KC)

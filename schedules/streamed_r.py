@@ -8,9 +8,11 @@ Compute had the exact-fp32 step at 43% of DRAM throughput and 49% of L2's, its w
 
 So each block first copies its rows' streamed chunks into a workspace in the order the ring consumes them: per block,
 phase, streamed chunk and part (f16x3's high and low halves, else one), the phase's rows of 32 columns. A round is then
-one contiguous run of bytes. The copy is one pass over R per launch (the launch runs every step of the sequence); f16x3
-needs a copy anyway, to hold the scaled halves. IN_RING_ORDER = False keeps R's row order (f16x3's halves a row at a
-time; other modes read R itself), for A/B runs.
+one contiguous run of bytes. The copy is one read of the streamed part of R and one write of it per launch (the launch
+runs every step of the sequence); f16x3 needs a copy anyway, to hold the scaled halves. It is not folded at compile
+time, as W's halves are: the layer's other batch branches (stepwise, tiled) read the same fp32 R argument, and a folded
+copy would add the streamed part of R (100 MB at blog-a's shape in fp32) to the module. IN_RING_ORDER = False keeps R's
+row order (f16x3's halves a row at a time; other modes read R itself), for A/B runs.
 """
 
 from __future__ import annotations
