@@ -28,7 +28,8 @@
 #                                            persistent_mma's, then whole models against 3xTF32 steps (benchmarks/step_halves_ab.py)
 #   bash benchmarks/device_run.sh step-halves-streamed [ROW ...]   f16x3 steps with chunks of R streamed through the ring:
 #                                            GPU tests, racecheck, then blog-a against 3xTF32 steps (SET=streamed step_halves_ab.py)
-#   bash benchmarks/device_run.sh stream-order   streamed chunks of R in the ring's order (streamed_r): GPU tests, sanitizers, blog-a A/B
+#   [SET=order|sums] bash benchmarks/device_run.sh stream-order   streamed chunks of R in the ring's order (streamed_r), or the
+#                                            partial sums in the ring (SUMS_IN_RING): GPU tests, sanitizers, blog-a A/B
 #   bash benchmarks/device_run.sh probe-cluster   clusters + cooperative launch + DSMEM load + cluster barrier cost
 #   bash benchmarks/device_run.sh sanitize-halves   the f16x3 steps (persistent_mma, exact fp32, initial_h) under compute-sanitizer
 #   bash benchmarks/device_run.sh sanitize-gemm   compile's wgmma GEMMs under compute-sanitizer memcheck and racecheck

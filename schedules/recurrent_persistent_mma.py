@@ -95,19 +95,36 @@ def ring_dtypes(spec, cfg: MmaConfig) -> tuple[str, str]:
     return ("float16", "float16") if cfg.halves else (spec.dtype, operand_dtype(spec, cfg))
 
 
+def ring_a_bytes(spec, cell, cfg: MmaConfig) -> int:
+    """The ring's A buffers, one allocation: cfg.ring buffers of A's chunks, at least the partial sums' bytes where
+    those live there (SUMS_IN_RING: in fp16 at blog-a's shape the sums are 640 bytes more than the buffers)."""
+    a_dtype, _ = ring_dtypes(spec, cfg)
+    return max(cfg.ring * ring_a_elems(cell, cfg) * itemsize(a_dtype), cfg.smem_bytes(cell.gates) if SUMS_IN_RING else 0)
+
+
 def ring_bytes(spec, cell, cfg: MmaConfig) -> int:
-    """Shared memory for the ring of streamed chunks (cfg.ring buffers of A's chunks, and with ring_h B's: the pass's
-    batch rows by the same chunks); none where nothing streams or the ring is off."""
+    """Shared memory for the ring of streamed chunks (ring_a_bytes, and with ring_h B's buffers: the pass's batch rows
+    by the same chunks); none where nothing streams or the ring is off."""
     if not (cfg.ring and cfg.streamed):
         return 0
-    a_dtype, b_dtype = ring_dtypes(spec, cfg)
+    _, b_dtype = ring_dtypes(spec, cfg)
     b = ring_b_elems(cfg) * itemsize(b_dtype) if cfg.ring_h else 0
-    return cfg.ring * (ring_a_elems(cell, cfg) * itemsize(a_dtype) + b)
+    return ring_a_bytes(spec, cell, cfg) + cfg.ring * b
+
+
+def sums_in_ring(spec, cell, cfg: MmaConfig) -> bool:
+    """Whether the partial sums live in the ring's A buffers (SUMS_IN_RING, wherever there is a ring)."""
+    return SUMS_IN_RING and bool(ring_bytes(spec, cell, cfg))
+
+
+def sums_bytes(spec, cell, cfg: MmaConfig) -> int:
+    """Shared memory the partial sums add: none where they live in the ring."""
+    return 0 if sums_in_ring(spec, cell, cfg) else cfg.smem_bytes(cell.gates)
 
 
 def smem_bytes(spec, cell, cfg: MmaConfig) -> int:
     scales = 4 * step_halves.shared_floats(cell, cfg.units, cfg.n_warps * cfg.k_warps) if cfg.halves else 0
-    return r_bytes(spec, cell, cfg.units, resident_chunks(spec, cfg)) + cfg.smem_bytes(cell.gates) + ring_bytes(spec, cell, cfg) + scales
+    return r_bytes(spec, cell, cfg.units, resident_chunks(spec, cfg)) + sums_bytes(spec, cell, cfg) + ring_bytes(spec, cell, cfg) + scales
 
 
 def fewest_streamed(spec, cell, arch: str, cfg: MmaConfig) -> int | None:
@@ -115,7 +132,8 @@ def fewest_streamed(spec, cell, arch: str, cfg: MmaConfig) -> int | None:
     None where the blocks do not fit one wave."""
     if blocks(spec, cfg.units) > sm_count(arch):
         return None
-    room = SMEM_LIMIT.get(arch, SMEM_DEFAULT) - cfg.smem_bytes(cell.gates) - ring_bytes(spec, cell, replace(cfg, streamed=1))
+    one = replace(cfg, streamed=1)  # the ring, and whether the sums live in it, do not depend on how much streams
+    room = SMEM_LIMIT.get(arch, SMEM_DEFAULT) - sums_bytes(spec, cell, one) - ring_bytes(spec, cell, one)
     return max(0, -(-spec.hidden_size // KC) - max(0, room // r_bytes(spec, cell, cfg.units, 1)))
 
 
@@ -155,6 +173,10 @@ def halves_apply(spec) -> bool:
 HALVES = True
 # the same where part of R streams from L2 through the ring (streaming_config; False: 3xTF32 there, for A/B runs)
 HALVES_STREAMED = True
+# the k_warps' partial sums in the ring's A buffers (grown to hold them where they are smaller), idle from a reduction's
+# last barrier to the next one's first copies, so their bytes hold more of R (blog-a: 4 more chunks resident in exact
+# fp32, 8 in fp16); False: a buffer of their own, for A/B runs
+SUMS_IN_RING = True
 
 
 def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig | None:
@@ -279,12 +301,17 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                     step_halves.row_scales(a, lambda pi, q: r_row_of(cell.phases[pi], UB, H, u0, q), UB, d, warps, wy, lane, rscale, rinv)
                     block_sync()
                 # dynamic too: the launch asks for static + dynamic bytes above 48 KB only through the dynamic size
-                acc_s = partial_sums(cfg, cell.gates, "shared.dyn")
                 ring = None
                 if ring_bytes(spec, cell, cfg):
                     a_dtype, b_dtype = ring_dtypes(spec, cfg)
-                    ring = (T.alloc_buffer((cfg.ring * ring_a_elems(cell, cfg),), a_dtype, scope="shared.dyn"),
+                    ring = (T.alloc_buffer((ring_a_bytes(spec, cell, cfg) // itemsize(a_dtype),), a_dtype, scope="shared.dyn"),
                             T.alloc_buffer((cfg.ring * ring_b_elems(cfg),), b_dtype, scope="shared.dyn") if cfg.ring_h else None)
+                if sums_in_ring(spec, cell, cfg):
+                    # the sums are written after the barrier that ends a reduction's reads of the ring (block_phase,
+                    # shared_a) and read before the barrier that precedes the next reduction's first copies
+                    acc_s = T.decl_buffer((cfg.smem_bytes(cell.gates) // 4,), F32, data=ring[0].data, scope="shared.dyn")
+                else:
+                    acc_s = partial_sums(cfg, cell.gates, "shared.dyn")
 
                 def position(g, lane_k):
                     """Where column lane_k (0..31 of a chunk) of row g sits in its 32-element row: the XOR swizzle in fp32."""

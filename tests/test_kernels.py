@@ -441,7 +441,7 @@ def test_streamed_ring_copies_with_cp_async():
     too; the ring's bytes count against shared memory (more chunks stream to make room); it needs whole chunks
     (H % 32 == 0), 2+ buffers, and something streamed, and ring_h needs the ring."""
     from schedules.recurrent_mma import MmaConfig
-    from schedules.recurrent_persistent_mma import fewest_streamed, fits, ring_bytes, smem_bytes
+    from schedules.recurrent_persistent_mma import fewest_streamed, fits, ring_bytes, smem_bytes, sums_in_ring
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     case, dtype, knobs = RING_CASES[1]
@@ -454,7 +454,9 @@ def test_streamed_ring_copies_with_cp_async():
         assert ("cp.async.cg.shared.global" in src and "cp_async_wait_group" in loop) == copies, config.describe()
         assert ("R_ptr" in loop) != copies, config.describe()
     cfg = MmaConfig(**dict(ring.knobs))
-    assert smem_bytes(spec, cell, cfg) - smem_bytes(spec, cell, MmaConfig(**dict(plain.knobs))) == ring_bytes(spec, cell, cfg) > 0
+    # the partial sums move into the ring's A buffers where those hold them (sums_in_ring)
+    sums = cfg.smem_bytes(cell.gates) if sums_in_ring(spec, cell, cfg) else 0
+    assert smem_bytes(spec, cell, cfg) - smem_bytes(spec, cell, MmaConfig(**dict(plain.knobs))) == ring_bytes(spec, cell, cfg) - sums > 0
     assert fits(spec, cell, "sm_90", cfg)
     # ring_h: B's chunks (the pass's batch rows) through the ring too: more copies in the step loop, more shared memory
     with_h = KernelConfig.of("persistent_mma", **dict(ring.knobs), ring_h=1)
@@ -469,7 +471,8 @@ def test_streamed_ring_copies_with_cp_async():
     assert not fits(odd, cell_for(odd), "sm_90", cfg)  # a partial last chunk
     big = find_rnn_layers(Case(op="LSTM", hidden=2560, input_size=8, dtype=dtype).model())[0].spec
     wide = MmaConfig(units=24, n_tiles=4, n_warps=2, k_warps=4, depth=1, prefetch=1)
-    assert fewest_streamed(big, cell_for(big), "sm_90", dataclasses.replace(wide, ring=2)) > fewest_streamed(big, cell_for(big), "sm_90", wide)
+    # with h's chunks too the ring outgrows the partial sums it now holds (sums_in_ring)
+    assert fewest_streamed(big, cell_for(big), "sm_90", dataclasses.replace(wide, ring=2, ring_h=1)) > fewest_streamed(big, cell_for(big), "sm_90", wide)
 
 
 @pytest.mark.gpu
@@ -500,6 +503,24 @@ def test_streaming_default_takes_the_fewest_units_that_make_one_wave(dtype):
         assert not any(fits(spec, cell, "sm_90", dataclasses.replace(cfg, units=u)) for u in range(8, units))
     small = find_rnn_layers(Case(op="LSTM", hidden=1024, input_size=8, dtype=dtype).model())[0].spec
     assert streaming_config(small, cell_for(small), "sm_90") is None  # R fits on chip: nothing streams
+
+
+def test_partial_sums_share_the_ring(monkeypatch):
+    """The k_warps' partial sums live in the ring's A buffers (idle between reductions; grown where the sums are
+    larger): blog-a's exact-fp32 default then keeps 4 more chunks of R resident (72 of 80 streamed, not 76), fp16 8
+    more (50, not 58: its A buffers were 640 bytes short of the sums), and both still fit. SUMS_IN_RING off: the old."""
+    from schedules import recurrent_persistent_mma as rpm
+
+    def default(dtype):
+        spec = find_rnn_layers(Case(op="LSTM", hidden=2560, input_size=8, dtype=dtype).model())[0].spec
+        cell = cell_for(spec)
+        cfg = rpm.streaming_config(spec, cell, "sm_90")
+        assert rpm.fits(spec, cell, "sm_90", cfg), cfg
+        return cfg.streamed, rpm.sums_in_ring(spec, cell, cfg)
+
+    assert default("float32") == (72, True) and default("float16") == (50, True)
+    monkeypatch.setattr(rpm, "SUMS_IN_RING", False)
+    assert default("float32") == (76, False) and default("float16") == (58, False)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
