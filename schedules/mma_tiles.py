@@ -260,8 +260,7 @@ def cp_async_ring(count: int, stages: int, issue, consume, landed=None, lag: int
         item(i64(i), i % unroll)
 
 
-def tma_ring(count: int, stages: int, issue, consume, barrier, leader, tx_bytes, lag: int = 1, release=None, consumers=None,
-             cluster: bool = False):
+def tma_ring(count: int, stages: int, issue, consume, barrier, leader, tx_bytes, lag: int = 1, release=None, consumers=None):
     """cp_async_ring's ring filled by the tensor memory accelerator instead: the leader thread arms buffer buf's "full"
     mbarrier (barrier(buf): its address) with the bytes item i lands (tx_bytes(i)) and issues its bulk copies
     (issue(i, buf)); every thread waits for that barrier's phase of item i, then the leader refills the buffer item
@@ -275,13 +274,7 @@ def tma_ring(count: int, stages: int, issue, consume, barrier, leader, tx_bytes,
     consumers (with release): the consuming threads' predicate, the leader a thread outside them (a producer warp of
     its own, CUTLASS's warp specialization). It then runs ahead on its own, refilling each buffer as soon as its
     empty barrier completes: up to `stages` items ahead of the oldest one still read, where a leader that also consumes
-    refills only between its own items, `stages - lag` ahead, and holds its warpgroup's wgmma's while it waits.
-    cluster (lag 1, no release): the buffers are filled by the leaders of a thread-block cluster together (issue's
-    copies multicast into every block's buffer, each block's mbarrier counting all their bytes), so a buffer is free
-    only once every block of the cluster is done with it. consume is then (start, finish): start(i, buf) issues item
-    i's work, finish(i, buf) waits for its reads to end. Each thread arrives on the cluster barrier after finish(i) and
-    waits on it after start(i + 1), so the barrier's round trip runs behind item i + 1's asynchronous work; then the
-    leader refills item i's buffer with item i + stages (every buffer is filled before the loop: stages ahead)."""
+    refills only between its own items, `stages - lag` ahead, and holds its warpgroup's wgmma's while it waits."""
     def arm(i, buf):
         T.evaluate(T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](barrier(buf), tx_bytes(i)))
         issue(i, buf)
@@ -327,33 +320,8 @@ def tma_ring(count: int, stages: int, issue, consume, barrier, leader, tx_bytes,
         with T.serial(0, i64(count)) as i:
             refill(i)
 
-    def consume_in_cluster():
-        start, finish = consume
-        with T.serial(0, i64(count)) as i:
-            buf = i % i64(stages)
-            T.evaluate(T.cuda.mbarrier_wait(barrier(buf), phase(i)))
-            start(i, buf)
-            with T.If(i > i64(0)):
-                with T.Then():
-                    T.evaluate(T.ptx["barrier.cluster.wait.acquire.aligned"]())  # every block done with item i - 1
-                    nxt = i - i64(1) + i64(stages)
-                    emit_if(tirx.all(leader, nxt < i64(count)), lambda: arm(nxt, nxt % i64(stages)))
-                    T.evaluate(T.ptx["bar.warp.sync"](tirx.const(0xFFFFFFFF, "uint32")))
-            finish(i, buf)
-            T.evaluate(T.ptx["barrier.cluster.arrive.release.aligned"]())
-        T.evaluate(T.ptx["barrier.cluster.wait.acquire.aligned"]())  # the last arrival's: no block leaves before the others
-
     ahead = stages - lag
     emit_if(leader, init)
-    if cluster:
-        assert lag == 1 and release is None and consumers is None
-        # every block's mbarriers initialized before any block's multicast copies count bytes on them
-        T.evaluate(T.ptx["barrier.cluster.arrive.release.aligned"]())
-        T.evaluate(T.ptx["barrier.cluster.wait.acquire.aligned"]())
-        ahead = stages
-        emit_if(leader, prologue)
-        consume_in_cluster()
-        return
     block_sync()
     if consumers is None:
         emit_if(leader, prologue)
