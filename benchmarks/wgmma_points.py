@@ -93,5 +93,5 @@ WGMMA_F16X3 = named("f16x3", (WgmmaConfig(bn=128, k_chunks=2, stages=3, store_co
                               WgmmaConfig(bn=128, k_chunks=2, stages=3, store_cols=4),
                               WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=4, store_cols=2), WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=2, store_cols=2),
                               WgmmaConfig(bn=96, warpgroups=1, k_chunks=2, stages=4, store_cols=2),
-                              # compile's 64 x 160 walking 2, 4, 16, 32 M tiles per raster group instead of 8
+                              # 64 x 160 walking 2, 4, 16 (compile's since bcccc08), 32 M tiles per raster group instead of 8
                               *(WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=2, store_cols=2, group=g) for g in (2, 4, 16, 32))))
