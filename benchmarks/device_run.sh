@@ -30,8 +30,6 @@
 #                                            GPU tests, racecheck, then blog-a against 3xTF32 steps (SET=streamed step_halves_ab.py)
 #   [SET=order|sums] bash benchmarks/device_run.sh stream-order   streamed chunks of R in the ring's order (streamed_r), or the
 #                                            partial sums in the ring (SUMS_IN_RING): GPU tests, sanitizers, blog-a A/B
-#   [SHAPES=...] bash benchmarks/device_run.sh cluster-gemm   the wgmma GEMMs in clusters sharing W's copies (multicast): GPU
-#                                            tests, then f16x3's and fp16's bulk-copy and cluster points against compile's
 #   bash benchmarks/device_run.sh probe-cluster   clusters + cooperative launch + DSMEM load + cluster barrier cost
 #   bash benchmarks/device_run.sh sanitize-halves   the f16x3 steps (persistent_mma, exact fp32, initial_h) under compute-sanitizer
 #   bash benchmarks/device_run.sh sanitize-gemm   compile's wgmma GEMMs under compute-sanitizer memcheck and racecheck
@@ -168,16 +166,6 @@ case "$1" in
       echo "== $1 $2 $3"; timeout 120 compute-sanitizer --tool $1 python3 benchmarks/sanitize_case.py persistent_mma $2 $3 2>&1 | grep -v Warning | tail -3
     done | tee "$OUT/sanitizer_stream_order.txt"
     timeout 300 python3 benchmarks/stream_order_ab.py 2>&1 | grep -v Warning | tee "$OUT/stream_${SET:-order}_log.txt" | tail -4 ;;
-  cluster-gemm)  # the wgmma GEMMs in thread-block clusters sharing W's copies (WgmmaConfig.cluster): their GPU tests (and the
-    # f16x3 ones), then f16x3's bulk-copy and cluster points against compile's (SHAPES, default blog-a), and fp16's
-    python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/test_projections.py 2>/dev/null | grep -E "halves_match|cluster=[24]" > /tmp/ids.txt
-    run_ids /tmp/ids.txt 200 "$OUT/pytest_gpu.txt" | tail -3
-    DTYPES=float32 STAGED=none WGMMA="f16x3 64x1[26]0 s2 k64 st2( g16)?$|f16x3 .*tma1" timeout 330 python3 benchmarks/projection_staged.py ${SHAPES:-blog-a} 2>&1 \
-      | grep -v Warning > "$OUT/gemm_log.txt"; cp "$OUT/projection_staged.json" "$OUT/cluster_f16x3.json"
-    python3 -c "import json; [print(r['shape'], r['kernel'], r['ms'] and round(r['ms'], 3), r['rel_err']) for r in json.load(open('$OUT/cluster_f16x3.json'))['results']]"
-    DTYPES=float16 STAGED=none WGMMA="128x256 s4 k64 (overlap st2|tma1 st2( c2)?)$|128x256 s6 tma1 st2 c2$" timeout 150 python3 benchmarks/projection_staged.py ${SHAPES:-blog-a} 2>&1 \
-      | grep -v Warning > "$OUT/gemm_fp16_log.txt"
-    python3 -c "import json; [print(r['shape'], r['kernel'], r['ms'] and round(r['ms'], 3), r['rel_err']) for r in json.load(open('$OUT/projection_staged.json'))['results']]" ;;
   probe-cluster)  # thread-block clusters in a cooperative launch: a DSMEM load of the partner block's shared memory, the grid
     # barrier with clusters, a cluster barrier's cost (benchmarks/probe_cluster.py)
     timeout 120 python3 benchmarks/probe_cluster.py 2>&1 | grep -v Warning | tee "$OUT/probe_cluster.txt" | tail -5 ;;

@@ -11,7 +11,7 @@ def named(mode: str, configs) -> dict[str, WgmmaConfig]:
         k = f" k{c.k_chunks * 32}" if mode == "float16" or c.k_chunks > 1 else ""
         return (f"wgmma{'' if mode == 'float16' else ' ' + mode} {c.warpgroups * 64}x{c.bn} s{c.stages}{k}"
                 f"{' overlap' if c.overlap else ''}{f' tma{c.tma}' if c.tma else ''}{f' st{c.store_cols}' if c.store_cols > 1 else ''}"
-                f"{' regs' if c.lo_w else ''}{f' g{c.group}' if c.group != 8 else ''}{f' c{c.cluster}' if c.cluster else ''}")
+                f"{' regs' if c.lo_w else ''}{f' g{c.group}' if c.group != 8 else ''}")
     return {name(c): c for c in configs}
 
 
@@ -55,10 +55,7 @@ WGMMA = named("float16", (WgmmaConfig(), WgmmaConfig(stages=6, overlap=1), Wgmma
                    WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=4, overlap=1, store_cols=2),
                    WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=4, overlap=1, store_cols=4),
                    WgmmaConfig(bn=128, warpgroups=1, k_chunks=2, stages=4, overlap=1, store_cols=4),
-                   WgmmaConfig(bn=128, warpgroups=1, k_chunks=2, stages=2, store_cols=4),
-                   # clusters of 2 blocks along M sharing W's copies (multicast; no overlap: a cluster barrier per item)
-                   WgmmaConfig(bn=256, k_chunks=2, stages=4, store_cols=2, tma=1), WgmmaConfig(bn=256, k_chunks=2, stages=4, store_cols=2, tma=1, cluster=2),
-                   WgmmaConfig(bn=256, stages=6, store_cols=2, tma=1, cluster=2)))
+                   WgmmaConfig(bn=128, warpgroups=1, k_chunks=2, stages=2, store_cols=4)))
 # the same in TF32 (fp32 rows are 128 bytes: the ring fits fewer buffers); compile builds projection_wgmma.TF32
 WGMMA_TF32 = named("tf32", (WgmmaConfig(bn=256, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1), WgmmaConfig(bn=128, stages=6, overlap=1),
                         WgmmaConfig(bn=128, k_chunks=2, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1, tma=1),
@@ -96,12 +93,5 @@ WGMMA_F16X3 = named("f16x3", (WgmmaConfig(bn=128, k_chunks=2, stages=3, store_co
                               WgmmaConfig(bn=128, k_chunks=2, stages=3, store_cols=4),
                               WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=4, store_cols=2), WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=2, store_cols=2),
                               WgmmaConfig(bn=96, warpgroups=1, k_chunks=2, stages=4, store_cols=2),
-                              # the ring filled by bulk tensor copies, and in clusters of 2 or 4 blocks along M that share
-                              # one L2 read of W's rows (multicast): 64 x 160 (compile's) and 64 x 128 per block
-                              *(WgmmaConfig(bn=bn, warpgroups=1, k_chunks=k, stages=s, store_cols=2, tma=1, cluster=c)
-                                for bn in (160, 128) for c in (0, 2, 4) for k, s in ((2, 2), (1, 4), (1, 3)) if bn % (8 * max(c, 1)) == 0),
-                              # ... at 160 columns walking 16 M tiles per raster group, as compile's point does
-                              *(WgmmaConfig(bn=160, warpgroups=1, k_chunks=k, stages=s, store_cols=2, tma=1, cluster=c, group=16)
-                                for c in (0, 2, 4) for k, s in ((2, 2), (1, 4))),
-                              # compile's 64 x 160 walking 2, 4, 16, 32 M tiles per raster group instead of 8
+                              # 64 x 160 walking 2, 4, 16 (compile's since bcccc08), 32 M tiles per raster group instead of 8
                               *(WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=2, store_cols=2, group=g) for g in (2, 4, 16, 32))))

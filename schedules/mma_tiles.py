@@ -260,16 +260,7 @@ def cp_async_ring(count: int, stages: int, issue, consume, landed=None, lag: int
         item(i64(i), i % unroll)
 
 
-# a warp's arrival on the mbarrier at the same shared address in the cluster's block `rank` (DSMEM: mapa, then a remote
-# arrive whose release orders the warp's reads of the buffer before the refill that waits on it)
-CLUSTER_ARRIVE = "tvmrnn_cluster_arrive"
-CLUSTER_ARRIVE_SRC = (f"__forceinline__ __device__ void {CLUSTER_ARRIVE}(unsigned addr, unsigned rank) {{ unsigned remote; "
-                      'asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank)); '
-                      'asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory"); }')
-
-
-def tma_ring(count: int, stages: int, issue, consume, barrier, leader, tx_bytes, lag: int = 1, release=None, consumers=None,
-             cluster: int = 0):
+def tma_ring(count: int, stages: int, issue, consume, barrier, leader, tx_bytes, lag: int = 1, release=None, consumers=None):
     """cp_async_ring's ring filled by the tensor memory accelerator instead: the leader thread arms buffer buf's "full"
     mbarrier (barrier(buf): its address) with the bytes item i lands (tx_bytes(i)) and issues its bulk copies
     (issue(i, buf)); every thread waits for that barrier's phase of item i, then the leader refills the buffer item
@@ -283,14 +274,7 @@ def tma_ring(count: int, stages: int, issue, consume, barrier, leader, tx_bytes,
     consumers (with release): the consuming threads' predicate, the leader a thread outside them (a producer warp of
     its own, CUTLASS's warp specialization). It then runs ahead on its own, refilling each buffer as soon as its
     empty barrier completes: up to `stages` items ahead of the oldest one still read, where a leader that also consumes
-    refills only between its own items, `stages - lag` ahead, and holds its warpgroup's wgmma's while it waits.
-    cluster (lag 1, with release): the buffers are filled by the leaders of a thread-block cluster of that many blocks
-    together (issue's copies multicast into every block's buffer, each block's mbarrier counting all their bytes), so a
-    buffer is free once every block of the cluster is done with it: each consuming warp's lane 0 arrives on the buffer's
-    "empty" barrier in every block of the cluster (CUTLASS's multicast pipeline), and the leader waits on its own before
-    the refill, no cluster-wide barrier per item. consume is then (start, finish): start(i, buf) issues item i's work,
-    finish(i, buf) waits for its reads to end; the leader refills item i - 1's buffer between the two (every buffer is
-    filled before the loop: stages ahead)."""
+    refills only between its own items, `stages - lag` ahead, and holds its warpgroup's wgmma's while it waits."""
     def arm(i, buf):
         T.evaluate(T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](barrier(buf), tx_bytes(i)))
         issue(i, buf)
@@ -298,8 +282,8 @@ def tma_ring(count: int, stages: int, issue, consume, barrier, leader, tx_bytes,
     def init():
         for b in range(stages):
             T.evaluate(T.ptx["mbarrier.init.shared::cta.b64"](barrier(i64(b)), tirx.const(1, "uint32")))
-            if release:  # in a cluster every block's warps arrive
-                T.evaluate(T.ptx["mbarrier.init.shared::cta.b64"](barrier(i64(stages + b)), tirx.const(release[0] * max(cluster, 1), "uint32")))
+            if release:
+                T.evaluate(T.ptx["mbarrier.init.shared::cta.b64"](barrier(i64(stages + b)), tirx.const(release[0], "uint32")))
         T.evaluate(T.ptx["fence.mbarrier_init.release.cluster"]())
 
     def phase(i):  # a barrier's phase parity for item i: its (i // stages)-th completion
@@ -336,40 +320,8 @@ def tma_ring(count: int, stages: int, issue, consume, barrier, leader, tx_bytes,
         with T.serial(0, i64(count)) as i:
             refill(i)
 
-    def consume_in_cluster():
-        start, finish = consume
-        warps, lane0 = release
-        with T.serial(0, i64(count)) as i:
-            buf = i % i64(stages)
-            T.evaluate(T.cuda.mbarrier_wait(barrier(buf), phase(i)))
-            start(i, buf)
-
-            def refill_last():  # item i - 1's buffer, once every block's warps released it, with item i - 1 + stages
-                prev = i - i64(1)
-                T.evaluate(T.cuda.mbarrier_wait(barrier(i64(stages) + prev % i64(stages)), phase(prev)))
-                arm(prev + i64(stages), prev % i64(stages))
-
-            emit_if(tirx.all(leader, i > i64(0), i - i64(1) + i64(stages) < i64(count)), refill_last)
-            T.evaluate(T.ptx["bar.warp.sync"](tirx.const(0xFFFFFFFF, "uint32")))
-            finish(i, buf)
-            for rank in range(cluster):  # this warp is done with the buffer: on every block's "empty" barrier of it
-                emit_if(lane0, lambda rank=rank: T.evaluate(T.cuda.func_call(
-                    CLUSTER_ARRIVE, barrier(i64(stages) + buf), tirx.const(rank, "uint32"), source_code=CLUSTER_ARRIVE_SRC)))
-        # no block leaves while another may still arrive on its barriers
-        T.evaluate(T.ptx["barrier.cluster.arrive.release.aligned"]())
-        T.evaluate(T.ptx["barrier.cluster.wait.acquire.aligned"]())
-
     ahead = stages - lag
     emit_if(leader, init)
-    if cluster:
-        assert lag == 1 and release is not None and consumers is None
-        # every block's mbarriers initialized before any block's multicast copies count bytes on them
-        T.evaluate(T.ptx["barrier.cluster.arrive.release.aligned"]())
-        T.evaluate(T.ptx["barrier.cluster.wait.acquire.aligned"]())
-        ahead = stages
-        emit_if(leader, prologue)
-        consume_in_cluster()
-        return
     block_sync()
     if consumers is None:
         emit_if(leader, prologue)

@@ -99,12 +99,6 @@ class WgmmaConfig:
     # memory, no second barrier per chunk. Per chunk the block reads and writes about 160 KB of shared memory where
     # the split in shared memory moves about 270 KB, more than its wgmma's need to run
     lo_w: int = 0
-    # with tma=1: blocks in thread-block clusters of this many (2 or 4) along M, the cluster's blocks on the same BN
-    # columns: each block copies its own X rows and 1 / cluster of every W block's rows, multicast into every block
-    # of the cluster (one L2 read of W's rows for all of them: blog-a's f16x3 64 x 160 tile reads 18 KB a chunk from L2
-    # at cluster 2 where it read 28), and a buffer is refilled once every block's warps of the cluster arrived on its
-    # "empty" mbarrier (mma_tiles.tma_ring's cluster mode; a cluster barrier per item instead, 6fa3048, was slower)
-    cluster: int = 0
 
     @property
     def block(self) -> tuple[int, int]:
@@ -122,7 +116,7 @@ class WgmmaConfig:
     @property
     def barriers(self) -> int:
         """The ring's mbarriers (tma): a "full" one per buffer, and (tma 2, 3) an "empty" one."""
-        return self.stages * (2 if self.cluster else min(self.tma, 2))
+        return self.stages * min(self.tma, 2)
 
     def ring_blocks(self, mode: str) -> tuple[int, int]:
         """The blocks of rows the ring holds per chunk from X (of BM rows) and from W (of BN): one each; with lo_w W's
@@ -219,12 +213,8 @@ def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig | None =
             and not (mode == "tf32x3" and (cfg.bn > (160 if cfg.lo_w else 128) or (cfg.overlap and cfg.k_chunks > 1) or cfg.tma))
             # W's low parts beside it: X split in registers, one chunk's products summed before the next chunk's
             and not (cfg.lo_w and (mode != "tf32x3" or cfg.overlap))
-            # halves: one chunk sum beside the accumulators, copies by every thread (cp.async) or by the tensor
-            # memory accelerator with a block barrier per item (tma=1)
-            and not (mode == "f16x3" and (cfg.bn > 160 or cfg.overlap or cfg.tma > 1))
-            # clusters: the leader's bulk copies, each item's reads done before its warps release it (no overlap); a
-            # block's share of W's rows whole swizzle atoms (8 rows)
-            and (not cfg.cluster or (cfg.cluster in (2, 4) and cfg.tma == 1 and not cfg.overlap and cfg.bn % (8 * cfg.cluster) == 0)))
+            # halves: one chunk sum beside the accumulators, copies by every thread (cp.async)
+            and not (mode == "f16x3" and (cfg.bn > 160 or cfg.overlap or cfg.tma)))
 
 
 def low_parts(rows: int, K: int) -> tirx.PrimFunc:
@@ -301,12 +291,11 @@ def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = Non
     BM, BN = point.block
 
     def tensor_maps(X, W, M):
-        """X's and W's tensor maps (point.tma): 32-column boxes of BM and BN rows (in a cluster a block's share of W's),
-        swizzled as the ring's chunks are; in f16x3 over both halves (2K columns)."""
-        maps, width = [], (2 if halves else 1) * K
-        for buf, rows, box in ((X, M, BM), (W, i64(cols), BN // max(1, point.cluster))):
+        """X's and W's tensor maps (point.tma): 32-column boxes of BM and BN rows, swizzled as the ring's chunks are."""
+        maps = []
+        for buf, rows, box in ((X, M, BM), (W, i64(cols), BN)):
             tmap = T.Bind(T.tvm_stack_alloca("tensormap", 1))
-            T.evaluate(T.tensormap_encode_tiled(tmap, buf.data, i64(width), rows, i64(width * itemsize(MODES[mode][0])), KC, box, 1, 1,
+            T.evaluate(T.tensormap_encode_tiled(tmap, buf.data, i64(K), rows, i64(K * itemsize(MODES[mode][0])), KC, box, 1, 1,
                                                 descriptor_dtype=MODES[mode][0], rank=2, swizzle=TMA_SWIZZLE[row_bytes(mode)],
                                                 l2_promotion=2, oob_fill=0))
             maps.append(tmap)
@@ -315,26 +304,11 @@ def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = Non
     def warpgroup_tiles(X, W, bias, XW, M, scales=None):
         maps = tensor_maps(X, W, M) if point.tma else None
         m_tiles, n_tiles = tirx.ceildiv(M, i64(BM)), i64(cols // BN)
-
-        def tiles(b, rank=None):
+        with T.thread_binding(0, m_tiles * n_tiles, "blockIdx.x") as b:
+            bx, by = raster(b, m_tiles, n_tiles, point.group)
             with T.thread_binding(0, i64(point.threads), "threadIdx.x") as tid:
-                if rank is None:
-                    bx, by = raster(b, m_tiles, n_tiles, point.group)
-                else:  # the cluster's blocks on consecutive M tiles of one column tile (past the last: rows past M)
-                    c = i64(point.cluster)
-                    bx, by = raster(b // c, tirx.ceildiv(m_tiles, c), n_tiles, max(1, point.group // point.cluster))
-                    bx = bx * c + b % c
                 _tile(mode, K, cols, point, X, W, bias, XW, M, bx * i64(BM), by * i64(BN), tid, point.chunk_rows(mode) * KC, K // KC,
-                      maps, scales, rank)
-
-        if not point.cluster:
-            with T.thread_binding(0, m_tiles * n_tiles, "blockIdx.x") as b:
-                tiles(b)
-            return
-        # the launch's cluster size is this binding's extent; blocks b, b + 1, ... of a cluster are its ranks 0, 1, ...
-        with T.thread_binding(0, point.cluster, "clusterCtaIdx.x") as rank:
-            with T.thread_binding(0, tirx.ceildiv(m_tiles, i64(point.cluster)) * i64(point.cluster) * n_tiles, "blockIdx.x") as b:
-                tiles(b, rank)
+                      maps, scales)
 
     def body(X, W, bias, XW, M, scales=None):
         if cfg is not None or rows is not None or halves:
@@ -347,7 +321,7 @@ def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = Non
     return projection_prim_func(f"projection_wgmma_{mode}", MODES[mode][0], K, cols, w_shape, body, xw_dtype, scaled=halves)
 
 
-def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps=None, scales=None, rank=None):
+def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps=None, scales=None):
     BM, BN = cfg.block
     KCH = cfg.k_chunks
     dtype, ptx, kstep = MODES[mode]
@@ -543,22 +517,15 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
                 wgmma(sums[0], sm, base + wg * i64(64 * KC) + i64(xh * BM * KC + kk * per_k),
                       base + i64((xb * BM + wh * BN) * KC + kk * per_k), j > 0 or kk > 0 or n > 0)
 
-    def halves_start(item, buf):
-        T.evaluate(T.ptx.wgmma.fence.sync.aligned())
-        each_plane(item, lambda j, ck: halves_products((buf * i64(KCH) + i64(j)) * i64(size), j))
-        T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
-
-    def halves_finish(_item, _buf):
-        T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-        add_sum(sums[0])
-
     def consume(item, buf):
-        if halves:  # as in 3xTF32, the item's products into a sum of their own, added in fp32
-            halves_start(item, buf)
-            halves_finish(item, buf)
-            return
         T.evaluate(T.ptx.wgmma.fence.sync.aligned())
         at = lambda j: (buf * i64(KCH) + i64(j)) * i64(size)  # noqa: E731 - chunk j of the item in the ring
+        if halves:  # as in 3xTF32, the item's products into a sum of their own, added in fp32
+            each_plane(item, lambda j, ck: halves_products(at(j), j))
+            T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
+            T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+            add_sum(sums[0])
+            return
         if in_regs:  # the item's products into one sum (64 columns of K at most in the tensor cores' accumulation)
             each_plane(item, lambda j, ck: load_a(at(j), j))
             T.evaluate(T.ptx.wgmma.fence.sync.aligned())  # A's registers were written: before the wgmma's read them
@@ -581,36 +548,16 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
 
         each_plane(item, plane)
         T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
-        if not cluster_parts:
-            # before the barrier that frees a buffer for the next copies: this item's wgmma's (or, overlapping, the last one's)
-            T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(cfg.overlap))
-
-    # in a cluster (no overlap, neither 3xTF32 form) an item's wgmma's are issued, then waited for after the leader's
-    # refill of the last item's buffer (mma_tiles.tma_ring's cluster mode)
-    cluster_parts = bool(cfg.cluster) and not halves
-
-    def finish(_item, _buf):
-        T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+        # before the barrier that frees a buffer for the next copies: this item's wgmma's (or, overlapping, the last one's)
+        T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(cfg.overlap))
 
     def tma_issue(item, buf):
-        """The item's chunks: X's BM rows and W's BN rows of each (in f16x3 their high halves, then their low ones, K
-        columns on), one bulk copy apiece, onto the buffer's mbarrier; in a cluster this block's share of W's rows,
-        multicast into the same place in every block of the cluster (and onto each one's mbarrier)."""
-        wb, piece = cfg.ring_blocks(mode)[1], BN // max(1, cfg.cluster)
-        copies = [(maps[0], i64(h * BM * KC), mb, h * K, False) for h in range(xb)]
-        if cfg.cluster:
-            copies += [(maps[1], i64((xb * BM + h * BN) * KC) + T.cast(rank, "int64") * i64(piece * KC), nb + T.cast(rank, "int64") * i64(piece), h * K, True) for h in range(wb)]
-        else:
-            copies += [(maps[1], i64((xb * BM + h * BN) * KC), nb, h * K, False) for h in range(wb)]
-
+        """The item's chunks: X's BM rows and W's BN rows of each, one bulk copy apiece, onto the buffer's mbarrier."""
         def plane(j, ck):
             at = (buf * i64(KCH) + i64(j)) * i64(size)
-            for tmap, offset, row, col, multicast in copies:
-                args = [shared_at(at + offset), T.address_of(tmap), T.cast(ck * i64(KC) + i64(col), "int32"), T.cast(row, "int32"), barrier(buf)]
-                op = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                if multicast:
-                    op, args = op + ".multicast::cluster", args + [tirx.const((1 << cfg.cluster) - 1, "uint16")]
-                T.evaluate(T.ptx[op](*args))
+            for tmap, offset, row in ((maps[0], 0, mb), (maps[1], BM * KC, nb)):
+                T.evaluate(T.ptx["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"](
+                    shared_at(at + i64(offset)), T.address_of(tmap), T.cast(ck * i64(KC), "int32"), T.cast(row, "int32"), barrier(buf)))
 
         each_plane(item, plane)
 
@@ -626,7 +573,7 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
 
     def tma_bytes(item):
         # a box's bytes land whole, rows past M as zeros; a partial last item has fewer chunks
-        per_chunk = cfg.chunk_rows(mode) * rb  # in a cluster every block's shares of W's rows land here too
+        per_chunk = (BM + BN) * rb
         return T.cast(tirx.min(i64(chunks) - item * i64(KCH), i64(KCH)) * i64(per_chunk), "uint32")
 
     items = -(-chunks // KCH)
@@ -637,11 +584,10 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
             add_sum(sums[0])
     else:
         if cfg.tma:
-            release = (cfg.consumers // 32, tid % i64(32) == i64(0)) if cfg.tma >= 2 or cfg.cluster else None
+            release = (cfg.consumers // 32, tid % i64(32) == i64(0)) if cfg.tma >= 2 else None
             producer = cfg.tma == 3  # thread `consumers` (lane 0 of the warp after the warpgroups) copies, the rest multiply
-            tma_ring(items, cfg.stages, tma_issue, ((halves_start, halves_finish) if halves else (consume, finish)) if cfg.cluster else consume, barrier,
-                     tid == i64(cfg.consumers if producer else 0), tma_bytes, lag=1 + cfg.overlap, release=release,
-                     consumers=tid < i64(cfg.consumers) if producer else None, cluster=cfg.cluster)
+            tma_ring(items, cfg.stages, tma_issue, consume, barrier, tid == i64(cfg.consumers if producer else 0), tma_bytes,
+                     lag=1 + cfg.overlap, release=release, consumers=tid < i64(cfg.consumers) if producer else None)
         else:
             cp_async_ring(items, cfg.stages, issue, consume, landed, lag=1 + cfg.overlap)
         if cfg.overlap:  # the last item's wgmma's

@@ -116,10 +116,7 @@ WGMMA_TMA_CONFIGS = [dataclasses.replace(WGMMA_DEFAULT, tma=1), WgmmaConfig(bn=2
                      WgmmaConfig(bn=256, stages=4, overlap=1, tma=2),  # TF32's 256-column point
                      dataclasses.replace(WGMMA_DEFAULT, tma=3, store_cols=2), WgmmaConfig(bn=256, stages=6, tma=3),
                      WgmmaConfig(bn=256, stages=4, overlap=1, tma=3, store_cols=2), dataclasses.replace(WGMMA_DEFAULT, store_cols=4),
-                     WgmmaConfig(bn=128, stages=6, overlap=1, store_cols=4),
-                     # thread-block clusters of 2 and 4 along M sharing W's copies (multicast), M = 1 and 333 leaving
-                     # blocks of the last cluster past M
-                     WgmmaConfig(bn=256, k_chunks=2, stages=4, store_cols=2, tma=1, cluster=2), WgmmaConfig(bn=128, stages=3, tma=1, cluster=4)]
+                     WgmmaConfig(bn=128, stages=6, overlap=1, store_cols=4)]
 
 
 # 3xTF32 with X split in registers and W's low parts beside W (lo_w): 128 x 128 with 2 and 4 buffers (K = 800's 25
@@ -245,12 +242,7 @@ def test_projection_wgmma_builds_without_a_gpu():
 # exact fp32 as three fp16 products of scaled halves (f16x3): compile's points (one warpgroup over 160, 128 or 96
 # columns, two chunks a buffer: K = 800's 25 chunks leave a partial last buffer), 128 x 128 with one chunk a buffer and
 # four buffers, and 64 x 64 with a raster group that does not divide the M tiles, storing four columns at a time
-WGMMA_HALVES_CONFIGS = [*F16X3.values(), WgmmaConfig(bn=128, stages=4, store_cols=2), WgmmaConfig(bn=64, warpgroups=1, stages=3, group=3, store_cols=4),
-                        # the ring filled by bulk tensor copies (four a chunk: X's and W's two halves), alone and in
-                        # clusters of 2 and 4 blocks along M sharing W's copies (a raster group the clusters do not divide)
-                        WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=2, store_cols=2, tma=1),
-                        WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=2, store_cols=2, tma=1, cluster=2),
-                        WgmmaConfig(bn=128, warpgroups=1, stages=3, group=6, store_cols=2, tma=1, cluster=4)]
+WGMMA_HALVES_CONFIGS = [*F16X3.values(), WgmmaConfig(bn=128, stages=4, store_cols=2), WgmmaConfig(bn=64, warpgroups=1, stages=3, group=3, store_cols=4)]
 
 
 @pytest.mark.gpu
@@ -394,7 +386,7 @@ def test_projection_wgmma_tma_builds_without_a_gpu():
                 continue
             assert signature.group(0).count("const __grid_constant__ CUtensorMap") == 2, cfg
             assert loop.count("cp_async_bulk_tensor_g2s") == 2 * cfg.k_chunks and "mbarrier_wait" in loop, cfg
-            assert ("__syncthreads" in loop) == (cfg.tma == 1 and not cfg.cluster) and ("mbarrier_arrive_nocount" in loop) == (cfg.tma >= 2), cfg
+            assert ("__syncthreads" in loop) == (cfg.tma == 1) and ("mbarrier_arrive_nocount" in loop) == (cfg.tma >= 2), cfg
             # tma=3: a warp more, whose thread 0 loops over the copies alone (none before the loop, no wgmma in it), and
             # the epilogue is the warpgroups' only
             assert (f"__launch_bounds__({cfg.threads})" in src) and cfg.threads == 128 * cfg.warpgroups + 32 * (cfg.tma == 3), cfg
@@ -408,34 +400,6 @@ def test_projection_wgmma_tma_builds_without_a_gpu():
                   for t in (0, 1))
     assert ptxas(tma, "sm_90a").registers < ptxas(plain, "sm_90a").registers
     assert not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=2, tma=1))
-
-
-def test_projection_wgmma_clusters_build_without_a_gpu():
-    """In thread-block clusters (cluster=2, 4 with tma=1) the kernel binds the cluster rank (the launch's cluster size),
-    each block copies its X rows and its 1 / cluster of W's rows per chunk, those multicast; the loop has no block
-    barrier and no cluster barrier per item: each warp arrives on every block's "empty" barrier of the buffer, the
-    leader waits on its own (after the item's wgmma's are issued, before the refill); ptxas
-    keeps it spill-free and unserialized. Clusters need tma=1 without overlap and whole swizzle atoms of W's rows."""
-    from schedules.projection_wgmma import supported
-    from schedules.ptxas import ptxas
-
-    for mode, cfg, per_chunk in (("f16x3", WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=2, store_cols=2, tma=1, cluster=2), 4),
-                                 ("float16", WgmmaConfig(bn=256, k_chunks=2, stages=4, store_cols=2, tma=1, cluster=2), 2)):
-        src = kernel_source(projection_wgmma(mode, 800, 1280, cfg, rows=1100))
-        kernel = src[re.search(r'extern "C" __global__[^;{]*\{', src).start():]
-        loop = kernel[kernel.index("for ("):kernel.index("tvmrnn_store2")]
-        assert "cluster_ctaid" in kernel and "__syncthreads" not in loop, cfg
-        assert loop.count("cp_async_bulk_tensor_g2s") == per_chunk * cfg.k_chunks, cfg
-        assert loop.count("multicast__cluster(") == (per_chunk // 2) * cfg.k_chunks, cfg
-        # no cluster barrier per item: each warp's arrivals on every block's "empty" barrier, the leader's wait on its own
-        # between the item's wgmma's issued and waited for; one cluster barrier after the loop
-        assert loop.count("tvmrnn_cluster_arrive(") == cfg.cluster and loop.count("barrier_cluster_wait") == 1, cfg
-        assert loop.index("commit_group") < loop.index("mbarrier_wait", loop.index("commit_group")) < loop.index("wait_group"), cfg
-        report = ptxas(src, "sm_90a")
-        assert not report.serialized and report.spill_stores == 0, (mode, cfg, report)
-    for bad in (WgmmaConfig(bn=160, warpgroups=1, stages=3, cluster=2), WgmmaConfig(bn=256, stages=4, overlap=1, tma=1, cluster=2),
-                WgmmaConfig(bn=160, warpgroups=1, stages=3, tma=1, cluster=8), WgmmaConfig(bn=256, stages=4, tma=2, cluster=2)):
-        assert not supported("f16x3" if bad.warpgroups == 1 else "float16", 800, 1920, "sm_90a", bad), bad
 
 
 @pytest.mark.parametrize("mode, config", [("float16", WGMMA_DEFAULT), ("float16", WGMMA_HALF_128), ("tf32", None), ("tf32x3", None), ("f16x3", None),
