@@ -93,5 +93,7 @@ WGMMA_F16X3 = named("f16x3", (WgmmaConfig(bn=128, k_chunks=2, stages=3, store_co
                               WgmmaConfig(bn=128, k_chunks=2, stages=3, store_cols=4),
                               WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=4, store_cols=2), WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=2, store_cols=2),
                               WgmmaConfig(bn=96, warpgroups=1, k_chunks=2, stages=4, store_cols=2),
-                              # 64 x 160 walking 2, 4, 16 (compile's since bcccc08), 32 M tiles per raster group instead of 8
-                              *(WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=2, store_cols=2, group=g) for g in (2, 4, 16, 32))))
+                              # 64 x 160 walking 2, 4, 12, 16 (compile's since bcccc08), 20, 24, 32 M tiles per raster group
+                              # instead of 8, and 64 x 128 (where 160 columns do not divide the gates) 16 and 32
+                              *(WgmmaConfig(bn=160, warpgroups=1, k_chunks=2, stages=2, store_cols=2, group=g) for g in (2, 4, 12, 16, 20, 24, 32)),
+                              *(WgmmaConfig(bn=128, warpgroups=1, k_chunks=2, stages=2, store_cols=2, group=g) for g in (16, 32))))

@@ -180,11 +180,13 @@ TF32X3_NARROW = {160: WgmmaConfig(bn=160, warpgroups=1, stages=2, store_cols=2, 
 # 0.191 against 0.291, ds2-gru 0.152 against 0.233, ds2-5l-bi's upper layers 0.744 (128 x 128: 0.739) against 1.11;
 # X's halves (split_halves.split_on_gpu) add 0.011-0.139 ms
 EXACT_ON_HALVES = True  # False: compile's exact-fp32 GEMM on sm_90a is 3xTF32 (for A/B runs)
-# Walking 16 M tiles per raster group, not 8: a wave of 264 blocks then covers 16 M tiles by 16.5 column tiles instead
-# of 8 by 33, which reads fewer of W's rows from HBM per wave (W's halves, 105 MB at blog-a's shape, do not fit L2).
-# The GEMM alone on the H100 (benchmarks/results/2026-11-26-h100-f16x3-groups.json): blog-a 3.693 -> 3.483 ms,
-# ds2-5l-bi's upper layers 0.741 -> 0.690, ds2-lstm 0.191 -> 0.188; groups of 2 and 4 were slower, of 32 between
-F16X3 = {bn: WgmmaConfig(bn=bn, warpgroups=1, k_chunks=2, stages=2, store_cols=2, group=16) for bn in (160, 128, 96)}
+# Walking 12 (160 columns) or 16 M tiles per raster group, not 8: a wave of 264 blocks then covers 12 M tiles by 22
+# column tiles instead of 8 by 33, which reads fewer of W's rows from HBM per wave (W's halves, 105 MB at blog-a's shape,
+# do not fit L2). The GEMM alone on the H100 (benchmarks/results/2026-11-26-h100-f16x3-groups-2.json; -groups.json the
+# first sweep): 160 columns, groups of 8 / 12 / 16 / 20 / 24 / 32: blog-a 3.689 / 3.396 / 3.468 / 3.504 / 3.488 / 3.596 ms,
+# ds2-5l-bi's upper layers 0.745 / 0.694 / 0.689 / 0.683 / 0.689 / 0.687 (2 and 4 slower); 128 columns, 8 / 16 / 32:
+# b64-h1024 0.337 / 0.327 / 0.323, ds2-5l-bi's 0.797 / 0.734 / 0.748
+F16X3 = {bn: WgmmaConfig(bn=bn, warpgroups=1, k_chunks=2, stages=2, store_cols=2, group=12 if bn == 160 else 16) for bn in (160, 128, 96)}
 
 
 def default_config(mode: str, cols: int, K: int | None = None) -> WgmmaConfig:
