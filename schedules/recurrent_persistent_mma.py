@@ -233,7 +233,11 @@ def streaming_config(spec, cell, arch: str) -> MmaConfig | None:
     - the streamed chunks read from a copy in the ring's order (streamed_r, 2026-11-26-h100-stream-order.md): exact fp32
       14.56 against 15.59 ms, fp16 6.70 against 7.00; then in exact fp32 (2026-11-26-h100-blog-a-fp32-points.md) XW
       prefetched 14.36 against the default's 14.36, h outside the ring (6 more chunks resident) 16.9, that with 3
-      buffers 17.6.
+      buffers 17.6;
+    - the k_warps' partial sums in the ring's A buffers (SUMS_IN_RING, 2026-11-26-h100-sums-in-ring.md; 72 chunks
+      streamed in exact fp32, 50 in fp16): exact fp32 14.48 against 14.57 ms, fp16 6.19 against 6.67; then the batch
+      tiles and reduction splits again (2026-11-26-h100-blog-a-fp32-warps-session23.json): 4 x 2 split 4 ways 14.02,
+      2 x 4 split 2 ways 16.38, 4 x 2 split 2 ways 17.06, 1 x 8 split 2 ways 17.90.
     None where no wave of blocks holds H, or where R (every direction) would fit in a wave's shared memory: there more
     units per block than UNITS would keep it all resident, which is what tuning is for, and streaming has not been
     measured against that."""
