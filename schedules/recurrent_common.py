@@ -95,18 +95,9 @@ class KernelArgs:
     def declare_outputs(self, prefix: str = ""):
         s, H, D, seq, n = self.spec, self.spec.hidden_size, self.spec.num_directions, self.seq, self.batch
         state_shape = (D, n, H) if s.layout == 0 else (n, D, H)
-        if s.y_squeezed:  # the argument as the model's output takes it; declare_views gives the kernels the 4-D view
-            self.Y = T.arg(prefix + "Y", T.Buffer((seq, n, H), "float32"))
-        else:
-            self.Y = T.arg(prefix + "Y", T.Buffer((seq, D, n, H) if s.layout == 0 else (n, seq, D, H), "float32"))
+        self.Y = T.arg(prefix + "Y", T.Buffer((seq, D, n, H) if s.layout == 0 else (n, seq, D, H), "float32"))
         self.Yh = T.arg(prefix + "Yh", T.Buffer(state_shape, "float32"))
         self.Yc = T.arg(prefix + "Yc", T.Buffer(state_shape, "float32")) if "c" in self.cell.states else None
-
-    def declare_views(self):
-        """After the last argument (a view opens a frame, after which T.arg fails): with y_squeezed, Y's bytes as the
-        kernels index them, [seq, 1, batch, hidden]."""
-        if self.spec.y_squeezed:
-            self.Y = T.decl_buffer((self.seq, 1, self.batch, self.spec.hidden_size), "float32", data=self.Y.data)
 
     # -- index helpers (d, n, j, t are int64 PrimExprs) --
     def state_index(self, d, n, j):
@@ -288,7 +279,6 @@ def recurrent_prim_func(spec: RNNLayerSpec, cell: Cell, r_layout: str, emit_body
             T.func_name("rnn_recurrent")
             T.func_attr({"tirx.noalias": True})
             a.declare(r_layout, weight_dtype=weight_dtype, xw_dtype=xw_dtype)
-            a.declare_views()
             emit_body(a)
     return ib.get()
 

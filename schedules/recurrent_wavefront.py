@@ -139,8 +139,6 @@ def wavefront_prim_func(specs, cells, cfg: WavefrontConfig) -> tirx.PrimFunc:
                     a.seq_lens = layers[0].seq_lens if a.spec.has("sequence_lens") else None
             for i, a in enumerate(layers):
                 a.declare_outputs(prefix=f"l{i}_")
-            for a in layers:
-                a.declare_views()
             wavefront_body(layers, cfg)
     return ib.get()
 

@@ -56,9 +56,6 @@ class RNNLayerSpec:
     num_outputs: int = 1  # how many ONNX outputs the node lists (Y, Y_h, Y_c), empty names included
     dtype: str = "float32"
     precision: str = "exact"  # fp32 layers: "tf32" lets the CUDA kernels run on TF32 tensor cores (PRECISIONS)
-    # Y written as [seq, batch, hidden] (one direction, layout 0): the model's output, which the exporter's glue after the
-    # node made of it (frontend.outputs); the same bytes as [seq, 1, batch, hidden]. Not part of a tuning key
-    y_squeezed: bool = False
 
     @property
     def gates(self) -> int:

@@ -202,7 +202,7 @@ def _output_types(spec, cell, X) -> list:
     """Y, Y_h(, Y_c) as the kernel writes them (fp32), for X's seq and batch."""
     shape, H, D = X.ty.shape, spec.hidden_size, spec.num_directions
     seq, batch = (shape[0], shape[1]) if spec.layout == 0 else (shape[1], shape[0])
-    y_shape = [seq, batch, H] if spec.y_squeezed else [seq, D, batch, H] if spec.layout == 0 else [batch, seq, D, H]
+    y_shape = [seq, D, batch, H] if spec.layout == 0 else [batch, seq, D, H]
     s_shape = [D, batch, H] if spec.layout == 0 else [batch, D, H]
     return [relax.TensorType(y_shape, "float32")] + [relax.TensorType(s_shape, "float32")] * len(cell.states)
 

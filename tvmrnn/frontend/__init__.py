@@ -19,7 +19,6 @@ from tvm.relax.frontend.onnx import onnx_frontend
 
 from ..errors import UnsupportedModelError
 from .converters import RNN_CONVERTERS, ImportContext
-from .outputs import fold_output_glue
 from .stacks import find_chains
 
 
@@ -134,17 +133,12 @@ def import_onnx(model, target: tvm.target.Target, kernel: str = "auto", storage:
     kernel where the batch is bounded small enough)."""
     model = load_onnx(model)
     opset = model_opset(model)
-    chains = find_chains(model) if target.kind.name == "cuda" else {}
-    # outputs glued from a recurrent node's Y, written by its kernel in their shape (no copy); for now where the target
-    # is not CUDA (the CUDA kernels take the same change, but have not run it on a GPU yet)
-    squeezed = set()
-    if target.kind.name != "cuda":
-        model, squeezed = fold_output_glue(model, set(chains) | {m.index for ms in chains.values() for m in ms})
     model_outputs = {o.name for o in model.graph.output}
     copies = [tuple(o in model_outputs for o in n.output) for n in model.graph.node if n.op_type in RNN_CONVERTERS] \
         if graph_copies else None
     ctx = ImportContext(opset=opset, target=target, kernel=kernel, storage=storage, tuned=tuned, precision=precision,
-                        graph_copies=copies, chains=chains, dim_bounds=dict(dim_bounds or {}), squeezed=squeezed)
+                        graph_copies=copies, chains=find_chains(model) if target.kind.name == "cuda" else {},
+                        dim_bounds=dict(dim_bounds or {}))
     inputs = model_inputs(model)
     outputs = [_value_info(v) for v in model.graph.output]
     # the frontend prints each failing node's inputs to stdout; our errors already name the node

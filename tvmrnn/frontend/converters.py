@@ -8,7 +8,6 @@ importer passes them through a context variable.
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 from dataclasses import dataclass, field
 
 from tvm import relax
@@ -44,7 +43,6 @@ class ImportContext:
     # storage dtype its outputs are cast back from)
     stashed: dict = field(default_factory=dict)
     stacks: list = field(default_factory=list)  # why each chain does or does not run as a wavefront, for the log
-    squeezed: set = field(default_factory=set)  # indexes of the recurrent nodes whose Y is a model output [T, N, H] (outputs)
     current = contextvars.ContextVar("tvmrnn_import")
 
 
@@ -80,8 +78,6 @@ def _convert(op_type, bb, inputs, attr):
     spec = spec_from_node(op_type, name, normalize_attrs(attr), shapes, custom.get("num_outputs", 1), ctx.opset, dtype)
     convert = ctx.storage is not None and spec.dtype == "float32"
     spec = spec.compiled_as(ctx.storage, ctx.precision, cuda=ctx.target.kind.name == "cuda")
-    if index in ctx.squeezed:
-        spec = dataclasses.replace(spec, y_squeezed=True)
     if convert:  # the layer runs in the storage dtype; the graph around it stays fp32
         inputs = [bb.emit(relax.op.astype(x, ctx.storage)) if x is not None and i < 3 else x for i, x in enumerate(inputs)]
     ctx.layers.append(spec)

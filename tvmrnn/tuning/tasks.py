@@ -29,7 +29,6 @@ def layer_key(spec: RNNLayerSpec) -> dict:
     """The layer as the kernel sees it: everything but the node's name."""
     d = dataclasses.asdict(spec)
     d.pop("name")
-    d.pop("y_squeezed")  # Y's shape only: the same kernel
     if d["precision"] == "exact":
         d.pop("precision")  # keeps the keys of logs written before precision existed
     d["present"] = sorted(spec.present)
