@@ -3,22 +3,32 @@ at two commits and compare, to show which rows a change touched (no GPU needed; 
 
     PYTHONPATH=<checkout> python3 benchmarks/kernel_hashes.py OUT.json
 """
-import hashlib, json, sys
+
+import hashlib
+import json
+import sys
+
 import tvm
+
+from schedules import cooperative, recurrent_kernel
 from tvmrnn import bench
 from tvmrnn.cells import cell_for
 from tvmrnn.frontend.inspect import find_rnn_layers
-from schedules import cooperative, recurrent_kernel
-target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
-out = {}
+
+TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+
+
+def source_hash(spec) -> str:
+    kernel = recurrent_kernel(spec, cell_for(spec), TARGET)
+    source = tvm.tirx.build(kernel.func, target=TARGET, pipeline=cooperative.register()).imports[0].inspect_source()
+    return hashlib.sha256(source.encode()).hexdigest()[:12]
+
+
+hashes = {}
 for row in bench.ROWS:
     for dtype in ("float32", "float16"):
-        specs = {l.spec for l in find_rnn_layers(bench.onnx_model(bench.torch_module(row), row, dtype))}
-        hs = []
-        for spec in sorted(specs, key=repr):
-            k = recurrent_kernel(spec, cell_for(spec), target)
-            src = tvm.tirx.build(k.func, target=target, pipeline=cooperative.register()).imports[0].inspect_source()
-            hs.append(hashlib.sha256(src.encode()).hexdigest()[:12])
-        out[f"{row.name}/{dtype}"] = hs
-        print(row.name, dtype, hs, flush=True)
-json.dump(out, open(sys.argv[1], "w"), indent=1)
+        specs = {layer.spec for layer in find_rnn_layers(bench.onnx_model(bench.torch_module(row), row, dtype))}
+        hashes[f"{row.name}/{dtype}"] = [source_hash(spec) for spec in sorted(specs, key=repr)]
+        print(row.name, dtype, hashes[f"{row.name}/{dtype}"], flush=True)
+with open(sys.argv[1], "w") as f:
+    json.dump(hashes, f, indent=1)

@@ -184,9 +184,8 @@ def test_streamed_f16x3_points_build_without_a_gpu():
 
     spec = _spec(Case(op="LSTM", hidden=2560, input_size=8, optional=("initial_h",)))
     cell, target = cell_for(spec), tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
-    base = default_config("persistent_mma", spec, cell, target, 64)
-    assert base["streamed"] > 0 and base["halves"] == 1
-    point = base
+    point = default_config("persistent_mma", spec, cell, target, 64)
+    assert point["streamed"] > 0 and point["halves"] == 1
     cfg = MmaConfig(**dict(point.knobs))
     assert fits(spec, cell, "sm_90a", cfg) and not fits(spec, cell, "sm_90a", dataclasses.replace(cfg, ring=0, ring_h=0))
     src = tvm.tirx.build(point_kernel(spec, cell, target, point, 4, 64), target=target, pipeline=cooperative.register()).imports[0].inspect_source()
