@@ -58,6 +58,15 @@ ROWS = [
     Row("b8-h1024-l2", "LSTM", 100, 8, 1024, 1024, 2),
     Row("b64-h1024-l2", "LSTM", 100, 64, 1024, 1024, 2),
 ]
+# one layer, input size = H, 1000 steps: the per-step cost at small batch, where cuDNN's persistent algorithms are fastest
+STEP_ROWS = [
+    Row("step-lstm-h256-b1", "LSTM", 1000, 1, 256, 256),
+    Row("step-lstm-h512-b1", "LSTM", 1000, 1, 512, 512),
+    Row("step-lstm-h1024-b1", "LSTM", 1000, 1, 1024, 1024),
+    Row("step-gru-h1024-b1", "GRU", 1000, 1, 1024, 1024),
+    Row("step-lstm-h1024-b8", "LSTM", 1000, 8, 1024, 1024),
+    Row("step-lstm-h1024-b64", "LSTM", 1000, 64, 1024, 1024),
+]
 CPU_ROWS = ("ds2-lstm", "ds2-gru", "lat-b1-h512-l2")
 # torch's gate order -> ONNX's: LSTM (i, f, g, o) -> (i, o, f, c); GRU (r, z, n) -> (z, r, h)
 _ORDER = {"LSTM": [0, 3, 1, 2], "GRU": [1, 0, 2]}
@@ -167,16 +176,10 @@ def bench_gpu_row(row: Row, kernels=("stepwise", "auto"), repeats=20, warmup=5, 
     events = lambda: (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))  # noqa: E731
     result = {"row": row.name, "dtype": dtype, "gflop": row.flops() / 1e9}
     if cudnn is not None:
-        result.update({k: cudnn[k] for k in ("cudnn_tf32_ms", "cudnn_fp32_ms")})
+        result.update({k: v for k, v in cudnn.items() if k.startswith("cudnn_")})
         xs, ref = cudnn["_inputs"], cudnn["_reference"]
     else:
-        net = module.cuda().to(tdtype)
-        with torch.no_grad():
-            for setting, tf32 in (("cudnn_tf32", True), ("cudnn_fp32", False)):
-                torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
-                result[setting + "_ms"] = _median_ms(lambda x: net(x), xs, repeats, warmup, torch.cuda.synchronize, events)
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-            ref = net(xs[0])[0].float().cpu().numpy()
+        ref = _time_cudnn(module, row, xs, tdtype, dtype, repeats, warmup, events, result)
     # bounded to the row's shape, as a deployment would be, so the run replays as one CUDA graph (tvmrnn.cuda_graph)
     bounded = {"max_dims": {"seq": row.T, "batch": row.N}}
     for kernel in kernels:
@@ -196,7 +199,7 @@ def bench_gpu_row(row: Row, kernels=("stepwise", "auto"), repeats=20, warmup=5, 
         result[f"{kernel}_kernel"] = choice
         result[f"{kernel}_rel_err"] = _rel_err(ours, ref)
         result[f"{kernel}_ms"] = _median_ms(compiled.invoke, dev_inputs, repeats, warmup, torch.cuda.synchronize, events)
-    best_cudnn = min(result["cudnn_tf32_ms"], result["cudnn_fp32_ms"])
+    best_cudnn, result["best_cudnn"] = min((v, k[:-3]) for k, v in result.items() if k.startswith("cudnn_") and k.endswith("_ms"))
     # the speed-up is exact fp32's (or the model's half precision); TF32, an opt-in, gets its own
     ours_ms = min(result[f"{k}_ms"] for k in kernels if f"{k}_ms" in result and k != "tf32")
     if "tuned_ms" in result and "auto_ms" in result:
@@ -207,6 +210,29 @@ def bench_gpu_row(row: Row, kernels=("stepwise", "auto"), repeats=20, warmup=5, 
                   us_per_step_layer=ours_ms * 1e3 / (row.T * row.layers), tflops=row.flops() / (ours_ms * 1e-3) / 1e12)
     result["_inputs"], result["_reference"] = xs, ref  # for a later call's `cudnn=`; keys with "_" are not written
     return result
+
+
+def _time_cudnn(module, row: Row, xs, tdtype, dtype, repeats, warmup, events, result: dict):
+    """cuDNN on the row in every setting we know of, into `result`: PyTorch eager and replayed from a CUDA graph, each
+    with TF32 allowed and not, and cuDNN's own algorithms (persistent ones included) through cudnnRNNForward. Returns
+    the reference output (cuDNN in exact fp32 math, or the row's half precision)."""
+    import torch
+
+    from .cudnn_anchors import AnchorError, cuda_graph_ms, cudnn_algorithms
+
+    net = module.cuda().to(tdtype)
+    with torch.no_grad():
+        for setting, tf32 in (("tf32", True), ("fp32", False)):
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+            result[f"cudnn_{setting}_ms"] = _median_ms(lambda x: net(x), xs, repeats, warmup, torch.cuda.synchronize, events)
+            result[f"cudnn_graph_{setting}_ms"] = cuda_graph_ms(net, xs, repeats, warmup)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        ref = net(xs[0])[0].float().cpu().numpy()
+    try:
+        result.update(cudnn_algorithms(row.cell, row.H, row.I, row.N, row.T, row.layers, row.D, dtype, repeats))
+    except AnchorError as err:  # the table says why the persistent anchors are missing
+        result["cudnn_algorithms_error"] = str(err)
+    return ref
 
 
 def bench_cpu_row(row: Row, repeats=5, warmup=1) -> dict:
@@ -260,7 +286,13 @@ def environment(gpu: bool) -> dict:
 GPU_COLUMNS = [("row", "row"), ("dtype", "dtype"), ("stepwise_ms", "stepwise ms"), ("persistent_ms", "persistent ms"), ("tiled_ms", "tiled ms"), ("mma_ms", "mma ms"),
                ("persistent_mma_ms", "persistent_mma ms"), ("auto_ms", "auto ms"),
                ("tuned_ms", "tuned ms"), ("tuned_speedup", "tuned ÷ auto"),
-               ("cudnn_tf32_ms", "cuDNN TF32 ms"), ("cudnn_fp32_ms", "cuDNN fp32 ms"), ("speedup", "speed-up"),
+               ("cudnn_tf32_ms", "cuDNN TF32 ms"), ("cudnn_fp32_ms", "cuDNN fp32 ms"),
+               ("cudnn_graph_tf32_ms", "cuDNN graph TF32 ms"), ("cudnn_graph_fp32_ms", "cuDNN graph fp32 ms"),
+               ("cudnn_persist_static_default_ms", "cuDNN persist. static ms"),
+               ("cudnn_persist_dynamic_default_ms", "cuDNN persist. dynamic ms"),
+               ("cudnn_persist_static_tensor_ms", "cuDNN persist. static fp16 ms"),
+               ("cudnn_persist_dynamic_tensor_ms", "cuDNN persist. dynamic fp16 ms"),
+               ("best_cudnn_ms", "best cuDNN ms"), ("best_cudnn", "best cuDNN"), ("speedup", "speed-up"),
                ("us_per_step_layer", "µs/step/layer"), ("tflops", "TFLOP/s"), ("auto_rel_err", "rel. err"),
                ("tf32_ms", "TF32 ms"), ("tf32_speedup", "TF32 speed-up"), ("tf32_rel_err", "TF32 rel. err")]
 CPU_COLUMNS = [("row", "row"), ("ours_ms", "ours ms"), ("onnxruntime_ms", "ONNX Runtime ms"), ("torch_ms", "PyTorch ms"),

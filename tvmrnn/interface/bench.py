@@ -20,13 +20,13 @@ class BenchArgs:
 
 
 def bench_command(args: BenchArgs, echo=print) -> list[dict]:
-    known = {r.name: r for r in bench.ROWS}
+    known = {r.name: r for r in bench.ROWS + bench.STEP_ROWS}
     unknown = [r for r in args.rows if r not in known]
     if unknown:
         raise InputError(f"unknown benchmark row(s) {unknown}; rows are {list(known)}")
     echo(f"tvmrnn bench\n  {args}")
     gpu = args.device == "gpu"
-    rows = [known[r] for r in (args.rows or (known if gpu else bench.CPU_ROWS))]
+    rows = [known[r] for r in (args.rows or ([r.name for r in bench.ROWS] if gpu else bench.CPU_ROWS))]
     jobs = [(row, dtype) for row in rows for dtype in (args.dtypes if gpu else ("float32",))]
     env = bench.environment(gpu)
     columns = bench.GPU_COLUMNS if gpu else bench.CPU_COLUMNS
