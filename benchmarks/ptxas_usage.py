@@ -2,10 +2,10 @@
 
     PYTHONPATH=. python3 benchmarks/ptxas_usage.py [ROW ...]     (DTYPES=float32 to filter)
 
-`ptxas_usage.py wgmma M K COLS` reports projection_wgmma's points of benchmarks/projection_staged.py (every mode) at
+`ptxas_usage.py wgmma M K COLS` reports projection_wgmma's points of benchmarks/gemm_bench.py (every mode) at
 that shape instead, on sm_90a.
 
-POINTS (environment, JSON knob dicts of persistent_mma, as benchmarks/kernel_variants.py takes them, streamed "fewest"
+POINTS (environment, JSON knob dicts of persistent_mma, as MmaConfig takes them, streamed "fewest"
 included) reports those points instead of the default, skipping the ones that do not fit the row: a sweep checked for
 spills before it takes device time.
 

@@ -1,4 +1,4 @@
-"""The points of projection_wgmma that benchmarks/projection_staged.py times and benchmarks/ptxas_usage.py checks for
+"""The points of projection_wgmma that benchmarks/gemm_bench.py times and benchmarks/ptxas_usage.py checks for
 registers and spills (no GPU), by mode: names as the benchmark prints them."""
 
 from schedules.projection_wgmma import WgmmaConfig

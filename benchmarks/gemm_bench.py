@@ -1,14 +1,14 @@
-"""The staged tensor-core projection (schedules/projection_staged.py) beside the kernels the build uses and cuBLAS.
+"""The input-projection GEMMs (XW = X @ W^T + bias) at each benchmark row's shape, beside cuBLAS.
 
-    PYTHONPATH=. python3 benchmarks/projection_staged.py [SHAPE ...]
+    PYTHONPATH=.:benchmarks python3 benchmarks/gemm_bench.py [SHAPE ...]        -> $OUT/gemm_bench.json
 
-Per benchmark row's projection shape (M = T*N, K, cols): in fp16, projection_mma (what fp16 layers
-build with) against projection_staged's configs and cuBLAS (torch.matmul, fp16); in fp32,
-projection_cuda (the exact SIMT GEMM fp32 layers build with) against projection_staged in 3xTF32
-(exact fp32 on tensor cores) and TF32, and cuBLAS with TF32 off and on. Every result is checked
-against float64 before it is timed (TVM time_evaluator, median of 5 x 3; cuBLAS: CUDA events,
-median of 10). DTYPES=float32 (environment) runs one dtype; WGMMA=regex the wgmma points named so; XW=float16 the
-fp16 GEMMs' XW in fp16, as compile builds half layers (cuBLAS fp16 writes fp16 too). Writes $OUT/projection_staged.json.
+Shapes are the rows' projections (M = T*N, K, cols). fp16: cuBLAS, projection_mma, projection_wgmma's points
+(wgmma_points.py) and projection_staged's. fp32: cuBLAS with TF32 off and on, the SIMT projection_cuda, and the
+tensor-core modes (TF32, 3xTF32, f16x3 with the cost of X's halves) of projection_wgmma and projection_staged. Every
+result is checked against float64 on a poisoned output before it is timed (TVM time_evaluator, median of 5 x 3;
+cuBLAS: CUDA events, median of 10).
+Environment: DTYPES=float32 one dtype; WGMMA=regex only the wgmma points named so; STAGED=default of the staged points
+only compile's default, STAGED=none none; XW=float16 the fp16 GEMMs' XW in fp16, as compile builds half layers.
 """
 
 import json
@@ -32,7 +32,7 @@ SHAPES = {"lat-b1-h512": (100, 512, 2048), "lat-b1-h1024": (100, 1024, 4096), "b
           "ds2-gru": (6000, 800, 2400),
           "b64-h1024": (6400, 1024, 4096), "ds2-5l-bi l1+": (6000, 1600, 6400), "blog-a": (12800, 2560, 10240)}
 # today's defaults (64 x 128 and 128 x 64 register-staged; the other register-staged points measured on 2026-11-23 lost
-# to them and are in benchmarks/results/2026-11-23-h100-projection-staged.md), then the cp.async ring (stages) with
+# to them and are in benchmarks/results/archive/2026-11-23-h100-projection-staged.md), then the cp.async ring (stages) with
 # grouped rasterization (group): warp tiles up to 64 x 64, blocks up to 128 x 256
 STAGED = {"64x128 (2x4 warps, 2x4 tiles)": StagedConfig(mt=2), "128x64 (4x2 warps, 2x4 tiles)": StagedConfig(warps_m=4, warps_n=2, mt=2),
           "64x128 (2x4 warps, 2x4 tiles) s3 g8": StagedConfig(mt=2, stages=3, group=8),
@@ -104,7 +104,7 @@ def keep(shape, dtype, name, ms, err, flop):
     results.append({"shape": shape, "dtype": dtype, "kernel": name, "ms": ms, "rel_err": err,
                     "tflops": None if ms is None else flop / ms / 1e9})
     print(results[-1], flush=True)
-    with open(os.path.join(OUT, "projection_staged.json"), "w") as f:
+    with open(os.path.join(OUT, "gemm_bench.json"), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(0), "results": results}, f, indent=1)
 
 
