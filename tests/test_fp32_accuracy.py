@@ -1,11 +1,11 @@
 """Exact fp32 at a benchmark row's size: a batch-1 LSTM of H=1024 over 100 steps (lat-b1-h1024) and a GRU, against
-the float64 reference, on fresh inputs at batch 1, 3 and 20; the issue's bound for float32 is 1e-5 relative.
+the float64 reference, on fresh inputs at batch 1, 3 and 20; the project's bound for float32 is 1e-5 relative.
 
 Small test layers pass at 1e-4 while a long, wide one shows what the rounding adds up to: on the H100 this row ran
 1.09e-5 off float64 (our CPU build of the same model: 9.2e-7): the CUDA epilogue used the fast-math tanhf/expf TVM
 builds with. Now the CUDA epilogue of exact-fp32 layers computes its activations itself (recurrent_cuda.accurate_math;
 tests/test_kernels.py checks that its kernels call no fast-math function), and on the H100 this row is 4.5e-7 off
-(benchmarks/results/2026-11-24-h100-fp32-error-after-accurate-math.txt); the cuda cases passed there.
+(benchmarks/results/archive/2026-11-24-h100-fp32-error-after-accurate-math.txt); the cuda cases passed there.
 """
 
 from __future__ import annotations

@@ -105,8 +105,8 @@ def test_exact_fp32_on_tensor_cores_is_fp32_accurate():
     """Exact fp32 on tensor cores (per-step mma: 3xTF32, high and low TF32 parts; persistent_mma: f16x3, fp16 halves of
     scaled operands) against the float64 reference: relative error under 1e-5, and within 4x the SIMT kernel's on the
     same inputs. (On the H100,
-    2026-11-24: SIMT 2.8e-7, 3xTF32 7.8e-7 with one accumulator, chunk_acc's default since session 10; the 2x this
-    test asked before was measured with chunk_acc on, benchmarks/results/2026-11-24-h100-pytest-gpu-rest.txt.)"""
+    2026-11-24: SIMT 2.8e-7, 3xTF32 7.8e-7 with one accumulator, chunk_acc off by default since that day; the 2x this
+    test asked before was measured with chunk_acc on, benchmarks/results/archive/2026-11-24-h100-pytest-gpu-rest.txt.)"""
     case = Case(op="LSTM", optional=("B", "initial_h", "initial_c"), hidden=512, input_size=64)
     feeds = case.feeds(np.random.default_rng(9), 12, 24)
     ref = case.reference(feeds)

@@ -1,6 +1,6 @@
 """`tvmrnn serve`: the real server on a loopback port, spoken to over HTTP.
 
-Models compile once per session; one server (process-isolated workers, as deployed) serves them to
+Models compile once per pytest session; one server (process-isolated workers, as deployed) serves them to
 most tests. Covered: v2 metadata, JSON and binary infer, streaming state over 20 chunks against one
 whole-sequence run, dynamic batching (seen in /metrics), padding of different lengths, every kind of
 bad input answered with a 4xx v2 error and followed by a good request, a crashing input, sequence
