@@ -27,10 +27,11 @@ pytest_ids() {  # pytest_ids FILE SECONDS LOG: pytest -m gpu on the node ids in 
 pytest_gpu() {  # pytest_gpu [N] [PYTEST ARGS]
   local shards=4; [[ ${1:-} =~ ^[0-9]+$ ]] && { shards=$1; shift; }
   [ $# -eq 0 ] && set -- tests/
-  python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep "^tests/.*::" > "$OUT/gpu_ids.txt"
-  rm -f "$OUT"/gpu_shard.*; split -n "r/$shards" -d "$OUT/gpu_ids.txt" "$OUT/gpu_shard."
-  echo "$(wc -l < "$OUT/gpu_ids.txt") GPU tests in $shards processes"
-  for f in "$OUT"/gpu_shard.*; do  # 4 processes take the suite in ~450 s on 16 cores; 6 contend and take longer
+  local ids; ids=$(mktemp -d)
+  python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep "^tests/.*::" > "$ids/all"
+  split -n "r/$shards" -d "$ids/all" "$ids/shard."
+  echo "$(wc -l < "$ids/all") GPU tests in $shards processes"
+  for f in "$ids"/shard.*; do  # 4 processes take the suite in ~450 s on 16 cores; 6 contend and take longer
     pytest_ids "$f" "${TESTS_S:-540}" "$OUT/pytest_gpu_${f##*.}.txt" &
   done
   wait
@@ -92,5 +93,5 @@ case "$verb" in
   tune) tune "$@" ;;
   load-test) timeout 560 python3 benchmarks/load_test.py --out "$OUT" "$@" 2>&1 | tee "$OUT/load_test_log.txt" | tail -20 ;;
   kernel-hashes) timeout 560 python3 benchmarks/kernel_hashes.py "${1:-$OUT/kernel_hashes.json}" 2>&1 | quiet | tail -20 ;;
-  *) sed -n '2,16p' "$0"; exit 2 ;;
+  *) sed -n '2,15p' "$0"; exit 2 ;;
 esac
