@@ -259,7 +259,11 @@ def signature_kernel(spec, cell, target, emit_body, seq: int, batch: int) -> tir
 
 def recurrent_kernel(spec, cell, target, choice: str = "auto", tuned: dict | None = None) -> RecurrentKernel:
     """The recurrent kernel of one layer for `target`, marked scheduled so generic schedulers leave it alone."""
-    plan = plan_kernel(spec, cell, target, choice, tuned)
+    return planned_kernel(spec, cell, target, plan_kernel(spec, cell, target, choice, tuned))
+
+
+def planned_kernel(spec, cell, target, plan: KernelPlan) -> RecurrentKernel:
+    """The recurrent kernel that runs a plan (plan_kernel's) made before."""
     func, layout = _prim_func(spec, cell, target, plan.branches)
     # op_pattern 8 (opaque): FuseOps must not merge it with neighbours
     return RecurrentKernel(func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8}), layout, plan)
