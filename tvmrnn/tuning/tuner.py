@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
+from schedules.space import default_config, in_space, kinds, knob_space
+
 from . import search
 from .logs import FAILED, open_database, target_dir
 from .progress import Progress, TaskStats
@@ -57,8 +59,6 @@ def _seed_defaults(ctxs, tasks, target, db, builder, runner) -> tuple[list[float
     """Measure each task's default point of each kind and store them as records.
 
     Returns each task's best default seconds, its default points, and the number of trials run."""
-    from schedules.space import default_config, in_space
-
     pending, best = [], [None] * len(tasks)  # (task index, workload, schedule, args_info)
     points = [set() for _ in tasks]
     for ti, (ctx, task) in enumerate(zip(ctxs, tasks)):
@@ -98,8 +98,6 @@ TASK_SCHEDULER = "round-robin"
 
 
 def space_size(task, target, choice) -> int:
-    from schedules.space import kinds, knob_space
-
     total = 0
     for kind in kinds(task.spec, task.cell, target, choice):
         n = 1
