@@ -137,7 +137,7 @@ def plan_stack(specs: list, target, kernel: str, tuned: list, batch_bound: int |
     return stack_kernel(specs, [cell_for(s) for s in specs], target, kernel, tuned, batch_bound)
 
 
-def _chain(model_opset_, first: int, members, found, specs: dict, plan_args) -> ChainPlan:
+def _chain(opset: int, first: int, members, found, specs: dict, plan_args) -> ChainPlan:
     target, options, tuned, enforced = plan_args
     head = specs[first]
     seq, batch = _seq_batch(head, found[first].x_shape)
@@ -147,7 +147,7 @@ def _chain(model_opset_, first: int, members, found, specs: dict, plan_args) -> 
         below = chain[-1]
         try:
             chain.append(_member_spec(m, (seq, batch, below.num_directions * below.hidden_size), found[first].spec.dtype,
-                                      model_opset_, options))
+                                      opset, options))
         except UnsupportedModelError as err:  # the node says so itself at its own plan
             return ChainPlan(layers, (head.name, m.node.name or m.node.op_type), tuple(chain), tuple(members), batch, None, str(err))
     bound = batch if isinstance(batch, int) else enforced.get(batch)
@@ -171,10 +171,10 @@ def plan_model(model, target, options: PlanOptions = PlanOptions(), logs=None, r
     (tuning.logs.TuningLogs) whose points the layers of their shapes run, or None for the defaults. refuse: raise the
     first unsupported node's error (compile); False plans the supported layers and lists the rest (inspect)."""
     model = load_onnx(model)
+    graph = _graph_plan(model, target, options)  # (bad bounds are refused first, as they name no node)
     found = find_rnn_layers(model)
     if refuse:
         _refuse(found)
-    graph = _graph_plan(model, target, options)
     cuda, opset = target.kind.name == "cuda", model_opset(model)
     tuned = logs.best if logs is not None else (lambda spec: None)
     specs = {i: f.spec.compiled_as(options.storage, options.precision, cuda) for i, f in enumerate(found) if f.supported}
