@@ -530,6 +530,72 @@ def test_tritonclient_http(server, reference):
     c.close()
 
 
+def test_triton_config_and_stats_routes(server, client, reference):
+    """tritonclient's get_model_config and get_inference_statistics, against what the server did."""
+    httpclient = pytest.importorskip("tritonclient.http")
+    c = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+    kws = c.get_model_config("kws_gru")
+    assert kws["name"] == "kws_gru" and kws["backend"] == "tvmrnn" and kws["max_batch_size"] == 16  # the server's limit
+    assert kws["input"] == [{"name": "mfcc", "data_type": "TYPE_FP32", "dims": [-1, 40]}]  # batch axis 0: left out, as Triton
+    assert kws["output"] == [{"name": "keyword_logits", "data_type": "TYPE_FP32", "dims": [12]}]
+    assert kws["dynamic_batching"]["max_queue_delay_microseconds"] == 20000 and "sequence_batching" not in kws
+    stream = c.get_model_config("streaming_lstm", model_version="1")
+    assert stream["max_batch_size"] == 0 and stream["parameters"]["batch_dim"]["string_value"] == "batch"  # batched on axis 1
+    assert stream["input"][0] == {"name": "chunk", "data_type": "TYPE_FP32", "dims": [-1, -1, 40]}
+    assert [(s["input_name"], s["output_name"]) for s in stream["sequence_batching"]["state"]] == [("h_in", "h_out"), ("c_in", "c_out")]
+    assert c.get_model_config("lstm_lm")["input"][0]["data_type"] == "TYPE_INT64"
+
+    def stats():
+        (entry,) = c.get_inference_statistics("kws_gru")["model_stats"]
+        return entry
+
+    before = stats()
+    feeds_list = [kws_input(300 + i) for i in range(8)]
+    for feeds, r in zip(feeds_list, _concurrently(server, "kws_gru", feeds_list)):
+        assert r.status_code == 200, r.text
+    infer(client, "kws_gru", {"mfcc": np.zeros((1, 2, 41), "float32")}, check=False)  # a failure
+    after = stats()
+    got = after["inference_stats"]
+    assert after["name"] == "kws_gru" and after["inference_count"] - before["inference_count"] == 8
+    assert 1 <= after["execution_count"] - before["execution_count"] <= 8
+    assert got["success"]["count"] - before["inference_stats"]["success"]["count"] == 8
+    assert got["fail"]["count"] - before["inference_stats"]["fail"]["count"] == 1
+    for key in ("queue", "compute_input", "compute_infer", "compute_output"):
+        assert got[key]["count"] - before["inference_stats"][key]["count"] == 8, key
+        assert got[key]["ns"] > before["inference_stats"][key]["ns"], key
+    assert got["success"]["ns"] > got["compute_infer"]["ns"] > 0
+    assert {m["name"] for m in c.get_inference_statistics()["model_stats"]} == set(MODELS)
+    r = client.get("/v2/models/nope/config")
+    assert r.status_code == 404 and "nope" in r.json()["error"]
+    c.close()
+
+
+def test_merge_pads_to_a_bucket_and_split_drops_the_filler(modules):
+    """A GPU runner's batches are padded to a bucket of rows and assembled into kept buffers; lengths of filler rows are 1."""
+    from tvmrnn.runtime import metadata_path
+    from tvmrnn.serve.signature import build_signature
+
+    with open(metadata_path(modules["rnn_forecast"])) as f:
+        sig = build_signature("f", json.load(f))
+    assert sig.pad_dim == "seq"
+    kept = {}
+    buffers = lambda name, shape, dtype: kept.setdefault((name, shape), np.full(shape, 7, dtype))  # noqa: E731
+    requests = [forecast_input(1, 3, batch=2), forecast_input(2, 5)]
+    merged, plan = sig.merge(requests, 4, buffers)
+    series, lengths = merged
+    assert series.shape == (5, 4, 8) and series is kept[("series", (5, 4, 8))] and plan.width == 4
+    np.testing.assert_array_equal(series[:3, :2], requests[0]["series"])
+    np.testing.assert_array_equal(series[3:, :2], 0)
+    np.testing.assert_array_equal(series[:, 2:3], requests[1]["series"])
+    np.testing.assert_array_equal(series[:, 3], 0)
+    np.testing.assert_array_equal(lengths, [*requests[0]["lengths"], *requests[1]["lengths"], 1])
+    forecast = np.arange(4 * 4, dtype="float32").reshape(4, 4)  # [batch, 4]: two rows, one row, one filler
+    first, second = sig.split([forecast], plan)
+    np.testing.assert_array_equal(first["forecast"], forecast[:2])
+    np.testing.assert_array_equal(second["forecast"], forecast[2:3])
+    assert second["forecast"].base is None  # an array of its own: the batch's buffers are reused
+
+
 def test_bounded_module_is_served_within_its_bounds(tmp_path):
     """A module compiled with max_dims: a request past a bound gets 400 naming the dim, and concurrent requests are merged,
     but only up to the batch bound (a larger merged batch would be refused by the module), each answered right."""
