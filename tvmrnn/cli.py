@@ -163,20 +163,24 @@ def bench_cmd(cpu, rows, repeats, kernels, dtypes, out_dir):
 @click.option("--max-sequences", default=1024, show_default=True, help="live streaming sequences, all models together; more get 429")
 @click.option("--state", "state", multiple=True, metavar="MODEL:INPUT=OUTPUT",
               help="a recurrent state pair of MODEL, replacing the NAME_in/NAME_out rule for it (repeatable)")
-@click.option("--isolation", default="process", show_default=True, type=click.Choice(["process", "thread"]),
-              help="process: each model runs in a worker process restarted if an input crashes it; thread: in the server")
+@click.option("--isolation", default="auto", show_default=True, type=click.Choice(["auto", "process", "thread"]),
+              help="process: each model runs in a worker process restarted if an input crashes it; thread: in the server's "
+                   "process; auto: process for models with index inputs (token ids), thread for the others")
+@click.option("--http-workers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="HTTP worker processes; more than 1 runs each model in an engine process that batches for all of them")
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="TVM CPU threads per model worker (default: TVM's)")
 @click.option("--device", default=None, type=click.Choice(["cpu", "cuda"]), help="run on this device (default: the module's target)")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--graceful-timeout-s", default=30.0, show_default=True, help="on SIGTERM/SIGINT, how long in-flight requests get to finish")
 @_fail_cleanly
 def serve_cmd(modules, host, port, max_batch_size, max_delay_ms, max_request_bytes, sequence_idle_s, max_sequences, state,
-              isolation, threads, device, log_level, graceful_timeout_s):
+              isolation, http_workers, threads, device, log_level, graceful_timeout_s):
     """Serve compiled MODULES (.so) over HTTP: the KServe/Triton v2 protocol, dynamic batching, streaming state, /metrics."""
     from .interface.serve import ServeArgs, serve_command
 
     serve_command(ServeArgs(tuple(modules), host, port, max_batch_size, max_delay_ms, max_request_bytes, sequence_idle_s,
-                            max_sequences, tuple(state), isolation, device, log_level, graceful_timeout_s, threads=threads))
+                            max_sequences, tuple(state), isolation, device, log_level, graceful_timeout_s, threads=threads,
+                            http_workers=http_workers))
 
 
 if __name__ == "__main__":
