@@ -504,6 +504,72 @@ def test_graceful_shutdown_finishes_in_flight_requests(modules, reference):
             proc.wait()
 
 
+def _start_cli_server(paths, *options):
+    proc = subprocess.Popen([sys.executable, "-m", "tvmrnn", "serve", *paths, "--port", "0", *options], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+    for line in proc.stdout:
+        m = re.search(r"on (http://[\d.]+:\d+)/v2", line)
+        if m:
+            return proc, m.group(1)
+    raise AssertionError(proc.stderr.read())
+
+
+def _children(proc, word):
+    import psutil
+
+    return [p for p in psutil.Process(proc.pid).children(recursive=True) if word in " ".join(p.cmdline())]
+
+
+def test_http_workers_share_one_engine_per_model(modules, reference):
+    """--http-workers 2: requests over many connections (so both workers) are batched together by the model's engine, a
+    sequence's chunks on fresh connections keep their state, bad requests get 4xx, an engine that dies is restarted, and
+    SIGTERM stops every process."""
+    paths = [modules[n] for n in ("kws_gru", "streaming_lstm", "lstm_lm")]
+    proc, url = _start_cli_server(paths, "--http-workers", "2", "--max-delay-ms", "50", "--max-batch-size", "16")
+    try:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            deadline = time.monotonic() + 60
+            while c.get("/v2/health/ready").status_code != 200:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert len(_children(proc, "tvmrnn.serve.cluster")) == 2 and len(_children(proc, "tvmrnn.serve.engine")) == 3
+            feeds_list = [kws_input(400 + i) for i in range(24)]
+            for feeds, r in zip(feeds_list, _concurrently(type("S", (), {"url": url}), "kws_gru", feeds_list)):
+                assert r.status_code == 200, r.text
+                assert_close(as_arrays(r), reference["kws_gru"].run(feeds))
+            stats = c.get("/v2/models/kws_gru/stats").json()["model_stats"][0]
+            assert stats["inference_count"] == 24 and stats["execution_count"] < 24, stats  # one engine batched for both workers
+            audio = np.random.default_rng(15).standard_normal((12, 1, 40)).astype("float32")
+            outs = []
+            for i, chunk in enumerate(np.split(audio, 4)):
+                with httpx.Client(base_url=url, timeout=60) as fresh:  # a new connection each: any worker
+                    params = {"sequence_id": "w", "sequence_start": i == 0, "sequence_end": i == 3}
+                    outs.append(as_arrays(infer(fresh, "streaming_lstm", {"chunk": chunk}, params))["out"])
+            zeros = np.zeros((1, 1, 96), "float32")
+            want = reference["streaming_lstm"].run({"chunk": audio, "h_in": zeros, "c_in": zeros})["out"]
+            np.testing.assert_allclose(np.concatenate(outs), want, rtol=1e-4, atol=1e-5)
+            bad = infer(c, "lstm_lm", {"tokens": np.array([[10**6]], "int64")}, check=False)
+            assert bad.status_code == 400 and "[-1000, 999]" in bad.json()["error"]
+            assert c.post("/v2/models/kws_gru/infer", content=b"{").status_code == 400
+            tokens = {"tokens": np.array([[3], [4]], "int64")}
+            assert_close(as_arrays(infer(c, "lstm_lm", tokens)), reference["lstm_lm"].run(tokens))
+            (engine,) = [p for p in _children(proc, "tvmrnn.serve.engine") if "kws_gru" in " ".join(p.cmdline())]
+            engine.kill()
+            deadline = time.monotonic() + 120
+            while infer(c, "kws_gru", feeds_list[0], check=False).status_code != 200:  # 503 until it is back
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            assert_close(as_arrays(infer(c, "kws_gru", feeds_list[0])), reference["kws_gru"].run(feeds_list[0]))
+        children = _children(proc, "tvmrnn.serve")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert not any(p.is_running() and p.status() != "zombie" for p in children)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 # -- an existing v2 client ---------------------------------------------------------------------------
 def test_tritonclient_http(server, reference):
     httpclient = pytest.importorskip("tritonclient.http")

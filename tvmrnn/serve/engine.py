@@ -6,10 +6,9 @@ the model has index inputs, as `workers.make_runner` decides), keeps the streami
 batches the requests of every HTTP worker together; its batches run on its event loop (nothing else waits for it).
 HTTP workers reach it through `RemoteCore` over a Unix socket.
 
-Frames on the socket: an 8-byte prefix (JSON head length, tensor bytes length, little-endian uint32), the JSON head,
-then the tensors' raw bytes, back to back in the order the head lists them (`tensors`: [name, dtype, shape]); never
-pickled. A request's head carries its id, sequence parameters, v2 datatypes and whether its HTTP worker checked it
-already; an answer's head its id and HTTP status, and an error message or the outputs.
+The socket carries `frames` (a JSON head and the tensors' raw bytes; never pickled). A request's head carries its id,
+sequence parameters, v2 datatypes and whether its HTTP worker checked it already; an answer's head its id and HTTP
+status, and an error message or the outputs.
 """
 
 from __future__ import annotations
@@ -19,51 +18,18 @@ import dataclasses
 import itertools
 import json
 import logging
-import math
 import os
 import signal
-import struct
 import sys
 import threading
 
 import numpy as np
 
+from .frames import decode_tensors, encode_frame, read_frame
 from .protocol import ProtocolError
 
 log = logging.getLogger("tvmrnn.serve")
-_PREFIX = struct.Struct("<II")
 _CONNECT_TIMEOUT_S = 300.0
-
-
-# -- frames -----------------------------------------------------------------------------------------
-def encode_frame(head: dict, tensors: dict[str, np.ndarray] | None = None) -> bytes:
-    blobs = []
-    if tensors:
-        arrays = [np.ascontiguousarray(a) for a in tensors.values()]
-        head["tensors"] = [[n, a.dtype.str, list(a.shape)] for n, a in zip(tensors, arrays)]
-        blobs = [a.tobytes() for a in arrays]
-    head_bytes = json.dumps(head).encode()
-    data = b"".join(blobs)
-    return b"".join([_PREFIX.pack(len(head_bytes), len(data)), head_bytes, data])
-
-
-def decode_tensors(head: dict, data: bytes) -> dict[str, np.ndarray]:
-    out, offset = {}, 0
-    for name, dtype, shape in head.get("tensors", ()):
-        dtype, count = np.dtype(dtype), math.prod(shape)
-        out[name] = np.frombuffer(data, dtype, count, offset).reshape(shape)
-        offset += count * dtype.itemsize
-    return out
-
-
-async def read_frame(reader: asyncio.StreamReader) -> tuple[dict, bytes] | None:
-    """The next frame, or None at the end of the stream."""
-    try:
-        head_len, data_len = _PREFIX.unpack(await reader.readexactly(_PREFIX.size))
-        body = await reader.readexactly(head_len + data_len)
-    except (asyncio.IncompleteReadError, ConnectionError):
-        return None
-    return json.loads(body[:head_len]), body[head_len:]
 
 
 # -- the HTTP worker's side -----------------------------------------------------------------------------

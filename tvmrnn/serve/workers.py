@@ -6,8 +6,10 @@ vocabulary, say) can make it read out of bounds and crash the process. With proc
 kills only the model's worker: the runner reports `WorkerCrashed`, starts a fresh worker and the
 batcher re-runs the batch's requests one by one, so only the request that crashes it fails.
 
-Both runners are called from one thread per model (the batcher's executor), never from the event loop.
-The worker loads the module with `tvmrnn.runtime.load_module` only, from a path given at start.
+A runner runs one batch at a time for its model's batcher: in the batcher's executor thread, or on the event loop of
+the model's engine process (`engine.py`), which has nothing else to do meanwhile. Tensors travel to and from a worker
+process as frames (`frames.py`), never pickled. The worker loads the module with `tvmrnn.runtime.load_module` only,
+from a path given at start.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import InputError
+from .frames import decode_frame, decode_tensors, encode_frame
 
 _START_TIMEOUT_S = 300.0
 _MAX_CACHED_SHAPES = 256  # buffers kept per input shape (buckets x lengths); past it the cache starts over
@@ -134,7 +137,7 @@ class InProcessRunner:
 
 
 def _worker_main(path: str, device: str | None, conn) -> None:
-    """The worker process: load the module, then answer [arrays] -> ("ok", [arrays], phases) | ("input_error"|"error", message)."""
+    """The worker process: load the module, then answer frames of inputs with frames of outputs (or an error message)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server decides when we stop
     try:
         runner = InProcessRunner(path, device)
@@ -144,18 +147,19 @@ def _worker_main(path: str, device: str | None, conn) -> None:
     conn.send(("ready", runner.metadata))
     while True:
         try:
-            msg = conn.recv()
+            msg = conn.recv_bytes()
         except (EOFError, OSError):  # the server went away
             return
-        if msg is None:
+        if not msg:
             return
         try:
-            outs = runner.run(msg)
-            conn.send(("ok", outs, runner.phases))
+            outs = runner.run(list(decode_tensors(*decode_frame(msg)).values()))
+            reply = encode_frame({"status": "ok", "phases": runner.phases}, {str(i): a for i, a in enumerate(outs)})
         except InputError as err:
-            conn.send(("input_error", str(err)))
+            reply = encode_frame({"status": "input_error", "message": str(err)})
         except Exception as err:  # noqa: BLE001 - the parent turns it into a 500 for this batch
-            conn.send(("error", f"{type(err).__name__}: {err}"))
+            reply = encode_frame({"status": "error", "message": f"{type(err).__name__}: {err}"})
+        conn.send_bytes(reply)
 
 
 class ProcessRunner:
@@ -201,20 +205,20 @@ class ProcessRunner:
             if self._proc.poll() is not None:  # died while idle (killed from outside): not this batch's fault
                 self._restart(f"exit code {self._proc.returncode} while idle")
             try:
-                self._conn.send(inputs)
-                status, payload, *phases = self._conn.recv()
+                self._conn.send_bytes(encode_frame({}, {str(i): a for i, a in enumerate(inputs)}))
+                head, data = decode_frame(self._conn.recv_bytes())
             except (EOFError, OSError):
                 code = self._wait()
                 how = (f"signal {signal.Signals(-code).name}" if code is not None and code < 0 and -code in signal.valid_signals()
                        else f"exit code {code}")
                 self._restart(how)
                 raise WorkerCrashed(f"model {self.name!r} crashed ({how})") from None
-        if status == "ok":
-            self.phases = phases[0]
-            return payload
-        if status == "input_error":
-            raise InputError(payload)
-        raise RuntimeError(payload)
+        if head["status"] == "ok":
+            self.phases = head["phases"]
+            return [a.copy() for a in decode_tensors(head, data).values()]  # writable, as the module's own outputs
+        if head["status"] == "input_error":
+            raise InputError(head["message"])
+        raise RuntimeError(head["message"])
 
     def _restart(self, how: str) -> None:
         self.restarts += 1
@@ -239,7 +243,7 @@ class ProcessRunner:
     def close(self) -> None:
         with self._lock:
             try:
-                self._conn.send(None)
+                self._conn.send_bytes(b"")
             except OSError:
                 pass
             self._wait(10)
