@@ -510,8 +510,14 @@ def _start_cli_server(paths, *options):
     for line in proc.stdout:
         m = re.search(r"on (http://[\d.]+:\d+)/v2", line)
         if m:
-            return proc, m.group(1)
-    raise AssertionError(proc.stderr.read())
+            break
+    else:
+        raise AssertionError(proc.stderr.read())
+    deadline = time.monotonic() + 300
+    while httpx.get(m.group(1) + "/v2/health/ready", timeout=60).status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return proc, m.group(1)
 
 
 def _children(proc, word):
@@ -528,10 +534,6 @@ def test_http_workers_share_one_engine_per_model(modules, reference):
     proc, url = _start_cli_server(paths, "--http-workers", "2", "--max-delay-ms", "50", "--max-batch-size", "16")
     try:
         with httpx.Client(base_url=url, timeout=60) as c:
-            deadline = time.monotonic() + 60
-            while c.get("/v2/health/ready").status_code != 200:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
             assert len(_children(proc, "tvmrnn.serve.cluster")) == 2 and len(_children(proc, "tvmrnn.serve.engine")) == 3
             feeds_list = [kws_input(400 + i) for i in range(24)]
             for feeds, r in zip(feeds_list, _concurrently(type("S", (), {"url": url}), "kws_gru", feeds_list)):
