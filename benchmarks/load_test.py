@@ -19,7 +19,7 @@ subprocess on a free loopback port, then per model:
 Errors are non-200 answers and answers that differ from the direct call's (rtol 1e-4, --atol). The profile section splits
 a served request's time from the server's own statistics (/v2/models/NAME/stats and /metrics): queue, input (assembly and
 copies to the device), infer, output (copies back and split), and the rest of a request's time in the server (HTTP,
-decoding, the hop to the model's engine). Prints and writes benchmarks/results/DATE-serve-load-TARGET.{json,md}.
+decoding, the hop to the model's engine). Prints and writes benchmarks/results/DEVICE-serve-load.{json,md} (cpu, h100, ...).
 """
 
 from __future__ import annotations
@@ -270,6 +270,19 @@ def measure(pool, url: str, model: str, paths, args) -> dict:
     return row
 
 
+def device_label(target: str, name: str) -> str:
+    """The results file's device: cpu, or the GPU's model (h100, a100, l4, ...)."""
+    m = re.search(r"\b([A-Z]{1,2}\d{2,4})\b", name) if target == "cuda" else None
+    return m.group(1).lower() if m else ("cpu" if target == "cpu" else "cuda")
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
+
+
 def device_name(target: str) -> str:
     if target == "cuda":
         import tvm
@@ -296,14 +309,15 @@ def main():
         proc.send_signal(signal.SIGTERM)
         proc.wait(120)
     meta = json.load(open(os.path.splitext(paths[MODELS[0]])[0] + ".json"))
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "tvmrnn": tvmrnn.__version__,
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit(),
+           "tvmrnn": tvmrnn.__version__,
            "python": platform.python_version(), "host": platform.node(), "cores": os.cpu_count(),
            "target": meta["target"], "target_kind": meta["target_kind"], "device": device_name(args.target),
            "max_dims": meta.get("max_dims"), "cuda_graph": meta.get("cuda_graph"),
            "max_batch_size": args.max_batch_size, "max_delay_ms": args.max_delay_ms, "isolation": args.isolation,
            "http_workers": args.http_workers, "client_procs": args.client_procs, "tvm_threads": args.threads or "default",
            "kws_frames": args.frames, "stream_chunk": args.chunk, "transport": "HTTP/1.1 loopback, binary tensors, aiohttp clients"}
-    write(args.out, results, env, "python benchmarks/load_test.py " + " ".join(sys.argv[1:]), args.target)
+    write(args.out, results, env, "python benchmarks/load_test.py " + " ".join(sys.argv[1:]), device_label(args.target, env["device"]))
     ok = all(r["errors"] == 0 and r.get("half_rate_errors", 0) == 0 for r in results)
     print("zero-error check:", "PASS" if ok else "FAIL")
     sys.exit(0 if ok else 1)
@@ -328,12 +342,12 @@ def _table(results: list[dict], columns) -> list[str]:
                for r in results])
 
 
-def write(out_dir: str, results: list[dict], env: dict, command: str, target: str) -> None:
+def write(out_dir: str, results: list[dict], env: dict, command: str, device: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, f"{env['date'][:10]}-serve-load-{target}")
+    stem = os.path.join(out_dir, f"{device}-serve-load")
     with open(stem + ".json", "w") as f:
         json.dump({"environment": env, "command": command, "results": results}, f, indent=1)
-    lines = [f"Run {env['date']} with `{command}`", "", "```", json.dumps(env, indent=1), "```", "", *_table(results, COLUMNS)]
+    lines = [f"Run {env['date']} at {env['commit']} with `{command}`", "", "```", json.dumps(env, indent=1), "```", "", *_table(results, COLUMNS)]
     if "half_rate_rps" in results[0]:
         lines += ["", "At half the served rate (open loop):", "", *_table(results, HALF_COLUMNS)]
     lines += ["", "Where a served request's time goes (the server's own statistics, means):", "", *_table(results, PROFILE_COLUMNS)]
