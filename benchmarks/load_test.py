@@ -209,11 +209,18 @@ def start_server(paths: list[str], args) -> tuple[subprocess.Popen, str]:
     else:
         raise SystemExit(f"the server did not start (exit code {proc.wait()})")
     deadline = time.monotonic() + 300
-    while httpx.get(url + "/v2/health/ready").status_code != 200:
+    while not _ready(url):  # HTTP workers may still be starting: the socket accepts, nobody answers yet
         if time.monotonic() > deadline:
             raise SystemExit("the server did not get ready")
         time.sleep(0.1)
     return proc, url
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/v2/health/ready", timeout=60).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def server_stats(url: str, model: str) -> dict[str, float]:
