@@ -514,10 +514,14 @@ def _start_cli_server(paths, *options):
     else:
         raise AssertionError(proc.stderr.read())
     deadline = time.monotonic() + 300
-    while httpx.get(m.group(1) + "/v2/health/ready", timeout=60).status_code != 200:
+    while True:  # HTTP workers may still be starting: the socket accepts, nobody answers yet
+        try:
+            if httpx.get(m.group(1) + "/v2/health/ready", timeout=60).status_code == 200:
+                return proc, m.group(1)
+        except httpx.HTTPError:
+            pass
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    return proc, m.group(1)
 
 
 def _children(proc, word):
