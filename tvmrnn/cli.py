@@ -165,7 +165,7 @@ def bench_cmd(cpu, rows, repeats, kernels, dtypes, out_dir):
               help="a recurrent state pair of MODEL, replacing the NAME_in/NAME_out rule for it (repeatable)")
 @click.option("--isolation", default="auto", show_default=True, type=click.Choice(["auto", "process", "thread"]),
               help="process: each model runs in a worker process restarted if an input crashes it; thread: in the server's "
-                   "process; auto: process for models with index inputs (token ids), thread for the others")
+                   "process; auto: thread for GPU models without index inputs (token ids), process for the others")
 @click.option("--http-workers", default=1, show_default=True, type=click.IntRange(min=1),
               help="HTTP worker processes; more than 1 runs each model in an engine process that batches for all of them")
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="TVM CPU threads per model worker (default: TVM's)")

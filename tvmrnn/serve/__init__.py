@@ -4,7 +4,7 @@
 |---|---|
 | `protocol` | v2 JSON and binary tensor codec, error bodies |
 | `signature` | what a model's metadata says about batching, padding and recurrent state |
-| `workers` | where batches run: this process, or a worker process (crash-isolated, for models with index inputs); GPU buffers |
+| `workers` | where batches run: this process, or a worker process (crash-isolated); GPU buffers |
 | `batcher` | dynamic batching per model (GPU batches padded to buckets) |
 | `sequences` | streaming state of live sequences |
 | `core` | one model's inference: checks, streaming state, batching |

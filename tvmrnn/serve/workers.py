@@ -1,5 +1,5 @@
-"""Where a model's batches run: in a worker process of its own or in this process (`auto`: a worker process for
-models with index inputs, this process for the others).
+"""Where a model's batches run: in a worker process of its own or in this process (`auto`: this process for GPU
+modules without index inputs, a worker process for the others).
 
 A compiled module trusts its inputs: an integer input used as an index (a token id beyond the
 vocabulary, say) can make it read out of bounds and crash the process. With process isolation that
@@ -254,18 +254,22 @@ class ProcessRunner:
 ISOLATIONS = ("auto", "process", "thread")
 
 
-def needs_isolation(metadata: dict) -> bool:
-    """A module with index inputs (token ids into a table: model.json's index_bounds) is the one an input can crash."""
-    return bool(metadata.get("index_bounds"))
+def in_process_by_default(metadata: dict, device: str | None) -> bool:
+    """`auto`: a GPU module without index inputs runs in the serving process (a batch is two copies and a graph launch;
+    a process hop would be most of it). A module with index inputs (token ids into a table: model.json's index_bounds)
+    is the one an input can crash, and a CPU module's thread pool took longer per batch beside the server's event loop
+    than in a process of its own (kws_gru, 2 cores), so both get a worker process."""
+    on_gpu = metadata.get("target_kind") == "cuda" and device != "cpu"
+    return on_gpu and not metadata.get("index_bounds")
 
 
 def make_runner(path: str, isolation: str, device: str | None, name: str, threads: int | None = None):
-    """auto: a worker process for modules with index inputs, this process for the others."""
+    """isolation: process, thread, or auto (in_process_by_default)."""
     if isolation == "auto":
         from ..runtime import metadata_path
 
         with open(metadata_path(path)) as f:
-            isolation = "process" if needs_isolation(json.load(f)) else "thread"
+            isolation = "thread" if in_process_by_default(json.load(f), device) else "process"
     if isolation == "process":
         return ProcessRunner(path, device, name, threads)
     if isolation == "thread":
