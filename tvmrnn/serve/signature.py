@@ -339,31 +339,15 @@ def build_signature(name: str, metadata: dict, state: list[tuple[str, str]] | No
     return sig
 
 
-def probe_feeds(sig: Signature, sizes: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs for a start-up probe: floats ~N(0,1), integers 0 (in range of any table they index), sequence lengths full."""
-    rng = np.random.default_rng(seed)
-    lens = {sl.lens: sl for sl in sig.checker.sequence_lens}
-    shapes = {i["name"]: [d if isinstance(d, int) else sizes.get(d, 1) for d in i["shape"]] for i in sig.inputs}
-    feeds = {}
-    for info in sig.inputs:
-        name, shape = info["name"], shapes[info["name"]]
-        if name in lens:
-            feeds[name] = np.full(shape, shapes[lens[name].x][lens[name].seq_axis], info["dtype"])
-        elif np.issubdtype(np.dtype(info["dtype"]), np.floating):
-            feeds[name] = rng.standard_normal(shape).astype(info["dtype"])
-        else:
-            feeds[name] = np.zeros(shape, info["dtype"])
-    return feeds
-
-
 def padding_is_exact(sig: Signature, run: Callable[[list[np.ndarray]], list[np.ndarray]], seed: int = 0) -> bool:
     """Run two rows padded to a longer length and alone; True when the outputs agree (so padding may be used)."""
     if sig.pad_dim is None:
         return False
     short, long_ = 3, 5
-    feeds = probe_feeds(sig, {sig.batch_dim: 2, sig.pad_dim: short}, seed)
+    feeds = random_inputs(sig.checker, {sig.batch_dim: 2, sig.pad_dim: short}, seed, {})
     for lens in (sl.lens for sl in sig.checker.sequence_lens):  # one row shorter than the padded length, one full
         if lens in feeds:
+            feeds[lens] = feeds[lens].copy()
             feeds[lens][-1] = short - 1
     alone = run([feeds[n] for n in sig.input_names])
     pad_axes = sig.axes[sig.pad_dim]
