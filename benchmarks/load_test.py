@@ -211,6 +211,8 @@ def start_server(paths: list[str], args) -> tuple[subprocess.Popen, str]:
     deadline = time.monotonic() + 300
     while not _ready(url):  # HTTP workers may still be starting: the socket accepts, nobody answers yet
         if time.monotonic() > deadline:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
             raise SystemExit("the server did not get ready")
         time.sleep(0.1)
     return proc, url
