@@ -18,6 +18,8 @@ from tvm.relax.frontend.onnx import onnx_frontend
 
 from ..errors import UnsupportedModelError
 from .converters import converters
+from .loops import rewrite_recurrent_loops
+from .reverse import REVERSE_CONVERTERS
 
 
 @dataclass
@@ -38,6 +40,11 @@ class RelaxModel:
 
 
 def load_onnx(model) -> onnx.ModelProto:
+    """The model as the planner and importer take it: recurrent Loops as recurrent nodes (loops.py)."""
+    return rewrite_recurrent_loops(_read_onnx(model))
+
+
+def _read_onnx(model) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         return model
     if not os.path.exists(model):
@@ -62,7 +69,7 @@ def _our_converters(plan):
     ours = converters(plan)
 
     def convert_map():
-        return {**original(), **ours}
+        return {**original(), **ours, **REVERSE_CONVERTERS}
 
     onnx_frontend._get_convert_map = convert_map
     try:
