@@ -25,7 +25,7 @@ from ..errors import UnsupportedModelError
 _PASS_THROUGH = {"Identity", "Cast"}  # ops a constant's root is found through, besides slicing
 _SLICING = {"Slice", "Split", "Squeeze", "Unsqueeze", "Gather"}
 _SHAPE_KEEPING = {"Identity", "Cast", "ReverseSequence", "Sigmoid", "Tanh", "Relu", "Neg"}
-_ACTIVATIONS = {"Sigmoid", "Tanh", "Relu", "HardSigmoid", "Elu", "LeakyRelu"}
+_ACTIVATIONS = {"Sigmoid", "Tanh", "Relu", "HardSigmoid", "Elu", "LeakyRelu", "Clip", "Softsign", "Softplus"}
 _STEP_TOL = 1e-4
 
 
@@ -226,14 +226,12 @@ def _root_const(b: _Graph, name):
 
 def _extract_cell(step: _Step, b: _Graph) -> _Cell:
     matmuls = [n for n in step.body.node if n.op_type == "MatMul"]
-    inputs = [n for n in matmuls if n.input[0] == step.x_step]
-    if len(inputs) != 1:
-        raise _NotACell(f"{len(inputs)} MatMuls read x_t, not one")
-    w_name, kernel = _root_const(b, inputs[0].input[1])
-    roots = {_root_const(b, n.input[1])[0] for n in matmuls if n is not inputs[0]}
-    if kernel is None or len(roots) != 1 or None in roots:
-        raise _NotACell("its input and recurrent weights are not one constant each")
-    r_name, recurrent = _root_const(b, roots.pop())
+    reads_x = [n.input[0] == step.x_step for n in matmuls]
+    x_roots = {_root_const(b, n.input[1])[0] for n, x in zip(matmuls, reads_x) if x}
+    h_roots = {_root_const(b, n.input[1])[0] for n, x in zip(matmuls, reads_x) if not x}
+    if len(x_roots) != 1 or len(h_roots) != 1 or None in x_roots | h_roots:
+        raise _NotACell("the MatMuls reading x_t and those reading the state do not take one constant each")
+    (w_name, kernel), (r_name, recurrent) = _root_const(b, x_roots.pop()), _root_const(b, h_roots.pop())
     if kernel.ndim != 2 or recurrent.ndim != 2 or recurrent.shape[1] % recurrent.shape[0]:
         raise _NotACell(f"weights of shapes {kernel.shape} and {recurrent.shape} are not a cell's")
     hidden = recurrent.shape[0]
@@ -360,7 +358,10 @@ def _verify(step: _Step, b: _Graph, cell: _Cell, width: int):
     want = [want_h, want_c] if k == 0 else [want_c, want_h]
     err = max(float(np.max(np.abs(g - w))) for g, w in zip(got, want))
     if not err <= _STEP_TOL:
-        raise _NotACell(f"one step of its body differs from an ONNX {cell.op} cell with the weights found by {err:.3g}")
+        acts = sorted({n.op_type for n in step.body.node if n.op_type in _ACTIVATIONS} - {"Sigmoid", "Tanh"})
+        extra = f" (it applies {', '.join(acts)}; supported are ONNX's default activations)" if acts else ""
+        raise _NotACell(f"one step of its body differs from an ONNX {cell.op} cell with the weights found by "
+                        f"{err:.3g}{extra}")
     return k
 
 
