@@ -195,7 +195,6 @@ def _scan_step(node, g: _Graph) -> _Step:
     for a in ("scan_input_axes", "scan_input_directions", "scan_output_axes", "scan_output_directions"):
         if any(_attr(node, a, [0])):
             raise _NotACell(f"its {a} is not all 0")
-    b = _Graph(body, g)
     step = _Step(body, node.input[n_state], body.input[n_state].name, [], [], [])
     for b_in, b_out, initial, out in zip(body.input[:n_state], body.output[:n_state], node.input[:n_state], node.output):
         if b_out.name == b_in.name:
@@ -206,7 +205,6 @@ def _scan_step(node, g: _Graph) -> _Step:
             step.states.append((b_in.name, b_out.name, initial))
             step.finals.append((out, b_in.name))
     step.scans = [(o.name, out) for o, out in zip(body.output[n_state:], node.output[n_state:])]
-    del b
     return step
 
 
