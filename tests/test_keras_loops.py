@@ -23,6 +23,7 @@ CASES = {  # file -> the recurrent ops it must import as
     "lstm_loop_state": ["LSTM"],
     "simple_rnn_seq": ["RNN"],
     "gru_backwards": ["GRU"],
+    "gru_dense_seq": ["GRU"],  # Dense on the sequence: tf2onnx's Tensordot, imported as one MatMul
     "bi_gru_lstm": ["GRU", "GRU", "LSTM"],
 }
 

@@ -40,7 +40,7 @@ def build(package_dir, reset_after=True):
     hidden = w["enc_w_hh"].shape[1]
     encoder = keras.layers.GRU(hidden, return_state=True, reset_after=reset_after)
     decoder = keras.layers.GRU(hidden, return_sequences=True, reset_after=reset_after)
-    head = keras.layers.EinsumDense("btc,cd->btd", (None, w["fc_b"].size), bias_axes="d", name="logits")  # keras_madmom: why
+    head = keras.layers.Dense(w["fc_b"].size, name="logits")
     _, state = encoder(enc_emb(graphemes))
     logits = head(decoder(dec_emb(phonemes), initial_state=state))
     model = keras.Model([graphemes, phonemes], logits)

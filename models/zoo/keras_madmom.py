@@ -111,10 +111,7 @@ def build(package_dir, **_):
         out = both(out, initial_state=states)
         grus += [(both.forward_layer, layer.fwd_layer), (both.backward_layer, layer.bwd_layer)]
     head = net.layers[-1]
-    # per-frame head as an EinsumDense (ONNX Einsum): a Dense on a sequence exports as Tensordot, whose run-time
-    # Reshape sizes (products of dynamic dims) TVM's ONNX frontend cannot take yet
-    dense = keras.layers.EinsumDense("btc,cd->btd", (None, head.bias.size), bias_axes="d", activation="sigmoid",
-                                     name="activations")
+    dense = keras.layers.Dense(head.bias.size, activation="sigmoid", name="activations")
     out = dense(out)
     model = keras.Model(x, out)
     for keras_layer, madmom_layer in grus:

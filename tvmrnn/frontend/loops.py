@@ -427,7 +427,7 @@ def rewrite_recurrent_loops(model: onnx.ModelProto) -> onnx.ModelProto:
     UnsupportedModelError naming the node and why.
     """
     graph = model.graph
-    rewritten = ("Loop", "Scan", "ReverseSequence")
+    rewritten = ("Loop", "Scan", "ReverseSequence", "Reshape")
     if not any(n.op_type in rewritten for n in graph.node) and not _last_step_squeezes(_Graph(graph)):
         return model
     model = onnx.ModelProto.FromString(model.SerializeToString())
@@ -448,9 +448,20 @@ def rewrite_recurrent_loops(model: onnx.ModelProto) -> onnx.ModelProto:
     del graph.node[:]
     graph.node.extend(new_nodes)
     _gather_last_steps(graph)
+    _dense_on_sequence(graph, _ranks(model))
     _full_length_reversals(graph)
     _drop_dead_nodes(graph)
     return model
+
+
+def _ranks(model: onnx.ModelProto) -> dict:
+    """Each value's rank, where ONNX shape inference finds one."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # noqa: BLE001 - inference is a help here, never a requirement
+        return {}
+    infos = list(inferred.value_info) + list(inferred.input) + list(inferred.output)
+    return {v.name: len(v.type.tensor_type.shape.dim) for v in infos if v.type.tensor_type.HasField("shape")}
 
 
 def _drop_dead_nodes(graph: onnx.GraphProto):
@@ -532,3 +543,68 @@ def _gather_last_steps(graph: onnx.GraphProto):
             out.append(n)
     del graph.node[:]
     graph.node.extend(out)
+
+
+# -- Keras' Dense on a sequence: tf2onnx's Tensordot -------------------------------------------------------------------
+
+class _ShapeOf:
+    """Shape(t), its rank not needed until indexed."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+def _int_vector(g: _Graph, name):
+    """A 1-D int value as a list of ints and dims ((tensor, axis), canonical), through the shape ops tf2onnx writes;
+    None where it is anything else."""
+    value = g.const(name)
+    if value is not None:
+        return [int(v) for v in value.reshape(-1)] if value.dtype.kind in "iu" and value.ndim <= 1 else None
+    node = g.producer.get(name)
+    if node is None:
+        return None
+    op = node.op_type
+    if op in ("Cast", "Identity"):
+        return _int_vector(g, node.input[0])
+    if op == "Shape":
+        return None if node.attribute else _ShapeOf(node.input[0])
+    if op == "Concat":
+        parts = [_int_vector(g, i) for i in node.input]
+        return None if any(not isinstance(p, list) for p in parts) else [v for p in parts for v in p]
+    if op == "Unsqueeze":
+        return _int_vector(g, node.input[0])
+    if op == "ReduceProd":  # one entry (its value is not needed, only where it stands)
+        data = _int_vector(g, node.input[0])
+        return [("prod", tuple(data))] if isinstance(data, list) and not _attr(node, "keepdims", 1) else None
+    if op == "Gather":
+        data, index = _int_vector(g, node.input[0]), g.const(node.input[1])
+        if data is None or index is None or _attr(node, "axis", 0) != 0 or index.ndim > 1 or (index < 0).any():
+            return None
+        if isinstance(data, _ShapeOf):
+            return [_canonical_dim(g, data.tensor, int(i)) for i in index.reshape(-1)]
+        return [data[int(i)] for i in index.reshape(-1)] if max(index.reshape(-1), default=0) < len(data) else None
+    return None
+
+
+def _dense_on_sequence(graph: onnx.GraphProto, ranks: dict):
+    """Reshape(MatMul(Reshape(x, [a, C]), W[C, K]), x.shape[:-1] + [K]) -> MatMul(x, W): Keras' Dense on a sequence
+    as tf2onnx writes it (tf.tensordot), whose run-time Reshape sizes TVM's ONNX frontend cannot take. The outer
+    Reshape succeeds only where a = prod(x.shape[:-1]) and x's last dim is C, so both forms agree wherever the
+    model runs."""
+    g = _Graph(graph)
+    for n in graph.node:
+        if n.op_type != "Reshape":
+            continue
+        matmul = g.producer.get(n.input[0])
+        inner = g.producer.get(matmul.input[0]) if matmul is not None and matmul.op_type == "MatMul" else None
+        weight = g.const(matmul.input[1]) if inner is not None else None
+        if inner is None or inner.op_type != "Reshape" or weight is None or weight.ndim != 2:
+            continue
+        x, s1, s2 = inner.input[0], _int_vector(g, inner.input[1]), _int_vector(g, n.input[1])
+        if not isinstance(s1, list) or len(s1) != 2 or not isinstance(s2, list) or ranks.get(x) != len(s2):
+            continue
+        if s2[:-1] == [_canonical_dim(g, x, i) for i in range(len(s2) - 1)] and s2[-1] == weight.shape[1]:
+            del n.input[:]
+            n.input.extend([x, matmul.input[1]])
+            n.op_type = "MatMul"
+            del n.attribute[:]

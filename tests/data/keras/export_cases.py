@@ -27,6 +27,7 @@ def _layers():
         "simple_rnn_seq": lambda x: keras.layers.SimpleRNN(UNITS, return_sequences=True)(x),
         "bi_gru_lstm": lambda x: keras.layers.Bidirectional(keras.layers.LSTM(6))(
             keras.layers.Bidirectional(keras.layers.GRU(UNITS, return_sequences=True, **gru0))(x)),
+        "gru_dense_seq": lambda x: keras.layers.Dense(3)(keras.layers.GRU(UNITS, return_sequences=True)(x)),
         "gru_backwards": lambda x: keras.layers.GRU(UNITS, go_backwards=True, return_sequences=True, **gru0)(x),
         "lstm_hard_sigmoid": lambda x: keras.layers.LSTM(UNITS, recurrent_activation="hard_sigmoid")(x),
     }
