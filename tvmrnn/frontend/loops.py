@@ -8,8 +8,9 @@ recurrent kernel [H, G*H], bias [G*H] or [2, G*H]) and re-laid out in ONNX's gat
 evaluated with onnx.reference on random x and states, must match one step of the ONNX cell with those weights:
 whatever the pattern matching assumed, a loop is only replaced by a node that computes the same thing.
 
-Also here: tf2onnx's last-step `Slice` [-1:] (or [0:1]) + `Squeeze` on the same axis becomes a `Gather` of that index,
-whose extent Relax knows even where the axis is symbolic.
+Also here, the other forms tf2onnx writes around Keras' recurrent layers: the last-step `Slice` [-1:] (or [0:1]) +
+`Squeeze` on the same axis becomes a `Gather` of that index (its extent known where the axis is symbolic), a Dense on a
+sequence (`Tensordot`) one MatMul, and `ReverseSequence` over the full length is marked for a flip (reverse.py).
 """
 
 from __future__ import annotations
@@ -64,12 +65,15 @@ class _Graph:
         self.graph, self.outer = graph, outer
         self.aliases = aliases or {}  # a body's inputs passed through unchanged -> the loop's inputs they are
         self.producer = {o: n for n in graph.node for o in n.output if o}
-        self.consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+        self.initializers = {i.name: i for i in graph.initializer}  # read as arrays where asked for
+        self.consts = {}
         for n in graph.node:
             if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
                 self.consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
 
     def const(self, name):
+        if name in self.initializers and name not in self.consts:
+            self.consts[name] = numpy_helper.to_array(self.initializers[name])
         if name in self.consts:
             return self.consts[name]
         if name in self.aliases:
@@ -421,14 +425,16 @@ def _replace_loop(node, g: _Graph, used: set):
 
 
 def rewrite_recurrent_loops(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with each recurrent Loop/Scan as an ONNX LSTM/GRU/RNN node and last-step slices as Gathers.
+    """The model with each recurrent Loop/Scan as an ONNX LSTM/GRU/RNN node, last-step slices as Gathers, Dense
+    layers on sequences as MatMuls and full-length ReverseSequences marked as flips.
 
-    Returns the model itself when it has neither. A Loop/Scan that is not a cell step raises one
+    Returns the model itself when it has none of these. A Loop/Scan that is not a cell step raises one
     UnsupportedModelError naming the node and why.
     """
     graph = model.graph
-    rewritten = ("Loop", "Scan", "ReverseSequence", "Reshape")
-    if not any(n.op_type in rewritten for n in graph.node) and not _last_step_squeezes(_Graph(graph)):
+    g = _Graph(graph)
+    if not any(n.op_type in ("Loop", "Scan", "ReverseSequence") for n in graph.node) and not _last_step_squeezes(g) \
+            and not any(_reshaped_matmul(g, n) for n in graph.node):
         return model
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
@@ -586,6 +592,16 @@ def _int_vector(g: _Graph, name):
     return None
 
 
+def _reshaped_matmul(g: _Graph, node):
+    """(MatMul, inner Reshape, W) where node is Reshape(MatMul(Reshape(x), W const 2-D)); None otherwise."""
+    if node.op_type != "Reshape":
+        return None
+    matmul = g.producer.get(node.input[0])
+    inner = g.producer.get(matmul.input[0]) if matmul is not None and matmul.op_type == "MatMul" else None
+    weight = g.const(matmul.input[1]) if inner is not None and inner.op_type == "Reshape" else None
+    return (matmul, inner, weight) if weight is not None and weight.ndim == 2 else None
+
+
 def _dense_on_sequence(graph: onnx.GraphProto, ranks: dict):
     """Reshape(MatMul(Reshape(x, [a, C]), W[C, K]), x.shape[:-1] + [K]) -> MatMul(x, W): Keras' Dense on a sequence
     as tf2onnx writes it (tf.tensordot), whose run-time Reshape sizes TVM's ONNX frontend cannot take. The outer
@@ -593,13 +609,10 @@ def _dense_on_sequence(graph: onnx.GraphProto, ranks: dict):
     model runs."""
     g = _Graph(graph)
     for n in graph.node:
-        if n.op_type != "Reshape":
+        found = _reshaped_matmul(g, n)
+        if found is None:
             continue
-        matmul = g.producer.get(n.input[0])
-        inner = g.producer.get(matmul.input[0]) if matmul is not None and matmul.op_type == "MatMul" else None
-        weight = g.const(matmul.input[1]) if inner is not None else None
-        if inner is None or inner.op_type != "Reshape" or weight is None or weight.ndim != 2:
-            continue
+        matmul, inner, weight = found
         x, s1, s2 = inner.input[0], _int_vector(g, inner.input[1]), _int_vector(g, n.input[1])
         if not isinstance(s1, list) or len(s1) != 2 or not isinstance(s2, list) or ranks.get(x) != len(s2):
             continue
