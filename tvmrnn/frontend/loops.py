@@ -433,8 +433,8 @@ def rewrite_recurrent_loops(model: onnx.ModelProto) -> onnx.ModelProto:
     """
     graph = model.graph
     g = _Graph(graph)
-    if not any(n.op_type in ("Loop", "Scan", "ReverseSequence") for n in graph.node) and not _last_step_squeezes(g) \
-            and not any(_reshaped_matmul(g, n) for n in graph.node):
+    if not any(n.op_type in ("Loop", "Scan") or _lengths_given(n) or _reshaped_matmul(g, n) for n in graph.node) \
+            and not _last_step_squeezes(g):
         return model
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
@@ -482,6 +482,10 @@ def _drop_dead_nodes(graph: onnx.GraphProto):
     inits = [i for i in graph.initializer if i.name in used]
     del graph.initializer[:]
     graph.initializer.extend(inits)
+
+
+def _lengths_given(node):
+    return node.op_type == "ReverseSequence" and len(node.input) > 1 and node.input[1] != ""
 
 
 def _full_length_reversals(graph: onnx.GraphProto):
