@@ -26,6 +26,7 @@ from .cuda_graph import annotate as annotate_bounds
 from .cuda_graph import captured as graph_captured
 from .errors import UnsupportedModelError
 from .frontend import load_onnx, model_opset, to_relax
+from .graph_pipeline import graph_pipeline
 from .plan import ModelPlan, PlanOptions, plan_model
 from .runtime import FORMAT, Module, metadata_path
 from .tuning.logs import TuningLogs, default_logs_dir
@@ -131,7 +132,7 @@ def pipeline(target, plan: ModelPlan) -> tvm.transform.Pass:
        (FoldConstant: TVM's default pipeline does not fold them, and they ran at every call), and the functions that
        only computed them go (DeadCodeElimination: no dead kernels, e.g. W's scaled fp16 halves for the f16x3 GEMM);
     2. main's symbolic dims bounded where the module enforces bounds (and allowed into the CUDA graph where it has one);
-    3. TVM's default pipeline for the target (dlight schedules the generic ops on CUDA)."""
+    3. TVM's backend pipeline for the target with the graph's other layers scheduled (tvmrnn.graph_pipeline)."""
     bounds = plan.graph.bounds if plan.graph.bounds is not None else plan.graph.enforced
 
     @tvm.transform.module_pass(opt_level=0, name="tvmrnn.AnnotateBounds")
@@ -139,13 +140,7 @@ def pipeline(target, plan: ModelPlan) -> tvm.transform.Pass:
         return annotate_bounds(mod, dict(bounds)) if plan.graph.bounds is not None or bounds else mod
 
     return tvm.transform.Sequential([relax.transform.FoldConstant(), relax.transform.DeadCodeElimination(), bound_dims,
-                                     _tvm_pipeline(target)], name="tvmrnn.pipeline")
-
-
-def _tvm_pipeline(target) -> tvm.transform.Pass:
-    """TVM's pipeline as `tvm.compile(relax_pipeline="default")` picks it: the target's own on GPUs (with dlight), the
-    generic one on CPUs (the CPU-specific one's fusion can drop packed calls run for their side effects)."""
-    return relax.get_default_pipeline(target) if "gpu" in target.keys else relax.get_pipeline("default")
+                                     graph_pipeline(target)], name="tvmrnn.pipeline")
 
 
 def _log_plan(plan: ModelPlan, log):
