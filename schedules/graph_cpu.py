@@ -247,6 +247,11 @@ class Fallback(ScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
             return None
         sch = s_tir.Schedule(func)
+        for block in sch.get_child_blocks(sch.get_sblock("root"))[:-1]:
+            try:  # pointwise stages into the ones that read them: one pass over memory
+                sch.compute_inline(block)
+            except Exception:  # a reduction or a stage read by more than its neighbour stays
+                pass
         _schedule_rest(sch)
         return sch
 

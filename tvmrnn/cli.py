@@ -143,13 +143,16 @@ def inspect_cmd(path, target):
               help="our recurrent schedules to time on the GPU: untuned defaults (auto or one kind), auto with the tuning logs (tuned), auto with precision tf32 on the fp32 rows (tf32)")
 @click.option("--dtype", "dtypes", multiple=True, default=("float32", "float16"), show_default=True,
               type=click.Choice(["float32", "float16"]), help="storage dtypes to time on the GPU")
+@click.option("--model", "models", multiple=True, type=click.Path(dir_okay=False),
+              help="whole ONNX models to time instead of the rows (repeatable): ours against ONNX Runtime on random inputs")
 @click.option("--out", "out_dir", default="benchmarks/results", show_default=True, type=click.Path(file_okay=False))
 @_fail_cleanly
-def bench_cmd(cpu, rows, repeats, kernels, dtypes, out_dir):
+def bench_cmd(cpu, rows, repeats, kernels, dtypes, models, out_dir):
     """Time our modules against cuDNN (GPU) or ONNX Runtime and PyTorch (--cpu), side by side in one run."""
     from .interface.bench import BenchArgs, bench_command
 
-    bench_command(BenchArgs("cpu" if cpu else "gpu", tuple(rows), repeats, out_dir, tuple(kernels), tuple(dtypes)))
+    bench_command(BenchArgs("cpu" if cpu else "gpu", tuple(rows), repeats, out_dir, tuple(kernels), tuple(dtypes),
+                            tuple(models)))
 
 
 @main.command("serve")

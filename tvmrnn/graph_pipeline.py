@@ -58,7 +58,18 @@ def _legalize_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     return bb.call_te(graph_cpu.dense_packed, x, wp, primfunc_name_hint="dense_packed")
 
 
-CPU_LEGALIZE = {"relax.nn.conv2d": _legalize_conv2d, "relax.matmul": _legalize_matmul}
+def _legalize_sigmoid(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """fp32 sigmoid through TVM's polynomial exp (topi.fast_exp, vectorizable; relative error near 1e-7): the exact
+    one is a libm call per element (the captcha CRNN's SiLUs took 7 of its 15 ms)."""
+    if str(call.args[0].ty.dtype) != "float32":
+        return _default_legalize("relax.sigmoid")(bb, call)
+    from tvm import topi
+
+    return bb.call_te(lambda x: topi.divide(1.0, topi.add(1.0, topi.fast_exp(topi.negative(x)))), call.args[0],
+                      primfunc_name_hint="sigmoid")
+
+
+CPU_LEGALIZE = {"relax.nn.conv2d": _legalize_conv2d, "relax.matmul": _legalize_matmul, "relax.sigmoid": _legalize_sigmoid}
 
 
 def _schedule_rules(target):

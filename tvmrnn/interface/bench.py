@@ -17,9 +17,12 @@ class BenchArgs:
     out_dir: str
     kernels: tuple = ("stepwise", "auto")
     dtypes: tuple = ("float32", "float16")
+    models: tuple = ()  # ONNX files timed whole instead of the rows
 
 
 def bench_command(args: BenchArgs, echo=print) -> list[dict]:
+    if args.models:
+        return _bench_models(args, echo)
     known = {r.name: r for r in bench.ROWS + bench.STEP_ROWS}
     unknown = [r for r in args.rows if r not in known]
     if unknown:
@@ -44,5 +47,25 @@ def bench_command(args: BenchArgs, echo=print) -> list[dict]:
         # written after every row: a run cut short by a time limit keeps the rows it finished
         paths = bench.write_results(args.out_dir, stem, results, columns, env, " ".join(["tvmrnn"] + sys.argv[1:]))
     echo(bench.markdown(results, columns, env, "tvmrnn " + " ".join(sys.argv[1:])))
+    echo(f"wrote {paths[0]} and {paths[1]}")
+    return results
+
+
+def _bench_models(args: BenchArgs, echo) -> list[dict]:
+    gpu = args.device == "gpu"
+    env = bench.environment(gpu)
+    command = " ".join(["tvmrnn"] + sys.argv[1:])
+    results = []
+    for i, path in enumerate(args.models, 1):
+        echo(f"[{i}/{len(args.models)}] {path}")
+        try:
+            res = bench.bench_model(path, "cuda" if gpu else "llvm", args.repeats)
+        except Exception as err:  # one broken model must not lose the others' numbers
+            res = {"row": path, "error": f"{type(err).__name__}: {err}"}
+        echo("    " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()))
+        results.append(res)
+        paths = bench.write_results(args.out_dir, f"{env['date'][:10]}-{'gpu' if gpu else 'cpu'}-models", results,
+                                    bench.MODEL_COLUMNS, env, command)
+    echo(bench.markdown(results, bench.MODEL_COLUMNS, env, command))
     echo(f"wrote {paths[0]} and {paths[1]}")
     return results
