@@ -59,7 +59,7 @@ def conv2d_packed(x: te.Tensor, wp: te.Tensor, strides, padding, dilation) -> te
         (n, ob_count * ob, oh, ow),
         lambda b, o, y, xx: te.sum(padded[b, rc, y * sh + ry * dh, xx * sw + rx * dw] * wp[o // ob, rc, ry, rx, o % ob],
                                    axis=[rc, ry, rx]),
-        name=CONV_BLOCK)
+        name=CONV_BLOCK, attrs={"stride_w": sw})
 
 
 def dense_packed(x: te.Tensor, wp: te.Tensor) -> te.Tensor:
@@ -138,8 +138,40 @@ class ConvPacked(ScheduleRule):
         return sch
 
     def schedule(self, sch, conv, out, lanes):
-        n, o, y, x = sch.get_loops(out)
         ob = int(sch.get(conv).reads[1].source.shape[-1])
+        width = sch.get(sch.get_loops(out)[-1]).extent
+        unit_stride = int(sch.get(conv).annotations.get("stride_w", 1)) == 1
+        across = next((v for v in (2 * lanes, lanes, 8) if isinstance(width, tirx.IntImm) and int(width) % v == 0), 0)
+        if unit_stride and across:
+            self._along_columns(sch, conv, out, lanes, ob, across)
+        else:
+            self._along_channels(sch, conv, out, lanes, ob)
+
+    @staticmethod
+    def _along_columns(sch, conv, out, lanes, ob, xv):
+        """Output rows whose width divides into vectors: XV columns (one or two vectors, loaded straight from the
+        input row) x OC channels (unrolled, each weight broadcast), stored along the row as the output lies (NCHW)."""
+        oc = next(c for c in (16, 8, 4, 2, 1) if ob % c == 0 and c * max(1, xv // lanes) <= 16)
+        n, o, y, x = sch.get_loops(out)
+        oo, oi = sch.split(o, [None, oc])
+        xo, xi = sch.split(x, [None, xv])
+        sch.reorder(n, oo, y, xo, oi, xi)
+        sch.parallel(sch.fuse(n, oo, y))
+        sch.vectorize(xi)
+        sch.unroll(oi)
+        sch.compute_at(conv, xo, preserve_unit_loops=True)
+        sch.set_scope(conv, 0, "local")
+        cn, co, cy, cx, rc, ry, rx = sch.get_loops(conv)[-7:]
+        sch.reorder(cn, cy, rc, ry, rx, co, cx)
+        sch.vectorize(cx)
+        sch.unroll(co)
+        _vector_init(sch, sch.decompose_reduction(conv, rc))
+
+    @staticmethod
+    def _along_channels(sch, conv, out, lanes, ob):
+        """Any width: OB channels (vectorized, the packed weights' contiguous run) x XB columns (unrolled, each input
+        value broadcast); the stores scatter across channel planes."""
+        n, o, y, x = sch.get_loops(out)
         vectors = max(1, ob // lanes)  # accumulators: vectors x xb of the 32 (AVX-512) or 16 vector registers
         xb = _divisor_tile(sch.get(x).extent, max(2, (24 if lanes >= 16 else 12) // vectors))
         oo, oi = sch.split(o, [None, ob])
