@@ -39,10 +39,18 @@ def pack_conv_weight(w: np.ndarray, ob: int) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(o // ob, ob, i, kh, kw).transpose(0, 2, 3, 4, 1))
 
 
+def dense_block(columns: int, lanes: int) -> int:
+    """Columns per GEMM tile: two vectors, or one (or fewer) for narrower outputs; the packed weight is padded to whole
+    tiles (8210 classes would otherwise be tiles of 2 columns)."""
+    return 2 * lanes if columns >= 2 * lanes else lanes if columns >= lanes else channel_block(columns, lanes)
+
+
 def pack_dense_weight(w: np.ndarray, nb: int) -> np.ndarray:
-    """B [K, N] of x @ B -> [N/nb, K, nb]."""
+    """B [K, N] of x @ B -> [ceil(N/nb), K, nb], zero columns past N."""
     k, n = w.shape
-    return np.ascontiguousarray(w.reshape(k, n // nb, nb).transpose(1, 0, 2))
+    padded = np.zeros((k, -(-n // nb) * nb), w.dtype)
+    padded[:, :n] = w
+    return np.ascontiguousarray(padded.reshape(k, -1, nb).transpose(1, 0, 2))
 
 
 def conv2d_packed(x: te.Tensor, wp: te.Tensor, strides, padding, dilation) -> te.Tensor:
@@ -62,9 +70,9 @@ def conv2d_packed(x: te.Tensor, wp: te.Tensor, strides, padding, dilation) -> te
         name=CONV_BLOCK, attrs={"stride_w": sw})
 
 
-def dense_packed(x: te.Tensor, wp: te.Tensor) -> te.Tensor:
-    """x [..., K] @ B [K, N], B packed [N/NB, K, NB]: one GEMM over the rows of all leading dims (a 2-D block the
-    rule tiles), then their shape back."""
+def dense_packed(x: te.Tensor, wp: te.Tensor, columns: int) -> te.Tensor:
+    """x [..., K] @ B [K, columns], B packed [N/NB, K, NB] (padded): one GEMM over the rows of all leading dims and
+    every packed column (a 2-D block the rule tiles), then the output's shape and columns."""
     nb_count, k_dim, nb = wp.shape
     lead = tuple(x.shape[:-1])
     rows = 1
@@ -81,7 +89,7 @@ def dense_packed(x: te.Tensor, wp: te.Tensor) -> te.Tensor:
 
     gemm = te.compute((rows, nb_count * nb), lambda m, n: te.sum(x[row_of(m) + (k,)] * wp[n // nb, k, n % nb], axis=k),
                       name=DENSE_BLOCK)
-    if len(lead) == 1:
+    if len(lead) == 1 and int(nb_count) * int(nb) == columns:
         return gemm
 
     def back(*i):
@@ -90,7 +98,7 @@ def dense_packed(x: te.Tensor, wp: te.Tensor) -> te.Tensor:
             m = m * d + v
         return gemm[m, i[-1]]
 
-    return te.compute(lead + (nb_count * nb,), back, name="dense_rows")
+    return te.compute(lead + (columns,), back, name="dense_rows")
 
 
 def _divisor_tile(extent, most: int, least: int = 4) -> int:

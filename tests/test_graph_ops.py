@@ -77,14 +77,14 @@ def test_packed_conv_with_epilogue_matches_numpy(c, o, h, w, stride, pad):
     assert _rel_err(got, ref) < 1e-5
 
 
-@pytest.mark.parametrize("lead,k,n", [((7, 3), 40, 48), ((13,), 64, 37), ((2, 1, 5), 16, 256)])
+@pytest.mark.parametrize("lead,k,n", [((7, 3), 40, 48), ((13,), 64, 37), ((2, 1, 5), 16, 256), ((20,), 24, 8210)])
 def test_packed_dense_matches_numpy(lead, k, n):
     target = resolve_target("llvm")
     rng = np.random.default_rng(1)
     x_np, w_np = rng.standard_normal(lead + (k,)).astype("f4"), rng.standard_normal((k, n)).astype("f4")
-    nb = graph_cpu.channel_block(n, graph_cpu.vector_lanes(target))
-    x, wp = te.placeholder(lead + (k,)), te.placeholder((n // nb, k, nb))
-    y = graph_cpu.dense_packed(x, wp)
+    nb = graph_cpu.dense_block(n, graph_cpu.vector_lanes(target))
+    x, wp = te.placeholder(lead + (k,)), te.placeholder((-(-n // nb), k, nb))
+    y = graph_cpu.dense_packed(x, wp, n)
     out = te.compute(y.shape, lambda *i: y(*i) * 2.0, name="scale")
     sch = graph_cpu.DensePacked().apply(te.create_prim_func([x, wp, out]), target, False)
     assert sch is not None

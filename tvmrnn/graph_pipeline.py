@@ -53,9 +53,10 @@ def _legalize_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     if not (_const_f32(w, 2) and str(x.ty.dtype) == "float32" and x.ty.ndim >= 2 and str(call.attrs.out_dtype) in ("", "None", "void", "float32")):
         return _default_legalize("relax.matmul")(bb, call)
     target = tvm.target.Target.current()
-    nb = graph_cpu.channel_block(int(w.value.shape[1]), graph_cpu.vector_lanes(target))
+    columns = int(w.value.shape[1])
+    nb = graph_cpu.dense_block(columns, graph_cpu.vector_lanes(target))
     wp = relax.const(graph_cpu.pack_dense_weight(w.value.numpy(), nb))
-    return bb.call_te(graph_cpu.dense_packed, x, wp, primfunc_name_hint="dense_packed")
+    return bb.call_te(graph_cpu.dense_packed, x, wp, columns, primfunc_name_hint="dense_packed")
 
 
 def _legalize_sigmoid(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
