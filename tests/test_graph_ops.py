@@ -105,3 +105,22 @@ def test_model_matches_onnxruntime_on_cuda(name):
     ours = tvmrnn.compile(model, target="cuda", logs=False).run(feeds)
     for got, ref in zip(ours.values(), _ort(model, feeds)):
         assert _rel_err(got, ref) < 1e-4
+
+
+def test_pipeline_takes_a_tuning_database():
+    """`database=` puts MetaScheduleApplyDatabase before the default rules; an empty one leaves them every function."""
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvmrnn.frontend import import_onnx
+    from tvmrnn.pipeline import pipeline
+
+    model, feeds = build("dense-head")
+    target = resolve_target("llvm")
+    mod = import_onnx(model, target, "auto", None, None, "exact", graph_copies=False, dim_bounds={}).mod
+    mod = relax.transform.FoldConstant()(mod)
+    ex = tvm.compile(mod, target=target, relax_pipeline=pipeline(target, database=ms.database.MemoryDatabase()))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(v) for v in feeds.values()])
+    out = out[0] if not isinstance(out, tvm.runtime.Tensor) else out
+    assert _rel_err(out.numpy(), _ort(model, feeds)[0]) < 1e-4

@@ -113,15 +113,15 @@ def passes(target: tvm.target.Target, database=None) -> list:
 
 def graph_pipeline(target: tvm.target.Target, database=None) -> tvm.transform.Pass:
     """The Relax pipeline for `tvm.compile(mod, target, relax_pipeline=pipeline(target))`."""
-    seq = passes(target, database)
 
     @tvm.transform.module_pass(opt_level=0, name="tvmrnn.graph_pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        with target:
+        with target:  # MetaScheduleApplyDatabase reads the target when it is made
+            seq = tvm.transform.Sequential(passes(target, database))
             if database is None:
-                return tvm.transform.Sequential(seq)(mod)
+                return seq(mod)
             with database:
-                return tvm.transform.Sequential(seq)(mod)
+                return seq(mod)
 
     return _pipeline
 
