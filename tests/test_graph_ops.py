@@ -1,4 +1,4 @@
-"""The layers around the recurrent ones (tvmrnn.pipeline, schedules.graph_cpu): whole torch-exported models against
+"""The layers around the recurrent ones (tvmrnn.graph_pipeline, schedules.graph_cpu): whole torch-exported models against
 ONNX Runtime, the packed conv and GEMM kernels against numpy at awkward shapes, CUDA builds without a GPU."""
 
 from __future__ import annotations
@@ -20,6 +20,13 @@ def _rel_err(ours, ref) -> float:
     return float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
+def _relax(model, target) -> tvm.IRModule:
+    from tvmrnn.frontend import to_relax
+    from tvmrnn.plan import plan_model
+
+    return to_relax(model, plan_model(model, target)).mod
+
+
 def _ort(model, feeds):
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
 
@@ -34,12 +41,11 @@ def test_model_matches_onnxruntime_on_llvm(name):
 
 
 def test_convs_and_dense_layers_get_the_packed_kernels():
-    from tvmrnn.frontend import import_onnx
-    from tvmrnn.pipeline import passes
+    from tvmrnn.graph_pipeline import passes
 
     model, _ = build("captcha-crnn")
     target = resolve_target("llvm")
-    mod = import_onnx(model, target, "auto", None, None, "exact", graph_copies=False, dim_bounds={}).mod
+    mod = _relax(model, target)
     with target:
         mod = tvm.transform.Sequential(passes(target))(mod)
     names = [gv.name_hint for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
@@ -112,14 +118,12 @@ def test_pipeline_takes_a_tuning_database():
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
-    from tvmrnn.frontend import import_onnx
-    from tvmrnn.pipeline import pipeline
+    from tvmrnn.graph_pipeline import graph_pipeline
 
     model, feeds = build("dense-head")
     target = resolve_target("llvm")
-    mod = import_onnx(model, target, "auto", None, None, "exact", graph_copies=False, dim_bounds={}).mod
-    mod = relax.transform.FoldConstant()(mod)
-    ex = tvm.compile(mod, target=target, relax_pipeline=pipeline(target, database=ms.database.MemoryDatabase()))
+    mod = relax.transform.FoldConstant()(_relax(model, target))
+    ex = tvm.compile(mod, target=target, relax_pipeline=graph_pipeline(target, database=ms.database.MemoryDatabase()))
     vm = relax.VirtualMachine(ex, tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(v) for v in feeds.values()])
     out = out[0] if not isinstance(out, tvm.runtime.Tensor) else out
