@@ -202,8 +202,10 @@ class ConvPacked(ScheduleRule):
 def _vector_init(sch, block) -> None:
     """A tile's zeroing or write-back: the inner loop vectorized, the one above unrolled."""
     loops = sch.get_loops(block)
-    sch.vectorize(loops[-1])
-    sch.unroll(loops[-2])
+    if isinstance(sch.get(loops[-1]).extent, tirx.IntImm):  # a tile clipped to a symbolic edge stays a plain loop
+        sch.vectorize(loops[-1])
+    if isinstance(sch.get(loops[-2]).extent, tirx.IntImm):
+        sch.unroll(loops[-2])
 
 
 class DensePacked(ScheduleRule):
