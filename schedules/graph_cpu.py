@@ -151,52 +151,40 @@ class ConvPacked(ScheduleRule):
         unit_stride = int(sch.get(conv).annotations.get("stride_w", 1)) == 1
         across = next((v for v in (2 * lanes, lanes, 8) if isinstance(width, tirx.IntImm) and int(width) % v == 0), 0)
         if unit_stride and across:
-            self._along_columns(sch, conv, out, lanes, ob, across)
+            # output rows whose width divides into vectors: XV columns (loaded straight from the input row) x OC
+            # channels (unrolled, each weight broadcast), stored along the row as the output lies (NCHW)
+            oc = next(c for c in (16, 8, 4, 2, 1) if ob % c == 0 and c * max(1, across // lanes) <= 16)
+            _conv_tile(sch, conv, out, oc, across, columns_vector=True)
         else:
-            self._along_channels(sch, conv, out, lanes, ob)
+            # any width: OB channels (a vector of the packed weights) x XB columns (unrolled, each input value
+            # broadcast); the stores scatter across channel planes
+            vectors = max(1, ob // lanes)  # accumulators: vectors x xb of the 32 (AVX-512) or 16 vector registers
+            xb = _divisor_tile(width, max(2, (24 if lanes >= 16 else 12) // vectors))
+            _conv_tile(sch, conv, out, ob, xb, columns_vector=False)
 
-    @staticmethod
-    def _along_columns(sch, conv, out, lanes, ob, xv):
-        """Output rows whose width divides into vectors: XV columns (one or two vectors, loaded straight from the
-        input row) x OC channels (unrolled, each weight broadcast), stored along the row as the output lies (NCHW)."""
-        oc = next(c for c in (16, 8, 4, 2, 1) if ob % c == 0 and c * max(1, xv // lanes) <= 16)
-        n, o, y, x = sch.get_loops(out)
-        oo, oi = sch.split(o, [None, oc])
-        xo, xi = sch.split(x, [None, xv])
-        sch.reorder(n, oo, y, xo, oi, xi)
-        sch.parallel(sch.fuse(n, oo, y))
-        sch.vectorize(xi)
-        sch.unroll(oi)
-        sch.compute_at(conv, xo, preserve_unit_loops=True)
-        sch.set_scope(conv, 0, "local")
-        cn, co, cy, cx, rc, ry, rx = sch.get_loops(conv)[-7:]
-        sch.reorder(cn, cy, rc, ry, rx, co, cx)
-        sch.vectorize(cx)
-        sch.unroll(co)
-        _vector_init(sch, sch.decompose_reduction(conv, rc))
 
-    @staticmethod
-    def _along_channels(sch, conv, out, lanes, ob):
-        """Any width: OB channels (vectorized, the packed weights' contiguous run) x XB columns (unrolled, each input
-        value broadcast); the stores scatter across channel planes."""
-        n, o, y, x = sch.get_loops(out)
-        vectors = max(1, ob // lanes)  # accumulators: vectors x xb of the 32 (AVX-512) or 16 vector registers
-        xb = _divisor_tile(sch.get(x).extent, max(2, (24 if lanes >= 16 else 12) // vectors))
-        oo, oi = sch.split(o, [None, ob])
-        xo, xi = sch.split(x, [None, xb])
-        sch.reorder(n, oo, y, xo, xi, oi)
-        sch.parallel(sch.fuse(n, oo, y))
-        sch.vectorize(oi)
-        sch.unroll(xi)
-        sch.compute_at(conv, xo, preserve_unit_loops=True)
-        sch.set_scope(conv, 0, "local")
-        # the accumulator tile with channels innermost: each column's OB channels are one vector register
+def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool):
+    """Tiles of oc channels x xc output columns per (image, channel block, row) on the thread pool, the conv's
+    accumulators for a tile computed under it and the epilogue applied from them; the vector axis is the columns or
+    the channels (whose accumulators are then laid out channels-innermost)."""
+    n, o, y, x = sch.get_loops(out)
+    oo, oi = sch.split(o, [None, oc])
+    xo, xi = sch.split(x, [None, xc])
+    vec, unrolled = (xi, oi) if columns_vector else (oi, xi)
+    sch.reorder(n, oo, y, xo, unrolled, vec)
+    sch.parallel(sch.fuse(n, oo, y))
+    sch.vectorize(vec)
+    sch.unroll(unrolled)
+    sch.compute_at(conv, xo, preserve_unit_loops=True)
+    sch.set_scope(conv, 0, "local")
+    if not columns_vector:
         sch.transform_layout(conv, ("write", 0), lambda b, o, y, x: (b, y, x, o))
-        cn, co, cy, cx, rc, ry, rx = sch.get_loops(conv)[-7:]
-        sch.reorder(cn, cy, rc, ry, rx, cx, co)
-        sch.vectorize(co)
-        sch.unroll(cx)
-        _vector_init(sch, sch.decompose_reduction(conv, rc))
+    cn, co, cy, cx, rc, ry, rx = sch.get_loops(conv)[-7:]
+    cvec, cunrolled = (cx, co) if columns_vector else (co, cx)
+    sch.reorder(cn, cy, rc, ry, rx, cunrolled, cvec)
+    sch.vectorize(cvec)
+    sch.unroll(cunrolled)
+    _vector_init(sch, sch.decompose_reduction(conv, rc))
 
 
 def _vector_init(sch, block) -> None:
