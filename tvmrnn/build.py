@@ -188,7 +188,7 @@ def _metadata(source: str, plan: ModelPlan, relax_model, graph_note: str, tuning
 
 
 def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, logs=None, precision="exact", max_dims=None,
-                  cuda_graph=None):
+                  cuda_graph=None, input_shapes=None, consts=None):
     """ONNX model -> runnable (or, for CUDA without a GPU, exportable) module, in stages: [1/4] import (read the ONNX
     graph), [2/4] plan (tvmrnn.plan: every layer's kernels, the stacks, the CUDA graph), [3/4] build (emit Relax as
     planned, `pipeline`, tvm.compile); [4/4] is the module's export. `log` gets a line per stage.
@@ -208,12 +208,13 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
     max_dims: upper bounds of the inputs' symbolic dims ({"seq": 512, "batch": 64}); larger inputs are refused.
     cuda_graph: replay each run as one CUDA graph (tvmrnn.cuda_graph): None (auto) wherever every symbolic dim has a
     bound on a CUDA target, True to require it, False for none.
+    input_shapes, consts: dims and inputs the model is specialized for (frontend.prepare).
     """
     options = PlanOptions(kernel, dtype, precision, max_dims, cuda_graph)
     target = resolve_target(target)
     source = os.fspath(model) if not isinstance(model, onnx.ModelProto) else "<ModelProto>"
     started = time.perf_counter()
-    model = load_onnx(model)
+    model = load_onnx(model, input_shapes, consts)
     log(f"[1/4] imported {source}: opset {model_opset(model)}, "
         f"{len(model.graph.node)} node(s) ({time.perf_counter() - started:.1f} s)")
     started = time.perf_counter()

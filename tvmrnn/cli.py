@@ -47,6 +47,14 @@ def _sizes(values, what) -> dict[str, int]:
     return {k: int(v) for k, v in sizes.items()}
 
 
+def _numbers(values, what, parse) -> dict:
+    """NAME=V or NAME=V,V,... pairs (a list where there is a comma)."""
+    try:
+        return {k: [parse(x) for x in v.split(",")] if "," in v else parse(v) for k, v in _pairs(values, what).items()}
+    except ValueError as err:
+        raise click.BadParameter(f"{err}: values are numbers (a shape: N,N,...)", param_hint=what) from err
+
+
 @click.group()
 @click.version_option(package_name="tvmrnn")
 def main():
@@ -73,13 +81,18 @@ def main():
                    "are refused, and with every dim bounded a CUDA module replays each run as one CUDA graph")
 @click.option("--cuda-graph/--no-cuda-graph", default=None,
               help="require / turn off the CUDA graph (default: on wherever every symbolic dim has a --max-dim)")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=N", callback=lambda _c, _p, v: _numbers(v, "--dim", int),
+              help="fix a symbolic dim (--dim sequence=512) or an input's whole shape (--dim input=1,512)")
+@click.option("--const", "consts", multiple=True, metavar="INPUT=V", callback=lambda _c, _p, v: _numbers(v, "--const", float),
+              help="specialize the model for this value of an input, which leaves the module (--const sr=16000)")
 @_fail_cleanly
-def compile_cmd(model, output, target, kernel, dtype, precision, logs, tune_trials, time_budget, max_dims, cuda_graph):
+def compile_cmd(model, output, target, kernel, dtype, precision, logs, tune_trials, time_budget, max_dims, cuda_graph, dims,
+                consts):
     """Compile MODEL.onnx into a deployable module (applying matching tuning logs)."""
     from .interface.compile import CompileArgs, compile_command
 
     compile_command(CompileArgs(model, output, target, kernel, dtype, logs, tune_trials, time_budget, precision, max_dims,
-                                cuda_graph))
+                                cuda_graph, dims, consts))
 
 
 

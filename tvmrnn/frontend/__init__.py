@@ -19,6 +19,7 @@ from tvm.relax.frontend.onnx import onnx_frontend
 from ..errors import UnsupportedModelError
 from .converters import converters
 from .loops import rewrite_recurrent_loops
+from .prepare import prepare
 from .reverse import REVERSE_CONVERTERS
 
 
@@ -39,9 +40,10 @@ class RelaxModel:
     outputs: list[TensorInfo]
 
 
-def load_onnx(model) -> onnx.ModelProto:
-    """The model as the planner and importer take it: recurrent Loops as recurrent nodes (loops.py)."""
-    return rewrite_recurrent_loops(_read_onnx(model))
+def load_onnx(model, input_shapes: dict | None = None, consts: dict | None = None) -> onnx.ModelProto:
+    """The model as the planner and importer take it: recurrent Loops as recurrent nodes (loops.py), then specialized
+    and its shape computations folded (prepare.py)."""
+    return prepare(rewrite_recurrent_loops(_read_onnx(model)), input_shapes, consts)
 
 
 def _read_onnx(model) -> onnx.ModelProto:
