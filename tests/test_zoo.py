@@ -78,7 +78,7 @@ def test_zoo_model_matches_onnxruntime_and_round_trips(name, tmp_path):
 @pytest.mark.parametrize("name", _params())
 def test_zoo_model_builds_for_cuda(name, tmp_path):
     path, model = _model(name), zoo.MODELS[name]
-    module = tvmrnn.compile(path, target="cuda", logs=False, **model.compile_options())
+    module = tvmrnn.compile(path, target="cuda", logs=False, **model.compile_options("cuda"))
     exported = module.export(tmp_path / f"{name}_cuda.so")
     assert os.path.getsize(exported) > 0 and module.metadata["target_kind"] == "cuda"
 
@@ -87,6 +87,6 @@ def test_zoo_model_builds_for_cuda(name, tmp_path):
 @pytest.mark.parametrize("name", NAMES)
 def test_zoo_model_on_gpu_matches_onnxruntime(name):
     path, model = _model(name), zoo.MODELS[name]
-    module = tvmrnn.compile(path, target="cuda", logs=False, **model.compile_options())
+    module = tvmrnn.compile(path, target="cuda", logs=False, **model.compile_options("cuda"))
     feeds = model.feeds(np.random.default_rng(len(name) + 1))
     _assert_match(name, zoo.run_stream(module.run, model, feeds), _ort_runs(name, path, feeds))

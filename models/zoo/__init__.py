@@ -28,11 +28,13 @@ class ZooModel:
     input_shapes: dict = field(default_factory=dict)  # compile options (frontend.prepare)
     consts: dict = field(default_factory=dict)
     carry: dict = field(default_factory=dict)  # output -> the input it feeds in the next run (streamed state)
+    cuda_shapes: dict = field(default_factory=dict)  # dims fixed on CUDA only (where a symbolic one does not build)
     tolerance: float = 1e-4  # per output: max |ours - ONNX Runtime| / max |ONNX Runtime|
     slow: bool = False
 
-    def compile_options(self) -> dict:
-        return {"input_shapes": self.input_shapes or None, "consts": self.consts or None}
+    def compile_options(self, target: str = "llvm") -> dict:
+        shapes = {**self.input_shapes, **(self.cuda_shapes if target == "cuda" else {})}
+        return {"input_shapes": shapes or None, "consts": self.consts or None}
 
 
 def _silero(variant, input_shapes, consts=None, feeds=silero_vad.state_feeds, carry=None):
@@ -49,7 +51,9 @@ MODELS = {m.name: m for m in [
     _silero("silero_vad_op18_ifless", {"batch": 1, "sequence": _WINDOW}, _SR),
     _silero("silero_vad_openvino_16k", {}),
     _silero("silero_vad_16k_sequence", {}, feeds=silero_vad.sequence_feeds, carry={"hn": "h", "cn": "c"}),
-    ZooModel("ddddocr", ddddocr.PACKAGE, ddddocr.VERSION, "shipped", ddddocr.build, ddddocr.feeds),
+    # on CUDA a symbolic image width stops TVM's lowering ("Can only handle constant size stack allocation")
+    ZooModel("ddddocr", ddddocr.PACKAGE, ddddocr.VERSION, "shipped", ddddocr.build, ddddocr.feeds,
+             cuda_shapes={"image_width": ddddocr.WIDTH}),
     *[ZooModel(f"resemblyzer_{e}", resemblyzer.PACKAGE, resemblyzer.VERSION, e, partial(resemblyzer.build, e),
                resemblyzer.feeds) for e in ("legacy", "dynamo")],
     ZooModel("g2p_en_legacy", g2p_en.PACKAGE, g2p_en.VERSION, "legacy", partial(g2p_en.build, "legacy"), g2p_en.feeds),

@@ -10,6 +10,7 @@ import numpy as np
 from .fetch import model_path, wheel_dir
 
 PACKAGE, VERSION = "ddddocr", "1.6.1"
+WIDTH = 160  # a captcha resized to height 64
 
 
 def build():
@@ -20,4 +21,4 @@ def build():
 
 def feeds(rng):
     """A captcha-sized image (the package resizes to height 64 and scales pixels to [-1, 1])."""
-    return [{"input1": (rng.random((1, 1, 64, 160), dtype=np.float32) * 2 - 1)}]
+    return [{"input1": (rng.random((1, 1, 64, WIDTH), dtype=np.float32) * 2 - 1)}]

@@ -19,6 +19,7 @@ from tvm.relax.frontend.onnx import onnx_frontend
 from ..errors import UnsupportedModelError
 from .converters import converters
 from .loops import rewrite_recurrent_loops
+from .ops import OP_CONVERTERS
 from .prepare import prepare
 from .reverse import REVERSE_CONVERTERS
 
@@ -71,13 +72,35 @@ def _our_converters(plan):
     ours = converters(plan)
 
     def convert_map():
-        return {**original(), **ours, **REVERSE_CONVERTERS}
+        return {**original(), **OP_CONVERTERS, **ours, **REVERSE_CONVERTERS}
+
+    importer = onnx_frontend.ONNXGraphImporter
+    convert_operator = importer._convert_operator
+
+    def convert_naming_the_node(self, op_name, inputs, attrs, opset):
+        try:
+            return convert_operator(self, op_name, inputs, attrs, opset)
+        except UnsupportedModelError:
+            raise
+        except Exception as err:  # TVM's converters raise anything from TypeError to InternalError
+            node = attrs.get("tvm_custom", {}).get("name") or "?"
+            raise UnsupportedModelError(f"node '{node}' ({op_name}): {_reason(err)}") from err
 
     onnx_frontend._get_convert_map = convert_map
+    importer._convert_operator = convert_naming_the_node
     try:
         yield
     finally:
         onnx_frontend._get_convert_map = original
+        importer._convert_operator = convert_operator
+
+
+def _reason(err: Exception) -> str:
+    """An exception's message on one line (TVM's internal errors carry a C++ backtrace first)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    checks = [line for line in lines if "Check failed" in line or line.startswith(("ValueError", "TypeError"))]
+    text = (checks or lines or [type(err).__name__])[-1]
+    return text if text.startswith(type(err).__name__) else f"{type(err).__name__}: {text}"
 
 
 _ONNX_DTYPES = {v: str(onnx.helper.tensor_dtype_to_np_dtype(v)) for v in (1, 6, 7, 9, 10, 11)}
@@ -141,5 +164,7 @@ def to_relax(model: onnx.ModelProto, plan) -> RelaxModel:
             raise
         except NotImplementedError as err:
             raise UnsupportedModelError(f"the model uses something TVM's ONNX frontend does not support: {err}") from err
+        except Exception as err:  # raised outside a converter (If branches, ShapeExpr inputs): the message names the node
+            raise UnsupportedModelError(f"the import failed: {_reason(err)}") from err
     _fill_output_shapes(outputs, mod["main"].ret_ty)
     return RelaxModel(mod, inputs, outputs)

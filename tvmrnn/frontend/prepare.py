@@ -28,6 +28,7 @@ def prepare(model: onnx.ModelProto, input_shapes: dict | None = None, consts: di
         fix_dims(model, input_shapes)
     if consts:
         fix_inputs(model, consts)
+    forget_output_shapes(model)
     model = fold(model)
     model.metadata_props.add(key=PREPARED, value="1")
     return model
@@ -91,6 +92,14 @@ def fix_inputs(model: onnx.ModelProto, consts: dict):
             raise UnsupportedModelError(f"consts['{name}'] has shape {list(array.shape)}; input '{name}' has rank {rank}")
         model.graph.initializer.append(numpy_helper.from_array(array, name))
         model.graph.input.remove(inputs[name])
+
+
+def forget_output_shapes(model: onnx.ModelProto):
+    """Outputs' declared shapes are the exporter's claim, and some are wrong (ddddocr's common.onnx, from torch 1.9,
+    declares [1, seqlen] for a [seqlen, 1, classes] output): shape inference, which trusts them, would fold the graph to
+    fit them. Inference writes them again from the graph."""
+    for output in model.graph.output:
+        output.type.tensor_type.ClearField("shape")
 
 
 def fold(model: onnx.ModelProto, rounds: int = 4) -> onnx.ModelProto:
