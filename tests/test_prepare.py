@@ -78,3 +78,30 @@ def test_converter_failures_name_the_node():
                    [h.make_tensor_value_info("y", T.FLOAT, None)])
     with pytest.raises(tvmrnn.UnsupportedModelError, match=r"node 'pad_by_input' \(Pad\): .*[Dd]ynamic pads"):
         tvmrnn.compile(model, target="llvm", logs=False)
+
+
+def _backward_by_reversal(hidden=8, size=4):
+    """A bidirectional layer as other frameworks' exporters write it: a forward LSTM, and one over the input reversed by
+    Slice with step -1 whose output is reversed back, concatenated (sequence length symbolic)."""
+    rng = np.random.default_rng(2)
+    weights = {n: rng.standard_normal((1, 4 * hidden, k)).astype(np.float32) * 0.3
+               for n, k in (("W", size), ("R", hidden), ("W2", size), ("R2", hidden))}
+    ints = {"start": [-1], "end": [np.iinfo(np.int64).min], "axis": [0], "step": [-1]}
+    inits = [onnx.numpy_helper.from_array(v, n) for n, v in weights.items()]
+    inits += [onnx.numpy_helper.from_array(np.array(v, np.int64), n) for n, v in ints.items()]
+    nodes = [h.make_node("Slice", ["x", *ints], ["xr"], name="reverse_in"),
+             h.make_node("LSTM", ["x", "W", "R"], ["yf"], hidden_size=hidden, name="forward"),
+             h.make_node("LSTM", ["xr", "W2", "R2"], ["ybr"], hidden_size=hidden, name="backward"),
+             h.make_node("Slice", ["ybr", *ints], ["yb"], name="reverse_out"),
+             h.make_node("Concat", ["yf", "yb"], ["y"], axis=-1)]
+    return _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, ["T", "N", size])], [h.make_tensor_value_info("y", T.FLOAT, None)],
+                  inits)
+
+
+def test_sequence_reversed_by_slice_matches_onnxruntime():
+    model = _backward_by_reversal()
+    module = tvmrnn.compile(model, target="llvm", logs=False)
+    for steps in (7, 3):
+        x = np.random.default_rng(steps).standard_normal((steps, 2, 4)).astype(np.float32)
+        want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+        np.testing.assert_allclose(module.run({"x": x})["y"], want, rtol=1e-5, atol=1e-6)

@@ -111,8 +111,8 @@ def fold(model: onnx.ModelProto, rounds: int = 4) -> onnx.ModelProto:
     for _ in range(rounds):
         try:
             model = onnxslim.slim(model)
-        except Exception as err:  # onnxslim's own exceptions name no node; the import names what it cannot take
-            raise UnsupportedModelError(f"folding the model's shape computations failed: {type(err).__name__}: {err}") from err
+        except Exception:  # noqa: BLE001 - a graph onnxslim cannot take (an old opset): the importer names what it lacks
+            return model
         fold_static_sizes(model)
         if _size(model) >= size:
             break
