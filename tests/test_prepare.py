@@ -105,3 +105,22 @@ def test_sequence_reversed_by_slice_matches_onnxruntime():
         x = np.random.default_rng(steps).standard_normal((steps, 2, 4)).astype(np.float32)
         want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
         np.testing.assert_allclose(module.run({"x": x})["y"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_cli_dim_and_const(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from tvmrnn.cli import main
+
+    source = tmp_path / "pad_by_rate.onnx"
+    onnx.save(_pad_by_rate(), source)
+    out = tmp_path / "m.so"
+    result = CliRunner().invoke(main, ["compile", str(source), "-o", str(out), "--target", "llvm", "--logs", str(tmp_path),
+                                       "--dim", "x=2,6", "--const", "rate=16000"])
+    assert result.exit_code == 0, result.output
+    inputs = json.loads((tmp_path / "m.json").read_text())["inputs"]
+    assert inputs == [{"name": "x", "dtype": "float32", "shape": [2, 6]}]
+    bad = CliRunner().invoke(main, ["compile", str(source), "-o", str(out), "--target", "llvm", "--dim", "n=six"])
+    assert bad.exit_code != 0 and "--dim" in bad.output

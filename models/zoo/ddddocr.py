@@ -15,7 +15,8 @@ WIDTH = 160  # a captcha resized to height 64
 
 def build():
     path = model_path("ddddocr")
-    shutil.copyfile(wheel_dir(PACKAGE, VERSION) / "ddddocr" / "common.onnx", path)
+    if not path.exists():
+        shutil.copyfile(wheel_dir(PACKAGE, VERSION) / "ddddocr" / "common.onnx", path)
     return path
 
 

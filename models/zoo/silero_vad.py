@@ -17,10 +17,11 @@ CHUNK, CONTEXT, CHUNKS = 512, 64, 6
 
 
 def build(variant: str):
-    """The shipped file silero_vad/data/<variant>.onnx, copied into the zoo's cache."""
-    source = wheel_dir(PACKAGE, VERSION) / "silero_vad" / "data" / f"{variant}.onnx"
+    """The shipped file silero_vad/data/<variant>.onnx, copied into the zoo's cache (once: the cache is all a machine
+    without network needs)."""
     path = model_path(variant)
-    shutil.copyfile(source, path)
+    if not path.exists():
+        shutil.copyfile(wheel_dir(PACKAGE, VERSION) / "silero_vad" / "data" / f"{variant}.onnx", path)
     return path
 
 
