@@ -256,9 +256,10 @@ DEFAULT_DIM = 8  # a symbolic dim nobody sized; small so the run is quick
 
 
 def random_inputs(module: ModuleInputs, dims: dict, seed: int, given: dict) -> dict:
-    """Random feeds for the inputs not in `given`: floats ~N(0,1), integers in [0, 10), sequence lengths = full length."""
+    """Random feeds for the inputs not in `given`: floats ~N(0,1), integers in [0, 10), sequence lengths = full length.
+    `dims` gets the size each symbolic dim was given (by an array in `given`, or DEFAULT_DIM)."""
     rng = np.random.default_rng(seed)
-    sizes = {**dims}
+    sizes = dims
     seq_lens = {sl.lens: (sl.x, sl.seq_axis) for sl in module.sequence_lens}
     for info in module.metadata["inputs"]:  # a given array fixes the symbolic dims it has
         if info["name"] in given:

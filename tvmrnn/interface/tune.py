@@ -16,6 +16,7 @@ from ..tuning import tuner
 from ..tuning.logs import record_run
 from ..tuning.progress import line
 from ..tuning.tasks import plan_tasks
+from . import show_args
 
 
 @dataclass
@@ -33,7 +34,8 @@ class TuneArgs:
     tasks: list = field(default_factory=list)
 
     def show(self) -> str:
-        return "\n".join(f"  {k:<15} {v}" for k, v in vars(self).items() if k != "tasks")
+        return show_args(self, {"dtype": "the model's", "seq": "the model's, or 100", "time_budget_min": "none",
+                                "batches": "the model's batch, or 1, 8, 64"}, skip=("tasks",))
 
 
 def _device_name(target) -> str:
@@ -54,6 +56,9 @@ def tune_command(args: TuneArgs, echo=print, stream=None, tasks=None):
         # the layers as compile runs them (kernel choice aside: every kind's space is searched)
         plan = plan_model(args.model, target, PlanOptions(storage=args.dtype, precision=args.precision))
         tasks = plan_tasks(plan, batches=args.batches or None, seq=args.seq)
+        if not tasks:
+            raise UnsupportedModelError(f"'{args.model}' has no LSTM, GRU or RNN layer, so there is nothing to tune (tvmrnn "
+                                        "tunes the recurrent kernels); compile it as it is")
     echo(f"[1/3] {len(tasks)} task(s):")
     for t in tasks:
         echo(f"      {t.name}  (layers: {', '.join(t.layers)}; {tuner.space_size(t, target, args.kernel)} points)")
