@@ -39,6 +39,8 @@ def _for_people(json_logs: bool = False):
     def decorate(fn):
         @functools.wraps(fn)
         def wrapper(*a, verbose=False, **kw):
+            if verbose:
+                os.environ["TVMRNN_VERBOSE"] = "1"  # for what reports below the CLI (tuning logs) and the server's workers
             quiet = tvm_logs_filtered(_tvm_line_as_json) if verbose and json_logs else \
                 contextlib.nullcontext() if verbose else tvm_logs_filtered()
             with quiet:
@@ -112,7 +114,8 @@ def main():
 @click.option("--precision", default="exact", show_default=True, type=click.Choice(PRECISIONS),
               help="math of fp32 layers on CUDA: exact fp32, or tf32 (tensor cores, operands rounded to a 10-bit mantissa)")
 @click.option("--logs", default=None, type=click.Path(file_okay=False),
-              help="tuning logs folder (default: $TVMRNN_TUNING_LOGS or the checkout's tuning_logs/)")
+              help="tuning logs folder (default: $TVMRNN_TUNING_LOGS or ~/.cache/tvmrnn/tuning_logs, read with the logs "
+                   "bundled with tvmrnn)")
 @click.option("--tune", "tune_trials", default=0, metavar="TRIALS", help="tune with this many trials first, then compile")
 @click.option("--time-budget", default=None, type=float, metavar="MIN", help="with --tune: stop tuning after this many minutes")
 @click.option("--max-dim", "max_dims", multiple=True, metavar="DIM=N", callback=lambda _c, _p, v: _sizes(v, "--max-dim"),
@@ -135,7 +138,7 @@ def compile_cmd(model, output, target, kernel, dtype, precision, logs, tune_tria
 @click.option("--target", default=None, help="llvm, cuda, or a TVM target tag (default: cuda if a GPU is here, else llvm)")
 @click.option("--trials", default=64, show_default=True, help="measured points in all tasks, counting those already logged (so a rerun resumes)")
 @click.option("--logs", default=None, type=click.Path(file_okay=False),
-              help="tuning logs folder (default: $TVMRNN_TUNING_LOGS or the checkout's tuning_logs/)")
+              help="tuning logs folder to write (default: $TVMRNN_TUNING_LOGS or ~/.cache/tvmrnn/tuning_logs)")
 @click.option("--time-budget", default=None, type=float, metavar="MIN", help="stop after this many minutes")
 @click.option("--batch", "batches", multiple=True, type=int, help="a batch bucket to tune (repeatable; default: the model's batch, or 1, 8, 64)")
 @click.option("--seq", default=None, type=int, help="steps per measurement (default: the model's, or 100)")
