@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     """`pytest -q` still names each test file as it goes, with the share done: a run of minutes shows where it is."""
-    if config.option.verbose < 0:
+    if config.option.verbose < 0 and not config.option.collectonly:  # `--collect-only -q` keeps listing bare test ids
         config.option.verbose = 0
 
 

@@ -141,10 +141,27 @@ class TuningLogs:
         templates: dict = {}
         if logs.folder.is_dir():
             logs._read_folder(logs.folder, templates, bundled=False)
+            logs._drop_buckets_the_default_won()
         if bundled is not None and Path(logs_dir).resolve() == default_logs_dir().resolve() and target_dir(bundled, target).is_dir():
             logs.also_read.append(target_dir(bundled, target))
             logs._read_folder(target_dir(bundled, target), templates, bundled=True)
         return logs
+
+    def _drop_buckets_the_default_won(self) -> None:
+        """A bucket whose best point is one the whole-module check found no faster than the default runs the default."""
+        path = self.folder / VERDICTS
+        if not path.exists():
+            return
+        for line in path.read_text().splitlines():
+            try:
+                verdict = json.loads(line)
+                lost, batch, points = verdict["kept_default"], int(verdict["batch"]), dict(verdict["points"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a damaged line says nothing
+            for key, config in points.items() if lost else ():
+                pts = self.points.get(key, {}).get(batch)
+                if pts and min(pts, key=lambda p: p[0])[1].as_dict() == config:
+                    del self.points[key][batch]
 
     def _read_folder(self, folder: Path, templates: dict, bundled: bool) -> None:
         from tvm.s_tir import meta_schedule as ms
@@ -205,6 +222,24 @@ class TuningLogs:
         pts = self.points.get(json.dumps(layer_key(spec), sort_keys=True), {}).get(batch, [])
         times = [t for t, c in pts if c == config]
         return min(times) if times else None
+
+
+VERDICTS = "verdicts.jsonl"  # whole-module times of default against tuned, per batch bucket (tvmrnn tune writes them)
+
+
+def record_verdict(logs: TuningLogs, specs, batch: int, default_ms: float, tuned_ms: float) -> None:
+    """Record one bucket's side-by-side times with the point each layer ran; where the tuned module was not faster,
+    TuningLogs.load drops those points' bucket, so compile keeps the default (until a new best point comes)."""
+    points = {}
+    for spec in specs:
+        best = logs.best(spec).get(batch)
+        if best:
+            points[json.dumps(layer_key(spec), sort_keys=True)] = best[0][0].as_dict()
+    entry = {"batch": batch, "default_ms": round(default_ms, 4), "tuned_ms": round(tuned_ms, 4),
+             "kept_default": tuned_ms >= default_ms, "points": points}
+    logs.folder.mkdir(parents=True, exist_ok=True)
+    with open(logs.folder / VERDICTS, "a") as f:
+        f.write(json.dumps(entry) + "\n")
 
 
 def record_run(folder: Path, entry: dict) -> None:

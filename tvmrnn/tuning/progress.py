@@ -67,5 +67,5 @@ def line(task_id: int, st: TaskStats, n: int) -> str:
     best = f"best {ms_text(st.best_s)} {st.best.describe() if st.best else ''}"
     # the search may sample a default point again: its second time against its first is noise, not a gain
     gain = (" (a default point)" if st.best in st.defaults else
-            f" ({st.default_s / st.best_s:.2f}x the default)" if st.default_s and st.best_s else "")
+            f" (kernel alone: {st.default_s / st.best_s:.2f}x the default point)" if st.default_s and st.best_s else "")
     return f"  [{task_id + 1}/{n}] {st.name}: {st.trials} trials, {best}{gain}"
