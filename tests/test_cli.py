@@ -225,8 +225,9 @@ def test_bench_help_lists_its_rows():
     res = CliRunner().invoke(main, ["bench", "--help"])
     assert res.exit_code == 0
     text = " ".join(res.output.split())
-    assert all(row.name in text for row in bench.ROWS), res.output
+    assert all(row.name in text for row in bench.ROWS + bench.STEP_ROWS), res.output
     assert cli.BENCH_ROWS == tuple(r.name for r in bench.ROWS) and cli.BENCH_CPU_ROWS == bench.CPU_ROWS
+    assert cli.BENCH_STEP_ROWS == tuple(r.name for r in bench.STEP_ROWS)
 
 
 def _tvmrnn(*args, timeout=600):
