@@ -185,11 +185,18 @@ def inspect_cmd(path, target):
     sys.exit(1 if inspect_command(path, echo=echo_wrapped, target=target) else 0)
 
 
-@main.command("bench")
+def _rows_epilog() -> str:
+    """The rows, one group a paragraph that click prints as it is (\b): its wrapping would split names at hyphens."""
+    groups = (("Rows (the GPU table's default):", BENCH_ROWS), ("Rows of the CPU table (--cpu):", BENCH_CPU_ROWS),
+              ("Per-step rows (GPU, on request):", BENCH_STEP_ROWS))
+    return "\n\n".join("\b\n" + title + "\n" + "\n".join(f"  {', '.join(rows[i:i + 4])}" for i in range(0, len(rows), 4))
+                       for title, rows in groups)
+
+
+@main.command("bench", epilog=_rows_epilog())
 @click.option("--cpu", is_flag=True, help="the CPU table (ours on llvm vs ONNX Runtime and PyTorch) instead of the GPU one")
 @click.option("--row", "rows", multiple=True, type=click.Choice(BENCH_ROWS + BENCH_STEP_ROWS), metavar="ROW",
-              help=f"only this row (repeatable). Default: {', '.join(BENCH_ROWS)}; with --cpu: {', '.join(BENCH_CPU_ROWS)}. "
-                   f"Per-step rows, on request: {', '.join(BENCH_STEP_ROWS)}")
+              help="only this row (repeatable; the rows are listed below)")
 @click.option("--repeats", default=20, show_default=True, help="timed runs per measurement (the median is reported)")
 @click.option("--kernel", "kernels", multiple=True, default=("stepwise", "auto", "tuned"), show_default=True,
               type=click.Choice(KERNEL_CHOICES + ("tuned", "tf32")),
