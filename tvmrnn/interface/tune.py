@@ -52,6 +52,7 @@ def tune_command(args: TuneArgs, echo=print, stream=None, tasks=None):
     if target.kind.name == "cuda" and not gpu_present():
         raise UnsupportedModelError("tuning for CUDA measures on the GPU, and there is none here; tune on the GPU machine "
                                     "(the logs then serve compiles anywhere)")
+    from_model = tasks is None
     if tasks is None:
         # the layers as compile runs them (kernel choice aside: every kind's space is searched)
         plan = plan_model(args.model, target, PlanOptions(storage=args.dtype, precision=args.precision))
@@ -62,7 +63,6 @@ def tune_command(args: TuneArgs, echo=print, stream=None, tasks=None):
     echo(f"[1/3] {len(tasks)} task(s):")
     for t in tasks:
         echo(f"      {t.name}  (layers: {', '.join(t.layers)}; {tuner.space_size(t, target, args.kernel)} points)")
-    from_model = tasks is None
     echo("[2/3] tuning: default points first, then MetaSchedule's evolutionary search with the XGBoost cost model")
     out = tuner.tune(tasks, target, args.logs, args.trials, args.time_budget_min, args.kernel, log=echo, stream=stream)
     how = "time budget reached" if out.stopped_by_budget else "done"
