@@ -122,7 +122,7 @@ def _tuning_logs(logs, target, log):
     found = TuningLogs.load(default_logs_dir() if logs is None else logs, target)
     for problem in found.problems:
         log(f"      warning: {problem}")
-    log(f"      tuning logs: {found.records} record(s) in {found.folder}" if found.records else f"      tuning logs: none for this target in {found.folder}")
+    log(f"      tuning logs: {found.records} record(s) in {found.where}" if found.records else f"      tuning logs: none for this target in {found.where}")
     return found
 
 

@@ -42,9 +42,11 @@ class RelaxModel:
 
 
 def load_onnx(model, input_shapes: dict | None = None, consts: dict | None = None) -> onnx.ModelProto:
-    """The model as the planner and importer take it: recurrent Loops as recurrent nodes (loops.py), then specialized
-    and its shape computations folded (prepare.py)."""
-    return prepare(rewrite_recurrent_loops(_read_onnx(model)), input_shapes, consts)
+    """The model as the planner and importer take it: string tensors refused, recurrent Loops as recurrent nodes
+    (loops.py), then specialized and its shape computations folded (prepare.py)."""
+    model = _read_onnx(model)
+    refuse_strings(model)
+    return prepare(rewrite_recurrent_loops(model), input_shapes, consts)
 
 
 def _read_onnx(model) -> onnx.ModelProto:
@@ -53,9 +55,27 @@ def _read_onnx(model) -> onnx.ModelProto:
     if not os.path.exists(model):
         raise UnsupportedModelError(f"model file '{model}' does not exist")
     try:
-        return onnx.load(str(model))
+        loaded = onnx.load(str(model))
     except Exception as err:  # protobuf raises its own DecodeError and friends
         raise UnsupportedModelError(f"model file '{model}' is not a readable ONNX model: {err}") from err
+    if loaded.ir_version == 0 or not loaded.graph.node:  # protobuf reads an empty file as an empty model
+        raise UnsupportedModelError(f"model file '{model}' is empty or not an ONNX model (no IR version, no graph nodes); "
+                                    "give an exported .onnx file")
+    return loaded
+
+
+def refuse_strings(model: onnx.ModelProto) -> None:
+    """String tensors (text ops, string inputs) have no TVM dtype: name the first one instead of failing inside TVM."""
+    g = model.graph
+    for v in list(g.input) + list(g.output) + list(g.value_info):
+        if v.type.tensor_type.elem_type == onnx.TensorProto.STRING:
+            raise UnsupportedModelError(f"tensor '{v.name}' holds strings; tvmrnn compiles numeric tensors only "
+                                        "(do text processing before the model)")
+    for node in g.node:
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        if node.op_type == "Cast" and to == onnx.TensorProto.STRING or node.op_type.startswith("String"):
+            raise UnsupportedModelError(f"{node.op_type} node '{node.name or node.output[0]}' makes strings; tvmrnn compiles "
+                                        "numeric tensors only (do text processing before the model)")
 
 
 def model_opset(model: onnx.ModelProto) -> int:

@@ -7,6 +7,18 @@ from dataclasses import dataclass
 
 from .. import bench
 from ..errors import InputError
+from . import show_args
+
+
+def _cuda_available() -> bool:
+    """A GPU for both sides of the GPU table: TVM's CUDA runtime and torch's."""
+    from ..build import gpu_present
+
+    if not gpu_present():
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @dataclass
@@ -27,8 +39,11 @@ def bench_command(args: BenchArgs, echo=print) -> list[dict]:
     unknown = [r for r in args.rows if r not in known]
     if unknown:
         raise InputError(f"unknown benchmark row(s) {unknown}; rows are {list(known)}")
-    echo(f"tvmrnn bench\n  {args}")
     gpu = args.device == "gpu"
+    if gpu and not _cuda_available():
+        raise InputError("the GPU table times cuDNN and our CUDA modules, and this host has no CUDA GPU (or torch has no "
+                         "CUDA): run `tvmrnn bench --cpu` for the CPU table")
+    echo(f"tvmrnn bench\n{show_args(args, skip=() if gpu else ('kernels', 'dtypes'))}")
     rows = [known[r] for r in (args.rows or ([r.name for r in bench.ROWS] if gpu else bench.CPU_ROWS))]
     jobs = [(row, dtype) for row in rows for dtype in (args.dtypes if gpu else ("float32",))]
     env = bench.environment(gpu)
@@ -36,7 +51,7 @@ def bench_command(args: BenchArgs, echo=print) -> list[dict]:
     stem = f"{env['date'][:10]}-{'gpu' if gpu else 'cpu'}"
     results = []
     for i, (row, dtype) in enumerate(jobs, 1):
-        echo(f"[{i}/{len(jobs)}] {row} {dtype}")
+        echo(f"[{i}/{len(jobs)}] {row.name} {dtype}")
         try:
             res = bench.bench_gpu_row(row, args.kernels, args.repeats, dtype=dtype) if gpu else bench.bench_cpu_row(row, args.repeats)
             res = {k: v for k, v in res.items() if not k.startswith("_")}

@@ -9,6 +9,7 @@ from schedules import TUNED_MARGIN
 
 from ..build import compile_model, resolve_target
 from ..tuning.logs import default_logs_dir
+from . import show_args
 from .tune import TuneArgs, tune_command
 
 
@@ -29,7 +30,8 @@ class CompileArgs:
     consts: dict | None = None  # inputs fixed to a value, which leave the module
 
     def show(self) -> str:
-        return "\n".join(f"  {k:<10} {v}" for k, v in vars(self).items())
+        return show_args(self, {"dtype": "the model's", "cuda_graph": "on where every symbolic dim is bounded"},
+                         skip=("time_budget_min",) if not self.tune_trials else ())
 
 
 def compile_command(args: CompileArgs, echo=print) -> CompileArgs:

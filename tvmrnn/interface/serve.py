@@ -7,6 +7,7 @@ import sys
 from dataclasses import dataclass, field
 
 from ..errors import InputError
+from . import show_args
 
 
 @dataclass
@@ -29,7 +30,7 @@ class ServeArgs:
     state_pairs: dict = field(default_factory=dict)  # resolved from `state`
 
     def show(self) -> str:
-        return "\n".join(f"  {k:<18} {v}" for k, v in vars(self).items() if k != "state")
+        return show_args(self, {"device": "the module's target", "threads": "TVM's default"}, skip=("state",))
 
 
 def resolve(args: ServeArgs) -> ServeArgs:
@@ -49,6 +50,10 @@ def resolve(args: ServeArgs) -> ServeArgs:
         raise InputError(f"--http-workers is {args.http_workers}; it must be at least 1")
     if args.port > 65535:
         raise InputError(f"--port is {args.port}; it must be at most 65535")
+    from ..runtime import read_metadata
+
+    for path in args.modules:  # an ONNX file, a missing .json or a foreign one: said before anything starts
+        read_metadata(path)
     args.state_pairs = parse_state_option(args.state)
     return args
 
