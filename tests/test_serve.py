@@ -342,6 +342,8 @@ BAD = [  # (id, method, path, body (dict: JSON; bytes: raw), headers, status, wo
     ("no data", "POST", "/v2/models/kws_gru/infer", _without("data"), {}, 400, ["no 'data'"]),
     ("no name", "POST", "/v2/models/kws_gru/infer", _without("name"), {}, 400, ["'name'"]),
     ("wrong input name", "POST", "/v2/models/kws_gru/infer", _with(name="features"), {}, 400, ["'features'", "mfcc"]),
+    ("wrong input name and count", "POST", "/v2/models/kws_gru/infer", _with(name="features", data=[0.5] * 3), {}, 400,
+     ["unknown input 'features'", "mfcc"]),
     ("wrong datatype", "POST", "/v2/models/kws_gru/infer", _with(datatype="FP64"), {}, 400, ["FP64", "FP32", "'mfcc'"]),
     ("unknown datatype", "POST", "/v2/models/kws_gru/infer", _with(datatype="FLOAT"), {}, 400, ["FLOAT", "not supported"]),
     ("wrong rank", "POST", "/v2/models/kws_gru/infer", _with(shape=[2, 40], data=[0.5] * 80), {}, 400, ["'mfcc'", "rank 3"]),

@@ -191,7 +191,8 @@ class Service:
         try:
             served = self.model(request)
             body = await self.body(request)
-            req = await _off_loop(len(body), parse_infer_request, body, request.headers.get(HEADER_LENGTH))
+            req = await _off_loop(len(body), parse_infer_request, body, request.headers.get(HEADER_LENGTH),
+                                  (name, served.signature.input_names))
             fields["id"] = req.id
             sid, seq_start, seq_end = sequence_params(req.parameters)
             sig = served.signature

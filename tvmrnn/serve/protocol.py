@@ -145,8 +145,9 @@ def _requested_outputs(doc: dict) -> list[RequestedOutput] | None:
     return outputs
 
 
-def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
-    """Decode a v2 infer request body; `header_length` is the Inference-Header-Content-Length header or None."""
+def parse_infer_request(body: bytes, header_length: str | None, model=None) -> InferRequest:
+    """Decode a v2 infer request body; `header_length` is the Inference-Header-Content-Length header or None. `model`
+    (name, input names), where given, names an unknown input before its data is read."""
     doc, binary = _request_json(body, header_length)
     params = _dict(doc.get("parameters", {}), "'parameters'")
     request_id = doc.get("id")
@@ -165,6 +166,8 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
             raise ProtocolError(f"inputs[{i}] needs a 'name' (a string)")
         if name in arrays:
             raise ProtocolError(f"input {name!r} is given twice")
+        if model is not None and name not in model[1]:
+            raise ProtocolError(f"unknown input {name!r}; model {model[0]!r} has inputs {list(model[1])}")
         for key in ("shape", "datatype"):
             if key not in tensor:
                 raise ProtocolError(f"input {name!r} has no {key!r}")
