@@ -12,7 +12,7 @@ import tvm
 
 from schedules import cooperative, recurrent_kernel
 from tvmrnn import bench
-from tvmrnn.cells import cell_for
+from schedules.cells import cell_for
 from tvmrnn.frontend.inspect import find_rnn_layers
 
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})

@@ -26,7 +26,7 @@ from schedules.ptxas import kernel_source, ptxas
 from schedules.recurrent_mma import MmaConfig
 from schedules.space import KernelConfig
 from tvmrnn import bench
-from tvmrnn.cells import cell_for
+from schedules.cells import cell_for
 from tvmrnn.frontend.inspect import find_rnn_layers
 
 NAMES = sys.argv[1:] or [r.name for r in bench.ROWS]

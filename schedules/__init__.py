@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from tvm import tirx
 
+from .errors import KernelError
 from .recurrent_common import batch_dispatch
 from .recurrent_persistent_mma import MID_BATCH as RESIDENT_MID_BATCH
 from .recurrent_persistent_mma import SMALL_BATCH as RESIDENT_SMALL_BATCH
@@ -134,9 +135,7 @@ def _fit_note(spec, cell, target, choice) -> str:
     where = f"R slice {need:.1f} KB per block, {limit:.0f} KB on {arch}"
     fits = persistent.fits(spec, cell, arch)
     if choice == "persistent" and not fits:
-        from tvmrnn.errors import UnsupportedModelError
-
-        raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel 'persistent' needs R on chip, and hidden size "
+        raise KernelError(f"{spec.op} node '{spec.name}': kernel 'persistent' needs R on chip, and hidden size "
                                     f"{spec.hidden_size} x {spec.num_directions} direction(s) does not fit ({where}); use auto or stepwise")
     from .space import persistent_mma_fits, persistent_mma_streams
 
@@ -186,9 +185,7 @@ def plan_kernel(spec, cell, target, choice: str = "auto", tuned: dict | None = N
     from the tuning logs; each bucket runs its best point of a kind this choice allows, unless the
     default point for that batch measured within TUNED_MARGIN of it. Without any, the defaults."""
     if choice not in KERNEL_CHOICES:
-        from tvmrnn.errors import UnsupportedModelError
-
-        raise UnsupportedModelError(f"kernel={choice!r} is not supported; one of {KERNEL_CHOICES}")
+        raise KernelError(f"kernel={choice!r} is not supported; one of {KERNEL_CHOICES}")
     cuda = target.kind.name == "cuda"
     why = _fit_note(spec, cell, target, choice) if cuda else ""
     allowed = kinds(spec, cell, target, choice)

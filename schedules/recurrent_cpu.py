@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tvmrnn.cells import Cell
-from tvmrnn.layer import RNNLayerSpec
+from .cells import Cell
+from .layer import RNNLayerSpec
 from tvmrnn.runtime import cpu_threads
 
 from . import vector_math

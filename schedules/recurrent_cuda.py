@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tvmrnn.cells import Cell
-from tvmrnn.layer import RNNLayerSpec
+from .cells import Cell
+from .layer import RNNLayerSpec
 
 from .recurrent_common import KernelArgs, i64, recurrent_prim_func, step_phases, store_operand, unit_padding, unit_step
 from . import vector_math

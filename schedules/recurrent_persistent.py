@@ -20,8 +20,8 @@ from tvm import tirx
 from tvm.backend.cuda import op as cuda_op
 from tvm.script.ir_builder import tirx as T
 
-from tvmrnn.cells import Cell
-from tvmrnn.layer import RNNLayerSpec
+from .cells import Cell
+from .layer import RNNLayerSpec
 
 from .recurrent_common import KernelArgs, block_sync, i64, load_xw_ahead, step_phases, store_operand
 from .recurrent_cuda import cuda_prim_func, epilogue, operand_at, vector_width, weight_bytes

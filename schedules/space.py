@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import KernelError
+
 CPU_ROWS = (1, 2, 4, 5, 8)
 CPU_UNITS = (8, 16, 32, 64, 128, 256)
 # Knobs added to a kind after tuning logs were written for it, with the value that is what the kernel did before: a point
@@ -211,11 +213,9 @@ def in_space(config: KernelConfig, spec, cell, target) -> bool:
 
 def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
     """The schedule kinds a layer may run on `target` under the user's kernel choice."""
-    from tvmrnn.errors import UnsupportedModelError
-
     if target.kind.name != "cuda":
         if choice != "auto":  # a GPU kernel asked of a CPU build would otherwise be dropped without a word
-            raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel '{choice}' is a CUDA kernel and the target is "
+            raise KernelError(f"{spec.op} node '{spec.name}': kernel '{choice}' is a CUDA kernel and the target is "
                                         f"{target.kind.name}, whose layers run the CPU kernel; use kernel='auto' (or a cuda target)")
         return ("cpu",)
     from . import recurrent_persistent as persistent
@@ -224,10 +224,10 @@ def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
     one_wave = persistent_mma_fits(spec, cell, target) or persistent_mma_streams(spec, cell, target)  # persistent_mma runs
     large = ("mma",) if rounding_mode(spec, target) else ("tiled",)  # tensor cores where the dtype or precision allows them
     if choice in ("mma", "persistent_mma") and not tensor_cores(target):
-        raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel '{choice}' issues tensor-core mma.sync shapes of sm_80 "
+        raise KernelError(f"{spec.op} node '{spec.name}': kernel '{choice}' issues tensor-core mma.sync shapes of sm_80 "
                                     f"and newer; the target is {_arch(target)} (use auto, stepwise or tiled)")
     if choice == "persistent_mma" and not one_wave:
-        raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel 'persistent_mma' needs one wave of blocks with R in shared "
+        raise KernelError(f"{spec.op} node '{spec.name}': kernel 'persistent_mma' needs one wave of blocks with R in shared "
                                     f"memory or part of it streamed from L2, and hidden size {spec.hidden_size} x {spec.num_directions} "
                                     f"direction(s) in {spec.dtype} fits neither on {_arch(target)}; use auto, mma or stepwise")
     return {"auto": (("persistent",) if fits else ()) + (("persistent_mma",) if one_wave else ()) + ("stepwise",) + large,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tvmrnn.cells import apply_activation
+from .cells import apply_activation
 
 F32 = "float32"
 

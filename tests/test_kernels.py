@@ -19,7 +19,7 @@ from onnx_cases import Case
 from schedules import cooperative, point_kernel, recurrent_kernel
 from schedules.recurrent_common import PANEL
 from schedules.space import KernelConfig, default_config, knob_space
-from tvmrnn.cells import cell_for
+from schedules.cells import cell_for
 from tvmrnn.frontend.inspect import find_rnn_layers
 
 TARGETS = [pytest.param(("llvm", "auto"), id="llvm")] + [

@@ -56,7 +56,7 @@ def test_local_gpu_sm_count_sizes_the_persistent_grids(monkeypatch):
     from onnx_cases import Case
     from schedules import plan_kernel
     from schedules.recurrent_persistent import LOCAL_SM_COUNT
-    from tvmrnn.cells import cell_for
+    from schedules.cells import cell_for
     from tvmrnn.frontend.inspect import find_rnn_layers
 
     spec = find_rnn_layers(Case(op="LSTM", hidden=1024, input_size=16).model())[0].spec

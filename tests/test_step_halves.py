@@ -16,7 +16,7 @@ from schedules.recurrent_mma import MmaConfig
 from schedules.recurrent_persistent_mma import fits
 from schedules.space import KernelConfig, default_config, knob_space
 from test_kernels import _check_kernel, _source
-from tvmrnn.cells import cell_for, state_bound
+from schedules.cells import cell_for, state_bound
 from tvmrnn.frontend.inspect import find_rnn_layers
 
 SM90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})

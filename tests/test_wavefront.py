@@ -15,9 +15,9 @@ import tvmrnn
 from onnx_cases import ONNX_DTYPE, Case
 from reference import rnn_reference
 from schedules import recurrent_wavefront as wavefront
-from tvmrnn.cells import cell_for
+from schedules.cells import cell_for
 from tvmrnn.frontend.stacks import find_chains
-from tvmrnn.layer import Activation, RNNLayerSpec
+from schedules.layer import Activation, RNNLayerSpec
 
 SIGMOID_TANH = (Activation("Sigmoid"), Activation("Tanh"), Activation("Tanh"))
 
@@ -211,7 +211,7 @@ def test_gru_stack_with_linear_before_reset_runs_as_one_kernel():
 
 
 def module_specs(module):
-    from tvmrnn.layer import RNNLayerSpec
+    from schedules.layer import RNNLayerSpec
 
     return [RNNLayerSpec(**{k: v for k, v in layer.items() if k in RNNLayerSpec.__dataclass_fields__ and k not in ("activations", "present")},
                          present=frozenset(layer["present"])) for layer in module.metadata["layers"]]

@@ -17,6 +17,8 @@ import onnx
 import tvm
 from tvm import relax
 
+from schedules.layer import PRECISIONS
+
 from . import __version__
 from .cuda_graph import PASS_CONFIG as GRAPH_PASS_CONFIG
 from .cuda_graph import annotate as annotate_bounds
@@ -24,7 +26,6 @@ from .cuda_graph import captured as graph_captured
 from .cuda_graph import resolve as cuda_graph_plan
 from .errors import UnsupportedModelError
 from .frontend import import_onnx, load_onnx, model_inputs
-from .layer import PRECISIONS
 from .runtime import FORMAT, Module, metadata_path
 
 TARGET_ALIASES = {"cuda": "nvidia/nvidia-h100", "gpu": "nvidia/nvidia-h100"}

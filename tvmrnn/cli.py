@@ -8,9 +8,9 @@ import click
 
 from .errors import InputError, UnsupportedModelError
 
-# schedules.KERNEL_CHOICES and tvmrnn.layer.PRECISIONS, spelled out so `--help` need not import TVM (tests/test_cli.py checks they agree)
+# schedules.KERNEL_CHOICES and schedules.layer.PRECISIONS, spelled out so `--help` need not import TVM (tests/test_cli.py checks they agree)
 KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma", "persistent_mma")
-PRECISIONS = ("exact", "tf32")  # tvmrnn.layer.PRECISIONS, likewise
+PRECISIONS = ("exact", "tf32")  # schedules.layer.PRECISIONS, likewise
 
 
 def _fail_cleanly(fn):
@@ -21,7 +21,10 @@ def _fail_cleanly(fn):
     def wrapper(*a, **kw):
         try:
             return fn(*a, **kw)
-        except (UnsupportedModelError, InputError) as err:
+        except ValueError as err:
+            kernels = sys.modules.get("schedules.errors")  # the kernels' refusals (not imported here: --help needs no TVM)
+            if not isinstance(err, (UnsupportedModelError, InputError) + ((kernels.KernelError,) if kernels else ())):
+                raise
             click.echo(f"error: {err}", err=True)
             sys.exit(2)
 

@@ -15,16 +15,22 @@ from dataclasses import replace
 import numpy as np
 from tvm import relax, tirx
 
-from .cells import cell_for
-from .layer import RNNLayerSpec
+from schedules.cells import cell_for
+from schedules.layer import RNNLayerSpec
+
+from .errors import UnsupportedModelError
 
 op = relax.op
 
 
 def _recurrent_kernel(spec, cell, target, choice, tuned):
     from schedules import recurrent_kernel  # the schedules package is ours; imported late to keep layers apart
+    from schedules.errors import KernelError
 
-    return recurrent_kernel(spec, cell, target, choice, tuned)
+    try:
+        return recurrent_kernel(spec, cell, target, choice, tuned)
+    except KernelError as err:  # the kernels' refusal, as compile's own error
+        raise UnsupportedModelError(str(err)) from err
 
 
 def _split_bias(B, spec, cell):

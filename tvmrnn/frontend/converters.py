@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
-from ..cells import cell_for
+from schedules.cells import cell_for
+from schedules.layer import INPUT_NAMES
+
 from ..errors import UnsupportedModelError
 from ..lowering import emit_rnn_layer, emit_rnn_stack
-from ..layer import INPUT_NAMES
 from .rnn_spec import UNKNOWN, normalize_attrs, spec_from_node
 
 

@@ -40,7 +40,7 @@ def inspect_command(path: str, echo=print, target: str | None = "nvidia/nvidia-h
     from schedules import kernel_plan
 
     from ..build import resolve_target
-    from ..cells import cell_for
+    from schedules.cells import cell_for
 
     from ..tuning.logs import TuningLogs, default_logs_dir
 
@@ -69,7 +69,7 @@ def _stacks(model, found, target, logs) -> list[str]:
     at the largest batch bound that allows one)."""
     from schedules import PERSISTENT_MAX_BATCH, stack_kernel
 
-    from ..cells import cell_for
+    from schedules.cells import cell_for
     from ..frontend.stacks import find_chains
 
     if target.kind.name != "cuda":

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import tvm
 from tvm.script.ir_builder import tirx as T
 
-from ..cells import cell_for
+from schedules.cells import cell_for
+from schedules.layer import Activation, RNNLayerSpec
+
 from ..errors import UnsupportedModelError
 from ..frontend.inspect import find_rnn_layers
-from ..layer import Activation, RNNLayerSpec
 
 TASK_ATTR = "tvmrnn.task"
 DEFAULT_BATCHES = (1, 8, 64)  # buckets for a model whose batch is dynamic
