@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
+from .device import SMEM_LIMIT
 from .mma_tiles import KC, MODES, WarpTiles, cp_async_ring, itemsize, shared_element
 from .projection_mma import add_xw, store_xw
 from .recurrent_common import block_sync, each_element, i64, projection_prim_func
-from .recurrent_persistent import SMEM_LIMIT
 
 F32 = "float32"
 

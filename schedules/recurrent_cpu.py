@@ -19,7 +19,6 @@ from tvm.script.ir_builder import tirx as T
 
 from .cells import Cell
 from .layer import RNNLayerSpec
-from tvmrnn.runtime import cpu_threads
 
 from . import vector_math
 from .recurrent_common import PANEL, KernelArgs, i64, recurrent_prim_func, step_phases, unit_padding, unit_step, unit_values
@@ -54,10 +53,9 @@ def r_layout(spec: RNNLayerSpec) -> str:
     return "panels" if spec.hidden_size % PANEL == 0 else "transposed"
 
 
-def small_batch_units(hidden: int, directions: int) -> int:
+def small_batch_units(hidden: int, directions: int, threads: int) -> int:
     """The default units per work item at small batch: the widest chunk (up to ROW_UNITS) that still gives each of
     TVM's threads at least one item per step."""
-    threads = cpu_threads()
     widest = ROW_UNITS
     while widest > 8 and directions * (hidden // chunk_size(hidden, widest)) < threads:
         widest //= 2
@@ -133,8 +131,9 @@ def cpu_signature(spec: RNNLayerSpec, cell: Cell, emit_body, seq=None, batch=Non
     return recurrent_prim_func(spec, cell, r_layout(spec), emit_body, weight_dtype=spec.dtype, seq=seq, batch=batch)
 
 
-def cpu_steps(a: KernelArgs, cfg: CpuConfig):
-    """The time loop: per step and phase, parallel work items of `cfg.units` units x `cfg.rows` batch rows."""
+def cpu_steps(a: KernelArgs, cfg: CpuConfig, threads: int):
+    """The time loop: per step and phase, parallel work items of `cfg.units` units x `cfg.rows` batch rows, split as
+    a pool of `threads` splits them."""
     H, D = a.spec.hidden_size, a.spec.num_directions
     rows, jc = cfg.rows, cfg.units
     if H % jc:
@@ -163,7 +162,7 @@ def cpu_steps(a: KernelArgs, cfg: CpuConfig):
         """Item i of step s: on odd steps the thread's share in reverse. The share is the blocked split TVM's parallel
         loops make (ceil(items / threads) each, in order), for the pool the build sees; with another thread count the
         order is merely less kind to L2 (any order of a phase's items is correct)."""
-        share = tirx.ceildiv(items, i64(cpu_threads()))
+        share = tirx.ceildiv(items, i64(threads))
         first = i // share * share
         last = tirx.min(first + share, items) - i64(1)
         return tirx.if_then_else(s % 2 == 1, first + last - i, i)

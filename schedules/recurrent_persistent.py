@@ -21,6 +21,7 @@ from tvm.backend.cuda import op as cuda_op
 from tvm.script.ir_builder import tirx as T
 
 from .cells import Cell
+from .device import Device
 from .layer import RNNLayerSpec
 
 from .recurrent_common import KernelArgs, block_sync, i64, load_xw_ahead, step_phases, store_operand
@@ -29,19 +30,6 @@ from .warp_gemv import warp_gates
 
 F32 = "float32"
 R_LAYOUT = "rows"
-# streaming multiprocessors per architecture: the grid must be one co-resident wave. The table holds each arch's
-# flagship (H100 SXM, A100, ...); parts of the same arch have fewer (H100 PCIe 114, A30 56, L4 58), so compiling for
-# the local GPU records its own count (LOCAL_SM_COUNT, set by tvmrnn.build.resolve_target), and a module records the
-# grid it needs (model.json "cooperative_blocks"), which loading checks against the GPU it runs on
-SM_COUNT = {"sm_90": 132, "sm_90a": 132, "sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_87": 16}
-LOCAL_SM_COUNT: dict[str, int] = {}
-
-
-def sm_count(arch: str) -> int:
-    return LOCAL_SM_COUNT.get(arch) or SM_COUNT.get(arch, 108)
-# dynamic shared memory one block may use: 227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86/89
-SMEM_LIMIT = {"sm_90": 227 * 1024, "sm_90a": 227 * 1024, "sm_80": 163 * 1024, "sm_87": 163 * 1024}
-SMEM_DEFAULT = 99 * 1024
 
 
 @dataclass(frozen=True)
@@ -77,16 +65,17 @@ class PersistentConfig:
 STAGE_H_MIN_HIDDEN = 1024
 
 
-def default_config(spec: RNNLayerSpec, arch: str) -> PersistentConfig:
-    return PersistentConfig(blocks=sm_count(arch), stage_h=spec.hidden_size >= STAGE_H_MIN_HIDDEN)
+def default_config(spec: RNNLayerSpec, device: Device) -> PersistentConfig:
+    """One block per SM: the grid is one co-resident wave (a module records it, and loading checks the GPU has as many)."""
+    return PersistentConfig(blocks=device.sm_count, stage_h=spec.hidden_size >= STAGE_H_MIN_HIDDEN)
 
 
-def fits(spec: RNNLayerSpec, cell: Cell, arch: str, blocks: int | None = None) -> bool:
+def fits(spec: RNNLayerSpec, cell: Cell, device: Device, blocks: int | None = None) -> bool:
     """Whether R of this layer (all directions) fits in shared memory across one wave of `blocks` blocks."""
-    cfg = default_config(spec, arch)
+    cfg = default_config(spec, device)
     if blocks is not None:
         cfg = dataclasses.replace(cfg, blocks=blocks)
-    return cfg.smem_bytes(spec, cell) <= SMEM_LIMIT.get(arch, SMEM_DEFAULT)
+    return cfg.smem_bytes(spec, cell) <= device.smem_limit
 
 
 def _grid_sync():

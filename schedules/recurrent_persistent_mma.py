@@ -41,10 +41,11 @@ from dataclasses import replace
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
+from .device import Device
 from .mma_tiles import KC, WarpTiles, chunk_rounds, cp_async_ring, itemsize, shared_element
 from .recurrent_common import KernelArgs, block_sync, emit_if, i64, step_phases
 from .recurrent_mma import MmaConfig, block_phase, global_a, operand_copies, operand_dtype, partial_sums
-from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, _strided, final_states, initial_states, sm_count
+from .recurrent_persistent import _grid_sync, _strided, final_states, initial_states
 from . import step_halves
 from .split_halves import halves_of
 from .streamed_r import StreamedR
@@ -127,13 +128,13 @@ def smem_bytes(spec, cell, cfg: MmaConfig) -> int:
     return r_bytes(spec, cell, cfg.units, resident_chunks(spec, cfg)) + sums_bytes(spec, cell, cfg) + ring_bytes(spec, cell, cfg) + scales
 
 
-def fewest_streamed(spec, cell, arch: str, cfg: MmaConfig) -> int | None:
+def fewest_streamed(spec, cell, device: Device, cfg: MmaConfig) -> int | None:
     """The fewest chunks of R to stream from L2 so that the rest fits in shared memory beside cfg's partial sums, or
     None where the blocks do not fit one wave."""
-    if blocks(spec, cfg.units) > sm_count(arch):
+    if blocks(spec, cfg.units) > device.sm_count:
         return None
     one = replace(cfg, streamed=1)  # the ring, and whether the sums live in it, do not depend on how much streams
-    room = SMEM_LIMIT.get(arch, SMEM_DEFAULT) - sums_bytes(spec, cell, one) - ring_bytes(spec, cell, one)
+    room = device.smem_limit - sums_bytes(spec, cell, one) - ring_bytes(spec, cell, one)
     return max(0, -(-spec.hidden_size // KC) - max(0, room // r_bytes(spec, cell, cfg.units, 1)))
 
 
@@ -144,10 +145,10 @@ def unit_rows_fit(cell, cfg: MmaConfig) -> bool:
     return all(len(p.gates) * cfg.units % 8 == 0 for p in cell.phases) and (cfg.units % 8 == 0 or cfg.ring or not cfg.streamed)
 
 
-def fits(spec, cell, arch: str, cfg: MmaConfig) -> bool:
+def fits(spec, cell, device: Device, cfg: MmaConfig) -> bool:
     """One wave of blocks (one per SM) holds all of R (every direction) in shared memory."""
-    return (unit_rows_fit(cell, cfg) and blocks(spec, cfg.units) <= sm_count(arch)
-            and smem_bytes(spec, cell, cfg) <= SMEM_LIMIT.get(arch, SMEM_DEFAULT)
+    return (unit_rows_fit(cell, cfg) and blocks(spec, cfg.units) <= device.sm_count
+            and smem_bytes(spec, cell, cfg) <= device.smem_limit
             and cfg.n_warps * cfg.k_warps <= 16
             and not (cfg.ring and (cfg.ring < 2 or not cfg.streamed or spec.hidden_size % KC))  # the ring copies whole chunks
             and not (cfg.ring_h and not cfg.ring)
@@ -179,7 +180,7 @@ HALVES_STREAMED = True
 SUMS_IN_RING = True
 
 
-def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig | None:
+def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaConfig | None:
     """The fewest units per block (most SMs at work) that fit. Up to batch 8 one 8-row tile with the reduction split
     8 ways (16 in exact fp32), with XW prefetched; in exact fp32 up to batch 24 three 8-row tiles split 8 ways (4 where
     that does not fit beside R); above, 2 x 2 tiles (32 rows per pass) split 4 ways, prefetching XW in cells of several
@@ -210,12 +211,12 @@ def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig
     for units in UNITS:
         for point in points:
             cfg = MmaConfig(units=units, depth=2, halves=halves, **point)
-            if fits(spec, cell, arch, cfg):
+            if fits(spec, cell, device, cfg):
                 return cfg
-    return streaming_config(spec, cell, arch)
+    return streaming_config(spec, cell, device)
 
 
-def streaming_config(spec, cell, arch: str) -> MmaConfig | None:
+def streaming_config(spec, cell, device: Device) -> MmaConfig | None:
     """For a layer whose R does not fit on chip: the fewest units per block that make one wave (not only multiples of 8:
     every phase's rows must be whole 8-row groups, so an LSTM may take 20 units, a GRU 24), 4 x 2 batch tiles (64 rows
     per pass), the reduction split 4 ways, XW prefetched only in cells of several phases (as default_config), the
@@ -241,14 +242,14 @@ def streaming_config(spec, cell, arch: str) -> MmaConfig | None:
     None where no wave of blocks holds H, or where R (every direction) would fit in a wave's shared memory: there more
     units per block than UNITS would keep it all resident, which is what tuning is for, and streaming has not been
     measured against that."""
-    if r_bytes(spec, cell, spec.hidden_size) * spec.num_directions <= sm_count(arch) * SMEM_LIMIT.get(arch, SMEM_DEFAULT):
+    if r_bytes(spec, cell, spec.hidden_size) * spec.num_directions <= device.sm_count * device.smem_limit:
         return None
     halves = int(HALVES_STREAMED and halves_apply(spec))
     for ring in (dict(ring=2, ring_h=1, halves=halves), dict(ring=0, ring_h=0)):  # the ring copies whole chunks: none where H % 32
         for units in range(UNITS[0], MAX_STREAM_UNITS + 1):
             cfg = MmaConfig(units=units, n_tiles=4, n_warps=2, k_warps=4, depth=1, prefetch=int(len(cell.phases) > 1), **ring)
-            streamed = fewest_streamed(spec, cell, arch, cfg)
-            if streamed and fits(spec, cell, arch, replace(cfg, streamed=streamed)):
+            streamed = fewest_streamed(spec, cell, device, cfg)
+            if streamed and fits(spec, cell, device, replace(cfg, streamed=streamed)):
                 return replace(cfg, streamed=streamed)
     return None
 

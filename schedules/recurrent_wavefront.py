@@ -29,9 +29,10 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
+from .device import Device
 from .recurrent_common import KernelArgs, block_sync, i64
 from .recurrent_cuda import epilogue, vector_width, weight_bytes, xw_dtype
-from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, _prefetch_xw, _strided, final_states, initial_states, sm_count
+from .recurrent_persistent import _grid_sync, _prefetch_xw, _strided, final_states, initial_states
 from .warp_gemv import warp_gates
 
 F32 = "float32"
@@ -82,11 +83,11 @@ def stackable(spec, cell, first: bool) -> str | None:
     return None
 
 
-def plan(specs, cells, arch: str, warps: int = WARPS, stage: int = STAGE) -> WavefrontConfig | None:
+def plan(specs, cells, device: Device, warps: int = WARPS, stage: int = STAGE) -> WavefrontConfig | None:
     """Units and blocks per layer: the least work per step for the slowest block (units beyond the block's warps take
     another round) within one wave and each block's shared memory; None where no split fits."""
     ks = [reduction(s, i == 0) for i, s in enumerate(specs)]
-    sms, limit = sm_count(arch), SMEM_LIMIT.get(arch, SMEM_DEFAULT) - (4 * max(ks) if stage else 0)
+    sms, limit = device.sm_count, device.smem_limit - (4 * max(ks) if stage else 0)
     # the most units a block of each layer can hold in shared memory
     most = [limit // (rows_per_unit(c, i == 0) * k * weight_bytes(s)) for i, (s, c, k) in enumerate(zip(specs, cells, ks))]
     if min(most) < 1 or len(specs) > sms:

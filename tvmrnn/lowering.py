@@ -19,6 +19,7 @@ from schedules.cells import cell_for
 from schedules.layer import RNNLayerSpec
 
 from .errors import UnsupportedModelError
+from .runtime import kernel_device
 
 op = relax.op
 
@@ -28,7 +29,7 @@ def _recurrent_kernel(spec, cell, target, choice, tuned):
     from schedules.errors import KernelError
 
     try:
-        return recurrent_kernel(spec, cell, target, choice, tuned)
+        return recurrent_kernel(spec, cell, target, choice, tuned, kernel_device(target))
     except KernelError as err:  # the kernels' refusal, as compile's own error
         raise UnsupportedModelError(str(err)) from err
 

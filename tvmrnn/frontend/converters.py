@@ -18,6 +18,7 @@ from schedules.layer import INPUT_NAMES
 
 from ..errors import UnsupportedModelError
 from ..lowering import emit_rnn_layer, emit_rnn_stack
+from ..runtime import kernel_device
 from .rnn_spec import UNKNOWN, normalize_attrs, spec_from_node
 
 
@@ -126,7 +127,7 @@ def _stack(ctx, bb, spec, members, inputs, convert, model_dtype):
         return None
     bound = batch if isinstance(batch, int) else ctx.dim_bounds.get(batch)
     tuned = [ctx.tuned(s) if ctx.tuned else None for s in specs]
-    kernel, why = stack_kernel(specs, [cell_for(s) for s in specs], ctx.target, ctx.kernel, tuned, bound)
+    kernel, why = stack_kernel(specs, [cell_for(s) for s in specs], ctx.target, ctx.kernel, tuned, bound, kernel_device(ctx.target))
     ctx.stacks.append(f"{' -> '.join(s.name for s in specs)}: " + (why if kernel else f"layer by layer ({why})"))
     if kernel is None:
         return None

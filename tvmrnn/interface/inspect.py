@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ..runtime import metadata_path
+from ..runtime import kernel_device, metadata_path
 
 
 def _layer_line(op, name, spec_like: dict) -> str:
@@ -56,7 +56,7 @@ def inspect_command(path: str, echo=print, target: str | None = "nvidia/nvidia-h
         if layer.supported:
             spec = asdict(layer.spec)
             echo(_layer_line(layer.op, layer.node, spec) + "  supported")
-            echo(f"       kernel: {kernel_plan(layer.spec, cell_for(layer.spec), tgt, tuned=logs.best(layer.spec))}")
+            echo(f"       kernel: {kernel_plan(layer.spec, cell_for(layer.spec), tgt, tuned=logs.best(layer.spec), device=kernel_device(tgt))}")
         else:
             echo(f"  {layer.op:<4} {layer.node:<24} NOT SUPPORTED: {layer.problem}")
     for line in _stacks(model, found, tgt, logs):
@@ -83,7 +83,7 @@ def _stacks(model, found, target, logs) -> list[str]:
         batch = chain[0].x_shape[1] if len(chain[0].x_shape) > 1 else None
         static = isinstance(batch, int)
         kernel, why = stack_kernel(specs, [cell_for(s) for s in specs], target, tuned=[logs.best(s) for s in specs],
-                                   batch_bound=batch if static else PERSISTENT_MAX_BATCH)
+                                   batch_bound=batch if static else PERSISTENT_MAX_BATCH, device=kernel_device(target))
         when = "" if static or kernel is None else f" when compiled with the batch bounded (--max-dim {batch}=N, N <= {PERSISTENT_MAX_BATCH})"
         lines.append(f"  stack {' -> '.join(layer.node for layer in chain)}: " + (f"one {why}{when}" if kernel else f"layer by layer ({why})"))
     return lines

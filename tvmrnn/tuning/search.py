@@ -20,6 +20,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
+from ..runtime import kernel_device
 from .tasks import RecurrentTask, task_of
 
 KNOB = "tvmrnn."  # annotation prefix of a knob on the root block
@@ -46,13 +47,15 @@ def design_spaces(task: RecurrentTask, target, choice: str = "auto") -> ms.space
     fits, persistent_mma also where it streams part of R)."""
     from schedules.space import kinds, knob_space
 
+    device = kernel_device(target)
+
     def sample(sch: Schedule):
         spaces = []
-        for kind in kinds(task.spec, task.cell, target, choice):
+        for kind in kinds(task.spec, task.cell, target, choice, device):
             s = sch.copy()
             root = _root(s)
             s.annotate(root, KIND, kind)
-            for knob, choices in knob_space(kind, task.spec, task.cell, target).items():
+            for knob, choices in knob_space(kind, task.spec, task.cell, target, device).items():
                 value = choices[0] if len(choices) == 1 else s.sample_categorical(list(choices), [1.0 / len(choices)] * len(choices))
                 s.annotate(root, KNOB + knob, value)
             spaces.append(s)
@@ -110,7 +113,7 @@ def point_kernel_of(mod: tvm.IRModule, target) -> tvm.IRModule:
     from schedules import point_kernel
 
     task = task_of(mod)
-    func = point_kernel(task.spec, task.cell, target, config_of(mod), task.seq, task.batch)
+    func = point_kernel(task.spec, task.cell, target, config_of(mod), task.seq, task.batch, kernel_device(target))
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
