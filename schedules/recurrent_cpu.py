@@ -38,9 +38,6 @@ ROW_TILE_ACCUMULATORS = 384
 # 1.5x faster than 32 with one thread, and tuning with two found 128 1.29x faster than 64,
 # benchmarks/results/2026-11-23-cpu-tune-log.txt), as long as every thread of the pool still gets an item
 ROW_UNITS = 128
-# the time loop in one launch of the thread pool, barriers between phases (False: a launch per phase and step, the
-# kernel before; benchmarks/cpu_ab.py builds it for the side-by-side comparison)
-ONE_LAUNCH = True
 
 
 def r_layout(spec: RNNLayerSpec) -> str:
@@ -168,27 +165,16 @@ def cpu_steps(a: KernelArgs, cfg: CpuConfig, threads: int):
         return tirx.if_then_else(s % 2 == 1, first + last - i, i)
 
     # One launch of TVM's thread pool for the whole sequence: every thread runs the time loop, takes its share of each
-    # phase's items (the same blocked split a parallel loop launched on its own gets) and meets the others at a
-    # barrier. On this project's VM a launch cost 0.6-1.9 us and a barrier 0.25-0.35 us
-    # (benchmarks/cpu_pool_launch.py, benchmarks/results/2026-11-23-cpu-pool-launch.txt); whole models ran 1.01-1.05x
-    # faster (benchmarks/results/2026-11-23-cpu-one-launch-ab.txt).
-    if parallel and ONE_LAUNCH:
+    # phase's items (the same blocked split a parallel loop launched on its own gets) and meets the others at a barrier
+    if parallel:
         with T.attr(0, "pragma_parallel_launch_point", 1):
             step_phases(a, a.hbuf, a.scratch, phase_items)
-    elif parallel:
-        step_phases(a, a.hbuf, a.scratch, lambda *args: _launch_each(phase_items, *args))
     else:
         step_phases(a, a.hbuf, a.scratch, phase_items)
 
 
 def _f32(x):
     return x if str(x.ty.dtype) == F32 else x.astype(F32)
-
-
-def _launch_each(phase_items, *args):
-    """A phase's items as a parallel loop of its own (its own launch): the barrier pragma needs an enclosing launch."""
-    with T.attr(0, "pragma_parallel_launch_point", 1):
-        phase_items(*args)
 
 
 def _phase_tile(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, d, n0, rows, j0, JC):

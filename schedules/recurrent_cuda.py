@@ -46,13 +46,10 @@ def _elementwise(a: KernelArgs, total, body):
                     body(idx)
 
 
-# a half layer's XW in its dtype (KernelArgs.xw); False: fp32 XW, as before (benchmarks/half_xw_ab.py builds both)
-XW_IN_STORAGE = True
-
-
 def xw_dtype(spec: RNNLayerSpec) -> str:
-    """The dtype a CUDA kernel reads the layer's XW in (the projection GEMM writes it so: lowering reads it back)."""
-    return spec.dtype if XW_IN_STORAGE else F32
+    """The dtype a CUDA kernel reads the layer's XW in: the layer's own (a half layer's XW in half precision; the
+    projection GEMM writes it so, and lowering reads it back)."""
+    return spec.dtype
 
 
 def cuda_prim_func(spec: RNNLayerSpec, cell: Cell, emit_body, seq=None, batch=None) -> tirx.PrimFunc:

@@ -97,10 +97,10 @@ def ring_dtypes(spec, cfg: MmaConfig) -> tuple[str, str]:
 
 
 def ring_a_bytes(spec, cell, cfg: MmaConfig) -> int:
-    """The ring's A buffers, one allocation: cfg.ring buffers of A's chunks, at least the partial sums' bytes where
-    those live there (SUMS_IN_RING: in fp16 at blog-a's shape the sums are 640 bytes more than the buffers)."""
+    """The ring's A buffers, one allocation: cfg.ring buffers of A's chunks, and at least the partial sums' bytes, which
+    live there (idle from a reduction's last barrier to the next one's first copies, so their bytes hold more of R)."""
     a_dtype, _ = ring_dtypes(spec, cfg)
-    return max(cfg.ring * ring_a_elems(cell, cfg) * itemsize(a_dtype), cfg.smem_bytes(cell.gates) if SUMS_IN_RING else 0)
+    return max(cfg.ring * ring_a_elems(cell, cfg) * itemsize(a_dtype), cfg.smem_bytes(cell.gates))
 
 
 def ring_bytes(spec, cell, cfg: MmaConfig) -> int:
@@ -114,8 +114,8 @@ def ring_bytes(spec, cell, cfg: MmaConfig) -> int:
 
 
 def sums_in_ring(spec, cell, cfg: MmaConfig) -> bool:
-    """Whether the partial sums live in the ring's A buffers (SUMS_IN_RING, wherever there is a ring)."""
-    return SUMS_IN_RING and bool(ring_bytes(spec, cell, cfg))
+    """Whether the partial sums live in the ring's A buffers: wherever there is a ring."""
+    return bool(ring_bytes(spec, cell, cfg))
 
 
 def sums_bytes(spec, cell, cfg: MmaConfig) -> int:
@@ -170,31 +170,12 @@ def halves_apply(spec) -> bool:
     return mode(spec) == "tf32x3" and step_halves.applies(spec)
 
 
-# exact fp32 with R resident: f16x3 steps by default where the cell bounds h (False: 3xTF32, for A/B runs)
-HALVES = True
-# the same where part of R streams from L2 through the ring (streaming_config; False: 3xTF32 there, for A/B runs)
-HALVES_STREAMED = True
-# the k_warps' partial sums in the ring's A buffers (grown to hold them where they are smaller), idle from a reduction's
-# last barrier to the next one's first copies, so their bytes hold more of R (blog-a: 4 more chunks resident in exact
-# fp32, 8 in fp16); False: a buffer of their own, for A/B runs
-SUMS_IN_RING = True
-
-
 def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaConfig | None:
     """The fewest units per block (most SMs at work) that fit. Up to batch 8 one 8-row tile with the reduction split
     8 ways (16 in exact fp32), with XW prefetched; in exact fp32 up to batch 24 three 8-row tiles split 8 ways (4 where
-    that does not fit beside R); above, 2 x 2 tiles (32 rows per pass) split 4 ways, prefetching XW in cells of several
-    phases, each of which waits on its XW read after its reduction (GRU h800 batch 20 fp16, the tuner's measurements in
-    tuning_logs/cuda-sm_90: 3.38 against 4.63 us per step). Measured on the H100, whole models:
-    - fp16 and the first fp32 points (benchmarks/results/2026-11-23-h100-persistent-mma-variants.md,
-      2026-11-23-h100-knob-variants.md): b8-h1024-l2 1.38 against 1.40 ms in fp32 and 0.725 against 0.755 in fp16 with
-      XW prefetched;
-    - exact fp32 (2026-11-24-h100-resident-tiles-ab.md): b8-h1024-l2 1.18 against 1.30 ms with the 16-way reduction;
-      ds2-lstm 2.35 against 3.05, ds2-gru 2.22 against 2.72, ds2-5l-bi 27.1 against 31.4 with three tiles (24 rows);
-      above WIDE_BATCH one 64-row pass of 4 x 2 tiles (A read from shared memory and split into TF32 parts once per
-      step, not twice): b64-h1024-l2 4.33 against 4.95 ms (2026-11-24-h100-persistent-mma-64-rows.md).
-      Not measured in fp16, which keeps the first points.
-    Where no point holds all of R, streaming_config; None if that does not fit either."""
+    that does not fit beside R); above, 2 x 2 tiles (32 rows per pass) split 4 ways, and in exact fp32 above WIDE_BATCH
+    one 64-row pass of 4 x 2 tiles; XW prefetched in cells of several phases. Exact fp32 runs f16x3 steps where the cell
+    bounds h. Where no point holds all of R, streaming_config; None if that does not fit either."""
     from .recurrent_mma import mode
 
     exact = mode(spec) == "tf32x3"
@@ -207,7 +188,7 @@ def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaC
         points = [dict(n_tiles=2, n_warps=2, k_warps=4, prefetch=int(phases > 1))]
         if exact and (batch is None or batch > WIDE_BATCH):
             points.insert(0, dict(n_tiles=4, n_warps=2, k_warps=4, prefetch=int(phases > 1)))
-    halves = int(HALVES and halves_apply(spec))
+    halves = int(halves_apply(spec))
     for units in UNITS:
         for point in points:
             cfg = MmaConfig(units=units, depth=2, halves=halves, **point)
@@ -217,34 +198,15 @@ def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaC
 
 
 def streaming_config(spec, cell, device: Device) -> MmaConfig | None:
-    """For a layer whose R does not fit on chip: the fewest units per block that make one wave (not only multiples of 8:
-    every phase's rows must be whole 8-row groups, so an LSTM may take 20 units, a GRU 24), 4 x 2 batch tiles (64 rows
-    per pass), the reduction split 4 ways, XW prefetched only in cells of several phases (as default_config), the
-    streamed chunks of R and of h through a ring of two buffers (without it where H is not whole 32-column chunks, which
-    the ring copies), and the fewest chunks streamed. Measured on blog-a (H=2560, batch 64, H100), whole models:
-    - the ring of R's chunks (benchmarks/results/2026-11-25-h100-streamed-ring.md): fp16 9.36 against 10.03 ms without
-      it, fp32 26.3 against 26.6; three buffers (more chunks streamed to make room) 9.83 and 28.0; h's chunks in the ring
-      too (ring_h, 2026-11-25-h100-ring-h.md): fp16 8.69 against 9.40 ms, fp32 24.2 against 26.5;
-    - 20 units (128 blocks, 58 of 80 chunks streamed in fp16) against 24 (107 blocks, 64 streamed), without XW prefetched
-      (2026-11-25-h100-blog-a-units20.md): fp16 7.39 against 8.24 ms, exact fp32 20.5 against 22.9; with XW prefetched
-      7.53 and 20.6; ring=3 at 20 units 7.46;
-    - exact fp32 with f16x3 steps where the cell bounds h (HALVES_STREAMED: each row's scaled halves of its streamed
-      columns written once per launch, R's and h's halves through the ring; 2026-11-26-h100-streamed-halves.md):
-      15.6 against 17.5 ms with 3xTF32 steps;
-    - the streamed chunks read from a copy in the ring's order (streamed_r, 2026-11-26-h100-stream-order.md): exact fp32
-      14.56 against 15.59 ms, fp16 6.70 against 7.00; then in exact fp32 (2026-11-26-h100-blog-a-fp32-points.md) XW
-      prefetched 14.36 against the default's 14.36, h outside the ring (6 more chunks resident) 16.9, that with 3
-      buffers 17.6;
-    - the k_warps' partial sums in the ring's A buffers (SUMS_IN_RING, 2026-11-26-h100-sums-in-ring.md; 72 chunks
-      streamed in exact fp32, 50 in fp16): exact fp32 14.48 against 14.57 ms, fp16 6.19 against 6.67; then the batch
-      tiles and reduction splits again (2026-11-26-h100-blog-a-fp32-warps-session23.json): 4 x 2 split 4 ways 14.02,
-      2 x 4 split 2 ways 16.38, 4 x 2 split 2 ways 17.06, 1 x 8 split 2 ways 17.90.
-    None where no wave of blocks holds H, or where R (every direction) would fit in a wave's shared memory: there more
-    units per block than UNITS would keep it all resident, which is what tuning is for, and streaming has not been
-    measured against that."""
+    """For a layer whose R does not fit on chip: the fewest units per block that make one wave (every phase's rows must
+    be whole 8-row groups, so an LSTM may take 20 units, a GRU 24), 4 x 2 batch tiles (64 rows per pass), the reduction
+    split 4 ways, XW prefetched only in cells of several phases, the streamed chunks of R and of h through a ring of two
+    buffers (without it where H is not whole 32-column chunks, which the ring copies), f16x3 steps in exact fp32 where
+    the cell bounds h, and the fewest chunks streamed. None where no wave of blocks holds H, or where R would fit in a
+    wave's shared memory (there more units per block would keep it resident: tuning's business)."""
     if r_bytes(spec, cell, spec.hidden_size) * spec.num_directions <= device.sm_count * device.smem_limit:
         return None
-    halves = int(HALVES_STREAMED and halves_apply(spec))
+    halves = int(halves_apply(spec))
     for ring in (dict(ring=2, ring_h=1, halves=halves), dict(ring=0, ring_h=0)):  # the ring copies whole chunks: none where H % 32
         for units in range(UNITS[0], MAX_STREAM_UNITS + 1):
             cfg = MmaConfig(units=units, n_tiles=4, n_warps=2, k_warps=4, depth=1, prefetch=int(len(cell.phases) > 1), **ring)

@@ -506,10 +506,10 @@ def test_streaming_default_takes_the_fewest_units_that_make_one_wave(dtype):
     assert streaming_config(small, cell_for(small), Device.cuda("sm_90")) is None  # R fits on chip: nothing streams
 
 
-def test_partial_sums_share_the_ring(monkeypatch):
+def test_partial_sums_share_the_ring():
     """The k_warps' partial sums live in the ring's A buffers (idle between reductions; grown where the sums are
-    larger): blog-a's exact-fp32 default then keeps 4 more chunks of R resident (72 of 80 streamed, not 76), fp16 8
-    more (50, not 58: its A buffers were 640 bytes short of the sums), and both still fit. SUMS_IN_RING off: the old."""
+    larger): blog-a's exact-fp32 default then keeps 72 of 80 chunks streamed (76 with a buffer of their own), fp16 50
+    (58), and both fit."""
     from schedules import recurrent_persistent_mma as rpm
 
     def default(dtype):
@@ -520,8 +520,6 @@ def test_partial_sums_share_the_ring(monkeypatch):
         return cfg.streamed, rpm.sums_in_ring(spec, cell, cfg)
 
     assert default("float32") == (72, True) and default("float16") == (50, True)
-    monkeypatch.setattr(rpm, "SUMS_IN_RING", False)
-    assert default("float32") == (76, False) and default("float16") == (58, False)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])

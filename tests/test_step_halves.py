@@ -165,7 +165,7 @@ def test_f16x3_steps_keep_fp32_accuracy_across_magnitudes(case):
     assert errors[1] < 1e-5 and errors[1] <= 4 * errors[0], errors
 
 
-# streamed chunks through the ring in f16x3 (recurrent_persistent_mma.HALVES_STREAMED, the exact-fp32 default there):
+# streamed chunks through the ring in f16x3 (recurrent_persistent_mma.streaming_config, the exact-fp32 default there):
 # rows of R 2^13 apart, h0 8 times the usual; a round of whole chunks, a partial last round, h's chunks in the ring, 20
 # units a block (8-row groups holding two gates' rows), a GRU's two phases
 STREAMED = [

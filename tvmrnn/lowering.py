@@ -89,7 +89,7 @@ def _projection(bb, X, w, bias, cols, In, target, mode, xw_dtype="float32"):
     # both tensor-core GEMMs take the same modes (on sm_90a, which has tensor cores, staged is the half dtype or fp32's
     # TF32 / 3xTF32)
     operands = lambda x2d: [x2d, weight]  # noqa: E731 - the GEMM's inputs before bias, from X as [rows, In]
-    if (cuda and staged == "tf32x3" and projection_wgmma.EXACT_ON_HALVES and (rows is None or rows > projection_staged.SMALL_M)
+    if (cuda and staged == "tf32x3" and (rows is None or rows > projection_staged.SMALL_M)
             and projection_wgmma.supported("f16x3", In, cols, arch)):
         # exact fp32 as three fp16 products of scaled halves: half the tensor-core time of 3xTF32's three TF32 products.
         # Where the model does not fix the rows, at every row count (its tiles read the halves, not fp32)
