@@ -1,36 +1,24 @@
-"""The input projection on Hopper's warpgroup tensor cores (wgmma): XW = X @ W^T + bias, fp16/bf16 (or fp32 as TF32) in,
-fp32 out (a half-precision layer's XW in its dtype). compile uses it on sm_90a for half-precision layers and for fp32 ones (tvmrnn.lowering): with
-precision="tf32" in the TF32 mode (fp32 rows of 128 bytes in the 128-byte swizzle, k8 wgmma's), by default in the
-3xTF32 mode (exact fp32: hi*hi + hi*lo + lo*hi per k8 of each operand's TF32 high and low parts, each ring item's
-products summed apart and added in fp32). compile's 3xTF32 point (lo_w) takes W with its low parts precomputed
-(low_parts, folded at compile time), copied into the ring beside W's rows, and each warpgroup splits its own rows of X
-in registers, from which its wgmma's read A (the rs form); the other points split both operands in shared memory, the
-threads each their own copies, into a second pair of buffers. compile's exact fp32 is now the f16x3 mode instead: X
-and W come as fp16 halves of rows scaled by powers of two (schedules.split_halves), the ring holds both halves of
-each, and hi*hi + hi*lo + lo*hi run on fp16 wgmma's (half 3xTF32's tensor-core time), the epilogue unscaling.
+"""The input projection on Hopper's warpgroup tensor cores (wgmma, sm_90a): XW = X @ W^T + bias, fp32 out (a
+half-precision layer's XW in its dtype). Modes: fp16/bf16; fp32 as TF32 (precision="tf32"); exact fp32 as f16x3 (X and
+W as fp16 halves of rows scaled by powers of two, schedules.split_halves: hi*hi + hi*lo + lo*hi on fp16 wgmma's, the
+epilogue unscaling), compile's default; and exact fp32 as 3xTF32 (each operand's TF32 high and low parts; at compile's
+points W comes with its low parts beside it and each warpgroup splits its rows of X in registers, the rs form).
+Choices and their numbers: docs/decisions.md (Kernels, CUDA projections).
 
-projection_staged feeds mma.sync from shared memory, one warp's fragments at a time: on the H100 blog-a's
-GEMM (12800 x 2560 x 10240, fp16) ran 1.96 ms there, 343 TFLOP/s, against cuBLAS's 0.93 (which uses
-wgmma). Here each warpgroup (4 warps, 128 threads) multiplies 64 rows of X by a block's BN rows of W
-with wgmma.mma_async m64nBNk16, both operands read by the tensor cores straight from shared memory
-through matrix descriptors, the fp32 accumulators in registers (BN / 2 per thread). The block's
-threads fill a cp.async ring of `stages` buffers of k_chunks 32-column chunks each (mma_tiles.cp_async_ring,
-as projection_staged does), one barrier per buffer; with `overlap` a buffer's wgmma's still run while the
-warpgroup moves on to the next barrier (the copies then go one buffer less ahead). Blocks walk XW in
-raster groups. With `tma` (run and tested on the H100, no faster: not a default) one thread fills the ring instead,
-through the tensor memory accelerator: two bulk copies per chunk through tensor maps encoded at launch, which land
-in the same swizzle, with each buffer's mbarrier counting their bytes (mma_tiles.tma_ring); with tma=3 that thread
-is a producer warp's. The epilogue adds bias and stores XW 1, 2 (every default) or 4 columns per instruction.
+Each warpgroup (4 warps) multiplies 64 rows of X by a block's BN rows of W with wgmma.mma_async m64nBNk16, both
+operands read from shared memory through matrix descriptors, the fp32 accumulators in registers (BN / 2 per thread).
+The block's threads fill a cp.async ring of `stages` buffers of k_chunks 32-column chunks each (mma_tiles.cp_async_ring),
+one barrier per buffer; with `overlap` a buffer's wgmma's still run while the warpgroup moves on to the next barrier.
+Blocks walk XW in raster groups. The epilogue adds bias and stores XW 1, 2 or 4 columns per instruction.
 
-Shared layout per chunk: the block's 64 * warpgroups rows of X, then BN rows of W, each row the chunk's 32
-columns (64 bytes in half precision, 128 in fp32), in the swizzle wgmma reads (the canonical K-major SW64 /
-SW128 layout): a row's 16-byte segments are permuted by XOR with the bits of its byte offset from 128 up,
-and each 8-row group (512 / 1024 bytes) is one swizzle atom. A descriptor names the first row of a 64-row
-(A) or BN-row (B) block, 8-row groups one atom apart; each further wgmma of the chunk starts 32 bytes in.
+Shared layout per chunk: the block's 64 * warpgroups rows of X, then BN rows of W, each row the chunk's 32 columns
+(64 bytes in half precision, 128 in fp32), in the swizzle wgmma reads (the canonical K-major SW64 / SW128 layout): a
+row's 16-byte segments are permuted by XOR with the bits of its byte offset from 128 up, and each 8-row group is one
+swizzle atom. A descriptor names the first row of a 64-row (A) or BN-row (B) block, 8-row groups one atom apart; each
+further wgmma of the chunk starts 32 bytes in.
 
 Accumulator i of a thread (warp w of its warpgroup, lane l) holds XW row 16w + l / 4 + 8 * (i % 4 >= 2)
 and column 8 * (i // 4) + 2 * (l % 4) + i % 2 of the warpgroup's 64 x BN tile (PTX ISA, wgmma D fragments).
-Needs sm_90a (the H100 tag's arch).
 """
 
 from __future__ import annotations
@@ -71,22 +59,15 @@ class WgmmaConfig:
     stages: int = 4  # buffers of the cp.async ring
     group: int = 8  # M tiles per raster group (projection_staged.raster)
     k_chunks: int = 1  # 32-column chunks per buffer (wgmma's per barrier: 2 per chunk)
-    # 1: a buffer's wgmma's are still running while the warpgroup waits for the next buffer (wgmma.wait_group 1), so the
-    # copies go stages - 2 buffers ahead instead of stages - 1. In tf32x3 (one chunk per buffer): chunks in pairs, the
-    # first one's products running into one chunk sum while the second lands and is split (the wgmma's read the parts,
-    # not the ring, so the copies still go stages - 1 ahead); on the H100 no faster than without (blog-a 8.22 / 7.98 ms
-    # with 2 / 3 buffers against 8.03, benchmarks/results/2026-11-25-h100-wgmma-pipelined-3xtf32.md), so TF32X3 has none
+    # 1: a buffer's wgmma's still run while the warpgroup waits for the next buffer (wgmma.wait_group 1): the copies go
+    # stages - 2 buffers ahead. In tf32x3 with one chunk a buffer: chunks in pairs, one's products running while the next
+    # is split (no faster: compile's 3xTF32 points have none)
     overlap: int = 0
-    # the epilogue's columns per load of bias and store of XW: 1 (scalar: 128 of each per thread at 256 columns, half a
-    # 32-byte sector per 8-row group), 2 (ld.global.v2 / st.global.v2: whole sectors), 4 (v4, after a shuffle between
-    # lane pairs: half the instructions again). On the H100 2 took blog-a's GEMM from 1.44 to 1.22 ms, b64-h1024's
-    # from 0.180 to 0.120 (benchmarks/results/2026-11-25-h100-wgmma-producer-and-stores.md)
+    # the epilogue's columns per load of bias and store of XW: 1, 2 (ld/st.global.v2: whole 32-byte sectors) or 4 (v4,
+    # after a shuffle between lane pairs)
     store_cols: int = 1
-    # tf32x3 only. 1: W comes with its TF32 low parts precomputed (W [2 * cols, K]: W's rows, then low_parts' remainders,
-    # which compile folds into a constant), the ring copies them beside W's rows, and each warpgroup splits its own
-    # rows of X in registers (wgmma's A from registers, the rs form): no parts buffers, no split pass through shared
-    # memory, no second barrier per chunk. Per chunk the block reads and writes about 160 KB of shared memory where
-    # the split in shared memory moves about 270 KB, more than its wgmma's need to run
+    # tf32x3 only. 1: W comes with its TF32 low parts beside it (W [2 * cols, K], low_parts, folded at compile time),
+    # and each warpgroup splits its own rows of X in registers: no parts buffers, no split pass through shared memory
     lo_w: int = 0
 
     @property
@@ -113,35 +94,17 @@ class WgmmaConfig:
         return (self.stages + parts) * self.k_chunks * self.chunk_rows(mode) * row_bytes(mode)
 
 
-# the best point on the H100 (benchmarks/results/2026-11-25-h100-projection-wgmma.md): 128 x 256 blocks, two chunks per
-# buffer, four buffers, the next buffer's wgmma's issued while the last one's run. blog-a 1.44 ms against
-# projection_staged's 1.96 (cuBLAS 0.93), b64-h1024 0.179 against 0.191; storing two columns at a time 1.21-1.22 and
-# 0.120-0.122 (benchmarks/results/2026-11-25-h100-wgmma-producer-and-stores.md; four: 1.26, 0.134)
+# compile's points per mode, each the best measured on the H100 (docs/decisions.md). fp16/bf16: 128 x 256 blocks, two
+# chunks a buffer, four buffers, overlapped, pairs of columns stored
 DEFAULT = WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, store_cols=2)
-# where 256 columns do not divide the gates: 128 x 128, four one-chunk buffers (at 91-100 registers two blocks share an
-# SM). ds2-lstm's 6000 x 800 x 3200 storing fp32 pairs 0.091 ms against projection_staged's 0.113, which compile took
-# there before (benchmarks/results/2026-11-25-h100-wgmma-ds2.json; scalar stores had lost, 0.131). With XW in fp16 (as
-# compile builds half layers) four columns a store, whole 32-byte sectors: 0.081 against pairs' 0.096 (blog-a's shape
-# 1.40 against 1.50; benchmarks/results/2026-11-25-h100-half-xw-stores.md). DEFAULT keeps pairs: level in whole models
+# ... where 256 columns do not divide the gates: 128 x 128, four one-chunk buffers (two blocks an SM), four columns a store
 HALF_128 = WgmmaConfig(bn=128, stages=4, overlap=1, store_cols=4)
-# fp32 rows take twice the bytes (benchmarks/results/2026-11-25-h100-projection-wgmma-fp32.md, against projection_staged's
-# default in the same mode): TF32 128 x 256 with four one-chunk buffers, blog-a 2.08 ms against 4.17 (cuBLAS TF32 1.71),
-# b64-h1024 0.232 against 0.374; where 256 columns do not divide the gates 128 x 128 with six, ds2's 0.174 against
-# 0.208. 3xTF32 128 x 128 with two buffers (the parts' buffers take the rest): blog-a 8.00 against 9.77, b64 0.758
-# against 0.804, ds2 0.437 against 0.448. Each storing two columns at a time (same file): TF32 blog-a 2.10 -> 1.90 ms
-# (128 columns 2.71 -> 2.44), 3xTF32 blog-a 8.07 -> 7.83, ds2-5l-bi's 6000 x 1600 x 6400 1.56 -> 1.47
+# TF32: 128 x 256 with four one-chunk buffers, or 128 x 128 with six where 256 columns do not divide the gates
 TF32 = {256: WgmmaConfig(bn=256, stages=4, overlap=1, store_cols=2), 128: WgmmaConfig(bn=128, stages=6, overlap=1, store_cols=2)}
-# 3xTF32 with X split in registers and W's low parts beside W (lo_w), two 32-column chunks per buffer summed together,
-# two buffers: blog-a 6.53 ms against the split in shared memory's 7.78, b64-h1024 0.566 against 0.701, ds2 0.323
-# against 0.391, ds2-5l-bi's 1.20 against 1.48; one chunk per buffer 6.9-7.0 (2, 3, 4 buffers); whole exact-fp32 models:
-# blog-a 19.4 against 21.0, b64-h1024-l2 3.77 against 4.01, ds2-lstm 2.15 against 2.22
-# (benchmarks/results/2026-11-26-h100-split-regs.md)
+# 3xTF32: X split in registers, W's low parts beside W, two chunks a buffer summed together, two buffers
 TF32X3 = WgmmaConfig(bn=128, k_chunks=2, stages=2, store_cols=2, lo_w=1)
-# ... and up to SMALL_K reduction columns 64 x 128 blocks of one warpgroup, one chunk per buffer (80 KB of ring, 173
-# registers: two blocks share an SM, one's waits and epilogue beside the other's wgmma's): the GEMM alone b64-h1024 0.511
-# ms against TF32X3's 0.560, ds2-lstm 0.291 against 0.324, ds2-5l-bi's upper layers (K = 1600) 1.132 against 1.184,
-# but blog-a (K = 2560) 6.47 against 6.34; whole models b64-h1024-l2 3.70 against 3.79, ds2-lstm 2.12 against 2.15
-# (benchmarks/results/2026-11-26-h100-split-regs.md)
+# ... and up to SMALL_K reduction columns 64 x 128 blocks of one warpgroup (two blocks share an SM, one's waits and
+# epilogue beside the other's wgmma's)
 TF32X3_SMALL_K = WgmmaConfig(bn=128, warpgroups=1, stages=2, store_cols=2, lo_w=1)
 SMALL_K = 1600
 # where 128 columns do not divide the gates (a GRU's 3 * 800): one warpgroup over 160 or 96 columns (lo_w's sums and
@@ -150,19 +113,9 @@ TF32X3_NARROW = {160: WgmmaConfig(bn=160, warpgroups=1, stages=2, store_cols=2, 
                  96: WgmmaConfig(bn=96, warpgroups=1, stages=2, store_cols=2, lo_w=1)}
 
 
-# exact fp32 as three fp16 products of scaled halves (f16x3): X's and W's high and low halves each in the ring, one
-# chunk sum per item as in 3xTF32 (acc and sum: BN registers). One warpgroup over the widest of 160, 128, 96 columns
-# that divides the gates, two chunks a buffer, two buffers (at 160 columns 104 KB: two blocks an SM). The GEMM alone
-# on the H100 (benchmarks/results/2026-11-26-h100-halves.md), against 3xTF32's compile points: blog-a 3.69 ms (128 x
-# 128 with three buffers 3.95) against 5.96-6.58, b64-h1024 0.337 (128 x 128: 0.351-0.358) against 0.512, ds2-lstm
-# 0.191 against 0.291, ds2-gru 0.152 against 0.233, ds2-5l-bi's upper layers 0.744 (128 x 128: 0.739) against 1.11;
-# X's halves (split_halves.split_on_gpu) add 0.011-0.139 ms
-# Walking 12 (160 columns) or 16 M tiles per raster group, not 8: a wave of 264 blocks then covers 12 M tiles by 22
-# column tiles instead of 8 by 33, which reads fewer of W's rows from HBM per wave (W's halves, 105 MB at blog-a's shape,
-# do not fit L2). The GEMM alone on the H100 (benchmarks/results/2026-11-26-h100-f16x3-groups-2.json; -groups.json the
-# first sweep): 160 columns, groups of 8 / 12 / 16 / 20 / 24 / 32: blog-a 3.689 / 3.396 / 3.468 / 3.504 / 3.488 / 3.596 ms,
-# ds2-5l-bi's upper layers 0.745 / 0.694 / 0.689 / 0.683 / 0.689 / 0.687 (2 and 4 slower); 128 columns, 8 / 16 / 32:
-# b64-h1024 0.337 / 0.327 / 0.323, ds2-5l-bi's 0.797 / 0.734 / 0.748
+# f16x3: both operands' high and low halves in the ring, one chunk sum per item (acc and sum: BN registers); one
+# warpgroup over the widest of 160, 128, 96 columns that divides the gates, two chunks a buffer, two buffers; raster
+# groups of 12 (160 columns) or 16 M tiles, so a wave reads fewer of W's rows from HBM (W's halves do not fit L2)
 F16X3 = {bn: WgmmaConfig(bn=bn, warpgroups=1, k_chunks=2, stages=2, store_cols=2, group=12 if bn == 160 else 16) for bn in (160, 128, 96)}
 
 

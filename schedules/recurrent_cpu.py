@@ -26,27 +26,19 @@ from .recurrent_common import PANEL, KernelArgs, i64, recurrent_prim_func, step_
 F32 = "float32"
 ROW_TILE = 4  # batch rows per R^T load at batch >= ROW_TILE (8 ran no faster and compiled 6x slower)
 # units per work item in the row-tiled path: ROW_TILE x gates x units accumulators, at most ROW_TILE_ACCUMULATORS
-# floats (24 of AVX-512's 32 vector registers), the widest chunk that fits: 16 for an LSTM (4 gates), 32 for a GRU (3).
-# On this project's 2-core Intel VM (AVX-512), ds2-gru's recurrence interleaved (benchmarks/cpu_units_ab.py,
-# benchmarks/results/2026-11-25-cpu-gru-units.txt): 108.8-109.1 ms with 32 units against 118.1-120.5 with 16; an LSTM
-# at 32 units (32 registers of accumulators) and a GRU at 5 rows x 32 (30) ran slower; RNN cells (one gate) take 32
-# by the same rule, unmeasured
+# floats (24 of AVX-512's 32 vector registers), the widest chunk that fits: 16 for an LSTM (4 gates), 32 for a GRU (3)
 ROW_TILE_UNITS = (32, 16)
 ROW_TILE_ACCUMULATORS = 384
 
-# units per work item at small batch, at most: longer R^T streams run faster (on this VM at H=512, batch 1: 64 was
-# 1.5x faster than 32 with one thread, and tuning with two found 128 1.29x faster than 64,
-# benchmarks/results/2026-11-23-cpu-tune-log.txt), as long as every thread of the pool still gets an item
+# units per work item at small batch, at most: longer R^T streams run faster, as long as every thread of the pool
+# still gets an item
 ROW_UNITS = 128
 
 
 def r_layout(spec: RNNLayerSpec) -> str:
     """R as the kernel reads it: panels of 16 units where they divide H, else R^T (rows along the units, what the
     inner loop vectorizes over). In panels a work item's weights stream straight through memory, where R^T puts each
-    of its gates' rows k on a page of its own. Whole models on this project's 2-core VM, interleaved in one process
-    (benchmarks/cpu_ab.py layout, benchmarks/results/2026-11-23-cpu-r-panels-ab.txt): batch 1 ran 1.10-1.13x
-    (lat-b1-h512-l2, one run of three 0.97x) and 1.33-1.48x (lat-b1-h1024) faster; batch 20 (rows of 4) 6-7% slower
-    with chunks of units varying fastest across work items, even (1.01-1.03x) with batch tiles fastest."""
+    of its gates' rows k on a page of its own (faster at batch 1, even at batch 20: docs/decisions.md)."""
     return "panels" if spec.hidden_size % PANEL == 0 else "transposed"
 
 
@@ -86,8 +78,7 @@ def row_tile_units(hidden: int, gates: int) -> int:
 def row_tile_rows(batch: int | None, gates: int, units: int) -> int:
     """Batch rows per work item at batch >= ROW_TILE: 5 where that makes whole tiles, fewer of them than 4 rows do, and
     the accumulators still fit (each tile is a pass over the item's weights): an LSTM at ds2-lstm's batch 20, 16 units
-    (320 floats), 4 passes, not 5. Its recurrence ran 4% faster so (136.2 ms against 141.6, both serpentine,
-    benchmarks/results/2026-11-25-cpu-serpentine.txt); a GRU's 32 units would take 480 floats (and ran slower)."""
+    (320 floats), 4 passes, not 5; a GRU's 32 units would take 480 floats."""
     fewer = batch is not None and batch % 5 == 0 and batch // 5 < -(-batch // ROW_TILE)
     return 5 if fewer and 5 * gates * units <= ROW_TILE_ACCUMULATORS else ROW_TILE
 

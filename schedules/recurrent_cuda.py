@@ -30,8 +30,7 @@ R_LAYOUT = "rows"  # lanes of a warp read along k: ONNX's row-major R is coalesc
 @dataclass(frozen=True)
 class StepwiseConfig:
     warps: int = 4  # warps per block; each owns `units_per_warp` hidden units (all their gates)
-    # 1 unit per warp: 2 (each h load serving both) measured 10-25% slower on the H100 at batch 8-20,
-    # fewer blocks in flight (benchmarks/results/2026-11-22-h100-stepwise-2-units-per-warp.md)
+    # 1 unit per warp: 2 (each h load serving both) leaves fewer blocks in flight, and ran slower at batch 8-20
     units_per_warp: int = 1
     batch_tile: int = 8  # NB: batch rows per block, reusing each weight read NB times
 

@@ -7,8 +7,8 @@ all gates of its units into shared memory once. Then per step and phase, for eac
 memory, h[t-1] or a value an earlier phase stored from L2, or, with `stage_h`, staged in shared
 memory first), apply the gate program and write h[t]; the grid meets at a barrier before the
 next step. The cell state stays with the unit that owns it. Sequence length and batch are
-runtime sizes. The defaults (one row at a time, h from L2) are what measured fastest at the
-small batches this kernel is chosen for.
+runtime sizes. The defaults (one row at a time; h staged from H = 1024, from L2 below) measured fastest at the
+small batches this kernel is chosen for (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -58,10 +58,7 @@ class PersistentConfig:
         return (self.units_per_block(spec) * cell.gates * weight_bytes(spec) + staged) * spec.hidden_size
 
 
-# Hidden sizes from which the default stages h in shared memory. Measured on the H100, whole batch-1 models timed
-# interleaved (benchmarks/results/2026-11-23-h100-persistent-prefetch-stage-h.md): at H=1024 staging ran 0.301 against
-# 0.347 ms in fp32 and 0.261 against 0.307 in fp16; at H=512 (4 units per block) it lost, 0.460 against 0.426 and 0.437
-# against 0.404. (An early version of this kernel lost at H=1024 too, 6.8 against 3.5 us per step.)
+# hidden sizes from which the default stages h in shared memory (below, with few units a block, staging lost)
 STAGE_H_MIN_HIDDEN = 1024
 
 

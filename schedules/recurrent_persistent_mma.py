@@ -23,9 +23,7 @@ through a ring of shared buffers that the block fills with cp.async a round ahea
 that share R's rows read each element of the streamed chunks once per step between them
 (streamed_rounds). The ring reads them from a copy the block makes once per launch in the order it
 consumes them, a round one contiguous run (streamed_r). streaming_config is the default for such layers, which
-auto runs at batch 33-64 (schedules.STREAMED_MAX_BATCH): on the H100 blog-a ran 31.3 ms in exact fp32
-against the tiled kernel's 46.2, and 13.6 ms in fp16 against mma's 15.8
-(benchmarks/results/2026-11-23-h100-streamed-blog-a.md).
+auto runs at batch 33-64 (choice.STREAMED_MAX_BATCH).
 
 Math by dtype (recurrent_mma.mode): fp16/bf16 on m16n8k16, fp32 with precision="tf32" on TF32, and
 exact fp32 as 3xTF32 (mma_tiles: high and low TF32 parts, within a few times SIMT fp32's error) or, where the cell
@@ -55,8 +53,8 @@ R_LAYOUT = "rows"
 # hidden units per block (whole 8-row groups of one gate). 32 would never be needed to fit: where R's slice
 # for 32 units fits in shared memory, 16 units make few enough blocks for one wave
 UNITS = (8, 16)
-# the widest block streaming_config tries (32 units: H up to 4224 in one wave of the H100's 132 SMs): the widths that
-# have run on a GPU are 20, 24 and 32; wider blocks would hold more partial sums and stream nearly all of R
+# the widest block streaming_config tries (32 units: H up to 4224 in one wave of 132 SMs): the widths that have run
+# on a GPU are 20, 24 and 32; wider blocks would hold more partial sums and stream nearly all of R
 MAX_STREAM_UNITS = 32
 
 

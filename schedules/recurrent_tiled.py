@@ -28,8 +28,7 @@ PAD = 4  # floats after each staged row of h: consecutive rows start 4 banks apa
 
 @dataclass(frozen=True)
 class TiledConfig:
-    """Defaults: the point that measured best or near it on b64-h1024-l2 and blog-a, fp32 and fp16, on the H100
-    (benchmarks/results/2026-11-23-h100-tiled-variants.md)."""
+    """Defaults: the point that measured best or near it on b64-h1024-l2 and blog-a, fp32 and fp16 (docs/decisions.md)."""
 
     units: int = 8  # hidden units per block (threadIdx.y), all their gates
     row_threads: int = 16  # threads along the batch (threadIdx.x)
