@@ -238,9 +238,17 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     if shared_a:
         block_sync()
 
-    # the k_warps' partial sums meet in shared memory as a tree: each round the upper half of the
-    # k-slices hands its tiles to the lower half (a write, a barrier, a read: TVM's sync planner
-    # refuses a read-modify-write of shared memory inside a branch), in a fixed order, so runs are bit-identical
+    _sum_partials(tiles, acc_s, wn, wk, cfg, MT, stride)
+    _gate_programs(a, phase, last, hbuf, scratch, s, cur, nxt, d, u0, n0, cfg, acc_s, stride, tid, xw, unscale)
+
+
+def _sum_partials(tiles, acc_s, wn, wk, cfg: MmaConfig, MT: int, stride: int):
+    """The k_warps' partial sums meet in shared memory (acc_s, rows `stride` apart) as a tree: each round the upper half
+    of the k-slices hands its tiles to the lower half (a write, a barrier, a read: TVM's sync planner refuses a
+    read-modify-write of shared memory inside a branch), in a fixed order, so runs are bit-identical; k-slice 0 stores
+    the sums."""
+    NT, KW = cfg.n_tiles, cfg.k_warps
+
     def tile_slots(slot):
         for ci in tiles.accumulators():
             col = wn * i64(NT * 8) + tiles.col(ci)
@@ -256,6 +264,13 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
         block_sync()
     emit_if(wk == i64(0), lambda: [T.buffer_store(acc_s, tiles.c[ci], [si]) for ci, si in tile_slots(i64(0))])
     block_sync()
+
+
+def _gate_programs(a: KernelArgs, phase, last, hbuf, scratch, s, cur, nxt, d, u0, n0, cfg: MmaConfig, acc_s, stride: int, tid,
+                   xw, unscale):
+    """The gate program for each (unit, batch row) of the block, the recurrent terms from the sums in acc_s."""
+    H, N, UB, NB = a.spec.hidden_size, a.batch, cfg.units, cfg.rows
+    threads = 32 * cfg.n_warps * cfg.k_warps
 
     def rec(gi, u, total):  # the recurrent term: the tiles' sum, in f16x3 with both rows' scales divided out
         return total if unscale is None else total * unscale(gi, u)

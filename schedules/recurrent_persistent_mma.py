@@ -235,7 +235,6 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
     assert not cfg.halves or (halves_apply(spec) and (CR == chunks or cfg.ring)), \
         f"f16x3 steps need exact fp32, a bounded h, and R resident or its streamed chunks through the ring: {cfg}"
     halves = bool(cfg.halves)  # f16x3: R's rows scaled and split into fp16 halves in shared memory (step_halves)
-    swizzle = spec.dtype == F32 and not halves  # 32-byte lane spans: odd rows swap their 16-byte halves
     threads = 32 * cfg.n_warps * cfg.k_warps
     warps = threads // 32
     per_dir = -(-H // UB)
@@ -278,32 +277,8 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                 else:
                     acc_s = partial_sums(cfg, cell.gates, "shared.dyn")
 
-                def position(g, lane_k):
-                    """Where column lane_k (0..31 of a chunk) of row g sits in its 32-element row: the XOR swizzle in fp32."""
-                    return tirx.bitwise_xor(lane_k, (g % i64(2)) * i64(4)) if swizzle else lane_k
-
-                for pi, phase in enumerate(cell.phases):
-                    count = len(phase.gates) * UB // 8 * CR * 8 * KC
-
-                    def load_weights(e, pi=pi, phase=phase):
-                        p, g, ck, grp = e % i64(KC), e // i64(KC) % i64(8), e // i64(8 * KC) % i64(CR), e // i64(8 * KC * CR)
-                        r = grp * i64(8) + g  # row of the phase's tile: gate r // UB, unit r % UB
-                        k = ck * i64(KC) + position(g, p)  # the inverse of position: the XOR is its own inverse
-                        row = r_row_of(phase, UB, H, u0, r)
-                        val = tirx.if_then_else(k < i64(H), a.R[d, row, tirx.min(k, i64(H - 1))], tirx.const(0, spec.dtype))
-                        if not halves:
-                            T.buffer_store(wsm, val, [i64(group0[pi] * CR * 8 * KC) + e])
-                            return
-                        high, low = halves_of(val * rscale[i64(group0[pi] * 8) + r])
-                        at = ((i64(group0[pi]) + grp) * i64(CR) + ck) * i64(block_elems) + g * i64(KC) + p
-                        T.buffer_store(wsm, high, [at])
-                        T.buffer_store(wsm, low, [at + i64(8 * KC)])
-
-                    if count:
-                        _strided(count, threads, tid, load_weights)
-
-                    if stream is not None:
-                        stream.fill(pi, phase, lambda r, pi=pi: rscale[i64(group0[pi] * 8) + r], threads, tid, _strided)
+                layout = _Resident(a, cfg, wsm, group0, CR, d, u0, rscale if halves else None)
+                layout.load(threads, tid, stream)
 
                 if halves:  # h's scale first: initial_states stores h0's halves
                     hscale.h0_max(bx, d, u0, UB, warps, wy, lane, tid, wmax)
@@ -313,27 +288,72 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                 _grid_sync()
 
                 def phase_step(pi, phase, last, operand, s, cur, nxt):
-                    groups = len(phase.gates) * UB // 8
-
-                    def a_at(tiles, ck, mt, half, v0, v, part=0):
-                        grp = 2 * mt + half
-                        if grp >= groups:
-                            return None  # padding rows of the last m-tile
-                        base = (i64((group0[pi] + grp) * CR) + ck) * i64(block_elems) + i64(part * 8 * KC)
-                        return shared_element(tiles, wsm, base, tiles.g, v0, v, swizzle)
-
                     unscale = (lambda gi, u: rinv[i64(group0[pi] * 8 + gi * UB) + u] * h_inv) if halves else None
 
                     streamed = None if CR == chunks else (CR, streamed_rounds(a, pi, phase, cfg, ring, d, u0, CR, tid, stream))
                     with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
                         block_phase(a, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg, d, u0, chunk * i64(NB),
-                                    wy, lane, acc_s, a_at, True, shared_a=True, streamed=streamed, unscale=unscale)
+                                    wy, lane, acc_s, layout.a_at(pi, phase), True, shared_a=True, streamed=streamed, unscale=unscale)
                         block_sync()  # the next chunk's partial sums reuse acc_s
                     _grid_sync()
 
                 step_phases(a, hbuf, scratch, phase_step)
 
                 final_states(a, hbuf, d, u0, UB, threads, tid)
+
+
+class _Resident:
+    """R's first CR chunks of a block's rows in shared memory (wsm): per phase its 8-row groups (group0: each phase's
+    first), CR chunks each, every chunk 8 rows of KC (in f16x3 the rows' scaled high halves, then their low ones; in
+    exact fp32 3xTF32 odd rows swap their 16-byte halves, so 32-byte lane spans hit distinct banks)."""
+
+    def __init__(self, a: KernelArgs, cfg: MmaConfig, wsm, group0, CR: int, d, u0, rscale=None):
+        self.a, self.cfg, self.wsm, self.group0, self.CR, self.d, self.u0, self.rscale = a, cfg, wsm, group0, CR, d, u0, rscale
+        self.halves = bool(cfg.halves)
+        self.swizzle = a.spec.dtype == F32 and not self.halves
+        self.block_elems = 8 * KC * (2 if self.halves else 1)
+
+    def position(self, g, lane_k):
+        """Where column lane_k (0..31 of a chunk) of row g sits in its 32-element row: the XOR swizzle in fp32."""
+        return tirx.bitwise_xor(lane_k, (g % i64(2)) * i64(4)) if self.swizzle else lane_k
+
+    def load(self, threads: int, tid, stream: StreamedR | None):
+        """Every phase's resident chunks from R (and the streamed ones into the ring's copy), the block's threads strided."""
+        for pi, phase in enumerate(self.a.cell.phases):
+            count = len(phase.gates) * self.cfg.units // 8 * self.CR * 8 * KC
+            if count:
+                _strided(count, threads, tid, lambda e, pi=pi, phase=phase: self.load_element(pi, phase, e))
+            if stream is not None:
+                stream.fill(pi, phase, lambda r, pi=pi: self.rscale[i64(self.group0[pi] * 8) + r], threads, tid, _strided)
+
+    def load_element(self, pi, phase, e):
+        """Element e of phase pi's resident chunks, in the order (group, chunk, row, column)."""
+        a, CR, UB, H, group0 = self.a, self.CR, self.cfg.units, self.a.spec.hidden_size, self.group0
+        p, g, ck, grp = e % i64(KC), e // i64(KC) % i64(8), e // i64(8 * KC) % i64(CR), e // i64(8 * KC * CR)
+        r = grp * i64(8) + g  # row of the phase's tile: gate r // UB, unit r % UB
+        k = ck * i64(KC) + self.position(g, p)  # the inverse of position: the XOR is its own inverse
+        row = r_row_of(phase, UB, H, self.u0, r)
+        val = tirx.if_then_else(k < i64(H), a.R[self.d, row, tirx.min(k, i64(H - 1))], tirx.const(0, a.spec.dtype))
+        if not self.halves:
+            T.buffer_store(self.wsm, val, [i64(group0[pi] * CR * 8 * KC) + e])
+            return
+        high, low = halves_of(val * self.rscale[i64(group0[pi] * 8) + r])
+        at = ((i64(group0[pi]) + grp) * i64(CR) + ck) * i64(self.block_elems) + g * i64(KC) + p
+        T.buffer_store(self.wsm, high, [at])
+        T.buffer_store(self.wsm, low, [at + i64(8 * KC)])
+
+    def a_at(self, pi, phase):
+        """block_phase's A operand for phase pi: tiles' element of a resident chunk, None for the last m-tile's padding."""
+        groups = len(phase.gates) * self.cfg.units // 8
+
+        def at(tiles, ck, mt, half, v0, v, part=0):
+            grp = 2 * mt + half
+            if grp >= groups:
+                return None  # padding rows of the last m-tile
+            base = (i64((self.group0[pi] + grp) * self.CR) + ck) * i64(self.block_elems) + i64(part * 8 * KC)
+            return shared_element(tiles, self.wsm, base, tiles.g, v0, v, self.swizzle)
+
+        return at
 
 
 def streamed_rounds(a: KernelArgs, pi, phase, cfg: MmaConfig, ring, d, u0, resident: int, tid, stream: StreamedR | None):
