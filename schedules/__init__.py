@@ -18,7 +18,7 @@ warp_gemv             the warp-level gate GEMV both CUDA kernels are built from
 cooperative           the TIR pipeline that tags grid-barrier kernels for cooperative launch
 projection_*          the input projection GEMMs (CPU, CUDA SIMT, mma.sync, wgmma)
 
-Nothing here imports tvmrnn: the package builds on these.
+The dependency runs one way: tvmrnn builds on this package, never the reverse.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from .recurrent_common import batch_dispatch
 from .space import KernelConfig, emitter
 
 __all__ = ["KERNEL_CHOICES", "PERSISTENT_MAX_BATCH", "RESIDENT_MAX_BATCH", "STEPWISE_MAX_BATCH", "STREAMED_MAX_BATCH",
-           "TILED_MIN_HIDDEN", "TUNED_MARGIN", "Branch", "Device", "KernelConfig", "KernelError", "KernelPlan", "RecurrentKernel",
-           "StackKernel", "kernel_plan", "plan_kernel", "point_kernel", "recurrent_kernel", "signature_kernel", "stack_kernel"]
+           "TILED_MIN_HIDDEN", "TUNED_MARGIN", "Branch", "Device", "KernelConfig", "KernelError", "KernelPlan",
+           "RecurrentKernel", "StackKernel", "kernel_plan", "plan_kernel", "planned_kernel", "point_kernel",
+           "recurrent_kernel", "signature_kernel", "stack_kernel"]
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,11 @@ def recurrent_kernel(spec, cell, target, choice: str = "auto", tuned: dict | Non
                      device: Device | None = None) -> RecurrentKernel:
     """The recurrent kernel of one layer for `target` (on `device`, by default the target's), marked scheduled so
     generic schedulers leave it alone."""
-    plan = plan_kernel(spec, cell, target, choice, tuned, device)
+    return planned_kernel(spec, cell, target, plan_kernel(spec, cell, target, choice, tuned, device), device)
+
+
+def planned_kernel(spec, cell, target, plan: KernelPlan, device: Device | None = None) -> RecurrentKernel:
+    """The recurrent kernel that runs a plan (choice.plan_kernel's) made before, for the device it was made for."""
     func, layout = _prim_func(spec, cell, target, plan.branches, device=device)
     # op_pattern 8 (opaque): FuseOps must not merge it with neighbours
     return RecurrentKernel(func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8}), layout, plan)

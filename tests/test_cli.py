@@ -18,7 +18,8 @@ def test_compile_run_inspect(tmp_path):
     out = tmp_path / "kws.so"
     res = runner.invoke(main, ["compile", MODEL, "-o", str(out), "--target", "llvm"])
     assert res.exit_code == 0, res.output
-    assert "[1/2] imported" in res.output and "[2/2] built for llvm" in res.output
+    stages = ["[1/4] imported", "[2/4] planned 1 recurrent layer(s) for llvm", "[3/4] built for llvm", "[4/4] exported"]
+    assert [res.output.find(s) for s in stages] == sorted(res.output.find(s) for s in stages) and all(s in res.output for s in stages)
     assert out.exists() and (tmp_path / "kws.json").exists()
 
     res = runner.invoke(main, ["run", str(out), "--random", "--dim", "batch=3", "--dim", "time=20", "--output-dir", str(tmp_path / "o")])

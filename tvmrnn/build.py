@@ -1,8 +1,6 @@
-"""Build: ONNX model -> Relax module with our kernels -> TVM executable; export as model.so + model.json.
-
-The target decides which kernels the lowering picks; `tvm.compile` runs TVM's default
-Relax pipeline for it (dlight schedules the generic GEMMs on CUDA) and our TIR pipeline,
-which adds the cooperative-launch tag persistent kernels need.
+"""Compile: [1/4] import the ONNX graph, [2/4] plan it (tvmrnn.plan), [3/4] build: emit Relax as planned
+(tvmrnn.frontend, tvmrnn.lowering) and compile it with `pipeline` (ours, then TVM's default Relax pipeline for the target)
+and our TIR pipeline (the cooperative-launch tag persistent kernels need); [4/4] export as model.so + model.json.
 """
 
 from __future__ import annotations
@@ -16,17 +14,20 @@ from dataclasses import asdict
 import onnx
 import tvm
 from tvm import relax
+from tvm.target import codegen
 
-from schedules.layer import PRECISIONS
+from schedules import cooperative
+from schedules.space import cooperative_blocks
 
 from . import __version__
 from .cuda_graph import PASS_CONFIG as GRAPH_PASS_CONFIG
 from .cuda_graph import annotate as annotate_bounds
 from .cuda_graph import captured as graph_captured
-from .cuda_graph import resolve as cuda_graph_plan
 from .errors import UnsupportedModelError
-from .frontend import import_onnx, load_onnx, model_inputs
+from .frontend import load_onnx, model_opset, to_relax
+from .plan import ModelPlan, PlanOptions, plan_model
 from .runtime import FORMAT, Module, metadata_path
+from .tuning.logs import TuningLogs, default_logs_dir
 
 TARGET_ALIASES = {"cuda": "nvidia/nvidia-h100", "gpu": "nvidia/nvidia-h100"}
 
@@ -49,8 +50,6 @@ def resolve_target(target=None) -> tvm.target.Target:
     if target in ("llvm", "cpu"):
         # like -march=native: plain "llvm" would mean baseline x86-64 (SSE2), 4x slower here;
         # give an explicit target (e.g. "llvm -mcpu=x86-64-v3") to build for other machines
-        from tvm.target import codegen
-
         return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
     if isinstance(target, str) and target in TARGET_ALIASES:
         if gpu_present():
@@ -65,20 +64,18 @@ def resolve_target(target=None) -> tvm.target.Target:
         raise UnsupportedModelError(f"target {target!r} is not a TVM target: {err}; use llvm, cuda or a tag such as nvidia/nvidia-h100") from err
 
 
-def _layer_dict(spec, imported) -> dict:
+def _layer_dict(layer) -> dict:
+    spec, kernel = layer.spec, layer.kernel
     d = asdict(spec)
     d["present"] = sorted(spec.present)
     d["activations"] = [[asdict(a) for a in acts] for acts in spec.activations]
-    plan = imported.kernels.get(spec.name)
-    d["kernel"] = plan.describe()
-    d["projection"] = plan.projection  # the input projection's GEMM
-    d["tuned"] = plan.tuned  # some batch bucket runs a point from the tuning logs (schedule says which)
-    d["schedule"] = [b.as_dict() for b in plan.branches]
-    from schedules.space import cooperative_blocks
-
+    d["kernel"] = kernel.describe()
+    d["projection"] = kernel.projection  # the input projection's GEMM
+    d["tuned"] = kernel.tuned  # some batch bucket runs a point from the tuning logs (schedule says which)
+    d["schedule"] = [b.as_dict() for b in kernel.branches]
     # the grid its persistent kernels launch with every block resident: a GPU with fewer SMs cannot run them
-    d["cooperative_blocks"] = max(cooperative_blocks(b.config, spec) for b in plan.branches)
-    d["graph_inputs"] = imported.graph_inputs.get(spec.name, {})
+    d["cooperative_blocks"] = max(cooperative_blocks(b.config, spec) for b in kernel.branches)
+    d["graph_inputs"] = dict(layer.graph_inputs)
     return d
 
 
@@ -114,15 +111,10 @@ def _quiet(_msg):
     pass
 
 
-STORAGE_DTYPES = ("float16", "bfloat16")
-
-
 def _tuning_logs(logs, target, log):
     """The tuning logs compile applies: `logs` is a folder, None for the default one, or False for none."""
     if logs is False:
         return None
-    from .tuning.logs import TuningLogs, default_logs_dir
-
     found = TuningLogs.load(default_logs_dir() if logs is None else logs, target)
     for problem in found.problems:
         log(f"      warning: {problem}")
@@ -130,9 +122,78 @@ def _tuning_logs(logs, target, log):
     return found
 
 
+def pipeline(target, plan: ModelPlan) -> tvm.transform.Pass:
+    """The Relax pipeline a planned module is built with (what `tvm.compile` receives):
+    1. weight re-layouts on initializers (transposes, stacked biases, casts to the storage dtype) become constants
+       (FoldConstant: TVM's default pipeline does not fold them, and they ran at every call), and the functions that
+       only computed them go (DeadCodeElimination: no dead kernels, e.g. W's scaled fp16 halves for the f16x3 GEMM);
+    2. main's symbolic dims bounded where the module enforces bounds (and allowed into the CUDA graph where it has one);
+    3. TVM's default pipeline for the target (dlight schedules the generic ops on CUDA)."""
+    bounds = plan.graph.bounds if plan.graph.bounds is not None else plan.graph.enforced
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmrnn.AnnotateBounds")
+    def bound_dims(mod, _ctx):
+        return annotate_bounds(mod, dict(bounds)) if plan.graph.bounds is not None or bounds else mod
+
+    return tvm.transform.Sequential([relax.transform.FoldConstant(), relax.transform.DeadCodeElimination(), bound_dims,
+                                     _tvm_pipeline(target)], name="tvmrnn.pipeline")
+
+
+def _tvm_pipeline(target) -> tvm.transform.Pass:
+    """TVM's pipeline as `tvm.compile(relax_pipeline="default")` picks it: the target's own on GPUs (with dlight), the
+    generic one on CPUs (the CPU-specific one's fusion can drop packed calls run for their side effects)."""
+    return relax.get_default_pipeline(target) if "gpu" in target.keys else relax.get_pipeline("default")
+
+
+def _log_plan(plan: ModelPlan, log):
+    for layer in plan.layers:
+        spec = layer.spec
+        log(f"      {spec.op} '{spec.name}': hidden {spec.hidden_size}, input {spec.input_size}, {spec.direction}, "
+            f"layout {spec.layout}, {spec.dtype}{'' if spec.precision == 'exact' else ' (' + spec.precision + ')'} -> "
+            f"{layer.kernel.describe()}; input projection: {layer.kernel.projection}")
+    for chain in plan.chains:
+        log(f"      stack {chain.describe()}")
+
+
+def _build(model: onnx.ModelProto, plan: ModelPlan):
+    """The planned model as Relax (our kernels where the plan says), built by the pipeline and our TIR pipeline (the
+    cooperative-launch tag persistent kernels' grid barriers need). Returns (executable, Relax model, CUDA graph note)."""
+    relax_model = to_relax(model, plan)
+    with tvm.transform.PassContext(config=GRAPH_PASS_CONFIG if plan.graph.bounds is not None else {}):
+        executable = tvm.compile(relax_model.mod, target=plan.target, relax_pipeline=pipeline(plan.target, plan),
+                                 tir_pipeline=cooperative.register())
+    note = plan.graph.note
+    if plan.graph.bounds is not None and not graph_captured(executable):
+        note = ("off (no kernel runs between the inputs and the outputs, and TVM captures only kernels whose "
+                "buffers it plans statically: outputs are allocated per call)")
+    return executable, relax_model, note
+
+
+def _metadata(source: str, plan: ModelPlan, relax_model, graph_note: str, tuning) -> dict:
+    target = plan.target
+    return {
+        "format": FORMAT,
+        "source": os.path.basename(source),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "target": str(target),
+        "target_kind": target.kind.name,
+        "versions": {"tvmrnn": __version__, "tvm": tvm.__version__, "onnx_opset": plan.opset},
+        "inputs": [i.as_dict() for i in relax_model.inputs],
+        "outputs": [o.as_dict() for o in relax_model.outputs],
+        "layers": [_layer_dict(layer) for layer in plan.layers],
+        "stacks": [chain.describe() for chain in plan.chains],
+        "index_bounds": plan.index_bounds,
+        "max_dims": dict(plan.graph.enforced),
+        "cuda_graph": graph_note,
+        "tuning_logs": str(tuning.folder) if tuning and tuning.records else None,
+    }
+
+
 def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, logs=None, precision="exact", max_dims=None,
                   cuda_graph=None):
-    """ONNX model -> runnable (or, for CUDA without a GPU, exportable) module. `log` gets one line per stage.
+    """ONNX model -> runnable (or, for CUDA without a GPU, exportable) module, in stages: [1/4] import (read the ONNX
+    graph), [2/4] plan (tvmrnn.plan: every layer's kernels, the stacks, the CUDA graph), [3/4] build (emit Relax as
+    planned, `pipeline`, tvm.compile); [4/4] is the module's export. `log` gets a line per stage.
 
     kernel: the recurrent schedule on CUDA: "auto" (persistent where R fits on chip and the batch is
     small; above that persistent_mma where R fits in shared memory across one wave, in half precision and
@@ -150,63 +211,22 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
     cuda_graph: replay each run as one CUDA graph (tvmrnn.cuda_graph): None (auto) wherever every symbolic dim has a
     bound on a CUDA target, True to require it, False for none.
     """
-    from schedules import KERNEL_CHOICES, cooperative
-
-    if kernel not in KERNEL_CHOICES:
-        raise UnsupportedModelError(f"kernel={kernel!r} is not supported; one of {KERNEL_CHOICES}")
-    if dtype not in (None, "float32") + STORAGE_DTYPES:
-        raise UnsupportedModelError(f"dtype={dtype!r} is not supported; float32 (as the model is), float16 or bfloat16")
-    if precision not in PRECISIONS:
-        raise UnsupportedModelError(f"precision={precision!r} is not supported; one of {PRECISIONS}")
+    options = PlanOptions(kernel, dtype, precision, max_dims, cuda_graph)
     target = resolve_target(target)
     source = os.fspath(model) if not isinstance(model, onnx.ModelProto) else "<ModelProto>"
     started = time.perf_counter()
-    tuning = _tuning_logs(logs, target, log)
     model = load_onnx(model)
-    # decided before the import, which routes the recurrent kernels' model inputs and outputs through copies for it
-    bounds, graph_note = cuda_graph_plan(model_inputs(model), target, max_dims, cuda_graph)
-    # inputs' symbolic dims beyond these are refused: intermediate buffers are planned for them
-    enforced = dict(bounds if bounds is not None else max_dims or {})
-    imported = import_onnx(model, target, kernel, None if dtype in (None, "float32") else dtype, tuning.best if tuning else None,
-                           precision, graph_copies=bounds is not None, dim_bounds=enforced)
-    log(f"[1/2] imported {source}: opset {imported.opset}, {len(imported.layers)} recurrent layer(s) "
-        f"({time.perf_counter() - started:.1f} s)")
-    for spec in imported.layers:
-        log(f"      {spec.op} '{spec.name}': hidden {spec.hidden_size}, input {spec.input_size}, {spec.direction}, "
-            f"layout {spec.layout}, {spec.dtype}{'' if spec.precision == 'exact' else ' (' + spec.precision + ')'} -> {imported.kernels[spec.name].describe()}; input projection: {imported.kernels[spec.name].projection}")
-    for stack in imported.stacks:
-        log(f"      stack {stack}")
+    log(f"[1/4] imported {source}: opset {model_opset(model)}, "
+        f"{len(model.graph.node)} node(s) ({time.perf_counter() - started:.1f} s)")
     started = time.perf_counter()
-    # weight re-layouts on initializers (transposes, stacked biases, casts to the storage dtype) become constants
-    # here: TVM's default pipeline does not fold them, and they ran at every call (CPU: naive transposes of R,
-    # 11 of lat-b1-h512-l2's 28 ms on this VM; CUDA: a cast+transpose of W before each fp16 projection)
-    # (and the functions that only computed them, such as W's scaled fp16 halves for the f16x3 GEMM, go: no dead kernels)
-    mod = relax.transform.DeadCodeElimination()(relax.transform.FoldConstant()(imported.mod))
-    # our pipeline = TVM's + the cooperative-launch tag that persistent kernels' grid barriers need
-    if bounds is not None or max_dims:
-        mod = annotate_bounds(mod, bounds if bounds is not None else dict(max_dims))
-    with tvm.transform.PassContext(config=GRAPH_PASS_CONFIG if bounds is not None else {}):
-        executable = tvm.compile(mod, target=target, tir_pipeline=cooperative.register())
-    if bounds is not None and not graph_captured(executable):
-        graph_note = ("off (no kernel runs between the inputs and the outputs, and TVM captures only kernels whose "
-                      "buffers it plans statically: outputs are allocated per call)")
-    log(f"[2/2] built for {target.kind.name} ({time.perf_counter() - started:.1f} s); CUDA graph {graph_note}")
-    metadata = {
-        "format": FORMAT,
-        "source": os.path.basename(source),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "target": str(target),
-        "target_kind": target.kind.name,
-        "versions": {"tvmrnn": __version__, "tvm": tvm.__version__, "onnx_opset": imported.opset},
-        "inputs": [i.as_dict() for i in imported.inputs],
-        "outputs": [o.as_dict() for o in imported.outputs],
-        "layers": [_layer_dict(s, imported) for s in imported.layers],
-        "stacks": imported.stacks,
-        "index_bounds": imported.index_bounds,
-        "max_dims": enforced,
-        "cuda_graph": graph_note,
-        "tuning_logs": str(tuning.folder) if tuning and tuning.records else None,
-    }
+    tuning = _tuning_logs(logs, target, log)
+    plan = plan_model(model, target, options, tuning)
+    log(f"[2/4] planned {len(plan.layers)} recurrent layer(s) for {target.kind.name} ({time.perf_counter() - started:.1f} s)")
+    _log_plan(plan, log)
+    started = time.perf_counter()
+    executable, relax_model, graph_note = _build(model, plan)
+    log(f"[3/4] built for {target.kind.name} ({time.perf_counter() - started:.1f} s); CUDA graph {graph_note}")
+    metadata = _metadata(source, plan, relax_model, graph_note, tuning)
     if target.kind.name == "cuda" and not gpu_present():
         return _ExportOnly(executable, metadata)
     return CompiledModule(executable, metadata)

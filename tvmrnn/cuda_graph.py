@@ -8,8 +8,9 @@ bound for every symbolic dim of the inputs (`max_dims`, e.g. {"seq": 512, "batch
 sized to them once, so the module records the bounds and its inputs are checked against them (runtime.ModuleInputs).
 
 TVM captures only kernels whose buffers it plans statically, and it allocates main's inputs and outputs per call: so
-where a recurrent kernel would read a model input (lengths, states) or write a model output, the import routes that
-tensor through a copy kernel (frontend converters, schedules.device_copy) and the recurrent kernel is captured.
+where a recurrent kernel would read a model input (lengths, states) or write a model output, the plan marks it
+(tvmrnn.plan.LayerPlan.copies) and the emission routes that tensor through a copy kernel (frontend.converters,
+schedules.device_copy), so the recurrent kernel is captured.
 CPU targets have nothing to capture.
 """
 

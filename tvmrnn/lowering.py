@@ -10,28 +10,15 @@ weights that arrive as graph inputs take the same path at run time.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
-from tvm import relax, tirx
+from tvm import relax
 
+from schedules import planned_kernel, projection_cpu, projection_cuda, projection_mma, projection_staged, projection_wgmma, split_halves
 from schedules.cells import cell_for
-from schedules.layer import RNNLayerSpec
-
-from .errors import UnsupportedModelError
-from .runtime import kernel_device
+from schedules.recurrent_common import PANEL
+from schedules.recurrent_wavefront import split_h
 
 op = relax.op
-
-
-def _recurrent_kernel(spec, cell, target, choice, tuned):
-    from schedules import recurrent_kernel  # the schedules package is ours; imported late to keep layers apart
-    from schedules.errors import KernelError
-
-    try:
-        return recurrent_kernel(spec, cell, target, choice, tuned, kernel_device(target))
-    except KernelError as err:  # the kernels' refusal, as compile's own error
-        raise UnsupportedModelError(str(err)) from err
 
 
 def _split_bias(B, spec, cell):
@@ -52,8 +39,6 @@ def _r_layout(bb, R, layout: str, D: int, G: int, H: int):
         return R
     if layout == "transposed":
         return bb.emit(op.permute_dims(R, [0, 2, 1]))
-    from schedules.recurrent_common import PANEL
-
     return bb.emit(op.permute_dims(op.reshape(R, [D, G, H // PANEL, PANEL, H]), [0, 2, 4, 1, 3]))
 
 
@@ -65,76 +50,47 @@ def _f32(x):
     return x if str(x.ty.dtype) == "float32" else bb.emit(op.astype(x, "float32"))
 
 
-def _projection(bb, X, w, bias, cols, In, target, mode, xw_dtype="float32"):
-    """XW = X @ w^T + bias for all steps at once, in xw_dtype (what the recurrent kernel reads: fp32, or a CUDA half
-    layer's dtype), and what computes it (for the plan). On CUDA our GEMMs:
-    on sm_90a (the H100 tag) above SMALL_M rows, the warpgroup GEMM (projection_wgmma) where its tiles divide the gates
-    (256, 160, 128 or 96 columns), exact fp32 there as three fp16 products of X's and W's scaled halves (f16x3, at any
-    row count where the model does not fix them); otherwise with tensor cores the staged tensor-core GEMM
-    (projection_staged); both in the layer's mode (fp16/bf16, TF32 with precision="tf32", 3xTF32 for exact fp32); else projection_mma / the
-    exact-fp32 SIMT GEMM (projection_cuda) where it does not apply; TVM's default matmul for shapes none covers. Our
-    register-blocked GEMM on CPUs. mode: schedules.space.rounding_mode's. The tensor-core GEMMs store XW in xw_dtype
-    themselves; the rest write fp32, cast after."""
-    from schedules import projection_cuda, projection_mma, projection_staged, projection_wgmma
-    from schedules.space import tensor_cores
-
-    cuda, half = target.kind.name == "cuda", str(X.ty.dtype) != "float32"
+def _projection(bb, X, w, bias, gemm, target):
+    """XW = X @ w^T + bias for all steps at once, in the dtype the recurrent kernel reads, by the GEMM the plan chose
+    (tvmrnn.plan.projection). The tensor-core GEMMs store XW in that dtype themselves; the rest write fp32, cast after."""
+    In, cols, rows, xw_dtype = gemm.in_size, gemm.cols, gemm.rows, gemm.xw_dtype
     shape = X.ty.shape
     m = shape[0] * shape[1]
-    rows = int(m) if isinstance(m, (int, tirx.IntImm)) else None  # a model of fixed shape picks the tile for its rows
-    staged = mode or ("tf32x3" if cuda and tensor_cores(target) else None)
-    arch = str((target.attrs or {}).get("arch", "")) if cuda else ""
     w_as_x = lambda: bb.emit(op.astype(w, str(X.ty.dtype)))  # noqa: E731 - the tensor-core GEMMs read W in X's dtype
-    of_rows = "" if rows is None else f"_m{rows}"  # a fixed row count picks its own tiles: a function of its own
-    # both tensor-core GEMMs take the same modes (on sm_90a, which has tensor cores, staged is the half dtype or fp32's
-    # TF32 / 3xTF32)
     operands = lambda x2d: [x2d, weight]  # noqa: E731 - the GEMM's inputs before bias, from X as [rows, In]
-    if (cuda and staged == "tf32x3" and (rows is None or rows > projection_staged.SMALL_M)
-            and projection_wgmma.supported("f16x3", In, cols, arch)):
-        # exact fp32 as three fp16 products of scaled halves: half the tensor-core time of 3xTF32's three TF32 products.
-        # Where the model does not fix the rows, at every row count (its tiles read the halves, not fp32)
-        func, name = projection_wgmma.projection_wgmma("f16x3", In, cols, rows=rows, xw_dtype=xw_dtype), "projection_wgmma_f16x3" + of_rows
-        point, w_parts = projection_wgmma.default_config("f16x3", cols, In), _halves(bb, _f32(w), cols, In, fold=True)
+    if gemm.kind == "wgmma_f16x3":  # exact fp32 as three fp16 products of X's and W's scaled halves
+        func, name = projection_wgmma.projection_wgmma("f16x3", In, cols, rows=rows, xw_dtype=xw_dtype), "projection_wgmma_f16x3" + gemm.suffix
+        w_parts = _halves(bb, _f32(w), cols, In, fold=True)
         operands = lambda x2d: [*_halves(bb, x2d, m, In, fold=False), *w_parts]  # noqa: E731
-        label = f"wgmma f16x3 {point.block[0]}x{point.bn}, X and W as scaled fp16 halves"
-    elif cuda and (rows is None or rows > projection_staged.SMALL_M) and projection_wgmma.supported(staged, In, cols, arch):
-        func, weight, name = projection_wgmma.projection_wgmma(staged, In, cols, rows=rows, xw_dtype=xw_dtype), w_as_x(), f"projection_wgmma_{staged}{of_rows}"
-        point = projection_wgmma.default_config(staged, cols, In)  # what projection_wgmma built: for the label
+    elif gemm.kind == "wgmma":
+        func, weight, name = projection_wgmma.projection_wgmma(gemm.mode, In, cols, rows=rows, xw_dtype=xw_dtype), w_as_x(), f"projection_wgmma_{gemm.mode}{gemm.suffix}"
         if projection_wgmma.reads_low_parts(func):  # W, then its TF32 low parts: evaluated at compile time where W is a constant (FoldConstant)
             # private (no global symbol, opaque to fusion): once folded, DeadCodeElimination drops it from the module
             low = f"tf32_low_parts_{cols}x{In}"
             parts = bb.add_func(projection_wgmma.low_parts(cols, In).without_attr("global_symbol").with_attr("op_pattern", 8), low)
             weight = bb.emit(relax.call_tir(parts, [weight], relax.TensorType([2 * cols, In], "float32")))
-        label = f"wgmma {staged} {point.block[0]}x{point.bn}" + (", X split in registers" if projection_wgmma.reads_low_parts(func) else "") + (
-            f" (staged mma.sync up to {projection_staged.SMALL_M} rows)" if rows is None else "")
-    elif cuda and projection_staged.supported(staged, In, cols, rows=rows, xw_dtype=xw_dtype):
-        func, weight, name = projection_staged.projection_staged(staged, In, cols, rows=rows, xw_dtype=xw_dtype), w_as_x(), f"projection_staged_{staged}{of_rows}"
-        label = f"staged mma.sync {staged}"
-    elif cuda and projection_mma.supported(mode, In, cols):
-        func, weight, name = projection_mma.projection_mma(mode, In, cols), w_as_x(), f"projection_{mode}"
-        label = f"mma.sync {mode}"
-    elif cuda and not half and projection_cuda.supported(In, cols):
+    elif gemm.kind == "staged":
+        func, weight, name = projection_staged.projection_staged(gemm.mode, In, cols, rows=rows, xw_dtype=xw_dtype), w_as_x(), f"projection_staged_{gemm.mode}{gemm.suffix}"
+    elif gemm.kind == "mma":
+        func, weight, name = projection_mma.projection_mma(gemm.mode, In, cols), w_as_x(), f"projection_{gemm.mode}"
+    elif gemm.kind == "simt":
         X = _f32(X)
         func, weight, name = projection_cuda.projection_cuda(In, cols), _f32(w), "projection"  # W as ONNX stacks it: [cols, In]
-        label = "SIMT fp32"
-    elif cuda:
+    elif gemm.kind == "matmul":
         xw = bb.emit(op.matmul(X, op.permute_dims(w), out_dtype="float32"))  # fp32 results whatever the inputs
-        return _as_xw(bb, bb.emit(op.add(xw, bias)) if bias is not None else xw, "TVM matmul", xw_dtype)
+        return _as_xw(bb, bb.emit(op.add(xw, bias)) if bias is not None else xw, xw_dtype)
     else:
-        from schedules.projection_cpu import projection_cpu, tile
-
         mcpu = str((target.attrs or {}).get("mcpu", ""))
-        X, (mr, nr) = _f32(X), tile(cols, mcpu)
+        X, (mr, nr) = _f32(X), projection_cpu.tile(cols, mcpu)
         panels = op.permute_dims(op.reshape(_f32(w), [cols // nr, nr, In]), [0, 2, 1])  # [cols/nr, In, nr]
-        func, weight, name = projection_cpu(In, cols, mcpu), bb.emit(panels), f"projection_{mr}x{nr}"
-        label = f"CPU register-blocked {mr}x{nr}"
+        func, weight, name = projection_cpu.projection_cpu(In, cols, mcpu), bb.emit(panels), f"projection_{mr}x{nr}"
     if bias is None:
         bias = relax.const(np.zeros(cols, "float32"))
     out = str(func.params[-1].dtype)  # XW as the chosen GEMM writes it
     name = f"{name}_{In}x{cols}" + ("" if out == "float32" else f"_{out}")  # same shape, same function: add_func shares it between layers
     gv = bb.add_func(func.with_attr("global_symbol", name), name)
     flat = bb.emit(relax.call_tir(gv, [*operands(bb.emit(op.reshape(X, [m, In]))), bias], relax.TensorType([m, cols], out)))
-    return _as_xw(bb, bb.emit(op.reshape(flat, [shape[0], shape[1], cols])), label, xw_dtype)
+    return _as_xw(bb, bb.emit(op.reshape(flat, [shape[0], shape[1], cols])), xw_dtype)
 
 
 def _halves(bb, a, rows, K: int, fold: bool) -> list:
@@ -142,8 +98,6 @@ def _halves(bb, a, rows, K: int, fold: bool) -> list:
     [rows, 2K] and their scales [rows]. fold (W, rows a number): plain TE in a private, opaque function, as W's TF32
     low parts are: folded at compile time where W is a constant (an initializer), then dropped from the module; else
     (X, rows the Relax shape's expression) the CUDA kernel of one warp per row, for any row count."""
-    from schedules import split_halves
-
     if fold:
         func, name = split_halves.split(int(rows), K).without_attr("global_symbol"), f"halves_{int(rows)}x{K}"
     else:
@@ -154,25 +108,23 @@ def _halves(bb, a, rows, K: int, fold: bool) -> list:
     return [bb.emit(relax.TupleGetItem(parts, 0)), bb.emit(relax.TupleGetItem(parts, 1))]
 
 
-def _as_xw(bb, xw, label: str, xw_dtype: str):
-    """XW in the dtype the recurrent kernel reads (cast where its GEMM wrote fp32), and the GEMM's label naming a dtype
-    other than fp32."""
+def _as_xw(bb, xw, xw_dtype: str):
+    """XW in the dtype the recurrent kernel reads (cast where its GEMM wrote fp32)."""
     if str(bb.normalize(xw).ty.dtype) != xw_dtype:
         xw = bb.emit(op.astype(xw, xw_dtype))
-    return xw, label + ("" if xw_dtype == "float32" else f", XW in {xw_dtype}")
+    return xw
 
 
-def emit_rnn_layer(bb: relax.BlockBuilder, spec: RNNLayerSpec, inputs: list, target, kernel_choice="auto", tuned=None):
-    """Emit the layer; `inputs` are the node's Relax inputs in ONNX order (None where absent).
-    tuned: the tuning logs' points for this layer ({batch: [KernelConfig, best first]}) or None.
-
-    Returns [Y, Y_h(, Y_c)] as Relax expressions and the recurrent kernel's plan (schedules.KernelPlan).
-    """
-    cell = cell_for(spec)
-    kernel = _recurrent_kernel(spec, cell, target, kernel_choice, tuned)
-    args, gemm = _kernel_inputs(bb, spec, cell, inputs, target, kernel.r_layout, _xw_dtype(kernel.func))
+def emit_rnn_layer(bb: relax.BlockBuilder, layer, inputs: list, target, device) -> list:
+    """Emit a planned layer (tvmrnn.plan.LayerPlan) for the device it was planned for: its projection and its recurrent
+    kernel. `inputs` are the node's Relax inputs in ONNX order (None where absent). Returns [Y, Y_h(, Y_c)] as Relax
+    expressions."""
+    spec, cell = layer.spec, cell_for(layer.spec)
+    kernel = planned_kernel(spec, cell, target, layer.kernel, device)
+    assert _xw_dtype(kernel.func) == layer.projection.xw_dtype, (spec.name, layer.projection)
+    args = _kernel_inputs(bb, spec, cell, inputs, target, kernel.r_layout, layer.projection)
     results = _call(bb, kernel.func, spec.name, args, _output_types(spec, cell, inputs[0]))
-    return _storage_dtype(bb, spec, results), replace(kernel.plan, projection=gemm)
+    return _storage_dtype(bb, spec, results)
 
 
 def _xw_dtype(func) -> str:
@@ -180,9 +132,9 @@ def _xw_dtype(func) -> str:
     return str(func.params[0].dtype)
 
 
-def _kernel_inputs(bb, spec, cell, inputs: list, target, r_layout: str, xw_dtype: str = "float32") -> list:
+def _kernel_inputs(bb, spec, cell, inputs: list, target, r_layout: str, gemm) -> list:
     """What a layer's recurrent kernel takes before its outputs (recurrent_common.KernelArgs): XW (the projection of all
-    steps, one GEMM), R in r_layout, then the lengths, states and per-unit parameters the node has; and that GEMM's label."""
+    steps, one GEMM: gemm, the plan's), R in r_layout, then the lengths, states and per-unit parameters the node has."""
     inputs = list(inputs) + [None] * (8 - len(inputs))
     X, W, R, B = inputs[:4]
     # Only R keeps the storage dtype inside our kernels (fp16/bf16 halve its bytes on chip); the
@@ -193,16 +145,14 @@ def _kernel_inputs(bb, spec, cell, inputs: list, target, r_layout: str, xw_dtype
     G, H, D, In = cell.gates, spec.hidden_size, spec.num_directions, spec.input_size
 
     bias, rb_cell = _split_bias(B, spec, cell) if B is not None else (None, None)
-    from schedules.space import rounding_mode  # the layer's tensor-core mode on this target, if any
-
-    xw, gemm = _projection(bb, X, op.reshape(W, [D * G * H, In]), bias, D * G * H, In, target, rounding_mode(spec, target), xw_dtype)
+    xw = _projection(bb, X, op.reshape(W, [D * G * H, In]), bias, gemm, target)
     args = [xw, _r_layout(bb, R, r_layout, D, G, H)]
     for name in ("sequence_lens", "initial_h", "initial_c"):
         if spec.has(name) and (name != "initial_c" or "c" in cell.states):
             args.append(named[name])
     if cell.params:
         args.append(bb.emit(_params(spec, cell, named["P"], rb_cell)))
-    return args, gemm
+    return args
 
 
 def _output_types(spec, cell, X) -> list:
@@ -226,14 +176,15 @@ def _storage_dtype(bb, spec, results: list) -> list:
     return [bb.emit(op.astype(r, spec.dtype)) for r in results] if spec.dtype != "float32" else results
 
 
-def emit_rnn_stack(bb: relax.BlockBuilder, specs: list, first_inputs: list, constants: list[dict], target, kernel):
-    """Emit a chain of stacked layers as one wavefront kernel (schedules.stack_kernel): the first layer's inputs as its
-    own kernel would take them (its projection as one GEMM), then each higher layer's constants, in one call that runs
-    every layer. first_inputs: the first node's Relax inputs in ONNX order (the layers above read its lengths);
-    constants: for each layer above it, its W, R, B, P as arrays. Returns [[Y, Y_h(, Y_c)] per layer] and each layer's plan
-    with its projection named."""
+def emit_rnn_stack(bb: relax.BlockBuilder, specs: list, gemm, first_inputs: list, constants: list[dict], target, kernel) -> list:
+    """Emit a chain of stacked layers as one wavefront kernel (schedules.stack_kernel, as planned): the first layer's
+    inputs as its own kernel would take them (its projection as one GEMM: gemm), then each higher layer's constants, in
+    one call that runs every layer. first_inputs: the first node's Relax inputs in ONNX order (the layers above read its
+    lengths); constants: for each layer above it, its W, R, B, P as arrays. Returns [[Y, Y_h(, Y_c)] per layer]; the
+    layers above the first project their input (the layer below's h) inside the kernel, step by step."""
     cells = [cell_for(s) for s in specs]
-    args, gemm = _kernel_inputs(bb, specs[0], cells[0], first_inputs, target, "rows", _xw_dtype(kernel.func))
+    assert _xw_dtype(kernel.func) == gemm.xw_dtype, (specs[0].name, gemm)
+    args = _kernel_inputs(bb, specs[0], cells[0], first_inputs, target, "rows", gemm)
     for spec, cell, w in zip(specs[1:], cells[1:], constants):
         wr, bias, params = _stacked_weights(spec, cell, w)
         wr = relax.const(wr)  # cast by Relax: numpy has no bfloat16 (FoldConstant folds it)
@@ -247,9 +198,7 @@ def emit_rnn_stack(bb: relax.BlockBuilder, specs: list, first_inputs: list, cons
     for spec, layer in zip(specs, outs):
         per_layer.append(_storage_dtype(bb, spec, results[at:at + len(layer)]))
         at += len(layer)
-    # the layers above the first project their input (the layer below's h) inside the kernel, step by step
-    plans = [replace(kernel.plans[0], projection=gemm)] + [replace(p, projection="in the wavefront kernel") for p in kernel.plans[1:]]
-    return per_layer, plans
+    return per_layer
 
 
 def _stacked_weights(spec, cell, w: dict):
@@ -257,8 +206,6 @@ def _stacked_weights(spec, cell, w: dict):
     WR [1, rows*H, I+H] (W's columns then R's per gate row; a GRU with linear_before_reset has its h gate as two rows,
     [W_h | 0] and [0 | R_h], since r multiplies R_h h alone), the biases its epilogue adds (Wb, plus Rb where it folds)
     and its per-unit parameters (peepholes, GRU's Rb_h) or None."""
-    from schedules.recurrent_wavefront import split_h
-
     G, H, In = cell.gates, spec.hidden_size, spec.input_size
     W, R = w["W"].astype("float32").reshape(G * H, In), w["R"].astype("float32").reshape(G * H, H)
     wr = np.concatenate([W, R], axis=1)

@@ -241,3 +241,33 @@ def load_module(path, device=None) -> Module:
     if metadata.get("format") != FORMAT:
         raise InputError(f"'{meta_file}' is not tvmrnn module metadata (format {metadata.get('format')!r}, expected {FORMAT!r})")
     return Module(tvm.runtime.load_module(path), metadata, device)
+
+
+DEFAULT_DIM = 8  # a symbolic dim nobody sized; small so the run is quick
+
+
+def random_inputs(module: ModuleInputs, dims: dict, seed: int, given: dict) -> dict:
+    """Random feeds for the inputs not in `given`: floats ~N(0,1), integers in [0, 10), sequence lengths = full length."""
+    rng = np.random.default_rng(seed)
+    sizes = {**dims}
+    seq_lens = {sl.lens: (sl.x, sl.seq_axis) for sl in module.sequence_lens}
+    for info in module.metadata["inputs"]:  # a given array fixes the symbolic dims it has
+        if info["name"] in given:
+            for d, n in zip(info["shape"], given[info["name"]].shape):
+                if isinstance(d, str):
+                    sizes.setdefault(d, n)
+    shapes = {i["name"]: [d if isinstance(d, int) else sizes.setdefault(d, DEFAULT_DIM) for d in i["shape"]]
+              for i in module.metadata["inputs"]}
+    feeds = dict(given)
+    for info in module.metadata["inputs"]:
+        name, dtype, shape = info["name"], info["dtype"], shapes[info["name"]]
+        if name in feeds:
+            continue
+        if name in seq_lens:
+            x, axis = seq_lens[name]
+            feeds[name] = np.full(shape, shapes[x][axis], dtype)
+        elif np.issubdtype(np.dtype(dtype), np.integer):
+            feeds[name] = rng.integers(0, 10, shape).astype(dtype)
+        else:
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
+    return feeds

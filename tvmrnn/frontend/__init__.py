@@ -1,7 +1,6 @@
-"""ONNX import: the whole graph through TVM's Relax ONNX frontend, with our LSTM/GRU/RNN converters plugged in.
-
-`import_onnx` returns the Relax module, the model's graph inputs/outputs (names, dtypes,
-shapes with symbolic dims) and the recurrent layers found, as `RNNLayerSpec`s.
+"""ONNX import: reading a model (`load_onnx`, its inputs, opset, index bounds) and, once it is planned (tvmrnn.plan),
+emitting the whole graph as Relax through TVM's Relax ONNX frontend with our LSTM/GRU/RNN converters plugged in
+(`to_relax`): the Relax module and the model's graph inputs/outputs (names, dtypes, shapes with symbolic dims).
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ import contextlib
 import io
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import onnx
 import tvm
@@ -18,8 +17,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
 from ..errors import UnsupportedModelError
-from .converters import RNN_CONVERTERS, ImportContext
-from .stacks import find_chains
+from .converters import converters
 
 
 @dataclass
@@ -33,16 +31,10 @@ class TensorInfo:
 
 
 @dataclass
-class ImportedModel:
+class RelaxModel:
     mod: tvm.IRModule
     inputs: list[TensorInfo]
     outputs: list[TensorInfo]
-    layers: list = field(default_factory=list)
-    opset: int = 0
-    graph_inputs: dict = field(default_factory=dict)
-    kernels: dict = field(default_factory=dict)
-    index_bounds: dict = field(default_factory=dict)
-    stacks: list = field(default_factory=list)  # each chain of stacked layers and how it runs (converters.ImportContext)
 
 
 def load_onnx(model) -> onnx.ModelProto:
@@ -64,19 +56,18 @@ def model_opset(model: onnx.ModelProto) -> int:
 
 
 @contextlib.contextmanager
-def _our_converters(ctx: ImportContext):
-    """Plug our converters into the Relax frontend's op map, restoring it afterwards."""
+def _our_converters(plan):
+    """Plug our converters, bound to the plan, into the Relax frontend's op map, restoring it afterwards."""
     original = onnx_frontend._get_convert_map
+    ours = converters(plan)
 
     def convert_map():
-        return {**original(), **RNN_CONVERTERS}
+        return {**original(), **ours}
 
     onnx_frontend._get_convert_map = convert_map
-    token = ImportContext.current.set(ctx)
     try:
         yield
     finally:
-        ImportContext.current.reset(token)
         onnx_frontend._get_convert_map = original
 
 
@@ -126,26 +117,15 @@ def model_inputs(model: onnx.ModelProto) -> list[TensorInfo]:
     return [_value_info(v) for v in model.graph.input if v.name not in initializers]
 
 
-def import_onnx(model, target: tvm.target.Target, kernel: str = "auto", storage: str | None = None, tuned=None,
-                precision: str = "exact", graph_copies: bool = False, dim_bounds: dict | None = None) -> ImportedModel:
-    """graph_copies: the build will capture a CUDA graph (converters.ImportContext.graph_copies).
-    dim_bounds: the bounds of the inputs' symbolic dims the module will enforce (stacked layers may run as one wavefront
-    kernel where the batch is bounded small enough)."""
-    model = load_onnx(model)
-    opset = model_opset(model)
-    model_outputs = {o.name for o in model.graph.output}
-    copies = [tuple(o in model_outputs for o in n.output) for n in model.graph.node if n.op_type in RNN_CONVERTERS] \
-        if graph_copies else None
-    ctx = ImportContext(opset=opset, target=target, kernel=kernel, storage=storage, tuned=tuned, precision=precision,
-                        graph_copies=copies, chains=find_chains(model) if target.kind.name == "cuda" else {},
-                        dim_bounds=dict(dim_bounds or {}))
+def to_relax(model: onnx.ModelProto, plan) -> RelaxModel:
+    """The whole graph as a Relax module, its recurrent nodes emitted as the plan (tvmrnn.plan.ModelPlan) says."""
     inputs = model_inputs(model)
     outputs = [_value_info(v) for v in model.graph.output]
     # the frontend prints each failing node's inputs to stdout; our errors already name the node
-    with _our_converters(ctx), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    with _our_converters(plan), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")  # the frontend warns about renamed inputs and unknown dims
         try:
-            mod = onnx_frontend.from_onnx(model, opset=opset)
+            mod = onnx_frontend.from_onnx(model, opset=plan.opset)
         except tvm.error.OpNotImplemented as err:
             raise UnsupportedModelError(f"{err}; tvmrnn converts LSTM, GRU, RNN and what TVM's Relax ONNX frontend supports") from err
         except UnsupportedModelError:
@@ -153,7 +133,4 @@ def import_onnx(model, target: tvm.target.Target, kernel: str = "auto", storage:
         except NotImplementedError as err:
             raise UnsupportedModelError(f"the model uses something TVM's ONNX frontend does not support: {err}") from err
     _fill_output_shapes(outputs, mod["main"].ret_ty)
-    # the frontend may rename inputs (sanitized names); map its parameter names back to the graph's
-    original = {p.name: i.name for p, i in zip(mod["main"].params, inputs)}
-    graph_inputs = {layer: {k: original[v] for k, v in names.items() if v in original} for layer, names in ctx.graph_inputs.items()}
-    return ImportedModel(mod, inputs, outputs, ctx.layers, opset, graph_inputs, ctx.kernels, index_bounds(model), ctx.stacks)
+    return RelaxModel(mod, inputs, outputs)

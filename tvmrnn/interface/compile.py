@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from schedules import TUNED_MARGIN
 
 from ..build import compile_model, resolve_target
+from ..tuning.logs import default_logs_dir
+from .tune import TuneArgs, tune_command
 
 
 @dataclass
@@ -31,13 +33,9 @@ class CompileArgs:
 def compile_command(args: CompileArgs, echo=print) -> CompileArgs:
     args.target = str(resolve_target(args.target))
     if args.logs is None:
-        from ..tuning.logs import default_logs_dir
-
         args.logs = str(default_logs_dir())
     echo(f"tvmrnn compile\n{args.show()}")
     if args.tune_trials > 0:
-        from .tune import TuneArgs, tune_command
-
         tune_command(TuneArgs(args.model, args.target, args.tune_trials, args.logs, args.time_budget_min,
                               dtype=args.dtype, kernel=args.kernel, precision=args.precision), echo=echo)
     module = compile_model(args.model, target=args.target, log=echo, kernel=args.kernel, dtype=args.dtype, logs=args.logs,
@@ -49,5 +47,5 @@ def compile_command(args: CompileArgs, echo=print) -> CompileArgs:
         echo(f"      {layer['name']}: " + (f"tuned for batch buckets {tuned}{note}; larger batches: default" if tuned
                                              else "default schedule (no tuning log for this shape)"))
     path = module.export(args.output)
-    echo(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB) and its metadata {os.path.splitext(path)[0]}.json")
+    echo(f"[4/4] exported {path} ({os.path.getsize(path) / 1e6:.1f} MB) and its metadata {os.path.splitext(path)[0]}.json")
     return args

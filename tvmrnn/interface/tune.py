@@ -5,8 +5,17 @@ from __future__ import annotations
 import datetime
 import platform
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import tvm
 
 from ..build import gpu_present, resolve_target
+from ..errors import UnsupportedModelError
+from ..plan import PlanOptions, plan_model
+from ..tuning import tuner
+from ..tuning.logs import record_run
+from ..tuning.progress import line
+from ..tuning.tasks import plan_tasks
 
 
 @dataclass
@@ -29,30 +38,22 @@ class TuneArgs:
 
 def _device_name(target) -> str:
     if target.kind.name == "cuda" and gpu_present():
-        import tvm
-
         return tvm.cuda(0).device_name
     return platform.processor() or platform.machine()
 
 
 def tune_command(args: TuneArgs, echo=print, stream=None, tasks=None):
     """Tune the model's tasks (or the given `tasks`, e.g. a whole benchmark suite's) and record the run."""
-    from ..tuning import tuner
-    from ..tuning.logs import record_run
-    from ..tuning.progress import line
-    from ..tuning.tasks import extract_tasks
-
     target = resolve_target(args.target)
     args.target = str(target)
     echo(f"tvmrnn tune\n{args.show()}")
     if target.kind.name == "cuda" and not gpu_present():
-        from ..errors import UnsupportedModelError
-
         raise UnsupportedModelError("tuning for CUDA measures on the GPU, and there is none here; tune on the GPU machine "
                                     "(the logs then serve compiles anywhere)")
     if tasks is None:
-        tasks = extract_tasks(args.model, batches=args.batches or None, seq=args.seq, dtype=args.dtype, precision=args.precision,
-                              cuda=target.kind.name == "cuda")
+        # the layers as compile runs them (kernel choice aside: every kind's space is searched)
+        plan = plan_model(args.model, target, PlanOptions(storage=args.dtype, precision=args.precision))
+        tasks = plan_tasks(plan, batches=args.batches or None, seq=args.seq)
     echo(f"[1/3] {len(tasks)} task(s):")
     for t in tasks:
         echo(f"      {t.name}  (layers: {', '.join(t.layers)}; {tuner.space_size(t, target, args.kernel)} points)")
@@ -62,8 +63,6 @@ def tune_command(args: TuneArgs, echo=print, stream=None, tasks=None):
     echo(f"[3/3] {how}: {out.trials_run} new trial(s) in {out.seconds:.0f} s; logs in {out.folder}")
     for i, st in enumerate(out.stats):
         echo(line(i, st, len(out.stats)))
-    from pathlib import Path
-
     record_run(Path(out.folder), {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": _device_name(target), "model": str(args.model), "tasks": [t.name for t in tasks],

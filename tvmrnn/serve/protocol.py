@@ -103,8 +103,8 @@ def _json_tensor(data, name: str, datatype: str, shape: list[int]) -> np.ndarray
     return raw.astype(dtype).reshape(shape)
 
 
-def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
-    """Decode a v2 infer request body; `header_length` is the Inference-Header-Content-Length header or None."""
+def _request_json(body: bytes, header_length: str | None) -> tuple[dict, memoryview]:
+    """The request's JSON object and the binary data after it (`header_length` says where the JSON ends, if given)."""
     if header_length is not None:
         try:
             n = int(header_length)
@@ -121,7 +121,33 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
         doc = json.loads(head)
     except (ValueError, UnicodeDecodeError) as err:
         raise ProtocolError(f"the request body is not valid JSON: {err}") from None
-    doc = _dict(doc, "the request")
+    return _dict(doc, "the request"), binary
+
+
+def _requested_outputs(doc: dict) -> list[RequestedOutput] | None:
+    """The request's 'outputs' (which outputs, each in binary or JSON), or None where it names none."""
+    if "outputs" not in doc:
+        return None
+    if not isinstance(doc["outputs"], list):
+        raise ProtocolError("'outputs' must be a list of {name, parameters}")
+    outputs = []
+    for i, out in enumerate(doc["outputs"]):
+        out = _dict(out, f"outputs[{i}]")
+        if not isinstance(out.get("name"), str):
+            raise ProtocolError(f"outputs[{i}] needs a 'name' (a string)")
+        oparams = _dict(out.get("parameters", {}), f"output {out['name']!r} 'parameters'")
+        if "classification" in oparams:
+            raise ProtocolError(f"output {out['name']!r}: the classification extension is not supported")
+        binary_flag = oparams.get("binary_data")
+        if binary_flag is not None and not isinstance(binary_flag, bool):
+            raise ProtocolError(f"output {out['name']!r}: binary_data must be true or false")
+        outputs.append(RequestedOutput(out["name"], binary_flag))
+    return outputs
+
+
+def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
+    """Decode a v2 infer request body; `header_length` is the Inference-Header-Content-Length header or None."""
+    doc, binary = _request_json(body, header_length)
     params = _dict(doc.get("parameters", {}), "'parameters'")
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
@@ -169,22 +195,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
         datatypes[name] = datatype
     if offset != len(binary):
         raise ProtocolError(f"the body has {len(binary) - offset} byte(s) of binary data after the last binary input")
-    outputs = None
-    if "outputs" in doc:
-        if not isinstance(doc["outputs"], list):
-            raise ProtocolError("'outputs' must be a list of {name, parameters}")
-        outputs = []
-        for i, out in enumerate(doc["outputs"]):
-            out = _dict(out, f"outputs[{i}]")
-            if not isinstance(out.get("name"), str):
-                raise ProtocolError(f"outputs[{i}] needs a 'name' (a string)")
-            oparams = _dict(out.get("parameters", {}), f"output {out['name']!r} 'parameters'")
-            if "classification" in oparams:
-                raise ProtocolError(f"output {out['name']!r}: the classification extension is not supported")
-            binary_flag = oparams.get("binary_data")
-            if binary_flag is not None and not isinstance(binary_flag, bool):
-                raise ProtocolError(f"output {out['name']!r}: binary_data must be true or false")
-            outputs.append(RequestedOutput(out["name"], binary_flag))
+    outputs = _requested_outputs(doc)
     binary_default = params.get("binary_data_output", False)
     if not isinstance(binary_default, bool):
         raise ProtocolError("parameter binary_data_output must be true or false")

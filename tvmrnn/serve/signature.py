@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
-from ..runtime import ModuleInputs
+from ..runtime import ModuleInputs, random_inputs
 from .protocol import NUMPY_TO_V2, ProtocolError
 
 _BATCH_NAME = re.compile(r"^(n|b|bs|batch.*|.*_batch|.*batch_size|num_seq.*)$", re.IGNORECASE)
@@ -282,8 +282,6 @@ def build_signature(name: str, metadata: dict, state: list[tuple[str, str]] | No
 
 def padding_is_exact(sig: Signature, run: Callable[[list[np.ndarray]], list[np.ndarray]], seed: int = 0) -> bool:
     """Run two rows padded to a longer length and alone; True when the outputs agree (so padding may be used)."""
-    from ..interface.run import random_inputs
-
     if sig.pad_dim is None:
         return False
     short, long_ = 3, 5

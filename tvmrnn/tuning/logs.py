@@ -17,7 +17,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tvm_ffi
+
 from ..errors import UnsupportedModelError
+from .tasks import layer_key, task_of
 
 WORKLOAD = "workload.json"
 RECORDS = "tuning_record.json"
@@ -90,8 +93,6 @@ def _current(task, workload, target, templates: dict) -> bool:
     """Whether a record's workload is today's template for its task: the kernel's arguments (R's layout among them) as
     this version builds them. A layer's key names its shape, not its kernel, so without this a log timed on an older
     kernel would mix its times with today's."""
-    import tvm_ffi
-
     key = task.key()
     if key not in templates:
         templates[key] = task.template(target)
@@ -118,7 +119,6 @@ class TuningLogs:
         from tvm.s_tir import meta_schedule as ms
 
         from .search import config_of_trace
-        from .tasks import layer_key, task_of
 
         logs = TuningLogs(target, target_dir(logs_dir, target))
         templates: dict = {}
@@ -160,8 +160,6 @@ class TuningLogs:
 
     def best(self, spec) -> dict:
         """{batch: [(KernelConfig, seconds per step), best first]} for a layer (what schedules.plan_kernel takes)."""
-        from .tasks import layer_key
-
         found = self.points.get(json.dumps(layer_key(spec), sort_keys=True), {})
         out = {}
         for batch, pts in found.items():
@@ -172,8 +170,6 @@ class TuningLogs:
         return out
 
     def best_seconds(self, spec, batch: int, config) -> float | None:
-        from .tasks import layer_key
-
         pts = self.points.get(json.dumps(layer_key(spec), sort_keys=True), {}).get(batch, [])
         times = [t for t, c in pts if c == config]
         return min(times) if times else None

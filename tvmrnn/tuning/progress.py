@@ -13,6 +13,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from .logs import FAILED
+from .search import config_of
 
 
 class TimeBudgetReached(Exception):
@@ -33,8 +34,6 @@ class Progress(ms.measure_callback.PyMeasureCallback):
         self.bar = tqdm(total=total, unit="trial", dynamic_ncols=True, file=stream, mininterval=0.5)
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
-        from .search import config_of
-
         st = self.stats[task_id]
         for cand, built, res in zip(measure_candidates, builder_results, runner_results):
             st.trials += 1

@@ -11,7 +11,10 @@ so one cost model learns across all the shapes of a run.
 
 from __future__ import annotations
 
+import os
 import random
+import sys
+import time
 
 import numpy as np
 
@@ -19,6 +22,9 @@ import tvm
 from tvm.ir.utils import derived_object
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
+
+from schedules import cooperative, point_kernel
+from schedules.space import KernelConfig, kinds, knob_space
 
 from ..runtime import kernel_device
 from .tasks import RecurrentTask, task_of
@@ -33,8 +39,6 @@ def _root(sch: Schedule):
 
 def config_of(mod: tvm.IRModule):
     """The KernelConfig a scheduled workload's root-block annotations describe."""
-    from schedules.space import KernelConfig
-
     sch = Schedule(mod)
     ann = sch.get(_root(sch)).annotations
     kind = str(ann[KIND])
@@ -45,8 +49,6 @@ def config_of(mod: tvm.IRModule):
 def design_spaces(task: RecurrentTask, target, choice: str = "auto") -> ms.space_generator.ScheduleFn:
     """One design space per kernel kind the layer may run (on CUDA: stepwise, tiled or mma, and the persistent kinds when R
     fits, persistent_mma also where it streams part of R)."""
-    from schedules.space import kinds, knob_space
-
     device = kernel_device(target)
 
     def sample(sch: Schedule):
@@ -110,8 +112,6 @@ class ChangeOneKnob(ms.mutator.PyMutator):
 
 def point_kernel_of(mod: tvm.IRModule, target) -> tvm.IRModule:
     """The kernel a scheduled workload stands for, at the workload's static shapes."""
-    from schedules import point_kernel
-
     task = task_of(mod)
     func = point_kernel(task.spec, task.cell, target, config_of(mod), task.seq, task.batch, kernel_device(target))
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
@@ -119,12 +119,6 @@ def point_kernel_of(mod: tvm.IRModule, target) -> tvm.IRModule:
 
 def build_point(mod: tvm.IRModule, target, _params=None):
     """MetaSchedule's builder function: compile the point's kernel with our pipeline (cooperative launch)."""
-    import os
-    import sys
-    import time
-
-    from schedules import cooperative
-
     started = time.monotonic()
     lib = tvm.tirx.build(point_kernel_of(mod, target), target=target, pipeline=cooperative.register())
     if os.environ.get("TVMRNN_TUNE_TRACE"):  # where does a slow round go? (the worker's stderr reaches the console)

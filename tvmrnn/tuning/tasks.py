@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import tvm
 from tvm.script.ir_builder import tirx as T
 
+from schedules import signature_kernel
 from schedules.cells import cell_for
 from schedules.layer import Activation, RNNLayerSpec
 
-from ..errors import UnsupportedModelError
-from ..frontend.inspect import find_rnn_layers
+from ..plan import ModelPlan, PlanOptions, plan_model
 
 TASK_ATTR = "tvmrnn.task"
 DEFAULT_BATCHES = (1, 8, 64)  # buckets for a model whose batch is dynamic
@@ -65,8 +65,6 @@ class RecurrentTask:
 
     def template(self, target) -> tvm.IRModule:
         """The workload: the kernel's arguments at static shapes, the task attribute, an empty root block for the knobs."""
-        from schedules import signature_kernel
-
         def body(_a):
             with T.sblock("root"):
                 T.evaluate(0)
@@ -85,19 +83,26 @@ def task_of(mod: tvm.IRModule) -> RecurrentTask | None:
     return RecurrentTask(spec_from_key(d["layer"]), int(d["seq"]), int(d["batch"]))
 
 
+# the target a model's layers are planned for when only the kind is given (the specs depend on nothing else)
+PLANNING_TARGETS = {True: "nvidia/nvidia-h100", False: "llvm"}
+
+
 def extract_tasks(model, batches=None, seq=None, dtype=None, precision="exact", cuda=True) -> list[RecurrentTask]:
-    """The model's tuning tasks: each distinct recurrent layer at each batch bucket.
+    """The tuning tasks of an ONNX model (a path or a ModelProto), its layers as `compile --dtype --precision` runs them
+    on a CUDA target (cuda=True) or a CPU (plan_tasks says the rest)."""
+    plan = plan_model(model, tvm.target.Target(PLANNING_TARGETS[cuda]), PlanOptions(storage=dtype, precision=precision))
+    return plan_tasks(plan, batches, seq)
+
+
+def plan_tasks(plan: ModelPlan, batches=None, seq=None) -> list[RecurrentTask]:
+    """The planned model's tuning tasks: each distinct recurrent layer at each batch bucket.
 
     batches: the buckets to tune (default: the model's batch if static, else DEFAULT_BATCHES);
-    seq: steps to measure (default: the model's if static, else DEFAULT_SEQ);
-    dtype, precision, cuda: tune the layers as `compile --dtype --precision` would run them on that target.
+    seq: steps to measure (default: the model's if static, else DEFAULT_SEQ).
     """
     tasks: dict[str, RecurrentTask] = {}
-    for layer in find_rnn_layers(model):
-        if not layer.supported:
-            raise UnsupportedModelError(layer.problem)
-        spec = layer.spec.compiled_as(dtype, precision, cuda)
-        x = layer.x_shape
+    for layer in plan.layers:
+        spec, x = layer.spec, layer.x_shape
         seq_dim, batch_dim = (x[0], x[1]) if len(x) == 3 and spec.layout == 0 else (x[1], x[0]) if len(x) == 3 else (None, None)
         steps = seq or (seq_dim if isinstance(seq_dim, int) and seq_dim > 0 else DEFAULT_SEQ)
         buckets = batches or ((batch_dim,) if isinstance(batch_dim, int) and batch_dim > 0 else DEFAULT_BATCHES)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
+from schedules.space import default_config, in_space, kinds, knob_space
+
 from ..runtime import kernel_device
 from . import search
 from .logs import FAILED, open_database, target_dir
@@ -58,8 +60,6 @@ def _seed_defaults(ctxs, tasks, target, db, builder, runner) -> tuple[list[float
     """Measure each task's default point of each kind and store them as records.
 
     Returns each task's best default seconds, its default points, and the number of trials run."""
-    from schedules.space import default_config, in_space
-
     device = kernel_device(target)
     pending, best = [], [None] * len(tasks)  # (task index, workload, schedule, args_info)
     points = [set() for _ in tasks]
@@ -100,8 +100,6 @@ TASK_SCHEDULER = "round-robin"
 
 
 def space_size(task, target, choice) -> int:
-    from schedules.space import kinds, knob_space
-
     device = kernel_device(target)
     total = 0
     for kind in kinds(task.spec, task.cell, target, choice, device):
