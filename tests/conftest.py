@@ -1,4 +1,5 @@
-"""Shared test setup: the tests folder on sys.path (reference, onnx_cases) and the `gpu` marker's skip."""
+"""Shared test setup: the tests folder on sys.path (reference, onnx_cases), the `gpu` marker's skip, and progress a
+person can follow."""
 
 from __future__ import annotations
 
@@ -8,6 +9,13 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """`pytest -q` still names each test file as it goes, with the share done: a run of minutes shows where it is."""
+    if config.option.verbose < 0 and not config.option.collectonly:  # `--collect-only -q` keeps listing bare test ids
+        config.option.verbose = 0
 
 
 def _gpu_present() -> bool:

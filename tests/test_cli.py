@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
 
 import numpy as np
+import onnx
+import pytest
 from click.testing import CliRunner
+from onnx import helper
 
 from tvmrnn.cli import main
 
@@ -31,7 +39,7 @@ def test_compile_run_inspect(tmp_path):
     res = runner.invoke(main, ["run", str(out), "--input", f"mfcc={tmp_path / 'mfcc.npy'}"])
     assert res.exit_code == 0 and "[2, 12]" in res.output, res.output
 
-    res = runner.invoke(main, ["inspect", MODEL])
+    res = runner.invoke(main, ["inspect", MODEL, "--target", "cuda"])
     assert res.exit_code == 0 and "GRU" in res.output and "supported" in res.output and "kernel: cuda: batch <= " in res.output and ": persistent(" in res.output
     res = runner.invoke(main, ["inspect", str(out)])
     assert res.exit_code == 0 and "kernel cpu" in res.output and "input projection CPU register-blocked" in res.output
@@ -78,3 +86,175 @@ def test_kernel_choices_match_the_schedules():
 
     assert cli.KERNEL_CHOICES == schedules.KERNEL_CHOICES
     assert cli.PRECISIONS == PRECISIONS
+
+
+# --- a new user's first hour: every mistake is one line and a non-zero status, and the output is for people ---
+
+REPO = os.path.join(os.path.dirname(__file__), "..")
+TVM_LOG_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] \S+:\d+: ", re.M)
+
+
+@pytest.fixture(scope="module")
+def kws_llvm(tmp_path_factory):
+    out = tmp_path_factory.mktemp("kws") / "kws.so"
+    res = CliRunner().invoke(main, ["compile", MODEL, "-o", str(out), "--target", "llvm"])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def _one_line_error(res, status, *words):
+    assert res.exit_code == status, res.output
+    errors = [line for line in res.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in res.output, res.output
+    for w in words:
+        assert w in errors[0], (w, errors[0])
+
+
+@pytest.fixture
+def cuda_module(kws_llvm, tmp_path):
+    """A module whose metadata says CUDA sm_90a (loading stops at the metadata on a host without a GPU)."""
+    if _gpu_present():
+        pytest.skip("this host has a CUDA GPU")
+    meta = json.loads(kws_llvm.with_suffix(".json").read_text())
+    meta.update(target_kind="cuda", target=json.dumps({"kind": "cuda", "arch": "sm_90a"}))
+    (tmp_path / "kws_cuda.json").write_text(json.dumps(meta))
+    shutil.copy(kws_llvm, tmp_path / "kws_cuda.so")
+    return tmp_path / "kws_cuda.so"
+
+
+def _gpu_present():
+    from tvmrnn.build import gpu_present
+
+    return gpu_present()
+
+
+def test_a_cuda_module_on_a_host_without_a_gpu_says_what_to_do(cuda_module):
+    res = CliRunner().invoke(main, ["run", str(cuda_module), "--random"])
+    _one_line_error(res, 2, "built for CUDA sm_90a; this host has no CUDA GPU: compile with --target llvm")
+    res = CliRunner().invoke(main, ["serve", str(cuda_module), "--port", "0", "--isolation", "thread"])
+    _one_line_error(res, 2, "built for CUDA sm_90a; this host has no CUDA GPU: compile with --target llvm")
+
+
+def test_bench_without_cpu_on_a_cpu_host_points_at_cpu():
+    if _gpu_present():
+        pytest.skip("this host has a CUDA GPU")
+    _one_line_error(CliRunner().invoke(main, ["bench", "--row", "ds2-gru"]), 2, "no CUDA GPU", "tvmrnn bench --cpu")
+
+
+def _string_model():
+    g = helper.make_graph([helper.make_node("Cast", ["x"], ["s"], to=onnx.TensorProto.STRING)], "g",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3])],
+                          [helper.make_tensor_value_info("s", onnx.TensorProto.STRING, [3])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _relu_model():
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 4])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 4])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _hidden_size_model():
+    """hidden_size 5 while W holds 16 rows (an LSTM's 4 gates x 4)."""
+    w = helper.make_tensor("W", onnx.TensorProto.FLOAT, [1, 16, 3], np.zeros(48, np.float32))
+    r = helper.make_tensor("R", onnx.TensorProto.FLOAT, [1, 16, 4], np.zeros(64, np.float32))
+    g = helper.make_graph([helper.make_node("LSTM", ["X", "W", "R"], ["Y"], hidden_size=5, name="enc")], "g",
+                          [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["time", 1, 3])],
+                          [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, None)], [w, r])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_bad_models_and_paths_are_one_line_errors(tmp_path):
+    runner = CliRunner()
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    _one_line_error(runner.invoke(main, ["compile", str(empty), "-o", str(tmp_path / "e.so"), "--target", "llvm"]), 2,
+                    "empty or not an ONNX model")
+    _one_line_error(runner.invoke(main, ["inspect", str(empty)]), 2, "empty or not an ONNX model")
+    onnx.save(_string_model(), tmp_path / "text.onnx")
+    _one_line_error(runner.invoke(main, ["compile", str(tmp_path / "text.onnx"), "-o", str(tmp_path / "t.so"), "--target", "llvm"]),
+                    2, "tensor 's' holds strings", "numeric tensors only")
+    onnx.save(_hidden_size_model(), tmp_path / "hidden.onnx")
+    _one_line_error(runner.invoke(main, ["compile", str(tmp_path / "hidden.onnx"), "-o", str(tmp_path / "h.so"), "--target", "llvm"]),
+                    2, "LSTM node 'enc'", "hidden_size is 5 while W holds 16 rows (4 x 4)")
+    (tmp_path / "a_file").write_text("")
+    _one_line_error(runner.invoke(main, ["compile", MODEL, "-o", str(tmp_path / "a_file" / "m.so"), "--target", "llvm"]), 2,
+                    "-o ", "cannot create the folder", "give a path you can write to")
+    onnx.save(_relu_model(), tmp_path / "relu.onnx")
+    _one_line_error(runner.invoke(main, ["tune", str(tmp_path / "relu.onnx"), "--target", "llvm", "--trials", "2",
+                                         "--logs", str(tmp_path / "logs")]), 2, "no LSTM, GRU or RNN layer", "nothing to tune")
+    for verb in ("serve", "run"):
+        _one_line_error(runner.invoke(main, [verb, MODEL]), 2, "is an ONNX model; compile it first", "tvmrnn compile")
+
+
+def test_run_says_the_dims_it_picked_and_refuses_a_zero(kws_llvm):
+    runner = CliRunner()
+    res = runner.invoke(main, ["run", str(kws_llvm), "--random", "--dim", "batch=2"])
+    assert res.exit_code == 0, res.output
+    assert "batch=2" in res.output and "time=8 (default; set with --dim)" in res.output and "[2, 8, 40]" in res.output
+    res = runner.invoke(main, ["run", str(kws_llvm), "--random", "--dim", "batch=0"])
+    assert res.exit_code == 2 and "'batch=0': a size is a positive integer" in res.output
+    _one_line_error(runner.invoke(main, ["run", str(kws_llvm), "--random", "--dim", "frames=3"]), 2,
+                    "--dim frames", "['batch', 'time']")
+
+
+def test_output_reads_as_key_value_lines_within_120_columns(kws_llvm, tmp_path):
+    runner = CliRunner()
+    outputs = [runner.invoke(main, ["compile", MODEL, "-o", str(tmp_path / "k.so"), "--target", "cuda"]),
+               runner.invoke(main, ["inspect", MODEL, "--target", "cuda"]), runner.invoke(main, ["inspect", str(kws_llvm)]),
+               runner.invoke(main, ["run", str(kws_llvm), "--random"])]
+    for res in outputs:
+        assert res.exit_code == 0, res.output
+        assert max(len(line) for line in res.output.splitlines()) <= 120, res.output
+        assert " None" not in res.output and "Args(" not in res.output and "Row(" not in res.output, res.output
+    assert "  target: cuda sm_90a\n" in outputs[0].output and "  dtype: the model's\n" in outputs[0].output
+    assert "tvmrnn module for llvm " in outputs[2].output
+
+
+def test_inspect_targets_what_compile_would_here():
+    res = CliRunner().invoke(main, ["inspect", MODEL])
+    assert res.exit_code == 0, res.output
+    here = "cuda" if _gpu_present() else "llvm"
+    assert f"kernels as chosen for {here}" in res.output and f"kernel: {'cuda' if here == 'cuda' else 'cpu'}: " in res.output
+
+
+def test_bench_help_lists_its_rows():
+    from tvmrnn import bench, cli
+
+    res = CliRunner().invoke(main, ["bench", "--help"])
+    assert res.exit_code == 0
+    text = " ".join(res.output.split())
+    assert all(row.name in text for row in bench.ROWS + bench.STEP_ROWS), res.output
+    assert cli.BENCH_ROWS == tuple(r.name for r in bench.ROWS) and cli.BENCH_CPU_ROWS == bench.CPU_ROWS
+    assert cli.BENCH_STEP_ROWS == tuple(r.name for r in bench.STEP_ROWS)
+
+
+def _tvmrnn(*args, timeout=600):
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(REPO)}
+    return subprocess.run([sys.executable, "-m", "tvmrnn", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
+
+
+def test_no_tvm_log_lines_without_v(tmp_path):
+    """compile, run, inspect and serve in their own processes (TVM logs from C++, on file descriptor 2): none of TVM's
+    lines without -v; with -v they show (serve's as JSON lines)."""
+    out = tmp_path / "kws.so"
+    runs = [_tvmrnn("compile", MODEL, "-o", str(out), "--target", "llvm")]
+    runs += [_tvmrnn("run", str(out), "--random"), _tvmrnn("inspect", MODEL)]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stderr
+        assert not TVM_LOG_LINE.search(proc.stdout + proc.stderr), proc.stdout + proc.stderr
+    loud = _tvmrnn("run", str(out), "--random", "-v")
+    assert loud.returncode == 0 and "Scope Loaded" in loud.stderr, loud.stderr
+    for flags in ([], ["-v"]):
+        proc = subprocess.Popen([sys.executable, "-m", "tvmrnn", "serve", str(out), "--port", "0", *flags], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": os.path.abspath(REPO)})
+        try:
+            assert any("serving ['kws']" in line for line in proc.stdout), proc.stderr.read()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+        err = proc.stderr.read()
+        assert not TVM_LOG_LINE.search(err), err
+        assert all(json.loads(line) for line in err.splitlines() if line.strip()), err  # JSON lines, TVM's too at -v
+        assert ('"logger": "tvm"' in err) == bool(flags), err

@@ -88,6 +88,7 @@ def cases(draw):
 
 
 # derandomize: CI runs the same 60 examples every time (a failure reproduces; new ones come with code changes)
+@pytest.mark.slow  # 60 compiles: the longest test of the suite
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases(), shapes=st.tuples(st.integers(1, 7), st.integers(1, 4)))
 def test_sweep_matches_onnxruntime(case, shapes):
@@ -95,8 +96,8 @@ def test_sweep_matches_onnxruntime(case, shapes):
 
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
-@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
-@pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize("direction", ["forward", pytest.param("reverse", marks=pytest.mark.slow), "bidirectional"])
+@pytest.mark.parametrize("layout", [0, pytest.param(1, marks=pytest.mark.slow)])  # layout 1 also in test_kernels' CASES
 def test_every_optional_input(op, direction, layout):
     """The fixed corners the sweep may miss: every optional input at once, both layouts, all directions."""
     check_case(Case(op=op, direction=direction, layout=layout, optional=OPTIONAL[op], hidden=16, input_size=7,

@@ -30,7 +30,7 @@ def _bad_models():
     yield "layout value", _set_attr(lstm.model(), "layout", 2), ["layout", "2"]
     yield "layout at opset 7", _set_attr(dataclasses.replace(lstm, opset=7).model(), "layout", 1), ["layout", "opset 7"]
     yield "clip", _set_attr(lstm.model(), "clip", -1.0), ["clip", "-1.0", "positive"]
-    yield "hidden_size", _set_attr(lstm.model(), "hidden_size", 9), ["'W' shape", "(1, 36, 5)"]
+    yield "hidden_size", _set_attr(lstm.model(), "hidden_size", 9), ["hidden_size is 9 while W holds 32 rows (4 x 8)"]
     yield "input_forget on GRU", _set_attr(Case(op="GRU").model(), "input_forget", 1), ["input_forget", "GRU"]
     yield "unknown attribute", _set_attr(lstm.model(), "output_sequence", 1), ["output_sequence"]
     yield "opset 6", dataclasses.replace(lstm).model(), None  # replaced below

@@ -48,7 +48,7 @@ def test_zoo_model_matches_onnxruntime(entry):
             np.testing.assert_allclose(ours[name], ref[name], rtol=1e-4, atol=1e-5, err_msg=f"{entry.name}: {name} at batch {batch} time {time}")
 
 
-@pytest.mark.parametrize("target", ["nvidia/nvidia-h100", "nvidia/nvidia-a100"])
+@pytest.mark.parametrize("target", ["nvidia/nvidia-h100", pytest.param("nvidia/nvidia-a100", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_zoo_model_compiles_for_cuda_and_exports(entry, target, tmp_path):
     module = tvmrnn.compile(os.path.join(MODELS, entry.filename), target=target)
@@ -63,7 +63,12 @@ def test_zoo_model_compiles_for_cuda_and_exports(entry, target, tmp_path):
     assert all(layer["kernel"].startswith("cuda: ") for layer in info["layers"])
 
 
-@pytest.mark.parametrize("options", [{"dtype": "float16"}, {"dtype": "bfloat16"}, {"precision": "tf32"}, {}], ids=lambda o: str(*o.values()) or "exact")
+# one CUDA build (NVRTC) per case, tens of seconds each: the default run builds float16; exact fp32 is built by the
+# export test above; bfloat16, tf32 and the exact fp32 tensor-core branches run with the slow ones
+@pytest.mark.parametrize("options", [{"dtype": "float16"}, pytest.param({"dtype": "bfloat16"}, marks=pytest.mark.slow),
+                                     pytest.param({"precision": "tf32"}, marks=pytest.mark.slow),
+                                     pytest.param({}, marks=pytest.mark.slow)],
+                         ids=lambda o: str(*o.values()) or "exact")
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_zoo_model_builds_tensor_core_kernels(entry, options):
     """Half storage, TF32 and exact fp32 (3xTF32) build for CUDA without a GPU (NVRTC), every layer's large-batch

@@ -504,6 +504,78 @@ def test_graceful_shutdown_finishes_in_flight_requests(modules, reference):
             proc.wait()
 
 
+def _start_cli_server(paths, *options):
+    proc = subprocess.Popen([sys.executable, "-m", "tvmrnn", "serve", *paths, "--port", "0", *options], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+    for line in proc.stdout:
+        m = re.search(r"on (http://[\d.]+:\d+)/v2", line)
+        if m:
+            break
+    else:
+        raise AssertionError(proc.stderr.read())
+    deadline = time.monotonic() + 300
+    while True:  # HTTP workers may still be starting: the socket accepts, nobody answers yet
+        try:
+            if httpx.get(m.group(1) + "/v2/health/ready", timeout=60).status_code == 200:
+                return proc, m.group(1)
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def _children(proc, word):
+    import psutil
+
+    return [p for p in psutil.Process(proc.pid).children(recursive=True) if word in " ".join(p.cmdline())]
+
+
+def test_http_workers_share_one_engine_per_model(modules, reference):
+    """--http-workers 2: requests over many connections (so both workers) are batched together by the model's engine, a
+    sequence's chunks on fresh connections keep their state, bad requests get 4xx, an engine that dies is restarted, and
+    SIGTERM stops every process."""
+    paths = [modules[n] for n in ("kws_gru", "streaming_lstm", "lstm_lm")]
+    proc, url = _start_cli_server(paths, "--http-workers", "2", "--max-delay-ms", "50", "--max-batch-size", "16")
+    try:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            assert len(_children(proc, "tvmrnn.serve.cluster")) == 2 and len(_children(proc, "tvmrnn.serve.engine")) == 3
+            feeds_list = [kws_input(400 + i) for i in range(24)]
+            for feeds, r in zip(feeds_list, _concurrently(type("S", (), {"url": url}), "kws_gru", feeds_list)):
+                assert r.status_code == 200, r.text
+                assert_close(as_arrays(r), reference["kws_gru"].run(feeds))
+            stats = c.get("/v2/models/kws_gru/stats").json()["model_stats"][0]
+            assert stats["inference_count"] == 24 and stats["execution_count"] < 24, stats  # one engine batched for both workers
+            audio = np.random.default_rng(15).standard_normal((12, 1, 40)).astype("float32")
+            outs = []
+            for i, chunk in enumerate(np.split(audio, 4)):
+                with httpx.Client(base_url=url, timeout=60) as fresh:  # a new connection each: any worker
+                    params = {"sequence_id": "w", "sequence_start": i == 0, "sequence_end": i == 3}
+                    outs.append(as_arrays(infer(fresh, "streaming_lstm", {"chunk": chunk}, params))["out"])
+            zeros = np.zeros((1, 1, 96), "float32")
+            want = reference["streaming_lstm"].run({"chunk": audio, "h_in": zeros, "c_in": zeros})["out"]
+            np.testing.assert_allclose(np.concatenate(outs), want, rtol=1e-4, atol=1e-5)
+            bad = infer(c, "lstm_lm", {"tokens": np.array([[10**6]], "int64")}, check=False)
+            assert bad.status_code == 400 and "[-1000, 999]" in bad.json()["error"]
+            assert c.post("/v2/models/kws_gru/infer", content=b"{").status_code == 400
+            tokens = {"tokens": np.array([[3], [4]], "int64")}
+            assert_close(as_arrays(infer(c, "lstm_lm", tokens)), reference["lstm_lm"].run(tokens))
+            (engine,) = [p for p in _children(proc, "tvmrnn.serve.engine") if "kws_gru" in " ".join(p.cmdline())]
+            engine.kill()
+            deadline = time.monotonic() + 120
+            while infer(c, "kws_gru", feeds_list[0], check=False).status_code != 200:  # 503 until it is back
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            assert_close(as_arrays(infer(c, "kws_gru", feeds_list[0])), reference["kws_gru"].run(feeds_list[0]))
+        children = _children(proc, "tvmrnn.serve")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert not any(p.is_running() and p.status() != "zombie" for p in children)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 # -- an existing v2 client ---------------------------------------------------------------------------
 def test_tritonclient_http(server, reference):
     httpclient = pytest.importorskip("tritonclient.http")
@@ -528,6 +600,72 @@ def test_tritonclient_http(server, reference):
     want = reference["streaming_lstm"].run({"chunk": audio, "h_in": zeros, "c_in": zeros})["out"]
     np.testing.assert_allclose(np.concatenate(outs), want, rtol=1e-4, atol=1e-5)
     c.close()
+
+
+def test_triton_config_and_stats_routes(server, client, reference):
+    """tritonclient's get_model_config and get_inference_statistics, against what the server did."""
+    httpclient = pytest.importorskip("tritonclient.http")
+    c = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+    kws = c.get_model_config("kws_gru")
+    assert kws["name"] == "kws_gru" and kws["backend"] == "tvmrnn" and kws["max_batch_size"] == 16  # the server's limit
+    assert kws["input"] == [{"name": "mfcc", "data_type": "TYPE_FP32", "dims": [-1, 40]}]  # batch axis 0: left out, as Triton
+    assert kws["output"] == [{"name": "keyword_logits", "data_type": "TYPE_FP32", "dims": [12]}]
+    assert kws["dynamic_batching"]["max_queue_delay_microseconds"] == 20000 and "sequence_batching" not in kws
+    stream = c.get_model_config("streaming_lstm", model_version="1")
+    assert stream["max_batch_size"] == 0 and stream["parameters"]["batch_dim"]["string_value"] == "batch"  # batched on axis 1
+    assert stream["input"][0] == {"name": "chunk", "data_type": "TYPE_FP32", "dims": [-1, -1, 40]}
+    assert [(s["input_name"], s["output_name"]) for s in stream["sequence_batching"]["state"]] == [("h_in", "h_out"), ("c_in", "c_out")]
+    assert c.get_model_config("lstm_lm")["input"][0]["data_type"] == "TYPE_INT64"
+
+    def stats():
+        (entry,) = c.get_inference_statistics("kws_gru")["model_stats"]
+        return entry
+
+    before = stats()
+    feeds_list = [kws_input(300 + i) for i in range(8)]
+    for feeds, r in zip(feeds_list, _concurrently(server, "kws_gru", feeds_list)):
+        assert r.status_code == 200, r.text
+    infer(client, "kws_gru", {"mfcc": np.zeros((1, 2, 41), "float32")}, check=False)  # a failure
+    after = stats()
+    got = after["inference_stats"]
+    assert after["name"] == "kws_gru" and after["inference_count"] - before["inference_count"] == 8
+    assert 1 <= after["execution_count"] - before["execution_count"] <= 8
+    assert got["success"]["count"] - before["inference_stats"]["success"]["count"] == 8
+    assert got["fail"]["count"] - before["inference_stats"]["fail"]["count"] == 1
+    for key in ("queue", "compute_input", "compute_infer", "compute_output"):
+        assert got[key]["count"] - before["inference_stats"][key]["count"] == 8, key
+        assert got[key]["ns"] > before["inference_stats"][key]["ns"], key
+    assert got["success"]["ns"] > got["compute_infer"]["ns"] > 0
+    assert {m["name"] for m in c.get_inference_statistics()["model_stats"]} == set(MODELS)
+    r = client.get("/v2/models/nope/config")
+    assert r.status_code == 404 and "nope" in r.json()["error"]
+    c.close()
+
+
+def test_merge_pads_to_a_bucket_and_split_drops_the_filler(modules):
+    """A GPU runner's batches are padded to a bucket of rows and assembled into kept buffers; lengths of filler rows are 1."""
+    from tvmrnn.runtime import metadata_path
+    from tvmrnn.serve.signature import build_signature
+
+    with open(metadata_path(modules["rnn_forecast"])) as f:
+        sig = build_signature("f", json.load(f))
+    assert sig.pad_dim == "seq"
+    kept = {}
+    buffers = lambda name, shape, dtype: kept.setdefault((name, shape), np.full(shape, 7, dtype))  # noqa: E731
+    requests = [forecast_input(1, 3, batch=2), forecast_input(2, 5)]
+    merged, plan = sig.merge(requests, 4, buffers)
+    series, lengths = merged
+    assert series.shape == (5, 4, 8) and series is kept[("series", (5, 4, 8))] and plan.width == 4
+    np.testing.assert_array_equal(series[:3, :2], requests[0]["series"])
+    np.testing.assert_array_equal(series[3:, :2], 0)
+    np.testing.assert_array_equal(series[:, 2:3], requests[1]["series"])
+    np.testing.assert_array_equal(series[:, 3], 0)
+    np.testing.assert_array_equal(lengths, [*requests[0]["lengths"], *requests[1]["lengths"], 1])
+    forecast = np.arange(4 * 4, dtype="float32").reshape(4, 4)  # [batch, 4]: two rows, one row, one filler
+    first, second = sig.split([forecast], plan)
+    np.testing.assert_array_equal(first["forecast"], forecast[:2])
+    np.testing.assert_array_equal(second["forecast"], forecast[2:3])
+    assert second["forecast"].base is None  # an array of its own: the batch's buffers are reused
 
 
 def test_bounded_module_is_served_within_its_bounds(tmp_path):

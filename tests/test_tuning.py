@@ -47,6 +47,9 @@ def test_tune_writes_a_database(tuned):
 
 def test_compile_applies_the_logs_and_stays_correct(tuned, tmp_path):
     model, logs, _ = tuned
+    # the logs without tune's whole-module verdicts (a bucket the default won would run the default: tested below)
+    logs = shutil.copytree(logs, tmp_path / "logs")
+    (logs / target_name(resolve_target("llvm")) / "verdicts.jsonl").unlink()
     res = CliRunner().invoke(main, ["compile", str(model), "-o", str(tmp_path / "m.so"), "--target", "llvm", "--logs", str(logs)])
     assert res.exit_code == 0, res.output
     assert "lstm_node: tuned for batch buckets [1, 4]" in res.output and "[tuned" in res.output
@@ -233,4 +236,40 @@ def test_progress_line_does_not_call_a_remeasured_default_a_gain():
     st.trials, st.best_s, st.best = 25, 0.095, default
     assert line(0, st, 1).endswith("(a default point)")
     st.best = other
-    assert line(0, st, 1).endswith("(1.05x the default)")
+    assert line(0, st, 1).endswith("(kernel alone: 1.05x the default point)")
+
+
+def test_tune_times_the_whole_module_and_keeps_the_default_where_it_wins(tuned, tmp_path):
+    """The speed-up tune reports is the whole module's, default against tuned in the same run; a bucket where the tuned
+    module was no faster runs the default at compile."""
+    _, logs, output = tuned
+    assert "whole module at batch 1, 20 steps: default" in output and "whole module at batch 4, 20 steps: default" in output
+    assert "trials/s" not in output or "6/6" in output  # the bar counts toward --trials, never past it
+    target = resolve_target("llvm")
+    folder = logs / target_name(target)
+    assert {json.loads(line)["batch"] for line in (folder / "verdicts.jsonl").read_text().splitlines()} == {1, 4}
+    copy = tmp_path / "logs"
+    shutil.copytree(logs, copy)
+    (copy / target_name(target) / "verdicts.jsonl").unlink()
+    found = TuningLogs.load(copy, target)
+    key, buckets = next(iter(found.points.items()))
+    batch = max(buckets)
+    best = min(buckets[batch], key=lambda p: p[0])[1]
+    lost = {"batch": batch, "default_ms": 1.0, "tuned_ms": 1.2, "kept_default": True, "points": {key: best.as_dict()}}
+    (copy / target_name(target) / "verdicts.jsonl").write_text(json.dumps(lost) + "\n")
+    assert batch not in TuningLogs.load(copy, target).points[key]
+
+
+def test_tune_writes_to_the_user_cache_and_compile_reads_the_bundled_logs_too(monkeypatch, tmp_path):
+    from tvmrnn.tuning.logs import bundled_logs_dir, default_logs_dir
+
+    monkeypatch.delenv("TVMRNN_TUNING_LOGS", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_logs_dir() == tmp_path / "tvmrnn" / "tuning_logs"
+    bundled = bundled_logs_dir()
+    if bundled is None or not (bundled / target_name(resolve_target("llvm"))).is_dir():
+        pytest.skip("no bundled log for this CPU")
+    found = TuningLogs.load(default_logs_dir(), resolve_target("llvm"))
+    assert found.also_read == [bundled / target_name(resolve_target("llvm"))] and found.records > 0
+    assert not [p for p in found.problems if "changed since" in p]  # stale bundled records go without a word
+    assert TuningLogs.load(tmp_path / "elsewhere", resolve_target("llvm")).records == 0  # --logs DIR reads DIR only

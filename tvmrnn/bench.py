@@ -259,6 +259,44 @@ def bench_cpu_row(row: Row, repeats=5, warmup=1) -> dict:
     return result
 
 
+def random_feeds(model: onnx.ModelProto, rng, dim=16) -> dict:
+    """Inputs of the model's declared shapes (symbolic dims set to `dim`) and dtypes, normal floats or small ints."""
+    feeds = {}
+    inits = {i.name for i in model.graph.initializer}
+    for i in model.graph.input:
+        if i.name in inits:
+            continue
+        t = i.type.tensor_type
+        shape = [d.dim_value if d.dim_value > 0 else dim for d in t.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
+        feeds[i.name] = (rng.standard_normal(shape) if dtype.kind == "f" else rng.integers(0, 4, shape)).astype(dtype)
+    return feeds
+
+
+def bench_model(path, target="llvm", repeats=20, warmup=2) -> dict:
+    """A whole ONNX model: ours (untuned, compiled for `target`) against ONNX Runtime (its CPU provider, or CUDA's on
+    a GPU) on the same random inputs, interleaved medians, and the largest relative error of any output."""
+    import onnxruntime as ort
+
+    import tvmrnn
+
+    model = onnx.load(str(path))
+    feeds = [random_feeds(model, np.random.default_rng(s)) for s in range(2)]
+    started = time.perf_counter()
+    compiled = tvmrnn.compile(model, target=target, logs=False)
+    compile_s = time.perf_counter() - started
+    providers = ["CUDAExecutionProvider"] if target == "cuda" else ["CPUExecutionProvider"]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=providers)
+    ref = sess.run(None, feeds[0])
+    ours = list(compiled.run(feeds[0]).values())
+    result = {"row": os.path.basename(str(path)), "compile_s": compile_s,
+              "rel_err_vs_ort": max(_rel_err(o, r) for o, r in zip(ours, ref))}
+    result.update({f"{name}_ms": ms for name, ms in _interleaved_median_ms(
+        {"ours": compiled.run, "onnxruntime": lambda f: sess.run(None, f)}, feeds, repeats, warmup).items()})
+    result["speedup_vs_ort"] = result["onnxruntime_ms"] / result["ours_ms"]
+    return result
+
+
 def environment(gpu: bool) -> dict:
     import torch
     import tvm
@@ -279,7 +317,7 @@ def environment(gpu: bool) -> dict:
     else:
         import onnxruntime
 
-        env.update(onnxruntime=onnxruntime.__version__, cores=os.cpu_count())
+        env.update(onnxruntime=onnxruntime.__version__, cores=os.cpu_count(), cpu_model=_cpu_model())
     return env
 
 
@@ -297,6 +335,18 @@ GPU_COLUMNS = [("row", "row"), ("dtype", "dtype"), ("stepwise_ms", "stepwise ms"
                ("tf32_ms", "TF32 ms"), ("tf32_speedup", "TF32 speed-up"), ("tf32_rel_err", "TF32 rel. err")]
 CPU_COLUMNS = [("row", "row"), ("ours_ms", "ours ms"), ("onnxruntime_ms", "ONNX Runtime ms"), ("torch_ms", "PyTorch ms"),
                ("speedup_vs_ort", "× ORT"), ("speedup_vs_torch", "× PyTorch"), ("rel_err_vs_torch", "rel. err")]
+
+
+MODEL_COLUMNS = [("row", "model"), ("ours_ms", "ours ms"), ("onnxruntime_ms", "ONNX Runtime ms"),
+                 ("speedup_vs_ort", "× ORT"), ("rel_err_vs_ort", "rel. err"), ("compile_s", "compile s"), ("error", "error")]
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), platform.processor())
+    except OSError:
+        return platform.processor()
 
 
 def markdown(results: list[dict], columns, env: dict, command: str) -> str:

@@ -25,6 +25,7 @@ from .cuda_graph import annotate as annotate_bounds
 from .cuda_graph import captured as graph_captured
 from .errors import UnsupportedModelError
 from .frontend import load_onnx, model_opset, to_relax
+from .graph_pipeline import graph_pipeline
 from .plan import ModelPlan, PlanOptions, plan_model
 from .runtime import FORMAT, Module, metadata_path
 from .tuning.logs import TuningLogs, default_logs_dir
@@ -118,7 +119,7 @@ def _tuning_logs(logs, target, log):
     found = TuningLogs.load(default_logs_dir() if logs is None else logs, target)
     for problem in found.problems:
         log(f"      warning: {problem}")
-    log(f"      tuning logs: {found.records} record(s) in {found.folder}" if found.records else f"      tuning logs: none for this target in {found.folder}")
+    log(f"      tuning logs: {found.records} record(s) in {found.where}" if found.records else f"      tuning logs: none for this target in {found.where}")
     return found
 
 
@@ -128,7 +129,7 @@ def pipeline(target, plan: ModelPlan) -> tvm.transform.Pass:
        (FoldConstant: TVM's default pipeline does not fold them, and they ran at every call), and the functions that
        only computed them go (DeadCodeElimination: no dead kernels, e.g. W's scaled fp16 halves for the f16x3 GEMM);
     2. main's symbolic dims bounded where the module enforces bounds (and allowed into the CUDA graph where it has one);
-    3. TVM's default pipeline for the target (dlight schedules the generic ops on CUDA)."""
+    3. TVM's backend pipeline for the target with the graph's other layers scheduled (tvmrnn.graph_pipeline)."""
     bounds = plan.graph.bounds if plan.graph.bounds is not None else plan.graph.enforced
 
     @tvm.transform.module_pass(opt_level=0, name="tvmrnn.AnnotateBounds")
@@ -136,13 +137,7 @@ def pipeline(target, plan: ModelPlan) -> tvm.transform.Pass:
         return annotate_bounds(mod, dict(bounds)) if plan.graph.bounds is not None or bounds else mod
 
     return tvm.transform.Sequential([relax.transform.FoldConstant(), relax.transform.DeadCodeElimination(), bound_dims,
-                                     _tvm_pipeline(target)], name="tvmrnn.pipeline")
-
-
-def _tvm_pipeline(target) -> tvm.transform.Pass:
-    """TVM's pipeline as `tvm.compile(relax_pipeline="default")` picks it: the target's own on GPUs (with dlight), the
-    generic one on CPUs (the CPU-specific one's fusion can drop packed calls run for their side effects)."""
-    return relax.get_default_pipeline(target) if "gpu" in target.keys else relax.get_pipeline("default")
+                                     graph_pipeline(target)], name="tvmrnn.pipeline")
 
 
 def _log_plan(plan: ModelPlan, log):
@@ -190,7 +185,7 @@ def _metadata(source: str, plan: ModelPlan, relax_model, graph_note: str, tuning
 
 
 def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, logs=None, precision="exact", max_dims=None,
-                  cuda_graph=None):
+                  cuda_graph=None, input_shapes=None, consts=None):
     """ONNX model -> runnable (or, for CUDA without a GPU, exportable) module, in stages: [1/4] import (read the ONNX
     graph), [2/4] plan (tvmrnn.plan: every layer's kernels, the stacks, the CUDA graph), [3/4] build (emit Relax as
     planned, `pipeline`, tvm.compile); [4/4] is the module's export. `log` gets a line per stage.
@@ -210,12 +205,13 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
     max_dims: upper bounds of the inputs' symbolic dims ({"seq": 512, "batch": 64}); larger inputs are refused.
     cuda_graph: replay each run as one CUDA graph (tvmrnn.cuda_graph): None (auto) wherever every symbolic dim has a
     bound on a CUDA target, True to require it, False for none.
+    input_shapes, consts: dims and inputs the model is specialized for (frontend.prepare).
     """
     options = PlanOptions(kernel, dtype, precision, max_dims, cuda_graph)
     target = resolve_target(target)
     source = os.fspath(model) if not isinstance(model, onnx.ModelProto) else "<ModelProto>"
     started = time.perf_counter()
-    model = load_onnx(model)
+    model = load_onnx(model, input_shapes, consts)
     log(f"[1/4] imported {source}: opset {model_opset(model)}, "
         f"{len(model.graph.node)} node(s) ({time.perf_counter() - started:.1f} s)")
     started = time.perf_counter()

@@ -230,16 +230,48 @@ class Module(ModuleInputs):
         return {name: o.numpy() for name, o in zip(self.output_names, outs)}
 
 
-def load_module(path, device=None) -> Module:
+def read_metadata(path) -> dict:
+    """model.json of the module at `path` (model.so), checked; InputError naming the file where it is not one."""
     path = os.fspath(path)
+    if path.lower().endswith(".onnx"):
+        stem = os.path.splitext(path)[0]
+        raise InputError(f"'{path}' is an ONNX model; compile it first (tvmrnn compile {path} -o {stem}.so) and give the .so")
     meta_file = metadata_path(path)
     for p in (path, meta_file):
         if not os.path.exists(p):
             raise InputError(f"'{p}' does not exist (a compiled module is a .so with its .json beside it)")
-    with open(meta_file) as f:
-        metadata = json.load(f)
-    if metadata.get("format") != FORMAT:
-        raise InputError(f"'{meta_file}' is not tvmrnn module metadata (format {metadata.get('format')!r}, expected {FORMAT!r})")
+    try:
+        with open(meta_file) as f:
+            metadata = json.load(f)
+    except (OSError, ValueError) as err:
+        raise InputError(f"'{meta_file}' is not readable tvmrnn module metadata: {err}") from None
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
+        found = metadata.get("format") if isinstance(metadata, dict) else None
+        raise InputError(f"'{meta_file}' is not tvmrnn module metadata (format {found!r}, expected {FORMAT!r})")
+    return metadata
+
+
+def _check_cuda_here(metadata: dict) -> None:
+    """A CUDA module loads only where there is a CUDA GPU (TVM registers its CUDA loader there): say so, and what to do."""
+    if metadata.get("target_kind") != "cuda":
+        return
+    try:
+        present = tvm.runtime.cuda(0).exist
+    except Exception:  # no CUDA driver at all
+        present = False
+    if not present:
+        try:
+            arch = json.loads(metadata["target"]).get("arch", "")
+        except (KeyError, TypeError, ValueError, AttributeError):
+            arch = ""
+        raise UnsupportedModelError(f"this module was built for CUDA {arch}".rstrip() + "; this host has no CUDA GPU: "
+                                    "compile with --target llvm (target='llvm') to run it here")
+
+
+def load_module(path, device=None) -> Module:
+    path = os.fspath(path)
+    metadata = read_metadata(path)
+    _check_cuda_here(metadata)
     return Module(tvm.runtime.load_module(path), metadata, device)
 
 
@@ -247,9 +279,10 @@ DEFAULT_DIM = 8  # a symbolic dim nobody sized; small so the run is quick
 
 
 def random_inputs(module: ModuleInputs, dims: dict, seed: int, given: dict) -> dict:
-    """Random feeds for the inputs not in `given`: floats ~N(0,1), integers in [0, 10), sequence lengths = full length."""
+    """Random feeds for the inputs not in `given`: floats ~N(0,1), integers in [0, 10), sequence lengths = full length.
+    `dims` gets the size each symbolic dim was given (by an array in `given`, or DEFAULT_DIM)."""
     rng = np.random.default_rng(seed)
-    sizes = {**dims}
+    sizes = dims
     seq_lens = {sl.lens: (sl.x, sl.seq_axis) for sl in module.sequence_lens}
     for info in module.metadata["inputs"]:  # a given array fixes the symbolic dims it has
         if info["name"] in given:

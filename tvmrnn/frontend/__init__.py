@@ -18,6 +18,10 @@ from tvm.relax.frontend.onnx import onnx_frontend
 
 from ..errors import UnsupportedModelError
 from .converters import converters
+from .loops import rewrite_recurrent_loops
+from .ops import OP_CONVERTERS
+from .prepare import prepare
+from .reverse import REVERSE_CONVERTERS
 
 
 @dataclass
@@ -37,15 +41,41 @@ class RelaxModel:
     outputs: list[TensorInfo]
 
 
-def load_onnx(model) -> onnx.ModelProto:
+def load_onnx(model, input_shapes: dict | None = None, consts: dict | None = None) -> onnx.ModelProto:
+    """The model as the planner and importer take it: string tensors refused, recurrent Loops as recurrent nodes
+    (loops.py), then specialized and its shape computations folded (prepare.py)."""
+    model = _read_onnx(model)
+    refuse_strings(model)
+    return prepare(rewrite_recurrent_loops(model), input_shapes, consts)
+
+
+def _read_onnx(model) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         return model
     if not os.path.exists(model):
         raise UnsupportedModelError(f"model file '{model}' does not exist")
     try:
-        return onnx.load(str(model))
+        loaded = onnx.load(str(model))
     except Exception as err:  # protobuf raises its own DecodeError and friends
         raise UnsupportedModelError(f"model file '{model}' is not a readable ONNX model: {err}") from err
+    if loaded.ir_version == 0 or not loaded.graph.node:  # protobuf reads an empty file as an empty model
+        raise UnsupportedModelError(f"model file '{model}' is empty or not an ONNX model (no IR version, no graph nodes); "
+                                    "give an exported .onnx file")
+    return loaded
+
+
+def refuse_strings(model: onnx.ModelProto) -> None:
+    """String tensors (text ops, string inputs) have no TVM dtype: name the first one instead of failing inside TVM."""
+    g = model.graph
+    for v in list(g.input) + list(g.output) + list(g.value_info):
+        if v.type.tensor_type.elem_type == onnx.TensorProto.STRING:
+            raise UnsupportedModelError(f"tensor '{v.name}' holds strings; tvmrnn compiles numeric tensors only "
+                                        "(do text processing before the model)")
+    for node in g.node:
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        if node.op_type == "Cast" and to == onnx.TensorProto.STRING or node.op_type.startswith("String"):
+            raise UnsupportedModelError(f"{node.op_type} node '{node.name or node.output[0]}' makes strings; tvmrnn compiles "
+                                        "numeric tensors only (do text processing before the model)")
 
 
 def model_opset(model: onnx.ModelProto) -> int:
@@ -62,13 +92,35 @@ def _our_converters(plan):
     ours = converters(plan)
 
     def convert_map():
-        return {**original(), **ours}
+        return {**original(), **OP_CONVERTERS, **ours, **REVERSE_CONVERTERS}
+
+    importer = onnx_frontend.ONNXGraphImporter
+    convert_operator = importer._convert_operator
+
+    def convert_naming_the_node(self, op_name, inputs, attrs, opset):
+        try:
+            return convert_operator(self, op_name, inputs, attrs, opset)
+        except UnsupportedModelError:
+            raise
+        except Exception as err:  # TVM's converters raise anything from TypeError to InternalError
+            node = attrs.get("tvm_custom", {}).get("name") or "?"
+            raise UnsupportedModelError(f"node '{node}' ({op_name}): {_reason(err)}") from err
 
     onnx_frontend._get_convert_map = convert_map
+    importer._convert_operator = convert_naming_the_node
     try:
         yield
     finally:
         onnx_frontend._get_convert_map = original
+        importer._convert_operator = convert_operator
+
+
+def _reason(err: Exception) -> str:
+    """An exception's message on one line (TVM's internal errors carry a C++ backtrace first)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    checks = [line for line in lines if "Check failed" in line or line.startswith(("ValueError", "TypeError"))]
+    text = (checks or lines or [type(err).__name__])[-1]
+    return text if text.startswith(type(err).__name__) else f"{type(err).__name__}: {text}"
 
 
 _ONNX_DTYPES = {v: str(onnx.helper.tensor_dtype_to_np_dtype(v)) for v in (1, 6, 7, 9, 10, 11)}
@@ -132,5 +184,7 @@ def to_relax(model: onnx.ModelProto, plan) -> RelaxModel:
             raise
         except NotImplementedError as err:
             raise UnsupportedModelError(f"the model uses something TVM's ONNX frontend does not support: {err}") from err
+        except Exception as err:  # raised outside a converter (If branches, ShapeExpr inputs): the message names the node
+            raise UnsupportedModelError(f"the import failed: {_reason(err)}") from err
     _fill_output_shapes(outputs, mod["main"].ret_ty)
     return RelaxModel(mod, inputs, outputs)

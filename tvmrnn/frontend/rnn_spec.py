@@ -140,6 +140,10 @@ def spec_from_node(op: str, name: str, attrs: dict, shapes: dict, num_outputs: i
     if input_size is None:
         raise err("input 'X' shape", x, "the input size (last dim of X, or of W) must be static")
 
+    if w is not UNKNOWN and len(w) == 3 and isinstance(w[1], int) and w[1] != G * hidden:
+        rows = f"{G} x {w[1] // G}" if w[1] % G == 0 else f"not a multiple of the {G} gates"
+        raise err("attribute 'hidden_size'", hidden, f"hidden_size is {hidden} while W holds {w[1]} rows ({rows}); "
+                  f"{op} W is [directions, {G} * hidden_size, input_size]")
     batch = "batch" if x is UNKNOWN else x[1 - layout]
     state = (D, batch, hidden) if layout == 0 else (batch, D, hidden)
     expected = {"X": (x[0], x[1], input_size) if x is not UNKNOWN else None, "W": (D, G * hidden, input_size),

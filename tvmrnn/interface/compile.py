@@ -9,6 +9,7 @@ from schedules import TUNED_MARGIN
 
 from ..build import compile_model, resolve_target
 from ..tuning.logs import default_logs_dir
+from . import show_args
 from .tune import TuneArgs, tune_command
 
 
@@ -25,9 +26,12 @@ class CompileArgs:
     precision: str = "exact"  # math of fp32 layers on CUDA (exact | tf32)
     max_dims: dict | None = None  # upper bounds of the inputs' symbolic dims
     cuda_graph: bool | None = None  # None: a CUDA graph wherever every symbolic dim is bounded
+    input_shapes: dict | None = None  # dims (or inputs' whole shapes) the model is specialized for (frontend.prepare)
+    consts: dict | None = None  # inputs fixed to a value, which leave the module
 
     def show(self) -> str:
-        return "\n".join(f"  {k:<10} {v}" for k, v in vars(self).items())
+        return show_args(self, {"dtype": "the model's", "cuda_graph": "on where every symbolic dim is bounded"},
+                         skip=("time_budget_min",) if not self.tune_trials else ())
 
 
 def compile_command(args: CompileArgs, echo=print) -> CompileArgs:
@@ -39,7 +43,8 @@ def compile_command(args: CompileArgs, echo=print) -> CompileArgs:
         tune_command(TuneArgs(args.model, args.target, args.tune_trials, args.logs, args.time_budget_min,
                               dtype=args.dtype, kernel=args.kernel, precision=args.precision), echo=echo)
     module = compile_model(args.model, target=args.target, log=echo, kernel=args.kernel, dtype=args.dtype, logs=args.logs,
-                           precision=args.precision, max_dims=args.max_dims, cuda_graph=args.cuda_graph)
+                           precision=args.precision, max_dims=args.max_dims, cuda_graph=args.cuda_graph,
+                           input_shapes=args.input_shapes, consts=args.consts)
     for layer in module.metadata["layers"]:
         tuned = [b["up_to_batch"] for b in layer["schedule"] if b["tuned"]]
         kept = [b["up_to_batch"] for b in layer["schedule"] if b.get("kept_default")]

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 
 from schedules import PERSISTENT_MAX_BATCH
 
 from ..build import resolve_target
 from ..plan import ModelPlan, plan_stack, plan_model
-from ..runtime import metadata_path
+from ..runtime import read_metadata
 from ..tuning.logs import TuningLogs, default_logs_dir
+from . import target_words
 
 
 def _layer_line(op, name, spec_like: dict) -> str:
@@ -23,9 +23,8 @@ def _layer_line(op, name, spec_like: dict) -> str:
 
 
 def _module_report(path: str, echo) -> int:
-    with open(metadata_path(path)) as f:
-        meta = json.load(f)
-    echo(f"{path}: tvmrnn module for {meta['target']} (tvmrnn {meta['versions']['tvmrnn']}, TVM {meta['versions']['tvm']})")
+    meta = read_metadata(path)
+    echo(f"{path}: tvmrnn module for {target_words(meta['target'])} (tvmrnn {meta['versions']['tvmrnn']}, TVM {meta['versions']['tvm']})")
     for io in ("inputs", "outputs"):
         for t in meta[io]:
             echo(f"  {io[:-1]:<6} {t['name']:<20} {t['dtype']:<8} {t['shape']}")
@@ -39,15 +38,15 @@ def _module_report(path: str, echo) -> int:
     return 0
 
 
-def inspect_command(path: str, echo=print, target: str | None = "nvidia/nvidia-h100") -> int:
+def inspect_command(path: str, echo=print, target: str | None = None) -> int:
     """Prints the report; returns how many layers are unsupported (the CLI's exit status)."""
     if path.endswith(".so"):
         return _module_report(path, echo)
     tgt = resolve_target(target)
     logs = TuningLogs.load(default_logs_dir(), tgt)
     plan = plan_model(path, tgt, logs=logs, refuse=False)
-    echo(f"{path}: {len(plan.layers) + len(plan.refused)} recurrent layer(s); kernels as chosen for {tgt.kind.name} "
-         f"{tgt.attrs.get('arch', '')} ({logs.records} tuning record(s) in {logs.folder})")
+    echo(f"{path}: {len(plan.layers) + len(plan.refused)} recurrent layer(s); kernels as chosen for "
+         f"{target_words(str(tgt))} ({logs.records} tuning record(s) in {logs.where})")
     for index in sorted([layer.index for layer in plan.layers] + list(plan.refused)):
         if index in plan.refused:
             found = plan.refused[index]

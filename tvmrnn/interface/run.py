@@ -21,6 +21,11 @@ class RunArgs:
     output_dir: str | None = None
 
 
+def symbolic_dims(module) -> list[str]:
+    """The inputs' symbolic dims, in order of first appearance."""
+    return list(dict.fromkeys(d for i in module.metadata["inputs"] for d in i["shape"] if isinstance(d, str)))
+
+
 def run_command(args: RunArgs, echo=print) -> dict:
     module = load_module(args.module)
     given = {}
@@ -31,7 +36,15 @@ def run_command(args: RunArgs, echo=print) -> dict:
     missing = [n for n in module.input_names if n not in given]
     if missing and not args.random:
         raise InputError(f"no value for input(s) {missing}; pass --input NAME=FILE.npy or --random")
-    feeds = random_inputs(module, args.dims, args.seed, given)
+    unknown = sorted(set(args.dims) - set(symbolic_dims(module)))
+    if unknown:
+        raise InputError(f"--dim {unknown[0]}: the module has no symbolic dim of that name; its dims are "
+                         f"{symbolic_dims(module) or 'all static'}")
+    sizes = dict(args.dims)
+    feeds = random_inputs(module, sizes, args.seed, given)
+    if sizes:
+        picked = [f"{d}={n}" + ("" if d in args.dims else " (default; set with --dim)") for d, n in sizes.items()]
+        echo("dims   " + ", ".join(picked))
     for name, value in feeds.items():
         echo(f"input  {name:<16} {str(value.dtype):<8} {list(value.shape)}")
     outs = module.run(feeds)

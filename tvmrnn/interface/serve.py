@@ -7,6 +7,7 @@ import sys
 from dataclasses import dataclass, field
 
 from ..errors import InputError
+from . import show_args
 
 
 @dataclass
@@ -20,15 +21,16 @@ class ServeArgs:
     sequence_idle_s: float = 60.0
     max_sequences: int = 1024
     state: tuple = ()  # "MODEL:INPUT=OUTPUT" pairs replacing the NAME_in/NAME_out rule for MODEL
-    isolation: str = "process"
+    isolation: str = "auto"
     device: str | None = None
     log_level: str = "info"
     graceful_timeout_s: float = 30.0
     threads: int | None = None  # TVM CPU threads per model worker
+    http_workers: int = 1  # HTTP worker processes; more than 1: one engine process per model batches for all of them
     state_pairs: dict = field(default_factory=dict)  # resolved from `state`
 
     def show(self) -> str:
-        return "\n".join(f"  {k:<18} {v}" for k, v in vars(self).items() if k != "state")
+        return show_args(self, {"device": "the module's target", "threads": "TVM's default"}, skip=("state",))
 
 
 def resolve(args: ServeArgs) -> ServeArgs:
@@ -42,10 +44,16 @@ def resolve(args: ServeArgs) -> ServeArgs:
             raise InputError(f"{opt} is {value}; it must be at least {low}")
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads is {args.threads}; it must be at least 1")
-    if args.isolation not in ("process", "thread"):
-        raise InputError(f"--isolation is {args.isolation!r}; one of ('process', 'thread')")
+    if args.isolation not in ("auto", "process", "thread"):
+        raise InputError(f"--isolation is {args.isolation!r}; one of ('auto', 'process', 'thread')")
+    if args.http_workers < 1:
+        raise InputError(f"--http-workers is {args.http_workers}; it must be at least 1")
     if args.port > 65535:
         raise InputError(f"--port is {args.port}; it must be at most 65535")
+    from ..runtime import read_metadata
+
+    for path in args.modules:  # an ONNX file, a missing .json or a foreign one: said before anything starts
+        read_metadata(path)
     args.state_pairs = parse_state_option(args.state)
     return args
 
@@ -60,12 +68,17 @@ def serve_command(args: ServeArgs, echo=print) -> None:
     logging.config.dictConfig(logging_config(args.log_level))
     config = ServeConfig(max_batch_size=args.max_batch_size, max_delay_ms=args.max_delay_ms, max_request_bytes=args.max_request_bytes,
                          sequence_idle_s=args.sequence_idle_s, max_sequences=args.max_sequences, isolation=args.isolation,
-                         device=args.device, state=args.state_pairs, threads=args.threads, graceful_timeout_s=args.graceful_timeout_s)
+                         device=args.device, state=args.state_pairs, threads=args.threads, graceful_timeout_s=args.graceful_timeout_s,
+                         http_workers=args.http_workers)
     try:
         sock = bind(args.host, args.port)
     except OSError as err:
         raise InputError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
     port = sock.getsockname()[1]
+    if config.http_workers > 1:
+        from ..serve.cluster import serve_cluster
+
+        return serve_cluster(list(args.modules), config, sock, args.log_level, echo)
     models = load_models(list(args.modules), config)
     echo(f"serving {sorted(models)} on http://{args.host}:{port}/v2 (metrics at /metrics)")
     sys.stdout.flush()

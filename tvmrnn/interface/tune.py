@@ -16,6 +16,7 @@ from ..tuning import tuner
 from ..tuning.logs import record_run
 from ..tuning.progress import line
 from ..tuning.tasks import plan_tasks
+from . import show_args
 
 
 @dataclass
@@ -33,7 +34,8 @@ class TuneArgs:
     tasks: list = field(default_factory=list)
 
     def show(self) -> str:
-        return "\n".join(f"  {k:<15} {v}" for k, v in vars(self).items() if k != "tasks")
+        return show_args(self, {"dtype": "the model's", "seq": "the model's, or 100", "time_budget_min": "none",
+                                "batches": "the model's batch, or 1, 8, 64"}, skip=("tasks",))
 
 
 def _device_name(target) -> str:
@@ -50,10 +52,14 @@ def tune_command(args: TuneArgs, echo=print, stream=None, tasks=None):
     if target.kind.name == "cuda" and not gpu_present():
         raise UnsupportedModelError("tuning for CUDA measures on the GPU, and there is none here; tune on the GPU machine "
                                     "(the logs then serve compiles anywhere)")
+    from_model = tasks is None
     if tasks is None:
         # the layers as compile runs them (kernel choice aside: every kind's space is searched)
         plan = plan_model(args.model, target, PlanOptions(storage=args.dtype, precision=args.precision))
         tasks = plan_tasks(plan, batches=args.batches or None, seq=args.seq)
+        if not tasks:
+            raise UnsupportedModelError(f"'{args.model}' has no LSTM, GRU or RNN layer, so there is nothing to tune (tvmrnn "
+                                        "tunes the recurrent kernels); compile it as it is")
     echo(f"[1/3] {len(tasks)} task(s):")
     for t in tasks:
         echo(f"      {t.name}  (layers: {', '.join(t.layers)}; {tuner.space_size(t, target, args.kernel)} points)")
@@ -63,6 +69,8 @@ def tune_command(args: TuneArgs, echo=print, stream=None, tasks=None):
     echo(f"[3/3] {how}: {out.trials_run} new trial(s) in {out.seconds:.0f} s; logs in {out.folder}")
     for i, st in enumerate(out.stats):
         echo(line(i, st, len(out.stats)))
+    if from_model:
+        compare_whole_module(args.model, target, args.logs, tasks, echo)
     record_run(Path(out.folder), {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": _device_name(target), "model": str(args.model), "tasks": [t.name for t in tasks],
@@ -72,3 +80,62 @@ def tune_command(args: TuneArgs, echo=print, stream=None, tasks=None):
                            "config": st.best.as_dict() if st.best else None, "trials": st.trials} for st in out.stats},
     })
     return out
+
+
+def _bucket_dims(module, batch: int, seq: int) -> dict:
+    """Sizes for a module's symbolic dims at a tuning bucket: the recurrent layers' X gives which dim is the batch and
+    which the sequence where X is a graph input; else the names tell (batch/N, time/seq/len/frames); the rest get 1."""
+    sizes = {}
+    for layer in module.metadata["layers"]:
+        x = layer.get("graph_inputs", {}).get("X")
+        shape = next((i["shape"] for i in module.metadata["inputs"] if i["name"] == x), None)
+        if shape:
+            seq_axis, batch_axis = (0, 1) if layer["layout"] == 0 else (1, 0)
+            for axis, size in ((seq_axis, seq), (batch_axis, batch)):
+                if isinstance(shape[axis], str):
+                    sizes.setdefault(shape[axis], size)
+    for info in module.metadata["inputs"]:
+        for d in info["shape"]:
+            if isinstance(d, str) and d not in sizes:
+                low = d.lower()
+                sizes[d] = batch if "batch" in low or low == "n" else seq if any(w in low for w in ("time", "seq", "len", "frame", "step")) else 1
+    return sizes
+
+
+def _side_by_side_ms(a, b, feeds, repeats: int = 7) -> tuple[float, float]:
+    """Median ms of a and b on the same feeds, their runs alternating (neither gets the quieter moments)."""
+    import statistics
+    import time
+
+    times = ([], [])
+    for i in range(repeats + 1):
+        for module, out in ((a, times[0]), (b, times[1])):
+            start = time.perf_counter()
+            module.run(feeds)
+            if i:  # the first round warms up
+                out.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def compare_whole_module(model, target, logs, tasks, echo) -> list[dict]:
+    """The model built with its defaults and with the logs, timed side by side on the same inputs at each tuned batch
+    bucket: the speed-up a user gets. A bucket where the tuned module is not faster is recorded, and compile keeps
+    the default there (tuning.logs.TuningLogs reads the verdicts)."""
+    from ..build import compile_model
+    from ..tuning.logs import TuningLogs, record_verdict
+    from ..runtime import random_inputs
+
+    default = compile_model(model, target=target, logs=False)
+    tuned = compile_model(model, target=target, logs=logs)
+    found = TuningLogs.load(logs, target)
+    results = []
+    for batch in sorted({t.batch for t in tasks}):
+        seq = max(t.seq for t in tasks if t.batch == batch)
+        feeds = random_inputs(default, _bucket_dims(default, batch, seq), 0, {})
+        default_ms, tuned_ms = _side_by_side_ms(default, tuned, feeds)
+        kept = tuned_ms >= default_ms
+        record_verdict(found, [t.spec for t in tasks if t.batch == batch], batch, default_ms, tuned_ms)
+        echo(f"      whole module at batch {batch}, {seq} steps: default {default_ms:.3f} ms, tuned {tuned_ms:.3f} ms ("
+             + (f"{default_ms / tuned_ms:.2f}x)" if not kept else "no faster: compile keeps the default for this bucket)"))
+        results.append({"batch": batch, "seq": seq, "default_ms": default_ms, "tuned_ms": tuned_ms, "kept_default": kept})
+    return results

@@ -4,10 +4,13 @@
 |---|---|
 | `protocol` | v2 JSON and binary tensor codec, error bodies |
 | `signature` | what a model's metadata says about batching, padding and recurrent state |
-| `workers` | where batches run: a worker process per model (crash-isolated) or this process |
-| `batcher` | dynamic batching per model |
+| `workers` | where batches run: this process, or a worker process (crash-isolated); GPU buffers |
+| `batcher` | dynamic batching per model (GPU batches padded to buckets) |
 | `sequences` | streaming state of live sequences |
-| `metrics`, `logs` | Prometheus metrics, JSON-lines logs |
+| `core` | one model's inference: checks, streaming state, batching |
+| `engine`, `frames` | a model's engine process serving several HTTP workers; tensors as raw-byte frames |
+| `cluster` | `--http-workers N`: the supervisor of the HTTP workers and engines |
+| `metrics`, `logs` | Prometheus metrics (and Triton's statistics from them), JSON-lines logs |
 | `repository` | loading the models named at start |
 | `app`, `server` | the ASGI routes; uvicorn in the foreground or a thread |
 """

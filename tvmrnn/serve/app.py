@@ -6,6 +6,8 @@ Routes (`/versions/1` forms too, the only version a model has):
     GET  /v2/health/live | /v2/health/ready
     GET  /v2/models/{name}                model metadata (v2 datatypes, -1 for dynamic dims)
     GET  /v2/models/{name}/ready
+    GET  /v2/models/{name}/config         Triton's model configuration (model_config.proto as JSON)
+    GET  /v2/models/{name}/stats          Triton's statistics extension (also /v2/models/stats: every model)
     POST /v2/models/{name}/infer          JSON or binary tensors; sequence_id/_start/_end parameters
     GET  /metrics                         Prometheus
 
@@ -31,6 +33,7 @@ from starlette.routing import Route
 from .. import __version__
 from .batcher import Batcher
 from .config import ServeConfig
+from .core import ModelCore
 from .metrics import Metrics
 from .protocol import HEADER_LENGTH, ProtocolError, encode_infer_response, error_body, parse_infer_request
 from .repository import ServedModel
@@ -50,33 +53,50 @@ def _error(status: int, message: str) -> Response:
 
 
 class Service:
-    """The state behind the routes: models, their batchers, the sequence store, metrics."""
+    """The state behind the routes: models, their cores (batching and streaming state, here or in engine processes), metrics.
 
-    def __init__(self, models: dict[str, ServedModel], config: ServeConfig, metrics: Metrics | None = None):
+    `connect`, when given, is an async function returning {model name: core} (`engine.RemoteCore`s) and one closing them;
+    without it each model gets a `ModelCore` in this process, its batcher running the model's runner."""
+
+    def __init__(self, models: dict[str, ServedModel], config: ServeConfig, metrics: Metrics | None = None, connect=None):
         self.models, self.config = models, config
         self.metrics = metrics or Metrics()
         self.sequences = SequenceStore(config.max_sequences, config.sequence_idle_s, self.metrics)
-        self.batchers: dict[str, Batcher] = {}
+        self.cores: dict = {}
+        self._connect = connect
         self.ready = False
+
+    def local_cores(self) -> dict[str, ModelCore]:
+        cores = {}
+        for name, m in self.models.items():
+            b = Batcher(m.signature, m.runner, m.signature.batch_limit(self.config.max_batch_size),
+                        self.config.max_delay_ms / 1000, self.metrics)
+            b.start()
+            cores[name] = ModelCore(name, m.signature, b, self.sequences)
+        return cores
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app):
-        for name, m in self.models.items():
-            b = self.batchers[name] = Batcher(m.signature, m.runner, m.signature.batch_limit(self.config.max_batch_size),
-                                              self.config.max_delay_ms / 1000, self.metrics)
-            b.start()
-        sweeper = asyncio.get_running_loop().create_task(self.sequences.sweep_forever())
+        if self._connect is not None:
+            self.cores, disconnect = await self._connect()
+            sweeper = None
+        else:
+            self.cores = self.local_cores()
+            sweeper = asyncio.get_running_loop().create_task(self.sequences.sweep_forever())
         self.ready = True
         log.info("ready", extra={"fields": {"models": list(self.models)}})
         try:
             yield
         finally:
             self.ready = False
-            sweeper.cancel()
-            for b in self.batchers.values():
-                await b.close()
-            for m in self.models.values():
-                await asyncio.to_thread(m.runner.close)
+            if sweeper is None:
+                await disconnect()
+            else:
+                sweeper.cancel()
+                for core in self.cores.values():
+                    await core.batcher.close()
+                for m in self.models.values():
+                    await asyncio.to_thread(m.runner.close)
             log.info("stopped", extra={"fields": {"models": list(self.models)}})
 
     # -- lookups ----------------------------------------------------------------------------------
@@ -142,6 +162,22 @@ class Service:
             return _error(503, f"model {m.name!r} is not ready: the server is starting or shutting down")
         return JSONResponse({"name": m.name, "ready": True})
 
+    async def model_config(self, request: Request) -> Response:
+        try:
+            sig = self.model(request).signature
+        except ProtocolError as err:
+            return _error(err.status, str(err))
+        c = self.config
+        return JSONResponse(sig.triton_config(c.max_batch_size, c.max_delay_ms, c.sequence_idle_s))
+
+    async def model_stats(self, request: Request) -> Response:
+        try:
+            names = [self.model(request).name] if "model" in request.path_params else sorted(self.models)
+        except ProtocolError as err:
+            return _error(err.status, str(err))
+        stats = await asyncio.to_thread(lambda: [self.metrics.triton_stats(n, VERSION) for n in names])
+        return JSONResponse({"model_stats": stats})
+
     async def metrics_route(self, request: Request) -> Response:
         body, content_type = self.metrics.exposition()
         return Response(body, 200, headers={"content-type": content_type})
@@ -163,12 +199,9 @@ class Service:
                 bad = [o.name for o in req.outputs if o.name not in sig.output_names]
                 if bad:
                     raise ProtocolError(f"unknown output {bad[0]!r} requested; model {name!r} has outputs {sig.output_names}")
-            if sid is None:
-                sig.check(req.inputs, req.datatypes)
-                outputs = await self.batchers[name].submit(req.inputs)
-            else:
+            outputs = await self.cores[name].infer(req.inputs, req.datatypes, sid, seq_start, seq_end)
+            if sid is not None:
                 fields["sequence_id"] = sid
-                outputs = await self._infer_in_sequence(served, req, sid, seq_start, seq_end)
             size = sum(a.nbytes for a in outputs.values())
             body, headers = await _off_loop(size, encode_infer_response, name, VERSION, req.id, outputs,
                                             req.outputs, req.binary_data_output)
@@ -190,28 +223,6 @@ class Service:
         log.log(logging.INFO if status < 400 else logging.WARNING, "infer", extra={"fields": fields})
         return Response(body, status, headers=headers)
 
-    async def _infer_in_sequence(self, served: ServedModel, req, sid, seq_start: bool, seq_end: bool) -> dict:
-        sig = served.signature
-        if not sig.state_pairs:
-            raise ProtocolError(f"model {served.name!r} has no state inputs paired with outputs (inputs NAME_in with outputs "
-                                f"NAME_out, or --state {served.name}:INPUT=OUTPUT), so it cannot keep a sequence's state")
-        async with self.sequences.hold(served.name, sid, seq_start) as seq:
-            feeds = dict(req.inputs)
-            for i, _ in sig.state_pairs:
-                if i not in feeds:
-                    feeds[i] = seq.state[i] if seq.state is not None else sig.zero_state(i, feeds)
-            try:
-                sig.check(feeds, req.datatypes)
-            except ProtocolError as err:
-                if any(repr(i) in str(err) for i, _ in sig.state_pairs) and seq.state is not None:
-                    raise ProtocolError(f"{err} (the state inputs of sequence {sid!r} hold the state of its previous request)") from None
-                raise
-            outputs = await self.batchers[served.name].submit(feeds)
-            seq.state = {i: outputs[o] for i, o in sig.state_pairs}
-            if seq_end:
-                self.sequences.end(seq)
-        return outputs
-
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     return _error(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}")
@@ -222,19 +233,23 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return _error(500, f"internal error: {type(exc).__name__}")
 
 
-def create_app(models: dict[str, ServedModel], config: ServeConfig, metrics: Metrics | None = None) -> Starlette:
-    """The app serving `models` (from `repository.load_models`); it owns their runners and stops them at shutdown."""
-    s = Service(models, config, metrics)
+def create_app(models: dict[str, ServedModel], config: ServeConfig, metrics: Metrics | None = None, connect=None) -> Starlette:
+    """The app serving `models` (from `repository.load_models`); it owns their runners and stops them at shutdown.
+    With `connect` (see Service), the models run in engine processes and `models` need no runners."""
+    s = Service(models, config, metrics, connect)
     routes = [
         Route("/v2", s.server_metadata, methods=["GET"]),
         Route("/v2/health/live", s.live, methods=["GET"]),
         Route("/v2/health/ready", s.server_ready, methods=["GET"]),
         Route("/metrics", s.metrics_route, methods=["GET"]),
+        Route("/v2/models/stats", s.model_stats, methods=["GET"]),
     ]
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
             Route(prefix, s.model_metadata, methods=["GET"]),
             Route(prefix + "/ready", s.model_ready, methods=["GET"]),
+            Route(prefix + "/config", s.model_config, methods=["GET"]),
+            Route(prefix + "/stats", s.model_stats, methods=["GET"]),
             Route(prefix + "/infer", s.infer, methods=["POST"]),
         ]
     app = Starlette(routes=routes, lifespan=s.lifespan, exception_handlers={HTTPException: _http_error, Exception: _server_error})

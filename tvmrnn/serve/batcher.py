@@ -3,8 +3,10 @@
 Requests queue per model. A batch starts from the oldest queued request and takes the queued requests
 that can join it (equal group key: same shapes off the batch and padded axes, see `Signature.group_key`)
 until it has `max_batch_size` rows or `max_delay_s` has passed since that oldest request arrived.
-It is merged, run and split back in the model's own worker thread (never on the event loop); while it
-runs, the next batch gathers. One batch runs at a time per model.
+It is merged, run and split back in the model's own worker thread, so the event loop goes on parsing requests while
+it runs (`inline`: on the event loop itself, where the loop has nothing else to do: a model's engine process). One
+batch runs at a time per model. A runner with `buckets` (a module on the GPU) gets its
+batches padded to a bucket and assembled into its own buffers (`runner.buffer`), so its shapes repeat.
 
 When a batch crashes the model's worker process (see `workers.py`) or fails the runtime's input checks,
 its requests are re-run one by one so only the request at fault fails.
@@ -45,8 +47,8 @@ class _Item:
 
 
 class Batcher:
-    def __init__(self, sig: Signature, runner, max_batch_size: int, max_delay_s: float, metrics: Metrics):
-        self.sig, self.runner, self.metrics = sig, runner, metrics
+    def __init__(self, sig: Signature, runner, max_batch_size: int, max_delay_s: float, metrics: Metrics, inline: bool = False):
+        self.sig, self.runner, self.metrics, self.inline = sig, runner, metrics, inline
         self.max_batch_size, self.max_delay_s = max_batch_size, max_delay_s
         self._pending: collections.deque[_Item] = collections.deque()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"tvmrnn-{sig.name}")
@@ -75,6 +77,10 @@ class Batcher:
             self._wakeup.set()
             await self._task
         self._executor.shutdown(wait=True)
+
+    def bucket(self, rows: int) -> int:
+        """The rows a batch of `rows` is padded to: the next power of two, at most max_batch_size (the module's bound)."""
+        return min(1 << max(rows - 1, 0).bit_length(), max(self.max_batch_size, rows))
 
     # -- the loop ---------------------------------------------------------------------------------
     def _ready_rows(self, key) -> int:
@@ -127,10 +133,11 @@ class Batcher:
         start = time.perf_counter()
         for it in batch:
             self.metrics.queue_seconds.labels(self.sig.name).observe(start - it.enqueued)
-        results = await asyncio.get_running_loop().run_in_executor(self._executor, self._compute, [it.feeds for it in batch])
-        self.metrics.compute_seconds.labels(self.sig.name).observe(time.perf_counter() - start)
-        self.metrics.batch_size.labels(self.sig.name).observe(sum(it.rows for it in batch))
-        self.metrics.batch_requests.labels(self.sig.name).observe(len(batch))
+        feeds = [it.feeds for it in batch]
+        if self.inline:
+            results = self._compute(feeds)
+        else:
+            results = await asyncio.get_running_loop().run_in_executor(self._executor, self._compute, feeds)
         for it, res in zip(batch, results):
             if it.future.done():
                 continue
@@ -143,8 +150,20 @@ class Batcher:
     def _compute(self, requests: list[dict[str, np.ndarray]]) -> list:
         """Merge, run, split; per request its outputs or the exception to raise for it."""
         try:
-            inputs, plan = self.sig.merge(requests)
-            return self.sig.split(self.runner.run(inputs), plan)
+            t0 = time.perf_counter()
+            rows = sum(self.sig.rows(r) for r in requests)
+            bucket = self.bucket(rows) if self.runner.buckets and self.sig.batchable else None
+            inputs, plan = self.sig.merge(requests, bucket, self.runner.buffer)
+            t1 = time.perf_counter()
+            outputs = self.runner.run(inputs)
+            t2 = time.perf_counter()
+            results = self.sig.split(outputs, plan)
+            phases = dict(self.runner.phases)  # the runner's own split of its run: copies in, the module, copies out
+            phases["input"] = phases.get("input", 0.0) + t1 - t0
+            phases["infer"] = phases.get("infer", t2 - t1)
+            phases["output"] = phases.get("output", 0.0) + time.perf_counter() - t2
+            self.metrics.count_batch(self.sig.name, sum(plan.rows), len(requests), phases)
+            return results
         except WorkerCrashed as err:
             self.metrics.worker_restarts.labels(self.sig.name).inc()
             log.warning("worker crashed", extra={"fields": {"model": self.sig.name, "batch_requests": len(requests), "error": str(err)}})

@@ -12,7 +12,8 @@ class ServeConfig:
     max_request_bytes: int = 64 * 2**20  # larger request bodies get 413
     sequence_idle_s: float = 60.0  # a streaming sequence idle for longer is dropped
     max_sequences: int = 1024  # live streaming sequences, all models together; more get 429
-    isolation: str = "process"  # "process": each model runs in a worker process; "thread": in the server process
+    isolation: str = "auto"  # "process" (a worker process per model), "thread" (the server), "auto": workers.in_process_by_default
+    http_workers: int = 1  # HTTP front-end processes; more than 1 moves each model's batching into an engine process
     device: str | None = None  # None: the module's own target (cuda or cpu)
     state: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # model -> [(state input, state output)]
     threads: int | None = None  # TVM CPU threads per model worker (TVM_NUM_THREADS; process isolation); None: TVM's default

@@ -24,15 +24,22 @@ class ServedModel:
     name: str
     path: str
     signature: Signature
-    runner: object
+    runner: object  # None in an HTTP worker whose models run in engine processes
 
 
 def model_name(path: str) -> str:
     return os.path.splitext(os.path.basename(path))[0]
 
 
-def load_models(paths, config: ServeConfig) -> dict[str, "ServedModel"]:
-    """Start a runner per module (in parallel), read their signatures, check padding; InputError if any fails."""
+def read_metadata(path: str) -> dict:
+    import json
+
+    with open(metadata_path(path)) as f:
+        return json.load(f)
+
+
+def check_paths(paths, config: ServeConfig) -> list[str]:
+    """The models' names; InputError for no model, two of one name, a --state for none of them, or a missing file."""
     if not paths:
         raise InputError("no model given; pass one or more compiled modules (.so)")
     names = [model_name(p) for p in paths]
@@ -46,6 +53,12 @@ def load_models(paths, config: ServeConfig) -> dict[str, "ServedModel"]:
         for f in (p, metadata_path(p)):
             if not os.path.exists(f):
                 raise InputError(f"'{f}' does not exist (a compiled module is a .so with its .json beside it)")
+    return names
+
+
+def load_models(paths, config: ServeConfig) -> dict[str, "ServedModel"]:
+    """Start a runner per module (in parallel), read their signatures, check padding; InputError if any fails."""
+    names = check_paths(paths, config)
     runners = {}
     try:
         for name, path in zip(names, paths):

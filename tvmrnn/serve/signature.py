@@ -37,6 +37,7 @@ class Plan:
 
     rows: list[int]
     lengths: list[int | None]
+    width: int  # rows of the merged batch: sum(rows), or the bucket it was padded to
 
 
 @dataclass
@@ -81,6 +82,40 @@ class Signature:
 
         return {"name": self.name, "versions": ["1"], "platform": f"tvmrnn_{self.metadata.get('target_kind', 'llvm')}",
                 "inputs": [tensor(t) for t in self.inputs], "outputs": [tensor(t) for t in self.outputs]}
+
+    def triton_config(self, max_batch_size: int, max_delay_ms: float, sequence_idle_s: float) -> dict:
+        """The model's configuration as Triton's `GET /v2/models/NAME/config` gives it (model_config.proto as JSON).
+
+        Triton batches along the first axis and leaves it out of `dims`: so does this where the batch dim is every tensor's
+        axis 0; a model batched along another axis (layout-0 RNNs: [seq, batch, ...]) says max_batch_size 0, full dims, and
+        names its batch dim in `parameters` (the server still batches it dynamically)."""
+        axes = self.axes.get(self.batch_dim, {}) if self.batchable else {}
+        leading = bool(axes) and all(ax == 0 for ax in axes.values())
+
+        def tensor(t):
+            dims = [d if isinstance(d, int) else -1 for d in t["shape"]]
+            return {"name": t["name"], "data_type": "TYPE_" + NUMPY_TO_V2.get(t["dtype"], t["dtype"].upper()),
+                    "dims": dims[1:] if leading else dims}
+
+        config = {"name": self.name, "platform": "", "backend": "tvmrnn", "version_policy": {"latest": {"num_versions": 1}},
+                  "max_batch_size": self.batch_limit(max_batch_size) if leading else 0,
+                  "input": [tensor(t) for t in self.inputs], "output": [tensor(t) for t in self.outputs],
+                  "instance_group": [{"name": self.name, "kind": "KIND_GPU" if self.metadata.get("target_kind") == "cuda"
+                                      else "KIND_CPU", "count": 1}],
+                  "parameters": {"target": {"string_value": str(self.metadata.get("target_kind", "llvm"))}}}
+        if self.batchable:
+            config["dynamic_batching"] = {"max_queue_delay_microseconds": int(max_delay_ms * 1000)}
+            config["parameters"]["batch_dim"] = {"string_value": self.batch_dim}
+            config["parameters"]["max_batch_rows"] = {"string_value": str(self.batch_limit(max_batch_size))}
+        if self.state_pairs:
+            by_name = {t["name"]: t for t in self.inputs}
+            config["sequence_batching"] = {
+                "max_sequence_idle_microseconds": int(sequence_idle_s * 1e6),
+                "state": [{"input_name": i, "output_name": o, "data_type": tensor(by_name[i])["data_type"],
+                           "dims": tensor(by_name[i])["dims"], "initial_state": [{"name": f"{i}_zeros", "zero_data": True,
+                           "data_type": tensor(by_name[i])["data_type"], "dims": tensor(by_name[i])["dims"]}]}
+                          for i, o in self.state_pairs]}
+        return config
 
     # -- checks -----------------------------------------------------------------------------------
     def check(self, feeds: dict[str, np.ndarray], datatypes: dict[str, str] | None = None) -> None:
@@ -150,34 +185,58 @@ class Signature:
             key.append((name, tuple(None if ax in (batch_axes[name], pad_axes.get(name)) else n for ax, n in enumerate(arr.shape))))
         return tuple(key)
 
-    def merge(self, requests: list[dict[str, np.ndarray]]) -> tuple[list[np.ndarray], Plan]:
-        """One batch in the model's input order, and the plan to split its outputs back."""
-        if len(requests) == 1:
-            return [requests[0][n] for n in self.input_names], Plan([self.rows(requests[0])], [None])
-        batch_axes = self.axes[self.batch_dim]
+    def merge(self, requests: list[dict[str, np.ndarray]], bucket: int | None = None,
+              buffers: Callable[[str, tuple, np.dtype], np.ndarray] | None = None) -> tuple[list[np.ndarray], Plan]:
+        """One batch in the model's input order, and the plan to split its outputs back.
+
+        bucket: pad the batch dim with filler rows up to this many (shapes then repeat, so a CUDA module replays the graph
+        it captured for that shape); buffers(name, shape, dtype): a pre-allocated array to assemble each input into
+        (valid until the next merge), instead of a new one. Filler rows are zeros (lengths 1); split drops them."""
+        rows = [self.rows(r) for r in requests]
+        total = sum(rows)
+        width = max(total, bucket or 0)
+        if len(requests) == 1 and width == total and buffers is None:
+            return [requests[0][n] for n in self.input_names], Plan(rows, [None], total)
+        batch_axes = self.axes[self.batch_dim] if self.batchable else {}
         pad_axes = self.axes.get(self.pad_dim, {}) if self.pad_dim else {}
         lengths: list[int | None] = [None] * len(requests)
-        if pad_axes:
+        if pad_axes and len(requests) > 1:
             x, ax = next((n, a) for n, a in pad_axes.items() if n in self.input_names)
             lengths = [int(r[x].shape[ax]) for r in requests]
         longest = max((n for n in lengths if n is not None), default=None)
+        lens_inputs = {sl.lens for sl in self.checker.sequence_lens}
         merged = []
         for name in self.input_names:
             if name not in batch_axes:
                 merged.append(requests[0][name])
                 continue
-            parts = [r[name] for r in requests]
-            if name in pad_axes and longest is not None:
-                ax = pad_axes[name]
-                parts = [p if p.shape[ax] == longest else
-                         np.pad(p, [(0, longest - p.shape[ax]) if a == ax else (0, 0) for a in range(p.ndim)]) for p in parts]
-            merged.append(np.concatenate(parts, axis=batch_axes[name]))
-        return merged, Plan([self.rows(r) for r in requests], lengths)
+            bax, pax = batch_axes[name], pad_axes.get(name) if longest is not None else None
+            first = requests[0][name]
+            shape = list(first.shape)
+            shape[bax] = width
+            if pax is not None:
+                shape[pax] = longest
+            out = buffers(name, tuple(shape), first.dtype) if buffers else np.empty(shape, first.dtype)
+            if width > total or pax is not None:
+                out.fill(0)
+                if name in lens_inputs:  # filler rows run with length 1: a valid length that costs one step
+                    out[(slice(None),) * bax + (slice(total, None),)] = 1
+            start = 0
+            for r, n in zip(requests, rows):
+                part = r[name]
+                index = [slice(None)] * len(shape)
+                index[bax] = slice(start, start + n)
+                if pax is not None:
+                    index[pax] = slice(0, part.shape[pax])
+                out[tuple(index)] = part
+                start += n
+            merged.append(out)
+        return merged, Plan(rows, lengths, width)
 
     def split(self, outputs: list[np.ndarray], plan: Plan) -> list[dict[str, np.ndarray]]:
-        """Per-request output dicts from a batch's outputs (in the model's output order)."""
+        """Per-request output dicts (arrays of their own) from a batch's outputs (in the model's output order)."""
         named = dict(zip(self.output_names, outputs))
-        if len(plan.rows) == 1:
+        if len(plan.rows) == 1 and plan.width == plan.rows[0]:
             return [named]
         batch_axes = self.axes[self.batch_dim]
         pad_axes = self.axes.get(self.pad_dim, {}) if self.pad_dim else {}
@@ -189,7 +248,7 @@ class Signature:
                 index[batch_axes[name]] = slice(start, start + rows)
                 if length is not None and name in pad_axes:
                     index[pad_axes[name]] = slice(0, length)
-                mine[name] = np.ascontiguousarray(arr[tuple(index)])
+                mine[name] = arr[tuple(index)].copy()
             result.append(mine)
             start += rows
         return result

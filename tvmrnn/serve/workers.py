@@ -1,30 +1,37 @@
-"""Where a model's batches run: in a worker process of its own (default) or in this process.
+"""Where a model's batches run: in a worker process of its own or in this process (`auto`: this process for GPU
+modules without index inputs, a worker process for the others).
 
 A compiled module trusts its inputs: an integer input used as an index (a token id beyond the
 vocabulary, say) can make it read out of bounds and crash the process. With process isolation that
 kills only the model's worker: the runner reports `WorkerCrashed`, starts a fresh worker and the
 batcher re-runs the batch's requests one by one, so only the request that crashes it fails.
 
-Both runners are called from one thread per model (the batcher's executor), never from the event loop.
-The worker loads the module with `tvmrnn.runtime.load_module` only, from a path given at start.
+A runner runs one batch at a time for its model's batcher: in the batcher's executor thread, or on the event loop of
+the model's engine process (`engine.py`), which has nothing else to do meanwhile. Tensors travel to and from a worker
+process as frames (`frames.py`), never pickled. The worker loads the module with `tvmrnn.runtime.load_module` only,
+from a path given at start.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Protocol
 
 import numpy as np
 
 from ..errors import InputError
+from .frames import decode_frame, decode_tensors, encode_frame
 
 _START_TIMEOUT_S = 300.0
+_MAX_CACHED_SHAPES = 256  # buffers kept per input shape (buckets x lengths); past it the cache starts over
 
 
 class WorkerCrashed(RuntimeError):
@@ -39,8 +46,48 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
+class HostBuffers:
+    """`buffers(name, shape, dtype)`: a host array kept per (input, shape) for assembling batches into, page-locked
+    (cudaMallocHost, through TVM's cuda_host device) when `pinned`, so copies to the GPU need no staging. Valid until the
+    next batch: one batch is assembled and copied at a time per model."""
+
+    def __init__(self, pinned: bool):
+        self._pinned = pinned
+        self._arrays: dict[tuple, np.ndarray] = {}
+
+    def __call__(self, name: str, shape: tuple, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        key = (name, shape, dtype.str)
+        arr = self._arrays.get(key)
+        if arr is None:
+            if len(self._arrays) >= _MAX_CACHED_SHAPES:  # clients sending ever new lengths: start over (arrays own their memory)
+                self._arrays.clear()
+            arr = self._arrays[key] = self._allocate(shape, dtype)
+        return arr
+
+    def _allocate(self, shape: tuple, dtype: np.dtype) -> np.ndarray:
+        if self._pinned:
+            import ctypes
+
+            import tvm.runtime
+
+            try:
+                owner = tvm.runtime.empty(shape, str(dtype), tvm.runtime.device(3, 0))  # kDLCUDAHost
+            except Exception:  # noqa: BLE001 - no page-locked memory here: plain host arrays
+                self._pinned = False
+            else:
+                raw = (ctypes.c_byte * (int(np.prod(shape)) * dtype.itemsize)).from_address(owner.data_ptr())
+                raw.owner = owner  # the array's base keeps the allocation alive
+                return np.frombuffer(raw, dtype).reshape(shape)
+        return np.empty(shape, dtype)
+
+
 class InProcessRunner:
-    """Runs the module in this process (`--isolation thread`): no IPC, but a crashing input takes the server down."""
+    """Runs the module in this process: no IPC, but an input that crashes the compiled code takes the process down.
+
+    On a GPU, inputs are copied into device tensors kept per input shape (the batcher pads batches to buckets, so shapes
+    repeat), the module runs on them (replaying its CUDA graph for that shape where compiled with bounds) and only the
+    outputs are copied back. `phases` is the last run's split: copies in, the module to its end, copies out."""
 
     def __init__(self, path: str, device: str | None = None):
         from ..runtime import load_module
@@ -48,44 +95,71 @@ class InProcessRunner:
         self._module = load_module(path, device)
         self.metadata = self._module.metadata
         self.restarts = 0
+        self.device = self._module.device
+        self.on_gpu = not str(self.device).startswith("cpu")
+        self.buckets = self.on_gpu
+        self.buffer = HostBuffers(pinned=True) if self.on_gpu else None
+        self.phases: dict[str, float] = {}
+        self._device_inputs: dict[tuple, list] = {}
 
     def wait_ready(self) -> None:
         pass
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        outs = self._module.run(dict(zip(self._module.input_names, inputs)))
-        return [outs[n] for n in self._module.output_names]
+        if not self.on_gpu:
+            outs = self._module.run(dict(zip(self._module.input_names, inputs)))
+            return [outs[n] for n in self._module.output_names]
+        return self._run_on_gpu(inputs)
+
+    def _run_on_gpu(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """Inputs already checked per request (Signature.check); the module checks its bounds (max_dims)."""
+        import tvm.runtime
+
+        t0 = time.perf_counter()
+        key = tuple((a.shape, a.dtype.str) for a in inputs)
+        tensors = self._device_inputs.get(key)
+        if tensors is None:
+            if len(self._device_inputs) >= _MAX_CACHED_SHAPES:
+                self._device_inputs.clear()
+            tensors = self._device_inputs[key] = [tvm.runtime.empty(a.shape, str(a.dtype), self.device) for a in inputs]
+        for t, a in zip(tensors, inputs):
+            t.copyfrom(np.ascontiguousarray(a))
+        t1 = time.perf_counter()
+        outs = self._module.invoke(tensors)
+        self.device.sync()
+        t2 = time.perf_counter()
+        result = [o.numpy() for o in outs]
+        self.phases = {"input": t1 - t0, "infer": t2 - t1, "output": time.perf_counter() - t2}
+        return result
 
     def close(self) -> None:
         pass
 
 
 def _worker_main(path: str, device: str | None, conn) -> None:
-    """The worker process: load the module, then answer [arrays] -> ("ok", [arrays]) | ("input_error"|"error", message)."""
+    """The worker process: load the module, then answer frames of inputs with frames of outputs (or an error message)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server decides when we stop
     try:
-        from ..runtime import load_module
-
-        module = load_module(path, device)
+        runner = InProcessRunner(path, device)
     except Exception as err:  # noqa: BLE001 - reported to the parent, which refuses to start
         conn.send(("error", f"{type(err).__name__}: {err}"))
         return
-    conn.send(("ready", module.metadata))
-    names, out_names = module.input_names, module.output_names
+    conn.send(("ready", runner.metadata))
     while True:
         try:
-            msg = conn.recv()
+            msg = conn.recv_bytes()
         except (EOFError, OSError):  # the server went away
             return
-        if msg is None:
+        if not msg:
             return
         try:
-            outs = module.run(dict(zip(names, msg)))
-            conn.send(("ok", [outs[n] for n in out_names]))
+            outs = runner.run(list(decode_tensors(*decode_frame(msg)).values()))
+            reply = encode_frame({"status": "ok", "phases": runner.phases}, {str(i): a for i, a in enumerate(outs)})
         except InputError as err:
-            conn.send(("input_error", str(err)))
+            reply = encode_frame({"status": "input_error", "message": str(err)})
         except Exception as err:  # noqa: BLE001 - the parent turns it into a 500 for this batch
-            conn.send(("error", f"{type(err).__name__}: {err}"))
+            reply = encode_frame({"status": "error", "message": f"{type(err).__name__}: {err}"})
+        conn.send_bytes(reply)
 
 
 class ProcessRunner:
@@ -97,6 +171,7 @@ class ProcessRunner:
         self._lock = threading.Lock()
         self.restarts = 0
         self.metadata: dict | None = None
+        self.buckets, self.buffer, self.phases = False, None, {}
         self._spawn()
 
     def _spawn(self) -> None:
@@ -123,25 +198,27 @@ class ProcessRunner:
             self._wait()
             raise InputError(f"model {self.name!r}: {payload}")
         self.metadata = payload
+        self.buckets = payload.get("target_kind") == "cuda" and self.device != "cpu"
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         with self._lock:
             if self._proc.poll() is not None:  # died while idle (killed from outside): not this batch's fault
                 self._restart(f"exit code {self._proc.returncode} while idle")
             try:
-                self._conn.send(inputs)
-                status, payload = self._conn.recv()
+                self._conn.send_bytes(encode_frame({}, {str(i): a for i, a in enumerate(inputs)}))
+                head, data = decode_frame(self._conn.recv_bytes())
             except (EOFError, OSError):
                 code = self._wait()
                 how = (f"signal {signal.Signals(-code).name}" if code is not None and code < 0 and -code in signal.valid_signals()
                        else f"exit code {code}")
                 self._restart(how)
                 raise WorkerCrashed(f"model {self.name!r} crashed ({how})") from None
-        if status == "ok":
-            return payload
-        if status == "input_error":
-            raise InputError(payload)
-        raise RuntimeError(payload)
+        if head["status"] == "ok":
+            self.phases = head["phases"]
+            return [a.copy() for a in decode_tensors(head, data).values()]  # writable, as the module's own outputs
+        if head["status"] == "input_error":
+            raise InputError(head["message"])
+        raise RuntimeError(head["message"])
 
     def _restart(self, how: str) -> None:
         self.restarts += 1
@@ -166,7 +243,7 @@ class ProcessRunner:
     def close(self) -> None:
         with self._lock:
             try:
-                self._conn.send(None)
+                self._conn.send_bytes(b"")
             except OSError:
                 pass
             self._wait(10)
@@ -174,12 +251,30 @@ class ProcessRunner:
             self._conn.close()
 
 
+ISOLATIONS = ("auto", "process", "thread")
+
+
+def in_process_by_default(metadata: dict, device: str | None) -> bool:
+    """`auto`: a GPU module without index inputs runs in the serving process (a batch is two copies and a graph launch;
+    a process hop would be most of it). A module with index inputs (token ids into a table: model.json's index_bounds)
+    is the one an input can crash, and a CPU module's thread pool took longer per batch beside the server's event loop
+    than in a process of its own (kws_gru, 2 cores), so both get a worker process."""
+    on_gpu = metadata.get("target_kind") == "cuda" and device != "cpu"
+    return on_gpu and not metadata.get("index_bounds")
+
+
 def make_runner(path: str, isolation: str, device: str | None, name: str, threads: int | None = None):
+    """isolation: process, thread, or auto (in_process_by_default)."""
+    if isolation == "auto":
+        from ..runtime import metadata_path
+
+        with open(metadata_path(path)) as f:
+            isolation = "thread" if in_process_by_default(json.load(f), device) else "process"
     if isolation == "process":
         return ProcessRunner(path, device, name, threads)
     if isolation == "thread":
         return InProcessRunner(path, device)
-    raise InputError(f"isolation {isolation!r} is not one of ('process', 'thread')")
+    raise InputError(f"isolation {isolation!r} is not one of {ISOLATIONS}")
 
 
 if __name__ == "__main__":  # python -m tvmrnn.serve.workers FD MODULE.so [DEVICE]

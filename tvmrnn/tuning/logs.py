@@ -7,7 +7,8 @@
 <target> is `cuda-<arch>` or `cpu-<mcpu>`. Runs append to the same database, so logs of several runs
 merge; other `<prefix>workload.json` / `<prefix>tuning_record.json` pairs in the folder (a log copied
 from another machine) are read too. A damaged pair, or records made for another target, are reported
-and skipped: a bad log never stops a compile.
+and skipped: a bad log never stops a compile. The default folder is read together with the logs bundled
+with tvmrnn; bundled records timed on kernels that have changed since are dropped without a word (`-v`: a count).
 """
 
 from __future__ import annotations
@@ -28,11 +29,23 @@ FAILED = 1e9  # MetaSchedule stores 1e10 s for a candidate that failed to build 
 
 
 def default_logs_dir() -> Path:
-    """$TVMRNN_TUNING_LOGS, else the checkout's tuning_logs/ (where the committed logs are), else ./tuning_logs."""
+    """Where `tvmrnn tune` writes and compile reads: $TVMRNN_TUNING_LOGS, else the user's cache
+    ($XDG_CACHE_HOME or ~/.cache)/tvmrnn/tuning_logs. Never the installed package: compile reads its bundled logs too."""
     if os.environ.get("TVMRNN_TUNING_LOGS"):
         return Path(os.environ["TVMRNN_TUNING_LOGS"])
-    checkout = Path(__file__).resolve().parents[2] / "tuning_logs"
-    return checkout if checkout.is_dir() else Path("tuning_logs")
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "tvmrnn" / "tuning_logs"
+
+
+def bundled_logs_dir() -> Path | None:
+    """The logs that come with tvmrnn (the checkout's tuning_logs/), read along with the default folder, never written."""
+    bundled = Path(__file__).resolve().parents[2] / "tuning_logs"
+    return bundled if bundled.is_dir() else None
+
+
+def verbose() -> bool:
+    """`-v` on the command line (it sets TVMRNN_VERBOSE): report what is otherwise left unsaid."""
+    return bool(os.environ.get("TVMRNN_VERBOSE"))
 
 
 def _arch(target) -> str:
@@ -113,50 +126,86 @@ class TuningLogs:
     records: int = 0
     # layer key (JSON) -> batch -> [(seconds per step, KernelConfig)]
     points: dict = field(default_factory=dict)
+    also_read: list = field(default_factory=list)  # the bundled folder, where it was read too
+
+    @property
+    def where(self) -> str:
+        """The folders read, for messages."""
+        return " and ".join(str(f) for f in [self.folder] + self.also_read)
 
     @staticmethod
     def load(logs_dir, target) -> TuningLogs:
+        """The logs of `logs_dir` for target; for the default folder, with the bundled logs too."""
+        logs = TuningLogs(target, target_dir(logs_dir, target))
+        bundled = bundled_logs_dir()
+        templates: dict = {}
+        if logs.folder.is_dir():
+            logs._read_folder(logs.folder, templates, bundled=False)
+            logs._drop_buckets_the_default_won()
+        if bundled is not None and Path(logs_dir).resolve() == default_logs_dir().resolve() and target_dir(bundled, target).is_dir():
+            logs.also_read.append(target_dir(bundled, target))
+            logs._read_folder(target_dir(bundled, target), templates, bundled=True)
+        return logs
+
+    def _drop_buckets_the_default_won(self) -> None:
+        """A bucket whose best point is one the whole-module check found no faster than the default runs the default."""
+        path = self.folder / VERDICTS
+        if not path.exists():
+            return
+        for line in path.read_text().splitlines():
+            try:
+                verdict = json.loads(line)
+                lost, batch, points = verdict["kept_default"], int(verdict["batch"]), dict(verdict["points"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a damaged line says nothing
+            for key, config in points.items() if lost else ():
+                pts = self.points.get(key, {}).get(batch)
+                if pts and min(pts, key=lambda p: p[0])[1].as_dict() == config:
+                    del self.points[key][batch]
+
+    def _read_folder(self, folder: Path, templates: dict, bundled: bool) -> None:
         from tvm.s_tir import meta_schedule as ms
 
-        from .search import config_of_trace
-
-        logs = TuningLogs(target, target_dir(logs_dir, target))
-        templates: dict = {}
-        if not logs.folder.is_dir():
-            return logs
-        for wl, rec in _pairs(logs.folder):
+        for wl, rec in _pairs(folder):
             problem = check_json_lines(wl, WORKLOAD) or (check_json_lines(rec, RECORDS) if rec.exists() else f"{rec.name} is missing")
             if problem:
-                logs.problems.append(f"tuning log {wl.parent / wl.name[: -len(WORKLOAD)]}* skipped: {problem}")
+                self.problems.append(f"tuning log {wl.parent / wl.name[: -len(WORKLOAD)]}* skipped: {problem}")
                 continue
             try:
                 db = ms.database.JSONDatabase(str(wl), str(rec), allow_missing=False)
                 records = db.get_all_tuning_records()
             except Exception as err:  # TVM's parser: a row that is JSON but not a workload/record
-                logs.problems.append(f"tuning log {wl} skipped: MetaSchedule cannot read it ({str(err).splitlines()[-1]})")
+                self.problems.append(f"tuning log {wl} skipped: MetaSchedule cannot read it ({str(err).splitlines()[-1]})")
                 continue
-            foreign, changed = set(), 0
-            for r in records:
-                task = task_of(r.workload.mod)
-                if task is None or not _same_target(r.target, target):
-                    foreign.add(target_name(r.target) if task is not None else "a workload that is not a tvmrnn kernel")
-                    continue
-                if not _current(task, r.workload.mod, target, templates):
-                    changed += 1  # timed on a kernel whose arguments (say, R's layout) have changed since
-                    continue
-                secs = [float(s) for s in (r.run_secs or [])]
-                if not secs or min(secs) >= FAILED:
-                    continue
-                key = json.dumps(layer_key(task.spec), sort_keys=True)
-                per_step = sum(secs) / len(secs) / max(task.seq, 1)
-                logs.points.setdefault(key, {}).setdefault(task.batch, []).append((per_step, config_of_trace(r.trace, r.workload.mod)))
-                logs.records += 1
-            if foreign:
-                logs.problems.append(f"tuning log {wl}: records for {', '.join(sorted(foreign))} skipped (this target is {target_name(target)})")
-            if changed:
-                logs.problems.append(f"tuning log {wl}: {changed} record(s) skipped, timed on kernels whose arguments have changed "
-                                     f"since (re-tune to replace them)")
-        return logs
+            foreign, changed = self._add_records(records, templates)
+            if foreign and not bundled:
+                self.problems.append(f"tuning log {wl}: records for {', '.join(sorted(foreign))} skipped "
+                                     f"(this target is {target_name(self.target)})")
+            if changed and (verbose() or not bundled):
+                self.problems.append(f"tuning log {wl}: {changed} record(s) skipped, timed on kernels whose arguments have "
+                                     f"changed since" + ("" if bundled else " (re-tune to replace them)"))
+
+    def _add_records(self, records, templates: dict) -> tuple[set, int]:
+        """Index today's records for this target; returns the foreign targets seen and how many records are stale."""
+        from .search import config_of_trace
+
+        foreign, changed = set(), 0
+        for r in records:
+            task = task_of(r.workload.mod)
+            if task is None or not _same_target(r.target, self.target):
+                foreign.add(target_name(r.target) if task is not None else "a workload that is not a tvmrnn kernel")
+                continue
+            if not _current(task, r.workload.mod, self.target, templates):
+                changed += 1  # timed on a kernel whose arguments (say, R's layout) have changed since
+                continue
+            secs = [float(s) for s in (r.run_secs or [])]
+            if not secs or min(secs) >= FAILED:
+                continue
+            key = json.dumps(layer_key(task.spec), sort_keys=True)
+            per_step = sum(secs) / len(secs) / max(task.seq, 1)
+            self.points.setdefault(key, {}).setdefault(task.batch, []).append((per_step, config_of_trace(r.trace, r.workload.mod)))
+            self.records += 1
+        return foreign, changed
 
     def best(self, spec) -> dict:
         """{batch: [(KernelConfig, seconds per step), best first]} for a layer (what schedules.plan_kernel takes)."""
@@ -173,6 +222,24 @@ class TuningLogs:
         pts = self.points.get(json.dumps(layer_key(spec), sort_keys=True), {}).get(batch, [])
         times = [t for t, c in pts if c == config]
         return min(times) if times else None
+
+
+VERDICTS = "verdicts.jsonl"  # whole-module times of default against tuned, per batch bucket (tvmrnn tune writes them)
+
+
+def record_verdict(logs: TuningLogs, specs, batch: int, default_ms: float, tuned_ms: float) -> None:
+    """Record one bucket's side-by-side times with the point each layer ran; where the tuned module was not faster,
+    TuningLogs.load drops those points' bucket, so compile keeps the default (until a new best point comes)."""
+    points = {}
+    for spec in specs:
+        best = logs.best(spec).get(batch)
+        if best:
+            points[json.dumps(layer_key(spec), sort_keys=True)] = best[0][0].as_dict()
+    entry = {"batch": batch, "default_ms": round(default_ms, 4), "tuned_ms": round(tuned_ms, 4),
+             "kept_default": tuned_ms >= default_ms, "points": points}
+    logs.folder.mkdir(parents=True, exist_ok=True)
+    with open(logs.folder / VERDICTS, "a") as f:
+        f.write(json.dumps(entry) + "\n")
 
 
 def record_run(folder: Path, entry: dict) -> None:

@@ -28,10 +28,11 @@ class TaskStats:
 
 @derived_object
 class Progress(ms.measure_callback.PyMeasureCallback):
-    def __init__(self, stats: list[TaskStats], total: int, deadline: float | None, stream=None):
+    def __init__(self, stats: list[TaskStats], total: int, done: int, deadline: float | None, stream=None):
+        """total: the run's --trials; done: the trials it starts with (already logged, and the default points)."""
         super().__init__()
         self.stats, self.deadline, self.stopped, self.started = stats, deadline, False, time.monotonic()
-        self.bar = tqdm(total=total, unit="trial", dynamic_ncols=True, file=stream, mininterval=0.5)
+        self.bar = tqdm(total=total, initial=done, unit=" trials", dynamic_ncols=True, file=stream, mininterval=0.5)
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
         st = self.stats[task_id]
@@ -46,6 +47,7 @@ class Progress(ms.measure_callback.PyMeasureCallback):
                 mean = sum(secs) / len(secs)
                 if st.best_s is None or mean < st.best_s:
                     st.best_s, st.best = mean, config_of(cand.sch.mod)
+        self.bar.total = max(self.bar.total, self.bar.n + len(measure_candidates))  # never past 100%, should a round overrun
         self.bar.update(len(measure_candidates))
         self.bar.set_postfix_str(f"task {task_id + 1}/{len(self.stats)}")
         self.bar.write(f"{line(task_id, st, len(self.stats))}  [{time.monotonic() - self.started:.0f} s]")
@@ -65,5 +67,5 @@ def line(task_id: int, st: TaskStats, n: int) -> str:
     best = f"best {ms_text(st.best_s)} {st.best.describe() if st.best else ''}"
     # the search may sample a default point again: its second time against its first is noise, not a gain
     gain = (" (a default point)" if st.best in st.defaults else
-            f" ({st.default_s / st.best_s:.2f}x the default)" if st.default_s and st.best_s else "")
+            f" (kernel alone: {st.default_s / st.best_s:.2f}x the default point)" if st.default_s and st.best_s else "")
     return f"  [{task_id + 1}/{n}] {st.name}: {st.trials} trials, {best}{gain}"

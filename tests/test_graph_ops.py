@@ -1,0 +1,130 @@
+"""The layers around the recurrent ones (tvmrnn.graph_pipeline, schedules.graph_cpu): whole torch-exported models against
+ONNX Runtime, the packed conv and GEMM kernels against numpy at awkward shapes, CUDA builds without a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tvm
+from tvm import te
+
+import tvmrnn
+from graph_cases import build
+from schedules import graph_cpu
+from tvmrnn.build import resolve_target
+
+
+def _rel_err(ours, ref) -> float:
+    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    return float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def _relax(model, target) -> tvm.IRModule:
+    from tvmrnn.frontend import to_relax
+    from tvmrnn.plan import plan_model
+
+    return to_relax(model, plan_model(model, target)).mod
+
+
+def _ort(model, feeds):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@pytest.mark.parametrize("name", ["captcha-crnn", "dense-head", "lstm150-b1", "vgg-crnn"])
+def test_model_matches_onnxruntime_on_llvm(name):
+    model, feeds = build(name)
+    ours = tvmrnn.compile(model, target="llvm", logs=False).run(feeds)
+    for got, ref in zip(ours.values(), _ort(model, feeds)):
+        assert got.shape == ref.shape
+        assert _rel_err(got, ref) < 1e-4
+
+
+def test_convs_and_dense_layers_get_the_packed_kernels():
+    from tvmrnn.graph_pipeline import passes
+
+    model, _ = build("captcha-crnn")
+    target = resolve_target("llvm")
+    mod = _relax(model, target)
+    with target:
+        mod = tvm.transform.Sequential(passes(target))(mod)
+    names = [gv.name_hint for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert sum("conv2d_packed" in n for n in names) == 4, names
+    assert any("dense_packed" in n for n in names), names
+    assert not any("conv2d_nchw" in n or n.startswith("matmul") for n in names), names
+
+
+def _run(func, target, arrays):
+    rt = tvm.compile(tvm.IRModule({"main": func}), target=target)
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(a, dev) for a in arrays]
+    rt.mod["main"](*args)
+    return args[-1].numpy()
+
+
+@pytest.mark.parametrize("c,o,h,w,stride,pad", [(3, 24, 9, 13, 1, (1, 1, 1, 1)), (8, 32, 10, 25, 2, (0, 1, 1, 0)),
+                                                (5, 7, 6, 6, 1, (0, 0, 0, 0))])
+def test_packed_conv_with_epilogue_matches_numpy(c, o, h, w, stride, pad):
+    target = resolve_target("llvm")
+    rng = np.random.default_rng(0)
+    x_np, w_np, b_np = (rng.standard_normal(s).astype("f4") for s in ((1, c, h, w), (o, c, 3, 3), (o,)))
+    ob = graph_cpu.channel_block(o, graph_cpu.vector_lanes(target))
+    x, wp, b = te.placeholder((1, c, h, w)), te.placeholder((o // ob, c, 3, 3, ob)), te.placeholder((o,))
+    y = graph_cpu.conv2d_packed(x, wp, [stride, stride], list(pad), [1, 1])
+    out = te.compute(y.shape, lambda n, k, i, j: te.max(y[n, k, i, j] + b[k], 0.0), name="relu")
+    sch = graph_cpu.ConvPacked().apply(te.create_prim_func([x, wp, b, out]), target, False)
+    assert sch is not None
+    got = _run(sch.mod["main"], target, [x_np, graph_cpu.pack_conv_weight(w_np, ob), b_np,
+                                         np.zeros([int(s) for s in out.shape], "f4")])
+    import torch
+
+    ref = torch.nn.functional.conv2d(torch.from_numpy(np.pad(x_np, [(0, 0), (0, 0), (pad[0], pad[2]), (pad[1], pad[3])])),
+                                     torch.from_numpy(w_np), torch.from_numpy(b_np), stride).relu().numpy()
+    assert _rel_err(got, ref) < 1e-5
+
+
+@pytest.mark.parametrize("lead,k,n", [((7, 3), 40, 48), ((13,), 64, 37), ((2, 1, 5), 16, 256), ((20,), 24, 8210)])
+def test_packed_dense_matches_numpy(lead, k, n):
+    target = resolve_target("llvm")
+    rng = np.random.default_rng(1)
+    x_np, w_np = rng.standard_normal(lead + (k,)).astype("f4"), rng.standard_normal((k, n)).astype("f4")
+    nb = graph_cpu.dense_block(n, graph_cpu.vector_lanes(target))
+    x, wp = te.placeholder(lead + (k,)), te.placeholder((-(-n // nb), k, nb))
+    y = graph_cpu.dense_packed(x, wp, n)
+    out = te.compute(y.shape, lambda *i: y(*i) * 2.0, name="scale")
+    sch = graph_cpu.DensePacked().apply(te.create_prim_func([x, wp, out]), target, False)
+    assert sch is not None
+    got = _run(sch.mod["main"], target, [x_np, graph_cpu.pack_dense_weight(w_np, nb), np.zeros(lead + (n,), "f4")])
+    assert _rel_err(got, 2 * x_np.astype("f8") @ w_np) < 1e-5
+
+
+def test_crnn_builds_for_cuda_without_a_gpu(tmp_path):
+    model, _ = build("captcha-crnn")
+    compiled = tvmrnn.compile(model, target="cuda", logs=False)
+    assert compiled.export(tmp_path / "m.so")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["captcha-crnn", "dense-head", "lstm150-b1", "vgg-crnn"])
+def test_model_matches_onnxruntime_on_cuda(name):
+    model, feeds = build(name)
+    ours = tvmrnn.compile(model, target="cuda", logs=False).run(feeds)
+    for got, ref in zip(ours.values(), _ort(model, feeds)):
+        assert _rel_err(got, ref) < 1e-4
+
+
+def test_pipeline_takes_a_tuning_database():
+    """`database=` puts MetaScheduleApplyDatabase before the default rules; an empty one leaves them every function."""
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvmrnn.graph_pipeline import graph_pipeline
+
+    model, feeds = build("dense-head")
+    target = resolve_target("llvm")
+    mod = relax.transform.FoldConstant()(_relax(model, target))
+    ex = tvm.compile(mod, target=target, relax_pipeline=graph_pipeline(target, database=ms.database.MemoryDatabase()))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(v) for v in feeds.values()])
+    out = out[0] if not isinstance(out, tvm.runtime.Tensor) else out
+    assert _rel_err(out.numpy(), _ort(model, feeds)[0]) < 1e-4

@@ -1,0 +1,127 @@
+"""The last stage of the Relax pipeline a model is built with (build.pipeline): TVM's backend pipeline for the
+target, with the layers around the recurrent kernels scheduled.
+
+    decompose   batch norms into pointwise ops over folded constants (they then fuse into the conv before them)
+    legalize    ops to TIR; on LLVM conv2d and matmul with constant weights as our packed-weight computes
+                (schedules.graph_cpu), their weights packed here, at compile time
+    fuse        FuseOps + FuseTIR: pointwise ops into the conv/matmul/reduction before them
+    schedule    tuning records where given (MetaSchedule's database), then dlight's rules: on LLVM ours for the packed
+                convs and GEMMs, dlight's CPU GEMV and row reductions (softmax, layer norm) and a parallel fallback;
+                on CUDA TVM's default GPU rules
+    lower       TVM's dataflow lowering and finalization for the target, unchanged
+
+Our recurrent kernels arrive scheduled (`tirx.is_scheduled`) and pass through untouched.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+
+def _default_legalize(op_name):
+    return tvm.ir.Op.get(op_name).get_attr("FLegalize")
+
+
+def _const_f32(expr, ndim):
+    return isinstance(expr, tvm.ir.expr.Constant) and str(expr.value.dtype) == "float32" and len(expr.value.shape) == ndim
+
+
+def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """conv2d (NCHW, OIHW, one group, fp32) over a constant weight: our packed-weight compute; others TVM's."""
+    from schedules import graph_cpu
+
+    a = call.attrs
+    x, w = call.args
+    plain = (a.data_layout == "NCHW" and a.kernel_layout == "OIHW" and a.out_layout == "NCHW" and int(a.groups) == 1
+             and str(x.ty.dtype) == "float32" and str(a.out_dtype) in ("", "None", "void", "float32") and _const_f32(w, 4))
+    if not plain:
+        return _default_legalize("relax.nn.conv2d")(bb, call)
+    target = tvm.target.Target.current()
+    ob = graph_cpu.channel_block(int(w.value.shape[0]), graph_cpu.vector_lanes(target))
+    wp = relax.const(graph_cpu.pack_conv_weight(w.value.numpy(), ob))
+    ints = lambda v: [int(i) for i in v]  # noqa: E731
+    return bb.call_te(graph_cpu.conv2d_packed, x, wp, ints(a.strides), ints(a.padding), ints(a.dilation),
+                      primfunc_name_hint="conv2d_packed")
+
+
+def _legalize_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """x [..., K] @ constant B [K, N] in fp32: our packed-weight GEMM; others TVM's."""
+    from schedules import graph_cpu
+
+    x, w = call.args
+    if not (_const_f32(w, 2) and str(x.ty.dtype) == "float32" and x.ty.ndim >= 2 and str(call.attrs.out_dtype) in ("", "None", "void", "float32")):
+        return _default_legalize("relax.matmul")(bb, call)
+    target = tvm.target.Target.current()
+    columns = int(w.value.shape[1])
+    nb = graph_cpu.dense_block(columns, graph_cpu.vector_lanes(target))
+    wp = relax.const(graph_cpu.pack_dense_weight(w.value.numpy(), nb))
+    return bb.call_te(graph_cpu.dense_packed, x, wp, columns, primfunc_name_hint="dense_packed")
+
+
+def _legalize_sigmoid(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """fp32 sigmoid through TVM's polynomial exp (topi.fast_exp, vectorizable; relative error near 1e-7): the exact
+    one is a libm call per element (the captcha CRNN's SiLUs took 7 of its 15 ms)."""
+    if str(call.args[0].ty.dtype) != "float32":
+        return _default_legalize("relax.sigmoid")(bb, call)
+    from tvm import topi
+
+    return bb.call_te(lambda x: topi.divide(1.0, topi.add(1.0, topi.fast_exp(topi.negative(x)))), call.args[0],
+                      primfunc_name_hint="sigmoid")
+
+
+CPU_LEGALIZE = {"relax.nn.conv2d": _legalize_conv2d, "relax.matmul": _legalize_matmul, "relax.sigmoid": _legalize_sigmoid}
+
+
+def _schedule_rules(target):
+    from tvm.s_tir import dlight as dl
+
+    if target.kind.name == "llvm":
+        from schedules.graph_cpu import cpu_rules
+
+        return cpu_rules()
+    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+
+
+def _backend(target):
+    if target.kind.name == "cuda":
+        from tvm.relax.backend.cuda import pipeline as backend
+    else:
+        from tvm.relax.backend.cpu_generic import pipeline as backend
+    return backend
+
+
+def passes(target: tvm.target.Target, database=None) -> list:
+    """The pipeline's passes in order (see the module's docstring). database: a MetaSchedule database whose records
+    schedule the functions it has (`tvmrnn tune`'s), before the default rules take the rest."""
+    from tvm.s_tir import dlight as dl
+
+    backend = _backend(target)
+    cpu = target.kind.name == "llvm"
+    tuned = [relax.transform.MetaScheduleApplyDatabase(enable_warning=False)] if database is not None else []
+    return (
+        [relax.transform.DecomposeOpsForInference(), relax.transform.FoldConstant()]
+        + backend.library_dispatch_passes(target)
+        + [relax.transform.LegalizeOps(CPU_LEGALIZE if cpu else None), relax.transform.AnnotateTIROpPattern(),
+           relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+        + tuned
+        + [dl.ApplyDefaultSchedule(*_schedule_rules(target))]
+        + backend.dataflow_lower_passes(target)
+        + backend.finalize_passes(target)
+    )
+
+
+def graph_pipeline(target: tvm.target.Target, database=None) -> tvm.transform.Pass:
+    """The Relax pipeline for `tvm.compile(mod, target, relax_pipeline=pipeline(target))`."""
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmrnn.graph_pipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        with target:  # MetaScheduleApplyDatabase reads the target when it is made
+            seq = tvm.transform.Sequential(passes(target, database))
+            if database is None:
+                return seq(mod)
+            with database:
+                return seq(mod)
+
+    return _pipeline
+

@@ -1,0 +1,197 @@
+"""A model's engine process: the one place its requests are batched and run, whatever HTTP worker received them.
+
+With several HTTP workers (`--http-workers N`, see `cluster.py`), each model gets one engine process
+(`python -m tvmrnn.serve.engine SOCKET MODULE.so CONFIG`): it loads the module (a worker process of its own where
+the model has index inputs, as `workers.make_runner` decides), keeps the streaming state of its sequences, and
+batches the requests of every HTTP worker together; its batches run on its event loop (nothing else waits for it).
+HTTP workers reach it through `RemoteCore` over a Unix socket.
+
+The socket carries `frames` (a JSON head and the tensors' raw bytes; never pickled). A request's head carries its id,
+sequence parameters, v2 datatypes and whether its HTTP worker checked it already; an answer's head its id and HTTP
+status, and an error message or the outputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+
+import numpy as np
+
+from .frames import decode_tensors, encode_frame, read_frame
+from .protocol import ProtocolError
+
+log = logging.getLogger("tvmrnn.serve")
+_CONNECT_TIMEOUT_S = 300.0
+
+
+# -- the HTTP worker's side -----------------------------------------------------------------------------
+class RemoteCore:
+    """`ModelCore.infer` answered by the model's engine. Stateless requests are checked here (their 400s cost the engine
+    nothing); a sequence's requests are checked by the engine, which holds their state. If the engine stops, the requests
+    in flight get 503 and the connection is made again once the engine is back (the supervisor restarts it)."""
+
+    def __init__(self, name: str, sig, socket_path: str):
+        self.name, self.sig, self.socket_path = name, sig, socket_path
+        self._ids = itertools.count()
+        self._pending: dict[int, asyncio.Future] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._task: asyncio.Task | None = None
+        self._closing = False
+
+    async def connect(self, timeout_s: float = _CONNECT_TIMEOUT_S) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            try:
+                reader, self._writer = await asyncio.open_unix_connection(self.socket_path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if loop.time() > deadline:
+                    raise RuntimeError(f"model {self.name!r}: its engine did not answer at {self.socket_path}") from None
+                await asyncio.sleep(0.05)
+        self._task = loop.create_task(self._read_answers(reader), name=f"engine-{self.name}")
+
+    async def infer(self, feeds: dict[str, np.ndarray], datatypes: dict[str, str], sid=None, start: bool = False,
+                    end: bool = False, checked: bool = False) -> dict[str, np.ndarray]:
+        if sid is None and not checked:
+            self.sig.check(feeds, datatypes)
+            checked = True
+        if self._writer is None:
+            raise ProtocolError(f"model {self.name!r} is restarting; retry", 503)
+        request_id = next(self._ids)
+        future = self._pending[request_id] = asyncio.get_running_loop().create_future()
+        self._writer.write(encode_frame({"id": request_id, "sid": sid, "start": start, "end": end, "checked": checked,
+                                         "datatypes": datatypes}, feeds))
+        try:
+            return await future
+        finally:
+            self._pending.pop(request_id, None)
+
+    async def _read_answers(self, reader: asyncio.StreamReader) -> None:
+        while (frame := await read_frame(reader)) is not None:
+            head, data = frame
+            future = self._pending.get(head["id"])
+            if future is None or future.done():  # the client went away
+                continue
+            if head["status"] == 200:
+                future.set_result(decode_tensors(head, data))
+            else:
+                future.set_exception(ProtocolError(head["error"], head["status"]))
+        self._writer = None
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(ProtocolError(f"model {self.name!r} stopped while running this request (it restarts); retry", 503))
+        if not self._closing:
+            log.warning("engine connection lost", extra={"fields": {"model": self.name}})
+            await self.connect()
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._writer is not None:
+            self._writer.close()
+        if self._task is not None:
+            self._task.cancel()
+
+
+# -- the engine's side -----------------------------------------------------------------------------------
+async def _answer(core, head: dict, data: bytes, writer: asyncio.StreamWriter) -> None:
+    reply = {"id": head["id"], "status": 200}
+    try:
+        outputs = await core.infer(decode_tensors(head, data), head.get("datatypes") or {}, head.get("sid"),
+                                   head.get("start", False), head.get("end", False), head.get("checked", False))
+    except ProtocolError as err:
+        outputs, reply["status"], reply["error"] = None, err.status, str(err)
+    except Exception as err:  # noqa: BLE001 - a 500 for this request, the engine goes on
+        log.exception("infer failed", extra={"fields": {"model": core.name}})
+        outputs, reply["status"], reply["error"] = None, 500, f"internal error: {type(err).__name__}: {err}"
+    if not writer.is_closing():
+        writer.write(encode_frame(reply, outputs))
+
+
+async def _serve_connection(core, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    tasks: set[asyncio.Task] = set()
+    loop = asyncio.get_running_loop()
+    try:
+        while (frame := await read_frame(reader)) is not None:
+            task = loop.create_task(_answer(core, *frame, writer))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(tasks)
+    except asyncio.CancelledError:  # the engine is stopping
+        pass
+    finally:
+        writer.close()
+
+
+async def run_engine(served, config, socket_path: str) -> None:
+    """Serve one model (a `repository.ServedModel`) on a Unix socket until stdin closes (the supervisor stops its engines
+    after its HTTP workers, so they ignore SIGTERM and SIGINT, which a service manager may send the whole group);
+    print "ready" once listening."""
+    from .batcher import Batcher
+    from .core import ModelCore
+    from .metrics import Metrics
+    from .sequences import SequenceStore
+
+    metrics = Metrics()
+    sig = served.signature
+    batcher = Batcher(sig, served.runner, sig.batch_limit(config.max_batch_size), config.max_delay_ms / 1000, metrics, inline=True)
+    batcher.start()
+    sequences = SequenceStore(config.max_sequences, config.sequence_idle_s, metrics)
+    core = ModelCore(served.name, sig, batcher, sequences)
+    loop = asyncio.get_running_loop()
+    sweeper = loop.create_task(sequences.sweep_forever())
+    if os.path.exists(socket_path):
+        os.unlink(socket_path)
+    server = await asyncio.start_unix_server(lambda r, w: _serve_connection(core, r, w), socket_path)
+    stop = asyncio.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), loop.call_soon_threadsafe(stop.set)), daemon=True).start()
+    print("ready", flush=True)
+    await stop.wait()
+    server.close()
+    sweeper.cancel()
+    await batcher.close()
+    await asyncio.to_thread(served.runner.close)
+
+
+def config_to_json(config) -> str:
+    return json.dumps(dataclasses.asdict(config))
+
+
+def config_from_json(text: str):
+    from .config import ServeConfig
+
+    fields = json.loads(text)
+    fields["state"] = {m: [tuple(p) for p in pairs] for m, pairs in fields["state"].items()}
+    return ServeConfig(**fields)
+
+
+def main(socket_path: str, module_path: str, config_json: str, log_level: str) -> None:
+    import logging.config
+
+    from .logs import logging_config
+    from .repository import load_models
+
+    for sig in (signal.SIGINT, signal.SIGTERM):  # sent to the whole group: the supervisor stops engines last
+        signal.signal(sig, signal.SIG_IGN)
+    logging.config.dictConfig(logging_config(log_level))
+    config = config_from_json(config_json)
+    (served,) = load_models([module_path], config).values()
+    try:
+        import uvloop
+
+        uvloop.run(run_engine(served, config, socket_path))
+    except ImportError:
+        asyncio.run(run_engine(served, config, socket_path))
+
+
+if __name__ == "__main__":  # python -m tvmrnn.serve.engine SOCKET MODULE.so CONFIG_JSON LOG_LEVEL (stops when stdin closes)
+    main(*sys.argv[1:5])
