@@ -11,8 +11,8 @@ import sys
 import tvm
 
 from schedules import cooperative, recurrent_kernel
+from schedules.cells import cell_for
 from tvmrnn import bench
-from tvmrnn.cells import cell_for
 from tvmrnn.frontend.inspect import find_rnn_layers
 
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})

@@ -22,11 +22,12 @@ from dataclasses import replace
 import tvm
 
 from schedules import cooperative, plan_kernel, point_kernel, recurrent_persistent_mma
+from schedules.cells import cell_for
+from schedules.device import Device
 from schedules.ptxas import kernel_source, ptxas
 from schedules.recurrent_mma import MmaConfig
 from schedules.space import KernelConfig
 from tvmrnn import bench
-from tvmrnn.cells import cell_for
 from tvmrnn.frontend.inspect import find_rnn_layers
 
 NAMES = sys.argv[1:] or [r.name for r in bench.ROWS]
@@ -45,8 +46,8 @@ def points(spec, cell, batch):
     for knobs in POINTS:
         cfg = MmaConfig(**{**knobs, "streamed": 0 if knobs.get("streamed") == "fewest" else knobs.get("streamed", 0)})
         if knobs.get("streamed") == "fewest":  # a layer whose R all fits skips such a point
-            cfg = replace(cfg, streamed=recurrent_persistent_mma.fewest_streamed(spec, cell, "sm_90a", cfg) or 0)
-        if (cfg.streamed or knobs.get("streamed") != "fewest") and recurrent_persistent_mma.fits(spec, cell, "sm_90a", cfg):
+            cfg = replace(cfg, streamed=recurrent_persistent_mma.fewest_streamed(spec, cell, Device.cuda("sm_90a"), cfg) or 0)
+        if (cfg.streamed or knobs.get("streamed") != "fewest") and recurrent_persistent_mma.fits(spec, cell, Device.cuda("sm_90a"), cfg):
             yield KernelConfig.of("persistent_mma", **{k: getattr(cfg, k) for k in knobs})
 
 

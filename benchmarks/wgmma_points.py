@@ -6,11 +6,11 @@ from schedules.projection_wgmma import WgmmaConfig
 
 def named(mode: str, configs) -> dict[str, WgmmaConfig]:
     """Each point by its name in the benchmark's table: mode, block, ring stages (and chunks per buffer in half
-    precision), overlap, tma, columns per store."""
+    precision), overlap, columns per store."""
     def name(c):
         k = f" k{c.k_chunks * 32}" if mode == "float16" or c.k_chunks > 1 else ""
         return (f"wgmma{'' if mode == 'float16' else ' ' + mode} {c.warpgroups * 64}x{c.bn} s{c.stages}{k}"
-                f"{' overlap' if c.overlap else ''}{f' tma{c.tma}' if c.tma else ''}{f' st{c.store_cols}' if c.store_cols > 1 else ''}"
+                f"{' overlap' if c.overlap else ''}{f' st{c.store_cols}' if c.store_cols > 1 else ''}"
                 f"{' regs' if c.lo_w else ''}{f' g{c.group}' if c.group != 8 else ''}")
     return {name(c): c for c in configs}
 
@@ -21,16 +21,8 @@ WGMMA = named("float16", (WgmmaConfig(), WgmmaConfig(stages=6, overlap=1), Wgmma
                    WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1), WgmmaConfig(bn=256, warpgroups=1, k_chunks=2, stages=4, overlap=1),
                    # 256 x 128: four warpgroups (16 warps, 64 accumulators each) over the same 32K outputs as 128 x 256
                    WgmmaConfig(bn=128, warpgroups=4, k_chunks=2, stages=4, overlap=1), WgmmaConfig(bn=128, warpgroups=4, stages=6, overlap=1),
-                   # the ring filled by bulk tensor copies (one thread, mbarriers) instead of every thread's cp.async
-                   WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, tma=1), WgmmaConfig(bn=256, stages=6, overlap=1, tma=1),
-                   WgmmaConfig(bn=256, k_chunks=2, stages=4, tma=1),
-                   # ... and buffers freed by each warp's arrival on an "empty" mbarrier, not by a block barrier
-                   WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, tma=2), WgmmaConfig(bn=256, stages=6, overlap=1, tma=2),
-                   # ... and that thread in a producer warp of its own (refilling each buffer as soon as it is free); the
-                   # epilogue's loads and stores two columns at a time
-                   WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, tma=3), WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, tma=3, store_cols=2),
-                   WgmmaConfig(bn=256, stages=6, overlap=1, tma=3), WgmmaConfig(bn=256, stages=8, overlap=1, tma=3),
-                   WgmmaConfig(bn=256, k_chunks=2, stages=4, tma=3), WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, store_cols=2),
+                   # the epilogue's loads and stores two and four columns at a time
+                   WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, store_cols=2),
                    WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, store_cols=4),
                    # 128 columns storing two at a time: where 256 do not divide the gates (ds2's 3200), against
                    # projection_staged, which compile takes there (it stores pairs already); at 98 registers and up to 98 KB
@@ -58,8 +50,7 @@ WGMMA = named("float16", (WgmmaConfig(), WgmmaConfig(stages=6, overlap=1), Wgmma
                    WgmmaConfig(bn=128, warpgroups=1, k_chunks=2, stages=2, store_cols=4)))
 # the same in TF32 (fp32 rows are 128 bytes: the ring fits fewer buffers); compile builds projection_wgmma.TF32
 WGMMA_TF32 = named("tf32", (WgmmaConfig(bn=256, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1), WgmmaConfig(bn=128, stages=6, overlap=1),
-                        WgmmaConfig(bn=128, k_chunks=2, stages=3, overlap=1), WgmmaConfig(bn=256, stages=4, overlap=1, tma=1),
-                        WgmmaConfig(bn=256, stages=4, overlap=1, tma=2), WgmmaConfig(bn=256, stages=4, overlap=1, tma=3, store_cols=2),
+                        WgmmaConfig(bn=128, k_chunks=2, stages=3, overlap=1),
                         WgmmaConfig(bn=256, stages=4, overlap=1, store_cols=2), WgmmaConfig(bn=256, stages=4, overlap=1, store_cols=4),
                         WgmmaConfig(bn=128, stages=6, overlap=1, store_cols=2), WgmmaConfig(bn=128, stages=6, overlap=1, store_cols=4)))
 # exact fp32 as 3xTF32 on wgmma (high and low parts split in shared memory, each chunk summed apart); compile builds TF32X3

@@ -5,9 +5,8 @@ legalized matmul runs as naive loops, 10x slower than the recurrence it feeds. T
 is a small register-blocked GEMM: work items of MR rows x NR columns run on TVM's thread
 pool; each keeps an MR x NR accumulator tile in registers while k streams over W, packed at
 compile time as panels [cols / NR, K, NR] so a work item reads its columns as one contiguous run
-(W^T's rows were `cols` floats apart: at power-of-two widths those reads alias in the cache, and
-the projections of lat-b1-h512, lat-b1-h1024 and b64-h1024 ran 1.3-1.8x slower,
-benchmarks/results/2026-11-23-cpu-projection-panels.txt). M = seq * batch is a runtime size.
+(W^T's rows were `cols` floats apart: at power-of-two widths those reads alias in the cache).
+M = seq * batch is a runtime size.
 """
 
 from __future__ import annotations
@@ -18,13 +17,9 @@ from tvm.script.ir_builder import tirx as T
 from .recurrent_common import i64, projection_prim_func
 
 F32 = "float32"
-# rows x columns of fp32 accumulators per work item, by CPU. AMD's Zen (znver5, where the kernel was first tuned):
-# 8 x 32 (16 AVX-512 registers) beat 4 x 64 and 6 x 64 on every projection shape of the benchmark rows, 1.03-1.24x
-# (benchmarks/results/2026-11-23-cpu-projection-tiles.txt). Others (the Intel Xeon this project's VM became):
-# 6 x 64 (24 registers, 10 loads per 24 FMAs where 8 x 32 takes 10 per 16) ran ds2-lstm's 6000 x 800 x 3200 in 84.3
-# ms against 95.1, b64's 6400 x 1024 x 4096 140.0 against 156.0, lat-b1-h1024's 2.5 against 2.8
-# (benchmarks/results/2026-11-25-cpu-projection-tiles-xeon.txt); where 64 columns do not divide the gates, 8 x 48
-# (24 registers: ds2-gru's 2400 columns 67.5-68.7 ms against 8 x 32's 77.5-82.7, same file), else 8 x 32
+# rows x columns of fp32 accumulators per work item, by CPU (docs/decisions.md): AMD's Zen 8 x 32 (16 AVX-512
+# registers); others 6 x 64 (24 registers, 10 loads per 24 FMAs), where 64 columns do not divide the gates 8 x 48,
+# else 8 x 32
 ZEN_TILE, WIDE_TILES = (8, 32), ((6, 64), (8, 48))
 
 

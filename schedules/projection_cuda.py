@@ -1,18 +1,15 @@
 """The fp32 input projection of all time steps on CUDA: XW = X @ W^T + bias as one exact-fp32 SIMT GEMM.
 
-TVM's default pipeline schedules this matmul with dlight's Matmul rule, which ran the projections
-of our benchmark rows at 16 TFLOP/s on the H100 against cuBLAS's 44-52, and at large batch the
-projection is 38-50% of a layer's time (benchmarks/results/2026-11-23-h100-projection-variants.md).
-This is the classic register-blocked GEMM: a block computes a 128 x 128 tile of XW with 256
+TVM's default pipeline schedules this matmul with dlight's Matmul rule, a third of cuBLAS's throughput, and at
+large batch the projection is near half a layer's time (docs/decisions.md). This is the classic register-blocked GEMM: a block computes a 128 x 128 tile of XW with 256
 threads, 8 x 8 accumulators each; per round it stages an 8-column slice of X and W in shared
 memory, transposed so a thread reads its 8 rows and 8 columns as four float4 loads, while the next
-slice is already loading into registers (40-44 TFLOP/s on the H100, cuBLAS 42-52).
+slice is already loading into registers.
 
 M = seq * batch is a runtime size. Below SKINNY_M rows the 128-row tiles leave most SMs idle, so
 there warps of many blocks each compute a few columns for 16 rows at a time with warp_gates, the
-recurrent kernels' GEMV. Measured in the model at 100 rows (lat-b1-h1024, fp32) that is no faster
-than the tiles (0.438 against 0.448 ms) and TVM's default schedule is faster still (0.390 ms):
-small M wants a dispatch to that schedule, not done yet. fp16/bf16 projections keep the default
+recurrent kernels' GEMV (at 100 rows TVM's default schedule is faster still: small M wants a
+dispatch to it, not done yet). fp16/bf16 projections keep the default
 pipeline's tensor-core path.
 """
 
@@ -29,7 +26,7 @@ BM, BN, BK = 128, 128, 8  # block tile: rows of X, columns of XW, reduction colu
 TM = TN = 8  # accumulators per thread: rows x columns, as two groups of 4 half a tile apart
 THREADS = (BM // TM) * (BN // TN)  # 256
 PAD = 4  # floats after each staged k-row: the transposing stores of two k-rows land in different banks
-SKINNY_M = 512  # fewer rows run the skinny kernel (H100: skinny won at M=100, tiles at M=800)
+SKINNY_M = 512  # fewer rows run the skinny kernel (it won at 100 rows, the tiles at 800)
 SKINNY_ROWS, SKINNY_WARPS = 16, 4  # rows per pass (each weight load serves them all), warps per block (a column each)
 
 

@@ -2,9 +2,8 @@
 
 For fp16/bf16 layers, and fp32 ones compiled with precision="tf32" (mma_tiles.MODES).
 
-TVM's default pipeline schedules this matmul with dlight's tensor-core rule, which ran it at about
-73 TFLOP/s on the H100 (b64-h1024-l2: 0.73 ms per layer, 44% of the model's time); this kernel
-runs that shape in 0.31 ms, 171 TFLOP/s (benchmarks/results/2026-11-23-h100-mma-variants.md). Every warp
+TVM's default pipeline schedules this matmul with dlight's tensor-core rule; this kernel runs the rows'
+shapes over twice as fast (docs/decisions.md). Every warp
 owns a 64 x 32 tile of XW (4 x 4 mma.sync m16n8k16 tiles, fp32 accumulators) and streams its rows
 of X and W through registers 32 columns at a time (mma_tiles); the 2 x 2 warps of a block share
 rows and columns, so most of their loads hit L1. The bias is added as the tile is stored.

@@ -2,10 +2,8 @@
 (a half-precision layer's XW in its dtype).
 
 projection_mma streams each warp's rows of X and W from global memory into registers and relies on
-L1 for the reuse between the 2 x 2 warps of a block (a 128 x 64 block tile). On the H100 that ran
-blog-a's GEMM (12800 x 2560 x 10240, fp16) at 125 TFLOP/s, 5.3 of the model's 15.8 ms
-(benchmarks/results/2026-11-23-h100-knob-variants.md's profile): every 16-byte load serves 42 MACs of
-the block, and L2 cannot feed more. Here a block of warps_m x warps_n warps owns a tile and copies each
+L1 for the reuse between the 2 x 2 warps of a block (a 128 x 64 block tile): every 16-byte load serves 42 MACs
+of the block, and L2 cannot feed more on large GEMMs. Here a block of warps_m x warps_n warps owns a tile and copies each
 32-column chunk of its rows of X and W into shared memory once; its warps read their fragments from
 there (the same WarpTiles registers and mma.sync shapes as every tensor-core kernel of ours, so fp16,
 bf16, TF32 and 3xTF32, the exact fp32 mode, all work). Two ways to stage the chunks:
@@ -23,10 +21,8 @@ bytes, so the 8 lanes of a quarter-warp (rows g, g+1; their 16 bytes at 8t) cove
 bytes: no bank conflict. In fp32 a row is 128 bytes and odd rows swap the 16-byte halves of each
 lane's 32 bytes (the XOR swizzle of recurrent_persistent_mma), so those lanes hit distinct banks.
 
-On the H100 (benchmarks/results/2026-11-24-h100-projection-cp-async.md) blog-a's GEMM takes 1.95 ms in fp16
-(cuBLAS: 0.93; the register-staged tiles 3.64, projection_mma 5.36) and 9.61 ms in exact fp32 as 3xTF32 (the
-register-staged tiles 14.4, cuBLAS without TF32 13.2). 3xTF32 accumulates each chunk apart (chunk_acc): with one
-accumulator it was off by 1.3e-5 at K = 2560; with it 4.1e-7.
+3xTF32 accumulates each chunk apart (chunk_acc): the tensor cores' accumulation truncates, and one accumulator
+drifted past 1e-5 at K = 2560. Timings: docs/decisions.md (CUDA projections).
 """
 
 from __future__ import annotations
@@ -36,10 +32,10 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
+from .device import SMEM_LIMIT
 from .mma_tiles import KC, MODES, WarpTiles, cp_async_ring, itemsize, shared_element
 from .projection_mma import add_xw, store_xw
 from .recurrent_common import block_sync, each_element, i64, projection_prim_func
-from .recurrent_persistent import SMEM_LIMIT
 
 F32 = "float32"
 
@@ -60,8 +56,8 @@ class StagedConfig:
     # 0: the register-staged double buffer
     stages: int = 0
     # M tiles per raster group (0: none, blockIdx.x walks M): the blocks of a wave share a few M tiles and a few W tiles,
-    # so both come from L2. blog-a's X (65 MB fp16) and W (52 MB) do not fit the H100's 50 MB L2 together, and walking
-    # all of M for each column of tiles reads X from HBM once per column tile
+    # so both come from L2 (a large GEMM's X and W do not fit L2 together, and walking all of M for each column of
+    # tiles reads X from HBM once per column tile)
     group: int = 0
 
     @property
@@ -86,15 +82,10 @@ SMALL_M = 512  # up to this many rows (batch 1-5 at T = 100) 32-row tiles, so mo
 
 
 def default_config(mode: str, rows: int | None = None) -> StagedConfig:
-    """The measured best of StagedConfig's points on the H100: 32 x 128 register-staged tiles up to SMALL_M rows
-    (benchmarks/results/2026-11-23-h100-projection-staged.md); above, the cp.async ring of 4 chunks with 8 M tiles per
-    raster group (benchmarks/results/2026-11-24-h100-projection-cp-async.md): in fp16/bf16 128 x 128 blocks of four
-    64 x 64 warp tiles (blog-a 1.96 ms against the register-staged 64 x 128's 3.64; b64-h1024 0.193 against 0.307;
-    ds2-lstm 0.115 against 0.182), in fp32 (3xTF32, TF32) 128 x 64 blocks of four 64 x 32 warp tiles, the widest whose
-    3xTF32 fragments fit the registers (3xTF32: blog-a 9.61 against 14.4, b64-h1024 0.812 against 1.10; TF32 within
-    4% of the best point on each shape). 3xTF32 accumulates chunk by chunk (chunk_acc). K is not split (split_k): in
-    whole batch-1 models it ran 0.97-1.05x the time of K whole in fp32 and 1.03-1.04x in fp16
-    (benchmarks/results/2026-11-24-h100-projection-split-ab.md)."""
+    """The measured best of StagedConfig's points (docs/decisions.md): 32 x 128 register-staged tiles up to SMALL_M
+    rows; above, the cp.async ring of 4 chunks with 8 M tiles per raster group: in fp16/bf16 128 x 128 blocks of four
+    64 x 64 warp tiles, in fp32 (3xTF32, TF32) 128 x 64 blocks of four 64 x 32 warp tiles, the widest whose 3xTF32
+    fragments fit the registers. 3xTF32 accumulates chunk by chunk (chunk_acc). K is not split (split_k: no faster)."""
     exact = mode == "tf32x3"
     if rows is not None and rows <= SMALL_M:
         return StagedConfig(warps_m=1, warps_n=8, mt=2, nt=2, chunk_acc=exact)
@@ -125,8 +116,7 @@ def projection_staged(mode: str, K: int, cols: int, cfg: StagedConfig | None = N
                       xw_dtype: str = F32) -> tirx.PrimFunc:
     """PrimFunc(X [M, K], W [cols, K] in the mode's storage dtype, bias [cols] fp32, XW [M, cols] xw_dtype), M symbolic.
     rows: M where the model fixes it, for the default tile shape; else the kernel picks by M at run time (the small-M
-    tiles up to SMALL_M rows: in a dynamic-batch model at batch 1, lat-b1-h1024's 100 rows had run on 64 blocks of
-    64 x 128; lat-b1-h512-l2 fp32 0.446 against 0.475 ms, lat-b1-h1024 0.315 against 0.321, fp16 within 2%)."""
+    tiles up to SMALL_M rows, so a dynamic-batch model at batch 1 does not run its few rows on large tiles)."""
     configs = _configs(mode, cfg, rows)
     assert supported(mode, K, cols, cfg, rows, xw_dtype), (mode, K, cols, configs, xw_dtype)
 

@@ -1,36 +1,24 @@
-"""The input projection on Hopper's warpgroup tensor cores (wgmma): XW = X @ W^T + bias, fp16/bf16 (or fp32 as TF32) in,
-fp32 out (a half-precision layer's XW in its dtype). compile uses it on sm_90a for half-precision layers and for fp32 ones (tvmrnn.lowering): with
-precision="tf32" in the TF32 mode (fp32 rows of 128 bytes in the 128-byte swizzle, k8 wgmma's), by default in the
-3xTF32 mode (exact fp32: hi*hi + hi*lo + lo*hi per k8 of each operand's TF32 high and low parts, each ring item's
-products summed apart and added in fp32). compile's 3xTF32 point (lo_w) takes W with its low parts precomputed
-(low_parts, folded at compile time), copied into the ring beside W's rows, and each warpgroup splits its own rows of X
-in registers, from which its wgmma's read A (the rs form); the other points split both operands in shared memory, the
-threads each their own copies, into a second pair of buffers. compile's exact fp32 is now the f16x3 mode instead: X
-and W come as fp16 halves of rows scaled by powers of two (schedules.split_halves), the ring holds both halves of
-each, and hi*hi + hi*lo + lo*hi run on fp16 wgmma's (half 3xTF32's tensor-core time), the epilogue unscaling.
+"""The input projection on Hopper's warpgroup tensor cores (wgmma, sm_90a): XW = X @ W^T + bias, fp32 out (a
+half-precision layer's XW in its dtype). Modes: fp16/bf16; fp32 as TF32 (precision="tf32"); exact fp32 as f16x3 (X and
+W as fp16 halves of rows scaled by powers of two, schedules.split_halves: hi*hi + hi*lo + lo*hi on fp16 wgmma's, the
+epilogue unscaling), compile's default; and exact fp32 as 3xTF32 (each operand's TF32 high and low parts; at compile's
+points W comes with its low parts beside it and each warpgroup splits its rows of X in registers, the rs form).
+Choices and their numbers: docs/decisions.md (Kernels, CUDA projections).
 
-projection_staged feeds mma.sync from shared memory, one warp's fragments at a time: on the H100 blog-a's
-GEMM (12800 x 2560 x 10240, fp16) ran 1.96 ms there, 343 TFLOP/s, against cuBLAS's 0.93 (which uses
-wgmma). Here each warpgroup (4 warps, 128 threads) multiplies 64 rows of X by a block's BN rows of W
-with wgmma.mma_async m64nBNk16, both operands read by the tensor cores straight from shared memory
-through matrix descriptors, the fp32 accumulators in registers (BN / 2 per thread). The block's
-threads fill a cp.async ring of `stages` buffers of k_chunks 32-column chunks each (mma_tiles.cp_async_ring,
-as projection_staged does), one barrier per buffer; with `overlap` a buffer's wgmma's still run while the
-warpgroup moves on to the next barrier (the copies then go one buffer less ahead). Blocks walk XW in
-raster groups. With `tma` (run and tested on the H100, no faster: not a default) one thread fills the ring instead,
-through the tensor memory accelerator: two bulk copies per chunk through tensor maps encoded at launch, which land
-in the same swizzle, with each buffer's mbarrier counting their bytes (mma_tiles.tma_ring); with tma=3 that thread
-is a producer warp's. The epilogue adds bias and stores XW 1, 2 (every default) or 4 columns per instruction.
+Each warpgroup (4 warps) multiplies 64 rows of X by a block's BN rows of W with wgmma.mma_async m64nBNk16, both
+operands read from shared memory through matrix descriptors, the fp32 accumulators in registers (BN / 2 per thread).
+The block's threads fill a cp.async ring of `stages` buffers of k_chunks 32-column chunks each (mma_tiles.cp_async_ring),
+one barrier per buffer; with `overlap` a buffer's wgmma's still run while the warpgroup moves on to the next barrier.
+Blocks walk XW in raster groups. The epilogue adds bias and stores XW 1, 2 or 4 columns per instruction.
 
-Shared layout per chunk: the block's 64 * warpgroups rows of X, then BN rows of W, each row the chunk's 32
-columns (64 bytes in half precision, 128 in fp32), in the swizzle wgmma reads (the canonical K-major SW64 /
-SW128 layout): a row's 16-byte segments are permuted by XOR with the bits of its byte offset from 128 up,
-and each 8-row group (512 / 1024 bytes) is one swizzle atom. A descriptor names the first row of a 64-row
-(A) or BN-row (B) block, 8-row groups one atom apart; each further wgmma of the chunk starts 32 bytes in.
+Shared layout per chunk: the block's 64 * warpgroups rows of X, then BN rows of W, each row the chunk's 32 columns
+(64 bytes in half precision, 128 in fp32), in the swizzle wgmma reads (the canonical K-major SW64 / SW128 layout): a
+row's 16-byte segments are permuted by XOR with the bits of its byte offset from 128 up, and each 8-row group is one
+swizzle atom. A descriptor names the first row of a 64-row (A) or BN-row (B) block, 8-row groups one atom apart; each
+further wgmma of the chunk starts 32 bytes in.
 
 Accumulator i of a thread (warp w of its warpgroup, lane l) holds XW row 16w + l / 4 + 8 * (i % 4 >= 2)
 and column 8 * (i // 4) + 2 * (l % 4) + i % 2 of the warpgroup's 64 x BN tile (PTX ISA, wgmma D fragments).
-Needs sm_90a (the H100 tag's arch).
 """
 
 from __future__ import annotations
@@ -42,7 +30,7 @@ from tvm import te, tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from .mma_tiles import KC, cp_async_ring, itemsize, tma_ring, to_tf32
+from .mma_tiles import KC, cp_async_ring, itemsize, to_tf32
 from .projection_staged import raster
 from .recurrent_common import block_sync, emit_if, i64, projection_prim_func
 
@@ -57,7 +45,6 @@ FENCE_OPERAND_SRC = f'__forceinline__ __device__ void {FENCE_OPERAND}(float& r) 
 MODES = {"float16": ("float16", "f16", 16), "bfloat16": ("bfloat16", "bf16", 16), "tf32": ("float32", "tf32", 8),
          "tf32x3": ("float32", "tf32", 8), "f16x3": ("float16", "f16", 16)}
 SWIZZLE = {64: 2, 128: 3}  # a chunk row's bytes -> tirx.cuda.wgmma_encode_matrix_descriptor's swizzle code (SW64, SW128)
-TMA_SWIZZLE = {64: 2, 128: 3}  # the same -> CUtensorMapSwizzle (CU_TENSOR_MAP_SWIZZLE_64B, _128B): the same permutation
 
 
 def row_bytes(mode: str) -> int:
@@ -72,32 +59,15 @@ class WgmmaConfig:
     stages: int = 4  # buffers of the cp.async ring
     group: int = 8  # M tiles per raster group (projection_staged.raster)
     k_chunks: int = 1  # 32-column chunks per buffer (wgmma's per barrier: 2 per chunk)
-    # 1: a buffer's wgmma's are still running while the warpgroup waits for the next buffer (wgmma.wait_group 1), so the
-    # copies go stages - 2 buffers ahead instead of stages - 1. In tf32x3 (one chunk per buffer): chunks in pairs, the
-    # first one's products running into one chunk sum while the second lands and is split (the wgmma's read the parts,
-    # not the ring, so the copies still go stages - 1 ahead); on the H100 no faster than without (blog-a 8.22 / 7.98 ms
-    # with 2 / 3 buffers against 8.03, benchmarks/results/2026-11-25-h100-wgmma-pipelined-3xtf32.md), so TF32X3 has none
+    # 1: a buffer's wgmma's still run while the warpgroup waits for the next buffer (wgmma.wait_group 1): the copies go
+    # stages - 2 buffers ahead. In tf32x3 with one chunk a buffer: chunks in pairs, one's products running while the next
+    # is split (no faster: compile's 3xTF32 points have none)
     overlap: int = 0
-    # 1: the tensor memory accelerator fills the ring (mma_tiles.tma_ring): one thread issues each chunk's two bulk copies
-    # (X's rows, W's rows) through tensor maps encoded at launch, swizzled as the wgmma's read them, and every thread
-    # waits on the buffer's mbarrier, where cp.async had each thread copy and swizzle its share. Not in tf32x3 (its
-    # threads split their own copies). 2: also no block barrier per buffer: each warp frees a buffer through an "empty"
-    # mbarrier, which only the copying thread waits on. On the H100 neither beat cp.async (blog-a 1.46 / 1.51 ms against
-    # 1.44, benchmarks/results/2026-11-25-h100-wgmma-producer-and-stores.md): the copying thread is one of warpgroup 0's, whose wgmma's
-    # wait while it waits for a free buffer. 3: that thread in a warp of its own (a producer warp, 32 threads more), which
-    # refills each buffer as soon as the warps' arrivals free it: up to `stages` buffers ahead, not stages - 2. On the
-    # H100 1.41 ms, but 1.35 with two-column stores, where cp.async's ring with them took 1.22 (same file)
-    tma: int = 0
-    # the epilogue's columns per load of bias and store of XW: 1 (scalar: 128 of each per thread at 256 columns, half a
-    # 32-byte sector per 8-row group), 2 (ld.global.v2 / st.global.v2: whole sectors), 4 (v4, after a shuffle between
-    # lane pairs: half the instructions again). On the H100 2 took blog-a's GEMM from 1.44 to 1.22 ms, b64-h1024's
-    # from 0.180 to 0.120 (benchmarks/results/2026-11-25-h100-wgmma-producer-and-stores.md)
+    # the epilogue's columns per load of bias and store of XW: 1, 2 (ld/st.global.v2: whole 32-byte sectors) or 4 (v4,
+    # after a shuffle between lane pairs)
     store_cols: int = 1
-    # tf32x3 only. 1: W comes with its TF32 low parts precomputed (W [2 * cols, K]: W's rows, then low_parts' remainders,
-    # which compile folds into a constant), the ring copies them beside W's rows, and each warpgroup splits its own
-    # rows of X in registers (wgmma's A from registers, the rs form): no parts buffers, no split pass through shared
-    # memory, no second barrier per chunk. Per chunk the block reads and writes about 160 KB of shared memory where
-    # the split in shared memory moves about 270 KB, more than its wgmma's need to run
+    # tf32x3 only. 1: W comes with its TF32 low parts beside it (W [2 * cols, K], low_parts, folded at compile time),
+    # and each warpgroup splits its own rows of X in registers: no parts buffers, no split pass through shared memory
     lo_w: int = 0
 
     @property
@@ -105,18 +75,8 @@ class WgmmaConfig:
         return 64 * self.warpgroups, self.bn
 
     @property
-    def consumers(self) -> int:
-        """The threads that multiply: the warpgroups'."""
-        return 128 * self.warpgroups
-
-    @property
     def threads(self) -> int:
-        return self.consumers + (32 if self.tma == 3 else 0)
-
-    @property
-    def barriers(self) -> int:
-        """The ring's mbarriers (tma): a "full" one per buffer, and (tma 2, 3) an "empty" one."""
-        return self.stages * min(self.tma, 2)
+        return 128 * self.warpgroups
 
     def ring_blocks(self, mode: str) -> tuple[int, int]:
         """The blocks of rows the ring holds per chunk from X (of BM rows) and from W (of BN): one each; with lo_w W's
@@ -129,41 +89,22 @@ class WgmmaConfig:
         return xb * bm + wb * bn
 
     def smem_bytes(self, mode: str = "float16") -> int:
-        """The ring; in tf32x3 split in shared memory also two buffers of each chunk's high and low parts; with tma the
-        ring's mbarriers."""
+        """The ring; in tf32x3 split in shared memory also two buffers of each chunk's high and low parts."""
         parts = 4 if mode == "tf32x3" and not self.lo_w else 0
-        return (self.stages + parts) * self.k_chunks * self.chunk_rows(mode) * row_bytes(mode) + 8 * self.barriers
+        return (self.stages + parts) * self.k_chunks * self.chunk_rows(mode) * row_bytes(mode)
 
 
-# the best point on the H100 (benchmarks/results/2026-11-25-h100-projection-wgmma.md): 128 x 256 blocks, two chunks per
-# buffer, four buffers, the next buffer's wgmma's issued while the last one's run. blog-a 1.44 ms against
-# projection_staged's 1.96 (cuBLAS 0.93), b64-h1024 0.179 against 0.191; storing two columns at a time 1.21-1.22 and
-# 0.120-0.122 (benchmarks/results/2026-11-25-h100-wgmma-producer-and-stores.md; four: 1.26, 0.134)
+# compile's points per mode, each the best measured on the H100 (docs/decisions.md). fp16/bf16: 128 x 256 blocks, two
+# chunks a buffer, four buffers, overlapped, pairs of columns stored
 DEFAULT = WgmmaConfig(bn=256, k_chunks=2, stages=4, overlap=1, store_cols=2)
-# where 256 columns do not divide the gates: 128 x 128, four one-chunk buffers (at 91-100 registers two blocks share an
-# SM). ds2-lstm's 6000 x 800 x 3200 storing fp32 pairs 0.091 ms against projection_staged's 0.113, which compile took
-# there before (benchmarks/results/2026-11-25-h100-wgmma-ds2.json; scalar stores had lost, 0.131). With XW in fp16 (as
-# compile builds half layers) four columns a store, whole 32-byte sectors: 0.081 against pairs' 0.096 (blog-a's shape
-# 1.40 against 1.50; benchmarks/results/2026-11-25-h100-half-xw-stores.md). DEFAULT keeps pairs: level in whole models
+# ... where 256 columns do not divide the gates: 128 x 128, four one-chunk buffers (two blocks an SM), four columns a store
 HALF_128 = WgmmaConfig(bn=128, stages=4, overlap=1, store_cols=4)
-# fp32 rows take twice the bytes (benchmarks/results/2026-11-25-h100-projection-wgmma-fp32.md, against projection_staged's
-# default in the same mode): TF32 128 x 256 with four one-chunk buffers, blog-a 2.08 ms against 4.17 (cuBLAS TF32 1.71),
-# b64-h1024 0.232 against 0.374; where 256 columns do not divide the gates 128 x 128 with six, ds2's 0.174 against
-# 0.208. 3xTF32 128 x 128 with two buffers (the parts' buffers take the rest): blog-a 8.00 against 9.77, b64 0.758
-# against 0.804, ds2 0.437 against 0.448. Each storing two columns at a time (same file): TF32 blog-a 2.10 -> 1.90 ms
-# (128 columns 2.71 -> 2.44), 3xTF32 blog-a 8.07 -> 7.83, ds2-5l-bi's 6000 x 1600 x 6400 1.56 -> 1.47
+# TF32: 128 x 256 with four one-chunk buffers, or 128 x 128 with six where 256 columns do not divide the gates
 TF32 = {256: WgmmaConfig(bn=256, stages=4, overlap=1, store_cols=2), 128: WgmmaConfig(bn=128, stages=6, overlap=1, store_cols=2)}
-# 3xTF32 with X split in registers and W's low parts beside W (lo_w), two 32-column chunks per buffer summed together,
-# two buffers: blog-a 6.53 ms against the split in shared memory's 7.78, b64-h1024 0.566 against 0.701, ds2 0.323
-# against 0.391, ds2-5l-bi's 1.20 against 1.48; one chunk per buffer 6.9-7.0 (2, 3, 4 buffers); whole exact-fp32 models:
-# blog-a 19.4 against 21.0, b64-h1024-l2 3.77 against 4.01, ds2-lstm 2.15 against 2.22
-# (benchmarks/results/2026-11-26-h100-split-regs.md)
+# 3xTF32: X split in registers, W's low parts beside W, two chunks a buffer summed together, two buffers
 TF32X3 = WgmmaConfig(bn=128, k_chunks=2, stages=2, store_cols=2, lo_w=1)
-# ... and up to SMALL_K reduction columns 64 x 128 blocks of one warpgroup, one chunk per buffer (80 KB of ring, 173
-# registers: two blocks share an SM, one's waits and epilogue beside the other's wgmma's): the GEMM alone b64-h1024 0.511
-# ms against TF32X3's 0.560, ds2-lstm 0.291 against 0.324, ds2-5l-bi's upper layers (K = 1600) 1.132 against 1.184,
-# but blog-a (K = 2560) 6.47 against 6.34; whole models b64-h1024-l2 3.70 against 3.79, ds2-lstm 2.12 against 2.15
-# (benchmarks/results/2026-11-26-h100-split-regs.md)
+# ... and up to SMALL_K reduction columns 64 x 128 blocks of one warpgroup (two blocks share an SM, one's waits and
+# epilogue beside the other's wgmma's)
 TF32X3_SMALL_K = WgmmaConfig(bn=128, warpgroups=1, stages=2, store_cols=2, lo_w=1)
 SMALL_K = 1600
 # where 128 columns do not divide the gates (a GRU's 3 * 800): one warpgroup over 160 or 96 columns (lo_w's sums and
@@ -172,20 +113,9 @@ TF32X3_NARROW = {160: WgmmaConfig(bn=160, warpgroups=1, stages=2, store_cols=2, 
                  96: WgmmaConfig(bn=96, warpgroups=1, stages=2, store_cols=2, lo_w=1)}
 
 
-# exact fp32 as three fp16 products of scaled halves (f16x3): X's and W's high and low halves each in the ring, one
-# chunk sum per item as in 3xTF32 (acc and sum: BN registers). One warpgroup over the widest of 160, 128, 96 columns
-# that divides the gates, two chunks a buffer, two buffers (at 160 columns 104 KB: two blocks an SM). The GEMM alone
-# on the H100 (benchmarks/results/2026-11-26-h100-halves.md), against 3xTF32's compile points: blog-a 3.69 ms (128 x
-# 128 with three buffers 3.95) against 5.96-6.58, b64-h1024 0.337 (128 x 128: 0.351-0.358) against 0.512, ds2-lstm
-# 0.191 against 0.291, ds2-gru 0.152 against 0.233, ds2-5l-bi's upper layers 0.744 (128 x 128: 0.739) against 1.11;
-# X's halves (split_halves.split_on_gpu) add 0.011-0.139 ms
-EXACT_ON_HALVES = True  # False: compile's exact-fp32 GEMM on sm_90a is 3xTF32 (for A/B runs)
-# Walking 12 (160 columns) or 16 M tiles per raster group, not 8: a wave of 264 blocks then covers 12 M tiles by 22
-# column tiles instead of 8 by 33, which reads fewer of W's rows from HBM per wave (W's halves, 105 MB at blog-a's shape,
-# do not fit L2). The GEMM alone on the H100 (benchmarks/results/2026-11-26-h100-f16x3-groups-2.json; -groups.json the
-# first sweep): 160 columns, groups of 8 / 12 / 16 / 20 / 24 / 32: blog-a 3.689 / 3.396 / 3.468 / 3.504 / 3.488 / 3.596 ms,
-# ds2-5l-bi's upper layers 0.745 / 0.694 / 0.689 / 0.683 / 0.689 / 0.687 (2 and 4 slower); 128 columns, 8 / 16 / 32:
-# b64-h1024 0.337 / 0.327 / 0.323, ds2-5l-bi's 0.797 / 0.734 / 0.748
+# f16x3: both operands' high and low halves in the ring, one chunk sum per item (acc and sum: BN registers); one
+# warpgroup over the widest of 160, 128, 96 columns that divides the gates, two chunks a buffer, two buffers; raster
+# groups of 12 (160 columns) or 16 M tiles, so a wave reads fewer of W's rows from HBM (W's halves do not fit L2)
 F16X3 = {bn: WgmmaConfig(bn=bn, warpgroups=1, k_chunks=2, stages=2, store_cols=2, group=12 if bn == 160 else 16) for bn in (160, 128, 96)}
 
 
@@ -212,11 +142,11 @@ def supported(mode: str, K: int, cols: int, arch: str, cfg: WgmmaConfig | None =
     return (mode in MODES and arch == "sm_90a" and K % KC == 0 and cols % cfg.bn == 0 and cfg.bn % (32 * cfg.warpgroups) == 0
             and cfg.bn <= 256 and cfg.smem_bytes(mode) <= 227 * 1024 and cfg.store_cols in (1, 2, 4) and cfg.stages - (0 if mode == "tf32x3" else cfg.overlap) >= 2
             # chunk sums: twice the registers (with overlap, three times: one chunk per buffer)
-            and not (mode == "tf32x3" and (cfg.bn > (160 if cfg.lo_w else 128) or (cfg.overlap and cfg.k_chunks > 1) or cfg.tma))
+            and not (mode == "tf32x3" and (cfg.bn > (160 if cfg.lo_w else 128) or (cfg.overlap and cfg.k_chunks > 1)))
             # W's low parts beside it: X split in registers, one chunk's products summed before the next chunk's
             and not (cfg.lo_w and (mode != "tf32x3" or cfg.overlap))
             # halves: one chunk sum beside the accumulators, copies by every thread (cp.async)
-            and not (mode == "f16x3" and (cfg.bn > 160 or cfg.overlap or cfg.tma)))
+            and not (mode == "f16x3" and (cfg.bn > 160 or cfg.overlap)))
 
 
 def low_parts(rows: int, K: int) -> tirx.PrimFunc:
@@ -292,25 +222,13 @@ def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = Non
     assert xw_dtype in ("float32", MODES[mode][0]), (mode, xw_dtype)
     BM, BN = point.block
 
-    def tensor_maps(X, W, M):
-        """X's and W's tensor maps (point.tma): 32-column boxes of BM and BN rows, swizzled as the ring's chunks are."""
-        maps = []
-        for buf, rows, box in ((X, M, BM), (W, i64(cols), BN)):
-            tmap = T.Bind(T.tvm_stack_alloca("tensormap", 1))
-            T.evaluate(T.tensormap_encode_tiled(tmap, buf.data, i64(K), rows, i64(K * itemsize(MODES[mode][0])), KC, box, 1, 1,
-                                                descriptor_dtype=MODES[mode][0], rank=2, swizzle=TMA_SWIZZLE[row_bytes(mode)],
-                                                l2_promotion=2, oob_fill=0))
-            maps.append(tmap)
-        return maps
-
     def warpgroup_tiles(X, W, bias, XW, M, scales=None):
-        maps = tensor_maps(X, W, M) if point.tma else None
         m_tiles, n_tiles = tirx.ceildiv(M, i64(BM)), i64(cols // BN)
         with T.thread_binding(0, m_tiles * n_tiles, "blockIdx.x") as b:
             bx, by = raster(b, m_tiles, n_tiles, point.group)
             with T.thread_binding(0, i64(point.threads), "threadIdx.x") as tid:
                 _tile(mode, K, cols, point, X, W, bias, XW, M, bx * i64(BM), by * i64(BN), tid, point.chunk_rows(mode) * KC, K // KC,
-                      maps, scales)
+                      scales)
 
     def body(X, W, bias, XW, M, scales=None):
         if cfg is not None or rows is not None or halves:
@@ -323,173 +241,218 @@ def projection_wgmma(mode: str, K: int, cols: int, cfg: WgmmaConfig | None = Non
     return projection_prim_func(f"projection_wgmma_{mode}", MODES[mode][0], K, cols, w_shape, body, xw_dtype, scaled=halves)
 
 
-def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps=None, scales=None):
-    BM, BN = cfg.block
-    KCH = cfg.k_chunks
-    dtype, ptx, kstep = MODES[mode]
-    split = mode == "tf32x3"
-    halves = mode == "f16x3"  # X's and W's scaled high and low halves (split_halves), each a block of the ring's rows
-    xb = cfg.ring_blocks(mode)[0]
-    in_regs = split and bool(cfg.lo_w)  # X split in registers, W's low parts copied beside W (WgmmaConfig.lo_w)
-    split_smem = split and not in_regs  # both operands split by the threads into the parts buffers
-    rb = row_bytes(mode)
-    segs, vec, per_k = rb // 16, 16 * KC // rb, 32 * KC // rb  # per row: 16-byte copies; elements per copy, per wgmma
-    x_passes = xb * BM * segs // cfg.threads  # X's rows take whole passes of the block's threads (64 rows per warpgroup)
-    wg, t = tid // i64(128), tid % i64(128)
-    # with tma the ring's mbarriers (8 bytes each) after its buffers, in the same allocation: the buffers stay at the
-    # start of dynamic shared memory, aligned as the swizzle needs
-    bars = cfg.stages * KCH * size
-    # named for its dtype: kernels of one module share a translation unit, where two dynamic shared arrays of one name
-    # (TVM's default: _ptr_1) but other types do not compile (f16x3's half ring beside an fp32 recurrent kernel's)
-    sm = IRBuilder.name(f"ring_{dtype}", T.alloc_buffer((bars + cfg.barriers * 8 // itemsize(dtype),), dtype, scope="shared.dyn"))
-    # tf32x3: each landed chunk's high and low parts, in two buffers by item parity, high planes then low ones
-    parts = T.alloc_buffer((2 * 2 * KCH * size,), dtype, scope="shared.dyn") if split_smem else None
-    acc = T.alloc_buffer((BN // 2,), "float32", scope="local")
-    # tf32x3 with overlap: two chunk sums, one item's wgmma's running while the next item is split
-    pipelined = split and bool(cfg.overlap)
-    sums = [T.alloc_buffer((BN // 2,), "float32", scope="local") for _ in range(1 + pipelined)] if split or halves else None
-    staged = T.alloc_buffer(((BM + BN) * KC // cfg.threads,), "float32", scope="local") if split_smem else None  # a chunk's own copies
-    # in_regs: an item's A fragments of this thread's rows of X, per chunk TF32 high parts then low ones (4 registers
-    # per k8): all loaded before the item's first wgmma, which would otherwise still read them while the next are written
-    a_regs = T.alloc_buffer((KCH * 2 * 4 * (rb // 32),), "uint32", scope="local") if in_regs else None
-    desc = T.alloc_buffer((2,), "uint64", scope="local")
-    for i in range(BN // 2):
-        T.buffer_store(acc, tirx.const(0, "float32"), [i])
+def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, scales=None):
+    """One block's BM x BN tile of XW: the ring's loop (cp.async copies, wgmma's per landed item), then the epilogue."""
+    tile = _Tile(mode, K, cols, cfg, X, W, M, mb, nb, tid, size, chunks)
+    tile.run()
+    _epilogue(cfg, cols, bias, XW, M, mb, nb, tile.wg, tile.t, tile.acc, scales)
 
-    def each_plane(item, body):
+
+class _Tile:
+    """A block's tile as it is emitted: its shapes, its buffers (allocated in this order when built) and the steps of
+    the ring's loop, each a method: the copies (issue), what a thread does once its copies landed (landed), and the
+    wgmma's of an item (consume, or consume_pipelined in tf32x3 with overlap)."""
+
+    def __init__(self, mode, K, cols, cfg, X, W, M, mb, nb, tid, size, chunks):
+        self.mode, self.K, self.cols, self.cfg, self.X, self.W, self.M, self.mb, self.nb = mode, K, cols, cfg, X, W, M, mb, nb
+        self.tid, self.size, self.chunks = tid, size, chunks
+        self.BM, self.BN = cfg.block
+        self.KCH = cfg.k_chunks
+        self.dtype, self.ptx, self.kstep = MODES[mode]
+        self.split = mode == "tf32x3"
+        self.halves = mode == "f16x3"  # X's and W's scaled high and low halves (split_halves), each a block of the ring's rows
+        self.xb = cfg.ring_blocks(mode)[0]
+        self.in_regs = self.split and bool(cfg.lo_w)  # X split in registers, W's low parts copied beside W (WgmmaConfig.lo_w)
+        self.split_smem = self.split and not self.in_regs  # both operands split by the threads into the parts buffers
+        rb = self.rb = row_bytes(mode)
+        # per row: 16-byte copies; elements per copy, per wgmma
+        self.segs, self.vec, self.per_k = rb // 16, 16 * KC // rb, 32 * KC // rb
+        self.x_passes = self.xb * self.BM * self.segs // cfg.threads  # X's rows take whole passes of the block's threads
+        self.wg, self.t = tid // i64(128), tid % i64(128)
+        self._allocate()
+
+    def _allocate(self):
+        cfg, KCH, size, BM, BN, dtype = self.cfg, self.KCH, self.size, self.BM, self.BN, self.dtype
+        # named for its dtype: kernels of one module share a translation unit, where two dynamic shared arrays of one
+        # name (TVM's default: _ptr_1) but other types do not compile (f16x3's half ring beside an fp32 recurrent kernel's)
+        self.sm = IRBuilder.name(f"ring_{dtype}", T.alloc_buffer((cfg.stages * KCH * size,), dtype, scope="shared.dyn"))
+        # tf32x3: each landed chunk's high and low parts, in two buffers by item parity, high planes then low ones
+        self.parts = T.alloc_buffer((2 * 2 * KCH * size,), dtype, scope="shared.dyn") if self.split_smem else None
+        self.acc = T.alloc_buffer((BN // 2,), "float32", scope="local")
+        # tf32x3 with overlap: two chunk sums, one item's wgmma's running while the next item is split
+        self.pipelined = self.split and bool(cfg.overlap)
+        self.sums = [T.alloc_buffer((BN // 2,), "float32", scope="local") for _ in range(1 + self.pipelined)] \
+            if self.split or self.halves else None
+        # a chunk's own copies
+        self.staged = T.alloc_buffer(((BM + BN) * KC // cfg.threads,), "float32", scope="local") if self.split_smem else None
+        # in_regs: an item's A fragments of this thread's rows of X, per chunk TF32 high parts then low ones (4 registers
+        # per k8): all loaded before the item's first wgmma, which would otherwise still read them while the next are written
+        self.a_regs = T.alloc_buffer((KCH * 2 * 4 * (self.rb // 32),), "uint32", scope="local") if self.in_regs else None
+        self.desc = T.alloc_buffer((2,), "uint64", scope="local")
+        for i in range(BN // 2):
+            T.buffer_store(self.acc, tirx.const(0, "float32"), [i])
+
+    def run(self):
+        """The ring's loop over the items (KCH chunks each), and the last wgmma's waited for."""
+        items = -(-self.chunks // self.KCH)
+        if self.pipelined:  # the wgmma's read the parts, not the ring: its buffers are free once split (lag 1)
+            cp_async_ring(items, self.cfg.stages, self.issue, self.consume_pipelined, self.landed, lag=1, unroll=2)
+            if items % 2:  # the last item, alone after the pairs
+                T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+                self.add_sum(self.sums[0])
+            return
+        cp_async_ring(items, self.cfg.stages, self.issue, self.consume, self.landed, lag=1 + self.cfg.overlap)
+        if self.cfg.overlap:  # the last item's wgmma's
+            T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+
+    def each_plane(self, item, body):
         """body(j, ck) for the chunks of ring item `item` (a partial last item skips the chunks past K)."""
-        for j in range(KCH):
-            ck = item * i64(KCH) + i64(j)
-            emit_if(ck < i64(chunks), lambda j=j, ck=ck: body(j, ck), chunks % KCH == 0)
+        for j in range(self.KCH):
+            ck = item * i64(self.KCH) + i64(j)
+            emit_if(ck < i64(self.chunks), lambda j=j, ck=ck: body(j, ck), self.chunks % self.KCH == 0)
 
-    def own_segments():
+    def at(self, buf, j):
+        """Chunk j of the item in ring buffer buf."""
+        return (buf * i64(self.KCH) + i64(j)) * i64(self.size)
+
+    # ---- the copies
+    def own_segments(self):
         """(pass, row in a plane, its 16-byte segment, the segment's place in the plane) of this thread's copies: segment
         seg of row r lands at seg XOR (bits 7.. of r's byte offset), the canonical SW64 / SW128 K-major atom."""
-        for i in range(cfg.chunk_rows(mode) * segs // cfg.threads):
+        cfg, segs, tid = self.cfg, self.segs, self.tid
+        for i in range(cfg.chunk_rows(self.mode) * segs // cfg.threads):
             r = i64(i * cfg.threads // segs) + tid // i64(segs)
             seg = tid % i64(segs)
-            swz = (r * i64(rb) // i64(128)) % i64(segs)
-            yield i, r, seg, r * i64(KC) + tirx.bitwise_xor(seg, swz) * i64(vec)
+            swz = (r * i64(self.rb) // i64(128)) % i64(segs)
+            yield i, r, seg, r * i64(KC) + tirx.bitwise_xor(seg, swz) * i64(self.vec)
 
-    def source(i, r):
+    def source(self, i, r):
         """The operand and the element offset of the row that row r of a plane holds, copied in pass i (a pass's rows
         are in one block: BM and BN are whole passes). X's BM rows (past M the last one's), in f16x3 its high halves
         then its low ones, K columns on in X [M, 2K]; then W's BN rows: with lo_w then the same rows' low parts, cols
         rows on in W [2 * cols, K]; in f16x3 its high halves, then its low ones, K columns on in W [cols, 2K]."""
-        first, stride = i * cfg.threads // segs, i64(2 * K if halves else K)
-        if i < x_passes:
+        K, BM, BN = self.K, self.BM, self.BN
+        first, stride = i * self.cfg.threads // self.segs, i64(2 * K if self.halves else K)
+        if i < self.x_passes:
             block = first // BM
-            return X, tirx.min(mb + r - i64(block * BM), M - i64(1)) * stride + i64(block * K)
-        block = (first - xb * BM) // BN
-        row = nb + r - i64(xb * BM + block * BN)
-        return W, row * stride + i64(block * K) if halves else (row + i64(block * cols)) * stride
+            return self.X, tirx.min(self.mb + r - i64(block * BM), self.M - i64(1)) * stride + i64(block * K)
+        block = (first - self.xb * BM) // BN
+        row = self.nb + r - i64(self.xb * BM + block * BN)
+        return self.W, row * stride + i64(block * K) if self.halves else (row + i64(block * self.cols)) * stride
 
-    def issue(item, buf):
+    def issue(self, item, buf):
         """This thread's 16-byte copies of the item's chunks' X rows, then W rows (and their low parts), into buffer
         buf, in the swizzled layout."""
         def plane(j, ck):
-            for i, r, seg, at in own_segments():
-                operand, row_off = source(i, r)
-                dst = (buf * i64(KCH) + i64(j)) * i64(size) + at
-                T.evaluate(T.s_tir.cp_async_raw(dtype, sm.data, dst, operand.data, row_off + ck * i64(KC) + seg * i64(vec), 16))
+            for i, r, seg, at in self.own_segments():
+                operand, row_off = self.source(i, r)
+                T.evaluate(T.s_tir.cp_async_raw(self.dtype, self.sm.data, self.at(buf, j) + at, operand.data,
+                                                row_off + ck * i64(KC) + seg * i64(self.vec), 16))
 
-        each_plane(item, plane)
+        self.each_plane(item, plane)
 
-    def part_plane(item, j, low: int):
+    # ---- tf32x3 split in shared memory: each thread splits its own copies into the parts buffers
+    def part_plane(self, item, j, low: int):
         """Where chunk j of `item`'s high (low=0) or low parts start in `parts`."""
-        return ((item % i64(2) * i64(2) + i64(low)) * i64(KCH) + i64(j)) * i64(size)
+        return ((item % i64(2) * i64(2) + i64(low)) * i64(self.KCH) + i64(j)) * i64(self.size)
 
-    def read_own(item, j):
+    def read_own(self, item, j):
         """This thread's own copies of chunk j of the item (landed: no barrier needed) into registers."""
-        for n, (_, _, _, at) in enumerate(own_segments()):
+        vec = self.vec
+        for n, (_, _, _, at) in enumerate(self.own_segments()):
             for v in range(vec):
-                T.buffer_store(staged, sm[(item % i64(cfg.stages) * i64(KCH) + i64(j)) * i64(size) + at + i64(v)], [n * vec + v])
+                T.buffer_store(self.staged, self.sm[self.at(item % i64(self.cfg.stages), j) + at + i64(v)], [n * vec + v])
 
-    def write_parts(item, j):
+    def write_parts(self, item, j):
         """Those copies' TF32 high and low parts, to where this item's wgmma's read them."""
-        for n, (_, _, _, at) in enumerate(own_segments()):
+        vec = self.vec
+        for n, (_, _, _, at) in enumerate(self.own_segments()):
             for v in range(vec):
-                x = staged[n * vec + v]
-                T.buffer_store(parts, to_tf32(x), [part_plane(item, j, 0) + at + i64(v)])
-                T.buffer_store(parts, to_tf32(x - to_tf32(x)), [part_plane(item, j, 1) + at + i64(v)])
+                x = self.staged[n * vec + v]
+                T.buffer_store(self.parts, to_tf32(x), [self.part_plane(item, j, 0) + at + i64(v)])
+                T.buffer_store(self.parts, to_tf32(x - to_tf32(x)), [self.part_plane(item, j, 1) + at + i64(v)])
 
+    @staticmethod
     def proxy_fence():
         # the chunk was written through the generic proxy (cp.async, the parts) and is read through the async proxy (wgmma)
         T.evaluate(T.ptx.fence.proxy.async_.shared__cta())
 
-    def landed(item):
-        if pipelined:  # only the reads: the parts are written after the ring's barrier (consume)
-            read_own(item, 0)
+    def landed(self, item):
+        if self.pipelined:  # only the reads: the parts are written after the ring's barrier (consume)
+            self.read_own(item, 0)
             return
-        if split_smem:  # this thread's own copies of the item, split into TF32 high and low parts
+        if self.split_smem:  # this thread's own copies of the item, split into TF32 high and low parts
             def plane(j, ck):
                 # all reads, then all writes: the shared.dyn buffers are merged into one before TVM plans barriers, and
                 # it wants one between a read and a later write of that one buffer. Ours, here, once (its planner put
                 # one after every store, and cannot put one inside by_rows' condition where M is not fixed)
-                read_own(item, j)
+                self.read_own(item, j)
                 block_sync()
-                write_parts(item, j)
+                self.write_parts(item, j)
 
-            each_plane(item, plane)
-        proxy_fence()
+            self.each_plane(item, plane)
+        self.proxy_fence()
 
-    def wgmma(into, buf, a_at, b_at, accumulate):
+    # ---- the wgmma's
+    def wgmma(self, into, buf, a_at, b_at, accumulate):
+        rb, desc, BN, ptx = self.rb, self.desc, self.BN, self.ptx
         for d, at in enumerate((a_at, b_at)):
             T.evaluate(T.cuda.wgmma.encode_matrix_descriptor(desc.access_ptr("w", offset=d), buf.access_ptr("r", offset=at),
                                                              1, 8 * rb // 16, SWIZZLE[rb]))
         transposes = (0, 0) if ptx != "tf32" else ()  # K-major A and B; TF32 has no transpose operands
-        T.evaluate(T.ptx[f"wgmma.mma_async.sync.aligned.m64n{BN}k{kstep}.f32.{ptx}.{ptx}"](
+        T.evaluate(T.ptx[f"wgmma.mma_async.sync.aligned.m64n{BN}k{self.kstep}.f32.{ptx}.{ptx}"](
             *[into[i] for i in range(BN // 2)], desc[0], desc[1], tirx.const(accumulate, "bool"), 1, 1, *transposes))
 
-    def load_a(base, j):
+    def load_a(self, base, j):
         """in_regs: this thread's A fragments of the item's chunk j at `base` (its warp's 16 rows of the warpgroup's
         64, in PTX's tf32 A layout: registers 0..3 hold (row g, k t), (g + 8, t), (g, t + 4), (g + 8, t + 4) of each k8,
         g = lane / 4, t = lane % 4), read from the ring's swizzled X rows and split: high = X rounded to TF32, low =
         the rest rounded. Conflict-free: a load's 8 rows g sit in 8 different 16-byte segments of the swizzle."""
+        rb, t, segs, vec = self.rb, self.t, self.segs, self.vec
         lane = t % i64(32)
         for kk in range(rb // 32):
             for slot in range(4):
-                r = wg * i64(64) + t // i64(32) * i64(16) + lane // i64(4) + i64(8 * (slot % 2))
-                seg = i64(kk * per_k // vec + slot // 2)  # k = kk * 8 + t + 4 * (slot // 2): segment, then t in it
-                x = sm[base + r * i64(KC) + tirx.bitwise_xor(seg, r % i64(segs)) * i64(vec) + lane % i64(4)]
+                r = self.wg * i64(64) + t // i64(32) * i64(16) + lane // i64(4) + i64(8 * (slot % 2))
+                seg = i64(kk * self.per_k // vec + slot // 2)  # k = kk * 8 + t + 4 * (slot // 2): segment, then t in it
+                x = self.sm[base + r * i64(KC) + tirx.bitwise_xor(seg, r % i64(segs)) * i64(vec) + lane % i64(4)]
                 at = j * 8 * (rb // 32) + kk * 4 + slot
-                T.buffer_store(a_regs, tirx.reinterpret("uint32", to_tf32(x)), [at])
-                T.buffer_store(a_regs, tirx.reinterpret("uint32", to_tf32(x - to_tf32(x))), [at + 4 * (rb // 32)])
+                T.buffer_store(self.a_regs, tirx.reinterpret("uint32", to_tf32(x)), [at])
+                T.buffer_store(self.a_regs, tirx.reinterpret("uint32", to_tf32(x - to_tf32(x))), [at + 4 * (rb // 32)])
 
-    def register_products(into, base, j):
+    def register_products(self, into, base, j):
         """in_regs: chunk j's three products per k8 into `into` (started at zero by the item's first): A's high and low
         parts from registers, W's rows (the tensor cores read their top 19 bits: its truncated TF32) and its low parts
         from the ring: hi*W, hi*W_lo, lo*W."""
+        rb, BM, BN, desc = self.rb, self.BM, self.BN, self.desc
         for kk in range(rb // 32):
             for d, rows in enumerate((BM, BM + BN)):  # W's rows, its low parts' rows
                 T.evaluate(T.cuda.wgmma.encode_matrix_descriptor(desc.access_ptr("w", offset=d),
-                                                                 sm.access_ptr("r", offset=base + i64(rows * KC + kk * per_k)),
+                                                                 self.sm.access_ptr("r", offset=base + i64(rows * KC + kk * self.per_k)),
                                                                  1, 8 * rb // 16, SWIZZLE[rb]))
             for n, (part, d) in enumerate(((0, 0), (0, 1), (1, 0))):
-                regs = [a_regs[(2 * j + part) * 4 * (rb // 32) + kk * 4 + slot] for slot in range(4)]
-                T.evaluate(T.ptx[f"wgmma.mma_async.sync.aligned.m64n{BN}k{kstep}.f32.tf32.tf32"](
+                regs = [self.a_regs[(2 * j + part) * 4 * (rb // 32) + kk * 4 + slot] for slot in range(4)]
+                T.evaluate(T.ptx[f"wgmma.mma_async.sync.aligned.m64n{BN}k{self.kstep}.f32.tf32.tf32"](
                     *[into[i] for i in range(BN // 2)], *regs, desc[d], tirx.const(j > 0 or kk > 0 or n > 0, "bool"), 1, 1))
 
-    def split_products(into, item, j):
+    def split_products(self, into, item, j):
         """The chunk's three products (hi*hi, hi*lo, lo*hi per k8) into a sum of its own, started at zero by its first
-        wgmma and added in fp32 after: the tensor cores' accumulation truncates, and over K = 2560 one sum was 1.3e-5
-        off in projection_staged."""
-        hi, lo = part_plane(item, j, 0), part_plane(item, j, 1)
-        for kk in range(rb // 32):
-            a, b = wg * i64(64 * KC) + i64(kk * per_k), i64(BM * KC + kk * per_k)
+        wgmma and added in fp32 after: the tensor cores' accumulation truncates (over K = 2560 one sum drifted 1.3e-5)."""
+        hi, lo = self.part_plane(item, j, 0), self.part_plane(item, j, 1)
+        for kk in range(self.rb // 32):
+            a, b = self.wg * i64(64 * KC) + i64(kk * self.per_k), i64(self.BM * KC + kk * self.per_k)
             for n, (pa, pb) in enumerate(((hi, hi), (hi, lo), (lo, hi))):
-                wgmma(into, parts, pa + a, pb + b, kk > 0 or n > 0)
+                self.wgmma(into, self.parts, pa + a, pb + b, kk > 0 or n > 0)
         T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
 
-    def add_sum(chunk_sum):
-        for i in range(BN // 2):
-            T.buffer_store(acc, acc[i] + chunk_sum[i], [i])
+    def add_sum(self, chunk_sum):
+        for i in range(self.BN // 2):
+            T.buffer_store(self.acc, self.acc[i] + chunk_sum[i], [i])
 
-    def fence_operands(regs):
-        for i in range(BN // 2):
+    def fence_operands(self, regs):
+        for i in range(self.BN // 2):
             T.evaluate(T.cuda.func_call(FENCE_OPERAND, regs[i], source_code=FENCE_OPERAND_SRC))
 
-    def consume_pipelined(item, _buf, parity):
+    def consume_pipelined(self, item, _buf, parity):
         """Items in pairs: the first one's products run while the second lands and is split, and are waited for (and
         their sum added) after the second one's are issued; both are done before the pair ends. (Groups in flight
         across the loop's back edge, with the other sum read meanwhile, made ptxas serialize every wgmma: C7514.)
@@ -497,104 +460,65 @@ def _tile(mode, K, cols, cfg, X, W, bias, XW, M, mb, nb, tid, size, chunks, maps
         free: write the parts, a barrier, then its products into the sum of its parity. NVVM moves register reads
         and writes across the asm that waits on the wgmma's, so each sum is fenced in place around them, and the
         running sum after the adds (CUTLASS's warpgroup_fence_operand)."""
-        write_parts(item, 0)
-        proxy_fence()
+        sums = self.sums
+        self.write_parts(item, 0)
+        self.proxy_fence()
         block_sync()
-        fence_operands(sums[parity])
+        self.fence_operands(sums[parity])
         T.evaluate(T.ptx.wgmma.fence.sync.aligned())
-        split_products(sums[parity], item, 0)
-        fence_operands(sums[parity])
+        self.split_products(sums[parity], item, 0)
+        self.fence_operands(sums[parity])
         if parity == 1:
             for left, done in ((1, 0), (0, 1)):
                 T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(left))
-                fence_operands(sums[done])
-                add_sum(sums[done])
-                fence_operands(acc)
+                self.fence_operands(sums[done])
+                self.add_sum(sums[done])
+                self.fence_operands(self.acc)
 
-    def halves_products(base, j):
+    def halves_products(self, base, j):
         """f16x3: chunk j's three products per k16 into the item's sum, from the ring's blocks: X's high halves times
         W's high and low ones, X's low halves times W's high ones (the sum started at zero by the item's first)."""
-        for kk in range(rb // 32):
+        BM, BN, per_k = self.BM, self.BN, self.per_k
+        for kk in range(self.rb // 32):
             for n, (xh, wh) in enumerate(((0, 0), (0, 1), (1, 0))):
-                wgmma(sums[0], sm, base + wg * i64(64 * KC) + i64(xh * BM * KC + kk * per_k),
-                      base + i64((xb * BM + wh * BN) * KC + kk * per_k), j > 0 or kk > 0 or n > 0)
+                self.wgmma(self.sums[0], self.sm, base + self.wg * i64(64 * KC) + i64(xh * BM * KC + kk * per_k),
+                           base + i64((self.xb * BM + wh * BN) * KC + kk * per_k), j > 0 or kk > 0 or n > 0)
 
-    def consume(item, buf):
+    def consume(self, item, buf):
         T.evaluate(T.ptx.wgmma.fence.sync.aligned())
-        at = lambda j: (buf * i64(KCH) + i64(j)) * i64(size)  # noqa: E731 - chunk j of the item in the ring
-        if halves:  # as in 3xTF32, the item's products into a sum of their own, added in fp32
-            each_plane(item, lambda j, ck: halves_products(at(j), j))
-            T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
-            T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-            add_sum(sums[0])
+        if self.halves:  # as in 3xTF32, the item's products into a sum of their own, added in fp32
+            self.each_plane(item, lambda j, ck: self.halves_products(self.at(buf, j), j))
+            self._sum_item()
             return
-        if in_regs:  # the item's products into one sum (64 columns of K at most in the tensor cores' accumulation)
-            each_plane(item, lambda j, ck: load_a(at(j), j))
+        if self.in_regs:  # the item's products into one sum (64 columns of K at most in the tensor cores' accumulation)
+            self.each_plane(item, lambda j, ck: self.load_a(self.at(buf, j), j))
             T.evaluate(T.ptx.wgmma.fence.sync.aligned())  # A's registers were written: before the wgmma's read them
-            each_plane(item, lambda j, ck: register_products(sums[0], at(j), j))
-            T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
-            T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-            add_sum(sums[0])
+            self.each_plane(item, lambda j, ck: self.register_products(self.sums[0], self.at(buf, j), j))
+            self._sum_item()
             return
-
-        def plane(j, ck):
-            base = at(j)
-            if not split:
-                for kk in range(rb // 32):
-                    wgmma(acc, sm, base + wg * i64(64 * KC) + i64(kk * per_k), base + i64(BM * KC + kk * per_k), True)
-                return
-            split_products(sums[0], item, j)
-            T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-            add_sum(sums[0])
-            T.evaluate(T.ptx.wgmma.fence.sync.aligned())  # the sum's registers were read: before the next wgmma writes them
-
-        each_plane(item, plane)
+        self.each_plane(item, lambda j, ck: self.consume_chunk(item, buf, j))
         T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
         # before the barrier that frees a buffer for the next copies: this item's wgmma's (or, overlapping, the last one's)
-        T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(cfg.overlap))
+        T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(self.cfg.overlap))
 
-    def tma_issue(item, buf):
-        """The item's chunks: X's BM rows and W's BN rows of each, one bulk copy apiece, onto the buffer's mbarrier."""
-        def plane(j, ck):
-            at = (buf * i64(KCH) + i64(j)) * i64(size)
-            for tmap, offset, row in ((maps[0], 0, mb), (maps[1], BM * KC, nb)):
-                T.evaluate(T.ptx["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"](
-                    shared_at(at + i64(offset)), T.address_of(tmap), T.cast(ck * i64(KC), "int32"), T.cast(row, "int32"), barrier(buf)))
+    def _sum_item(self):
+        """The item's products, issued into sums[0]: committed, waited for and added into the accumulators in fp32."""
+        T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
+        T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+        self.add_sum(self.sums[0])
 
-        each_plane(item, plane)
-
-    # the ring's shared addresses as integers from its start: buffer accesses inside the leader's branch would have
-    # TVM's barrier planner put barriers in that branch (it cannot), and the mbarriers order the copies, not it
-    base = T.Bind(T.cuda.cvta_generic_to_shared(sm.access_ptr("r"))) if cfg.tma else None
-
-    def shared_at(element):
-        return base + T.cast(element * i64(itemsize(dtype)), "uint32")
-
-    def barrier(buf):
-        return shared_at(i64(bars) + buf * i64(8 // itemsize(dtype)))
-
-    def tma_bytes(item):
-        # a box's bytes land whole, rows past M as zeros; a partial last item has fewer chunks
-        per_chunk = (BM + BN) * rb
-        return T.cast(tirx.min(i64(chunks) - item * i64(KCH), i64(KCH)) * i64(per_chunk), "uint32")
-
-    items = -(-chunks // KCH)
-    if pipelined:  # the wgmma's read the parts, not the ring: its buffers are free once split (lag 1)
-        cp_async_ring(items, cfg.stages, issue, consume_pipelined, landed, lag=1, unroll=2)
-        if items % 2:  # the last item, alone after the pairs
-            T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-            add_sum(sums[0])
-    else:
-        if cfg.tma:
-            release = (cfg.consumers // 32, tid % i64(32) == i64(0)) if cfg.tma >= 2 else None
-            producer = cfg.tma == 3  # thread `consumers` (lane 0 of the warp after the warpgroups) copies, the rest multiply
-            tma_ring(items, cfg.stages, tma_issue, consume, barrier, tid == i64(cfg.consumers if producer else 0), tma_bytes,
-                     lag=1 + cfg.overlap, release=release, consumers=tid < i64(cfg.consumers) if producer else None)
-        else:
-            cp_async_ring(items, cfg.stages, issue, consume, landed, lag=1 + cfg.overlap)
-        if cfg.overlap:  # the last item's wgmma's
-            T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-    emit_if(tid < i64(cfg.consumers), lambda: _epilogue(cfg, cols, bias, XW, M, mb, nb, wg, t, acc, scales), cfg.threads == cfg.consumers)
+    def consume_chunk(self, item, buf, j):
+        """One chunk's wgmma's straight into the accumulators, or in tf32x3 split in shared memory its parts' products
+        into a sum of its own."""
+        base, BM, per_k = self.at(buf, j), self.BM, self.per_k
+        if not self.split:
+            for kk in range(self.rb // 32):
+                self.wgmma(self.acc, self.sm, base + self.wg * i64(64 * KC) + i64(kk * per_k), base + i64(BM * KC + kk * per_k), True)
+            return
+        self.split_products(self.sums[0], item, j)
+        T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+        self.add_sum(self.sums[0])
+        T.evaluate(T.ptx.wgmma.fence.sync.aligned())  # the sum's registers were read: before the next wgmma writes them
 
 
 # the epilogue's stores of 2 and 4 columns (store_cols), bias added on the way. Four: lanes l and l ^ 1 hold columns

@@ -39,8 +39,6 @@ def ptxas_log(source: str, arch: str) -> str:
     """NVRTC's log of compiling `source` for `arch` as TVM does (fast math), with ptxas's -v report."""
     from cuda.bindings import nvrtc
 
-    if "CUtensorMap" in source:  # a TMA kernel's tensor-map parameter: cuda.h's type, which NVRTC lacks (128 bytes)
-        source = "struct alignas(64) CUtensorMap_st { unsigned long long opaque[16]; };\ntypedef struct CUtensorMap_st CUtensorMap;\n" + source
     _, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, None, None)
     opts = [f"--gpu-architecture={arch}".encode(), b"-default-device", b"--use_fast_math", b"--ptxas-options=-v",
             b"-U__CUDA_NO_HALF_OPERATORS__", b"-U__CUDA_NO_HALF_CONVERSIONS__"] + [f"-I{d}".encode() for d in include_dirs()]

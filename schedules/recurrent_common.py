@@ -29,8 +29,8 @@ from tvm.ir.expr import Expr as PrimExpr
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from tvmrnn.cells import Cell, Terms, apply_activation
-from tvmrnn.layer import RNNLayerSpec
+from .cells import Cell, Terms, apply_activation
+from .layer import RNNLayerSpec
 
 I64 = "int64"
 PANEL = 16  # units per panel of the "panels" R layout: one 64-byte line of fp32

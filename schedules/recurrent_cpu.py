@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tvmrnn.cells import Cell
-from tvmrnn.layer import RNNLayerSpec
-from tvmrnn.runtime import cpu_threads
+from .cells import Cell
+from .layer import RNNLayerSpec
 
 from . import vector_math
 from .recurrent_common import PANEL, KernelArgs, i64, recurrent_prim_func, step_phases, unit_padding, unit_step, unit_values
@@ -27,37 +26,25 @@ from .recurrent_common import PANEL, KernelArgs, i64, recurrent_prim_func, step_
 F32 = "float32"
 ROW_TILE = 4  # batch rows per R^T load at batch >= ROW_TILE (8 ran no faster and compiled 6x slower)
 # units per work item in the row-tiled path: ROW_TILE x gates x units accumulators, at most ROW_TILE_ACCUMULATORS
-# floats (24 of AVX-512's 32 vector registers), the widest chunk that fits: 16 for an LSTM (4 gates), 32 for a GRU (3).
-# On this project's 2-core Intel VM (AVX-512), ds2-gru's recurrence interleaved (benchmarks/cpu_units_ab.py,
-# benchmarks/results/2026-11-25-cpu-gru-units.txt): 108.8-109.1 ms with 32 units against 118.1-120.5 with 16; an LSTM
-# at 32 units (32 registers of accumulators) and a GRU at 5 rows x 32 (30) ran slower; RNN cells (one gate) take 32
-# by the same rule, unmeasured
+# floats (24 of AVX-512's 32 vector registers), the widest chunk that fits: 16 for an LSTM (4 gates), 32 for a GRU (3)
 ROW_TILE_UNITS = (32, 16)
 ROW_TILE_ACCUMULATORS = 384
 
-# units per work item at small batch, at most: longer R^T streams run faster (on this VM at H=512, batch 1: 64 was
-# 1.5x faster than 32 with one thread, and tuning with two found 128 1.29x faster than 64,
-# benchmarks/results/2026-11-23-cpu-tune-log.txt), as long as every thread of the pool still gets an item
+# units per work item at small batch, at most: longer R^T streams run faster, as long as every thread of the pool
+# still gets an item
 ROW_UNITS = 128
-# the time loop in one launch of the thread pool, barriers between phases (False: a launch per phase and step, the
-# kernel before; benchmarks/cpu_ab.py builds it for the side-by-side comparison)
-ONE_LAUNCH = True
 
 
 def r_layout(spec: RNNLayerSpec) -> str:
     """R as the kernel reads it: panels of 16 units where they divide H, else R^T (rows along the units, what the
     inner loop vectorizes over). In panels a work item's weights stream straight through memory, where R^T puts each
-    of its gates' rows k on a page of its own. Whole models on this project's 2-core VM, interleaved in one process
-    (benchmarks/cpu_ab.py layout, benchmarks/results/2026-11-23-cpu-r-panels-ab.txt): batch 1 ran 1.10-1.13x
-    (lat-b1-h512-l2, one run of three 0.97x) and 1.33-1.48x (lat-b1-h1024) faster; batch 20 (rows of 4) 6-7% slower
-    with chunks of units varying fastest across work items, even (1.01-1.03x) with batch tiles fastest."""
+    of its gates' rows k on a page of its own (faster at batch 1, even at batch 20: docs/decisions.md)."""
     return "panels" if spec.hidden_size % PANEL == 0 else "transposed"
 
 
-def small_batch_units(hidden: int, directions: int) -> int:
+def small_batch_units(hidden: int, directions: int, threads: int) -> int:
     """The default units per work item at small batch: the widest chunk (up to ROW_UNITS) that still gives each of
     TVM's threads at least one item per step."""
-    threads = cpu_threads()
     widest = ROW_UNITS
     while widest > 8 and directions * (hidden // chunk_size(hidden, widest)) < threads:
         widest //= 2
@@ -91,8 +78,7 @@ def row_tile_units(hidden: int, gates: int) -> int:
 def row_tile_rows(batch: int | None, gates: int, units: int) -> int:
     """Batch rows per work item at batch >= ROW_TILE: 5 where that makes whole tiles, fewer of them than 4 rows do, and
     the accumulators still fit (each tile is a pass over the item's weights): an LSTM at ds2-lstm's batch 20, 16 units
-    (320 floats), 4 passes, not 5. Its recurrence ran 4% faster so (136.2 ms against 141.6, both serpentine,
-    benchmarks/results/2026-11-25-cpu-serpentine.txt); a GRU's 32 units would take 480 floats (and ran slower)."""
+    (320 floats), 4 passes, not 5; a GRU's 32 units would take 480 floats."""
     fewer = batch is not None and batch % 5 == 0 and batch // 5 < -(-batch // ROW_TILE)
     return 5 if fewer and 5 * gates * units <= ROW_TILE_ACCUMULATORS else ROW_TILE
 
@@ -133,8 +119,9 @@ def cpu_signature(spec: RNNLayerSpec, cell: Cell, emit_body, seq=None, batch=Non
     return recurrent_prim_func(spec, cell, r_layout(spec), emit_body, weight_dtype=spec.dtype, seq=seq, batch=batch)
 
 
-def cpu_steps(a: KernelArgs, cfg: CpuConfig):
-    """The time loop: per step and phase, parallel work items of `cfg.units` units x `cfg.rows` batch rows."""
+def cpu_steps(a: KernelArgs, cfg: CpuConfig, threads: int):
+    """The time loop: per step and phase, parallel work items of `cfg.units` units x `cfg.rows` batch rows, split as
+    a pool of `threads` splits them."""
     H, D = a.spec.hidden_size, a.spec.num_directions
     rows, jc = cfg.rows, cfg.units
     if H % jc:
@@ -163,33 +150,22 @@ def cpu_steps(a: KernelArgs, cfg: CpuConfig):
         """Item i of step s: on odd steps the thread's share in reverse. The share is the blocked split TVM's parallel
         loops make (ceil(items / threads) each, in order), for the pool the build sees; with another thread count the
         order is merely less kind to L2 (any order of a phase's items is correct)."""
-        share = tirx.ceildiv(items, i64(cpu_threads()))
+        share = tirx.ceildiv(items, i64(threads))
         first = i // share * share
         last = tirx.min(first + share, items) - i64(1)
         return tirx.if_then_else(s % 2 == 1, first + last - i, i)
 
     # One launch of TVM's thread pool for the whole sequence: every thread runs the time loop, takes its share of each
-    # phase's items (the same blocked split a parallel loop launched on its own gets) and meets the others at a
-    # barrier. On this project's VM a launch cost 0.6-1.9 us and a barrier 0.25-0.35 us
-    # (benchmarks/cpu_pool_launch.py, benchmarks/results/2026-11-23-cpu-pool-launch.txt); whole models ran 1.01-1.05x
-    # faster (benchmarks/results/2026-11-23-cpu-one-launch-ab.txt).
-    if parallel and ONE_LAUNCH:
+    # phase's items (the same blocked split a parallel loop launched on its own gets) and meets the others at a barrier
+    if parallel:
         with T.attr(0, "pragma_parallel_launch_point", 1):
             step_phases(a, a.hbuf, a.scratch, phase_items)
-    elif parallel:
-        step_phases(a, a.hbuf, a.scratch, lambda *args: _launch_each(phase_items, *args))
     else:
         step_phases(a, a.hbuf, a.scratch, phase_items)
 
 
 def _f32(x):
     return x if str(x.ty.dtype) == F32 else x.astype(F32)
-
-
-def _launch_each(phase_items, *args):
-    """A phase's items as a parallel loop of its own (its own launch): the barrier pragma needs an enclosing launch."""
-    with T.attr(0, "pragma_parallel_launch_point", 1):
-        phase_items(*args)
 
 
 def _phase_tile(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, d, n0, rows, j0, JC):

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tvmrnn.cells import Cell
-from tvmrnn.layer import RNNLayerSpec
+from .cells import Cell
+from .layer import RNNLayerSpec
 
 from .recurrent_common import KernelArgs, i64, recurrent_prim_func, step_phases, store_operand, unit_padding, unit_step
 from . import vector_math
@@ -30,8 +30,7 @@ R_LAYOUT = "rows"  # lanes of a warp read along k: ONNX's row-major R is coalesc
 @dataclass(frozen=True)
 class StepwiseConfig:
     warps: int = 4  # warps per block; each owns `units_per_warp` hidden units (all their gates)
-    # 1 unit per warp: 2 (each h load serving both) measured 10-25% slower on the H100 at batch 8-20,
-    # fewer blocks in flight (benchmarks/results/2026-11-22-h100-stepwise-2-units-per-warp.md)
+    # 1 unit per warp: 2 (each h load serving both) leaves fewer blocks in flight, and ran slower at batch 8-20
     units_per_warp: int = 1
     batch_tile: int = 8  # NB: batch rows per block, reusing each weight read NB times
 
@@ -46,13 +45,10 @@ def _elementwise(a: KernelArgs, total, body):
                     body(idx)
 
 
-# a half layer's XW in its dtype (KernelArgs.xw); False: fp32 XW, as before (benchmarks/half_xw_ab.py builds both)
-XW_IN_STORAGE = True
-
-
 def xw_dtype(spec: RNNLayerSpec) -> str:
-    """The dtype a CUDA kernel reads the layer's XW in (the projection GEMM writes it so: lowering reads it back)."""
-    return spec.dtype if XW_IN_STORAGE else F32
+    """The dtype a CUDA kernel reads the layer's XW in: the layer's own (a half layer's XW in half precision; the
+    projection GEMM writes it so, and lowering reads it back)."""
+    return spec.dtype
 
 
 def cuda_prim_func(spec: RNNLayerSpec, cell: Cell, emit_body, seq=None, batch=None) -> tirx.PrimFunc:

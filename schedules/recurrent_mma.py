@@ -34,8 +34,8 @@ R_LAYOUT = "rows"  # lanes read R's rows along k: ONNX's layout
 
 @dataclass(frozen=True)
 class MmaConfig:
-    """Defaults: the best of the points tried on ds2-lstm and within 1-14% of the best on b64-h1024-l2 and blog-a,
-    fp16 on the H100 (benchmarks/results/2026-11-23-h100-mma-variants.md); tuning finds the rest."""
+    """Defaults: the best of the points tried on ds2-lstm and near the best on b64-h1024-l2 and blog-a, fp16
+    (docs/decisions.md); tuning finds the rest."""
 
     units: int = 8  # hidden units per block (8 or 16: a 16-row m-tile holds one gate's 16 units or two gates' 8)
     n_tiles: int = 2  # 8-row batch tiles per warp
@@ -43,15 +43,13 @@ class MmaConfig:
     k_warps: int = 4  # warps splitting the reduction
     depth: int = 2  # 32-column chunks a warp loads at once (loads in flight per round trip to L2/HBM)
     # 1: the epilogue's threads load their gates' input projections (XW) before the reduction, so that read's latency
-    # hides behind the mma's instead of following them (persistent_mma: b8-h1024-l2 fp16 0.725 against 0.755 ms)
+    # hides behind the mma's instead of following them
     prefetch: int = 0
     # 1 (3xTF32 only): the cross products accumulate apart from the main product (mma_tiles.WarpTiles; alone slower on b8)
     split_acc: int = 0
     # 1 (3xTF32 only): each 32-k chunk's products go into a zeroed accumulator of their own, added into the sum in fp32
     # (mma_tiles), as the projection does, since the tensor cores' accumulation truncates. A tuning knob, off by default:
-    # on the H100 (benchmarks/results/2026-11-24-h100-chunk-acc-ab.md) six fp32 rows were 5.4-8.1e-7 off float64 with one
-    # accumulator and 3.5-5.1e-7 with chunk_acc, at 0.95-1.08x the time (ds2-5l-bi 33.8 against 31.2 ms). The 1e-5 the
-    # fp32 rows had missed by came from fast-math tanh/exp (recurrent_cuda.accurate_math), not from here.
+    # both are well within 1e-5 of float64, and it costs time on some rows (docs/decisions.md)
     chunk_acc: int = 0
     # 1 (fp16/bf16 only): B (h, GRU's r*h) read from a copy in the storage dtype (recurrent_common.half_operands), half
     # the L2 bytes of the fp32 state for the same bits, since the mma rounds B to that dtype anyway
@@ -240,9 +238,17 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     if shared_a:
         block_sync()
 
-    # the k_warps' partial sums meet in shared memory as a tree: each round the upper half of the
-    # k-slices hands its tiles to the lower half (a write, a barrier, a read: TVM's sync planner
-    # refuses a read-modify-write of shared memory inside a branch), in a fixed order, so runs are bit-identical
+    _sum_partials(tiles, acc_s, wn, wk, cfg, MT, stride)
+    _gate_programs(a, phase, last, hbuf, scratch, s, cur, nxt, d, u0, n0, cfg, acc_s, stride, tid, xw, unscale)
+
+
+def _sum_partials(tiles, acc_s, wn, wk, cfg: MmaConfig, MT: int, stride: int):
+    """The k_warps' partial sums meet in shared memory (acc_s, rows `stride` apart) as a tree: each round the upper half
+    of the k-slices hands its tiles to the lower half (a write, a barrier, a read: TVM's sync planner refuses a
+    read-modify-write of shared memory inside a branch), in a fixed order, so runs are bit-identical; k-slice 0 stores
+    the sums."""
+    NT, KW = cfg.n_tiles, cfg.k_warps
+
     def tile_slots(slot):
         for ci in tiles.accumulators():
             col = wn * i64(NT * 8) + tiles.col(ci)
@@ -258,6 +264,13 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
         block_sync()
     emit_if(wk == i64(0), lambda: [T.buffer_store(acc_s, tiles.c[ci], [si]) for ci, si in tile_slots(i64(0))])
     block_sync()
+
+
+def _gate_programs(a: KernelArgs, phase, last, hbuf, scratch, s, cur, nxt, d, u0, n0, cfg: MmaConfig, acc_s, stride: int, tid,
+                   xw, unscale):
+    """The gate program for each (unit, batch row) of the block, the recurrent terms from the sums in acc_s."""
+    H, N, UB, NB = a.spec.hidden_size, a.batch, cfg.units, cfg.rows
+    threads = 32 * cfg.n_warps * cfg.k_warps
 
     def rec(gi, u, total):  # the recurrent term: the tiles' sum, in f16x3 with both rows' scales divided out
         return total if unscale is None else total * unscale(gi, u)

@@ -7,8 +7,8 @@ all gates of its units into shared memory once. Then per step and phase, for eac
 memory, h[t-1] or a value an earlier phase stored from L2, or, with `stage_h`, staged in shared
 memory first), apply the gate program and write h[t]; the grid meets at a barrier before the
 next step. The cell state stays with the unit that owns it. Sequence length and batch are
-runtime sizes. The defaults (one row at a time, h from L2) are what measured fastest at the
-small batches this kernel is chosen for.
+runtime sizes. The defaults (one row at a time; h staged from H = 1024, from L2 below) measured fastest at the
+small batches this kernel is chosen for (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from tvm import tirx
 from tvm.backend.cuda import op as cuda_op
 from tvm.script.ir_builder import tirx as T
 
-from tvmrnn.cells import Cell
-from tvmrnn.layer import RNNLayerSpec
+from .cells import Cell
+from .device import Device
+from .layer import RNNLayerSpec
 
 from .recurrent_common import KernelArgs, block_sync, i64, load_xw_ahead, step_phases, store_operand
 from .recurrent_cuda import cuda_prim_func, epilogue, operand_at, vector_width, weight_bytes
@@ -29,19 +30,6 @@ from .warp_gemv import warp_gates
 
 F32 = "float32"
 R_LAYOUT = "rows"
-# streaming multiprocessors per architecture: the grid must be one co-resident wave. The table holds each arch's
-# flagship (H100 SXM, A100, ...); parts of the same arch have fewer (H100 PCIe 114, A30 56, L4 58), so compiling for
-# the local GPU records its own count (LOCAL_SM_COUNT, set by tvmrnn.build.resolve_target), and a module records the
-# grid it needs (model.json "cooperative_blocks"), which loading checks against the GPU it runs on
-SM_COUNT = {"sm_90": 132, "sm_90a": 132, "sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_87": 16}
-LOCAL_SM_COUNT: dict[str, int] = {}
-
-
-def sm_count(arch: str) -> int:
-    return LOCAL_SM_COUNT.get(arch) or SM_COUNT.get(arch, 108)
-# dynamic shared memory one block may use: 227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86/89
-SMEM_LIMIT = {"sm_90": 227 * 1024, "sm_90a": 227 * 1024, "sm_80": 163 * 1024, "sm_87": 163 * 1024}
-SMEM_DEFAULT = 99 * 1024
 
 
 @dataclass(frozen=True)
@@ -70,23 +58,21 @@ class PersistentConfig:
         return (self.units_per_block(spec) * cell.gates * weight_bytes(spec) + staged) * spec.hidden_size
 
 
-# Hidden sizes from which the default stages h in shared memory. Measured on the H100, whole batch-1 models timed
-# interleaved (benchmarks/results/2026-11-23-h100-persistent-prefetch-stage-h.md): at H=1024 staging ran 0.301 against
-# 0.347 ms in fp32 and 0.261 against 0.307 in fp16; at H=512 (4 units per block) it lost, 0.460 against 0.426 and 0.437
-# against 0.404. (An early version of this kernel lost at H=1024 too, 6.8 against 3.5 us per step.)
+# hidden sizes from which the default stages h in shared memory (below, with few units a block, staging lost)
 STAGE_H_MIN_HIDDEN = 1024
 
 
-def default_config(spec: RNNLayerSpec, arch: str) -> PersistentConfig:
-    return PersistentConfig(blocks=sm_count(arch), stage_h=spec.hidden_size >= STAGE_H_MIN_HIDDEN)
+def default_config(spec: RNNLayerSpec, device: Device) -> PersistentConfig:
+    """One block per SM: the grid is one co-resident wave (a module records it, and loading checks the GPU has as many)."""
+    return PersistentConfig(blocks=device.sm_count, stage_h=spec.hidden_size >= STAGE_H_MIN_HIDDEN)
 
 
-def fits(spec: RNNLayerSpec, cell: Cell, arch: str, blocks: int | None = None) -> bool:
+def fits(spec: RNNLayerSpec, cell: Cell, device: Device, blocks: int | None = None) -> bool:
     """Whether R of this layer (all directions) fits in shared memory across one wave of `blocks` blocks."""
-    cfg = default_config(spec, arch)
+    cfg = default_config(spec, device)
     if blocks is not None:
         cfg = dataclasses.replace(cfg, blocks=blocks)
-    return cfg.smem_bytes(spec, cell) <= SMEM_LIMIT.get(arch, SMEM_DEFAULT)
+    return cfg.smem_bytes(spec, cell) <= device.smem_limit
 
 
 def _grid_sync():

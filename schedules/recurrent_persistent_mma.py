@@ -23,9 +23,7 @@ through a ring of shared buffers that the block fills with cp.async a round ahea
 that share R's rows read each element of the streamed chunks once per step between them
 (streamed_rounds). The ring reads them from a copy the block makes once per launch in the order it
 consumes them, a round one contiguous run (streamed_r). streaming_config is the default for such layers, which
-auto runs at batch 33-64 (schedules.STREAMED_MAX_BATCH): on the H100 blog-a ran 31.3 ms in exact fp32
-against the tiled kernel's 46.2, and 13.6 ms in fp16 against mma's 15.8
-(benchmarks/results/2026-11-23-h100-streamed-blog-a.md).
+auto runs at batch 33-64 (choice.STREAMED_MAX_BATCH).
 
 Math by dtype (recurrent_mma.mode): fp16/bf16 on m16n8k16, fp32 with precision="tf32" on TF32, and
 exact fp32 as 3xTF32 (mma_tiles: high and low TF32 parts, within a few times SIMT fp32's error) or, where the cell
@@ -41,10 +39,11 @@ from dataclasses import replace
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
+from .device import Device
 from .mma_tiles import KC, WarpTiles, chunk_rounds, cp_async_ring, itemsize, shared_element
 from .recurrent_common import KernelArgs, block_sync, emit_if, i64, step_phases
 from .recurrent_mma import MmaConfig, block_phase, global_a, operand_copies, operand_dtype, partial_sums
-from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, _strided, final_states, initial_states, sm_count
+from .recurrent_persistent import _grid_sync, _strided, final_states, initial_states
 from . import step_halves
 from .split_halves import halves_of
 from .streamed_r import StreamedR
@@ -54,8 +53,8 @@ R_LAYOUT = "rows"
 # hidden units per block (whole 8-row groups of one gate). 32 would never be needed to fit: where R's slice
 # for 32 units fits in shared memory, 16 units make few enough blocks for one wave
 UNITS = (8, 16)
-# the widest block streaming_config tries (32 units: H up to 4224 in one wave of the H100's 132 SMs): the widths that
-# have run on a GPU are 20, 24 and 32; wider blocks would hold more partial sums and stream nearly all of R
+# the widest block streaming_config tries (32 units: H up to 4224 in one wave of 132 SMs): the widths that have run
+# on a GPU are 20, 24 and 32; wider blocks would hold more partial sums and stream nearly all of R
 MAX_STREAM_UNITS = 32
 
 
@@ -96,10 +95,10 @@ def ring_dtypes(spec, cfg: MmaConfig) -> tuple[str, str]:
 
 
 def ring_a_bytes(spec, cell, cfg: MmaConfig) -> int:
-    """The ring's A buffers, one allocation: cfg.ring buffers of A's chunks, at least the partial sums' bytes where
-    those live there (SUMS_IN_RING: in fp16 at blog-a's shape the sums are 640 bytes more than the buffers)."""
+    """The ring's A buffers, one allocation: cfg.ring buffers of A's chunks, and at least the partial sums' bytes, which
+    live there (idle from a reduction's last barrier to the next one's first copies, so their bytes hold more of R)."""
     a_dtype, _ = ring_dtypes(spec, cfg)
-    return max(cfg.ring * ring_a_elems(cell, cfg) * itemsize(a_dtype), cfg.smem_bytes(cell.gates) if SUMS_IN_RING else 0)
+    return max(cfg.ring * ring_a_elems(cell, cfg) * itemsize(a_dtype), cfg.smem_bytes(cell.gates))
 
 
 def ring_bytes(spec, cell, cfg: MmaConfig) -> int:
@@ -113,8 +112,8 @@ def ring_bytes(spec, cell, cfg: MmaConfig) -> int:
 
 
 def sums_in_ring(spec, cell, cfg: MmaConfig) -> bool:
-    """Whether the partial sums live in the ring's A buffers (SUMS_IN_RING, wherever there is a ring)."""
-    return SUMS_IN_RING and bool(ring_bytes(spec, cell, cfg))
+    """Whether the partial sums live in the ring's A buffers: wherever there is a ring."""
+    return bool(ring_bytes(spec, cell, cfg))
 
 
 def sums_bytes(spec, cell, cfg: MmaConfig) -> int:
@@ -127,13 +126,13 @@ def smem_bytes(spec, cell, cfg: MmaConfig) -> int:
     return r_bytes(spec, cell, cfg.units, resident_chunks(spec, cfg)) + sums_bytes(spec, cell, cfg) + ring_bytes(spec, cell, cfg) + scales
 
 
-def fewest_streamed(spec, cell, arch: str, cfg: MmaConfig) -> int | None:
+def fewest_streamed(spec, cell, device: Device, cfg: MmaConfig) -> int | None:
     """The fewest chunks of R to stream from L2 so that the rest fits in shared memory beside cfg's partial sums, or
     None where the blocks do not fit one wave."""
-    if blocks(spec, cfg.units) > sm_count(arch):
+    if blocks(spec, cfg.units) > device.sm_count:
         return None
     one = replace(cfg, streamed=1)  # the ring, and whether the sums live in it, do not depend on how much streams
-    room = SMEM_LIMIT.get(arch, SMEM_DEFAULT) - sums_bytes(spec, cell, one) - ring_bytes(spec, cell, one)
+    room = device.smem_limit - sums_bytes(spec, cell, one) - ring_bytes(spec, cell, one)
     return max(0, -(-spec.hidden_size // KC) - max(0, room // r_bytes(spec, cell, cfg.units, 1)))
 
 
@@ -144,10 +143,10 @@ def unit_rows_fit(cell, cfg: MmaConfig) -> bool:
     return all(len(p.gates) * cfg.units % 8 == 0 for p in cell.phases) and (cfg.units % 8 == 0 or cfg.ring or not cfg.streamed)
 
 
-def fits(spec, cell, arch: str, cfg: MmaConfig) -> bool:
+def fits(spec, cell, device: Device, cfg: MmaConfig) -> bool:
     """One wave of blocks (one per SM) holds all of R (every direction) in shared memory."""
-    return (unit_rows_fit(cell, cfg) and blocks(spec, cfg.units) <= sm_count(arch)
-            and smem_bytes(spec, cell, cfg) <= SMEM_LIMIT.get(arch, SMEM_DEFAULT)
+    return (unit_rows_fit(cell, cfg) and blocks(spec, cfg.units) <= device.sm_count
+            and smem_bytes(spec, cell, cfg) <= device.smem_limit
             and cfg.n_warps * cfg.k_warps <= 16
             and not (cfg.ring and (cfg.ring < 2 or not cfg.streamed or spec.hidden_size % KC))  # the ring copies whole chunks
             and not (cfg.ring_h and not cfg.ring)
@@ -169,31 +168,12 @@ def halves_apply(spec) -> bool:
     return mode(spec) == "tf32x3" and step_halves.applies(spec)
 
 
-# exact fp32 with R resident: f16x3 steps by default where the cell bounds h (False: 3xTF32, for A/B runs)
-HALVES = True
-# the same where part of R streams from L2 through the ring (streaming_config; False: 3xTF32 there, for A/B runs)
-HALVES_STREAMED = True
-# the k_warps' partial sums in the ring's A buffers (grown to hold them where they are smaller), idle from a reduction's
-# last barrier to the next one's first copies, so their bytes hold more of R (blog-a: 4 more chunks resident in exact
-# fp32, 8 in fp16); False: a buffer of their own, for A/B runs
-SUMS_IN_RING = True
-
-
-def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig | None:
+def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaConfig | None:
     """The fewest units per block (most SMs at work) that fit. Up to batch 8 one 8-row tile with the reduction split
     8 ways (16 in exact fp32), with XW prefetched; in exact fp32 up to batch 24 three 8-row tiles split 8 ways (4 where
-    that does not fit beside R); above, 2 x 2 tiles (32 rows per pass) split 4 ways, prefetching XW in cells of several
-    phases, each of which waits on its XW read after its reduction (GRU h800 batch 20 fp16, the tuner's measurements in
-    tuning_logs/cuda-sm_90: 3.38 against 4.63 us per step). Measured on the H100, whole models:
-    - fp16 and the first fp32 points (benchmarks/results/2026-11-23-h100-persistent-mma-variants.md,
-      2026-11-23-h100-knob-variants.md): b8-h1024-l2 1.38 against 1.40 ms in fp32 and 0.725 against 0.755 in fp16 with
-      XW prefetched;
-    - exact fp32 (2026-11-24-h100-resident-tiles-ab.md): b8-h1024-l2 1.18 against 1.30 ms with the 16-way reduction;
-      ds2-lstm 2.35 against 3.05, ds2-gru 2.22 against 2.72, ds2-5l-bi 27.1 against 31.4 with three tiles (24 rows);
-      above WIDE_BATCH one 64-row pass of 4 x 2 tiles (A read from shared memory and split into TF32 parts once per
-      step, not twice): b64-h1024-l2 4.33 against 4.95 ms (2026-11-24-h100-persistent-mma-64-rows.md).
-      Not measured in fp16, which keeps the first points.
-    Where no point holds all of R, streaming_config; None if that does not fit either."""
+    that does not fit beside R); above, 2 x 2 tiles (32 rows per pass) split 4 ways, and in exact fp32 above WIDE_BATCH
+    one 64-row pass of 4 x 2 tiles; XW prefetched in cells of several phases. Exact fp32 runs f16x3 steps where the cell
+    bounds h. Where no point holds all of R, streaming_config; None if that does not fit either."""
     from .recurrent_mma import mode
 
     exact = mode(spec) == "tf32x3"
@@ -206,49 +186,30 @@ def default_config(spec, cell, arch: str, batch: int | None = None) -> MmaConfig
         points = [dict(n_tiles=2, n_warps=2, k_warps=4, prefetch=int(phases > 1))]
         if exact and (batch is None or batch > WIDE_BATCH):
             points.insert(0, dict(n_tiles=4, n_warps=2, k_warps=4, prefetch=int(phases > 1)))
-    halves = int(HALVES and halves_apply(spec))
+    halves = int(halves_apply(spec))
     for units in UNITS:
         for point in points:
             cfg = MmaConfig(units=units, depth=2, halves=halves, **point)
-            if fits(spec, cell, arch, cfg):
+            if fits(spec, cell, device, cfg):
                 return cfg
-    return streaming_config(spec, cell, arch)
+    return streaming_config(spec, cell, device)
 
 
-def streaming_config(spec, cell, arch: str) -> MmaConfig | None:
-    """For a layer whose R does not fit on chip: the fewest units per block that make one wave (not only multiples of 8:
-    every phase's rows must be whole 8-row groups, so an LSTM may take 20 units, a GRU 24), 4 x 2 batch tiles (64 rows
-    per pass), the reduction split 4 ways, XW prefetched only in cells of several phases (as default_config), the
-    streamed chunks of R and of h through a ring of two buffers (without it where H is not whole 32-column chunks, which
-    the ring copies), and the fewest chunks streamed. Measured on blog-a (H=2560, batch 64, H100), whole models:
-    - the ring of R's chunks (benchmarks/results/2026-11-25-h100-streamed-ring.md): fp16 9.36 against 10.03 ms without
-      it, fp32 26.3 against 26.6; three buffers (more chunks streamed to make room) 9.83 and 28.0; h's chunks in the ring
-      too (ring_h, 2026-11-25-h100-ring-h.md): fp16 8.69 against 9.40 ms, fp32 24.2 against 26.5;
-    - 20 units (128 blocks, 58 of 80 chunks streamed in fp16) against 24 (107 blocks, 64 streamed), without XW prefetched
-      (2026-11-25-h100-blog-a-units20.md): fp16 7.39 against 8.24 ms, exact fp32 20.5 against 22.9; with XW prefetched
-      7.53 and 20.6; ring=3 at 20 units 7.46;
-    - exact fp32 with f16x3 steps where the cell bounds h (HALVES_STREAMED: each row's scaled halves of its streamed
-      columns written once per launch, R's and h's halves through the ring; 2026-11-26-h100-streamed-halves.md):
-      15.6 against 17.5 ms with 3xTF32 steps;
-    - the streamed chunks read from a copy in the ring's order (streamed_r, 2026-11-26-h100-stream-order.md): exact fp32
-      14.56 against 15.59 ms, fp16 6.70 against 7.00; then in exact fp32 (2026-11-26-h100-blog-a-fp32-points.md) XW
-      prefetched 14.36 against the default's 14.36, h outside the ring (6 more chunks resident) 16.9, that with 3
-      buffers 17.6;
-    - the k_warps' partial sums in the ring's A buffers (SUMS_IN_RING, 2026-11-26-h100-sums-in-ring.md; 72 chunks
-      streamed in exact fp32, 50 in fp16): exact fp32 14.48 against 14.57 ms, fp16 6.19 against 6.67; then the batch
-      tiles and reduction splits again (2026-11-26-h100-blog-a-fp32-warps-session23.json): 4 x 2 split 4 ways 14.02,
-      2 x 4 split 2 ways 16.38, 4 x 2 split 2 ways 17.06, 1 x 8 split 2 ways 17.90.
-    None where no wave of blocks holds H, or where R (every direction) would fit in a wave's shared memory: there more
-    units per block than UNITS would keep it all resident, which is what tuning is for, and streaming has not been
-    measured against that."""
-    if r_bytes(spec, cell, spec.hidden_size) * spec.num_directions <= sm_count(arch) * SMEM_LIMIT.get(arch, SMEM_DEFAULT):
+def streaming_config(spec, cell, device: Device) -> MmaConfig | None:
+    """For a layer whose R does not fit on chip: the fewest units per block that make one wave (every phase's rows must
+    be whole 8-row groups, so an LSTM may take 20 units, a GRU 24), 4 x 2 batch tiles (64 rows per pass), the reduction
+    split 4 ways, XW prefetched only in cells of several phases, the streamed chunks of R and of h through a ring of two
+    buffers (without it where H is not whole 32-column chunks, which the ring copies), f16x3 steps in exact fp32 where
+    the cell bounds h, and the fewest chunks streamed. None where no wave of blocks holds H, or where R would fit in a
+    wave's shared memory (there more units per block would keep it resident: tuning's business)."""
+    if r_bytes(spec, cell, spec.hidden_size) * spec.num_directions <= device.sm_count * device.smem_limit:
         return None
-    halves = int(HALVES_STREAMED and halves_apply(spec))
+    halves = int(halves_apply(spec))
     for ring in (dict(ring=2, ring_h=1, halves=halves), dict(ring=0, ring_h=0)):  # the ring copies whole chunks: none where H % 32
         for units in range(UNITS[0], MAX_STREAM_UNITS + 1):
             cfg = MmaConfig(units=units, n_tiles=4, n_warps=2, k_warps=4, depth=1, prefetch=int(len(cell.phases) > 1), **ring)
-            streamed = fewest_streamed(spec, cell, arch, cfg)
-            if streamed and fits(spec, cell, arch, replace(cfg, streamed=streamed)):
+            streamed = fewest_streamed(spec, cell, device, cfg)
+            if streamed and fits(spec, cell, device, replace(cfg, streamed=streamed)):
                 return replace(cfg, streamed=streamed)
     return None
 
@@ -274,7 +235,6 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
     assert not cfg.halves or (halves_apply(spec) and (CR == chunks or cfg.ring)), \
         f"f16x3 steps need exact fp32, a bounded h, and R resident or its streamed chunks through the ring: {cfg}"
     halves = bool(cfg.halves)  # f16x3: R's rows scaled and split into fp16 halves in shared memory (step_halves)
-    swizzle = spec.dtype == F32 and not halves  # 32-byte lane spans: odd rows swap their 16-byte halves
     threads = 32 * cfg.n_warps * cfg.k_warps
     warps = threads // 32
     per_dir = -(-H // UB)
@@ -317,32 +277,8 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                 else:
                     acc_s = partial_sums(cfg, cell.gates, "shared.dyn")
 
-                def position(g, lane_k):
-                    """Where column lane_k (0..31 of a chunk) of row g sits in its 32-element row: the XOR swizzle in fp32."""
-                    return tirx.bitwise_xor(lane_k, (g % i64(2)) * i64(4)) if swizzle else lane_k
-
-                for pi, phase in enumerate(cell.phases):
-                    count = len(phase.gates) * UB // 8 * CR * 8 * KC
-
-                    def load_weights(e, pi=pi, phase=phase):
-                        p, g, ck, grp = e % i64(KC), e // i64(KC) % i64(8), e // i64(8 * KC) % i64(CR), e // i64(8 * KC * CR)
-                        r = grp * i64(8) + g  # row of the phase's tile: gate r // UB, unit r % UB
-                        k = ck * i64(KC) + position(g, p)  # the inverse of position: the XOR is its own inverse
-                        row = r_row_of(phase, UB, H, u0, r)
-                        val = tirx.if_then_else(k < i64(H), a.R[d, row, tirx.min(k, i64(H - 1))], tirx.const(0, spec.dtype))
-                        if not halves:
-                            T.buffer_store(wsm, val, [i64(group0[pi] * CR * 8 * KC) + e])
-                            return
-                        high, low = halves_of(val * rscale[i64(group0[pi] * 8) + r])
-                        at = ((i64(group0[pi]) + grp) * i64(CR) + ck) * i64(block_elems) + g * i64(KC) + p
-                        T.buffer_store(wsm, high, [at])
-                        T.buffer_store(wsm, low, [at + i64(8 * KC)])
-
-                    if count:
-                        _strided(count, threads, tid, load_weights)
-
-                    if stream is not None:
-                        stream.fill(pi, phase, lambda r, pi=pi: rscale[i64(group0[pi] * 8) + r], threads, tid, _strided)
+                layout = _Resident(a, cfg, wsm, group0, CR, d, u0, rscale if halves else None)
+                layout.load(threads, tid, stream)
 
                 if halves:  # h's scale first: initial_states stores h0's halves
                     hscale.h0_max(bx, d, u0, UB, warps, wy, lane, tid, wmax)
@@ -352,27 +288,72 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                 _grid_sync()
 
                 def phase_step(pi, phase, last, operand, s, cur, nxt):
-                    groups = len(phase.gates) * UB // 8
-
-                    def a_at(tiles, ck, mt, half, v0, v, part=0):
-                        grp = 2 * mt + half
-                        if grp >= groups:
-                            return None  # padding rows of the last m-tile
-                        base = (i64((group0[pi] + grp) * CR) + ck) * i64(block_elems) + i64(part * 8 * KC)
-                        return shared_element(tiles, wsm, base, tiles.g, v0, v, swizzle)
-
                     unscale = (lambda gi, u: rinv[i64(group0[pi] * 8 + gi * UB) + u] * h_inv) if halves else None
 
                     streamed = None if CR == chunks else (CR, streamed_rounds(a, pi, phase, cfg, ring, d, u0, CR, tid, stream))
                     with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
                         block_phase(a, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg, d, u0, chunk * i64(NB),
-                                    wy, lane, acc_s, a_at, True, shared_a=True, streamed=streamed, unscale=unscale)
+                                    wy, lane, acc_s, layout.a_at(pi, phase), True, shared_a=True, streamed=streamed, unscale=unscale)
                         block_sync()  # the next chunk's partial sums reuse acc_s
                     _grid_sync()
 
                 step_phases(a, hbuf, scratch, phase_step)
 
                 final_states(a, hbuf, d, u0, UB, threads, tid)
+
+
+class _Resident:
+    """R's first CR chunks of a block's rows in shared memory (wsm): per phase its 8-row groups (group0: each phase's
+    first), CR chunks each, every chunk 8 rows of KC (in f16x3 the rows' scaled high halves, then their low ones; in
+    exact fp32 3xTF32 odd rows swap their 16-byte halves, so 32-byte lane spans hit distinct banks)."""
+
+    def __init__(self, a: KernelArgs, cfg: MmaConfig, wsm, group0, CR: int, d, u0, rscale=None):
+        self.a, self.cfg, self.wsm, self.group0, self.CR, self.d, self.u0, self.rscale = a, cfg, wsm, group0, CR, d, u0, rscale
+        self.halves = bool(cfg.halves)
+        self.swizzle = a.spec.dtype == F32 and not self.halves
+        self.block_elems = 8 * KC * (2 if self.halves else 1)
+
+    def position(self, g, lane_k):
+        """Where column lane_k (0..31 of a chunk) of row g sits in its 32-element row: the XOR swizzle in fp32."""
+        return tirx.bitwise_xor(lane_k, (g % i64(2)) * i64(4)) if self.swizzle else lane_k
+
+    def load(self, threads: int, tid, stream: StreamedR | None):
+        """Every phase's resident chunks from R (and the streamed ones into the ring's copy), the block's threads strided."""
+        for pi, phase in enumerate(self.a.cell.phases):
+            count = len(phase.gates) * self.cfg.units // 8 * self.CR * 8 * KC
+            if count:
+                _strided(count, threads, tid, lambda e, pi=pi, phase=phase: self.load_element(pi, phase, e))
+            if stream is not None:
+                stream.fill(pi, phase, lambda r, pi=pi: self.rscale[i64(self.group0[pi] * 8) + r], threads, tid, _strided)
+
+    def load_element(self, pi, phase, e):
+        """Element e of phase pi's resident chunks, in the order (group, chunk, row, column)."""
+        a, CR, UB, H, group0 = self.a, self.CR, self.cfg.units, self.a.spec.hidden_size, self.group0
+        p, g, ck, grp = e % i64(KC), e // i64(KC) % i64(8), e // i64(8 * KC) % i64(CR), e // i64(8 * KC * CR)
+        r = grp * i64(8) + g  # row of the phase's tile: gate r // UB, unit r % UB
+        k = ck * i64(KC) + self.position(g, p)  # the inverse of position: the XOR is its own inverse
+        row = r_row_of(phase, UB, H, self.u0, r)
+        val = tirx.if_then_else(k < i64(H), a.R[self.d, row, tirx.min(k, i64(H - 1))], tirx.const(0, a.spec.dtype))
+        if not self.halves:
+            T.buffer_store(self.wsm, val, [i64(group0[pi] * CR * 8 * KC) + e])
+            return
+        high, low = halves_of(val * self.rscale[i64(group0[pi] * 8) + r])
+        at = ((i64(group0[pi]) + grp) * i64(CR) + ck) * i64(self.block_elems) + g * i64(KC) + p
+        T.buffer_store(self.wsm, high, [at])
+        T.buffer_store(self.wsm, low, [at + i64(8 * KC)])
+
+    def a_at(self, pi, phase):
+        """block_phase's A operand for phase pi: tiles' element of a resident chunk, None for the last m-tile's padding."""
+        groups = len(phase.gates) * self.cfg.units // 8
+
+        def at(tiles, ck, mt, half, v0, v, part=0):
+            grp = 2 * mt + half
+            if grp >= groups:
+                return None  # padding rows of the last m-tile
+            base = (i64((self.group0[pi] + grp) * self.CR) + ck) * i64(self.block_elems) + i64(part * 8 * KC)
+            return shared_element(tiles, self.wsm, base, tiles.g, v0, v, self.swizzle)
+
+        return at
 
 
 def streamed_rounds(a: KernelArgs, pi, phase, cfg: MmaConfig, ring, d, u0, resident: int, tid, stream: StreamedR | None):

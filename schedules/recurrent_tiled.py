@@ -28,8 +28,7 @@ PAD = 4  # floats after each staged row of h: consecutive rows start 4 banks apa
 
 @dataclass(frozen=True)
 class TiledConfig:
-    """Defaults: the point that measured best or near it on b64-h1024-l2 and blog-a, fp32 and fp16, on the H100
-    (benchmarks/results/2026-11-23-h100-tiled-variants.md)."""
+    """Defaults: the point that measured best or near it on b64-h1024-l2 and blog-a, fp32 and fp16 (docs/decisions.md)."""
 
     units: int = 8  # hidden units per block (threadIdx.y), all their gates
     row_threads: int = 16  # threads along the batch (threadIdx.x)
@@ -139,20 +138,7 @@ def _tile_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt
                                 with T.Then():
                                     load_r(kc + i64(1))
                                     load_h(kc + i64(1))
-                            with T.unroll(0, i64(KC // V)) as kv:
-                                for gi in range(gp):
-                                    with T.vectorized(0, i64(V)) as v:
-                                        T.buffer_store(rv, rs[uy, i64(gi), kv * i64(V) + v], [i64(gi), v])
-                                for b in range(TB):
-                                    # a slab of rows wholly past the batch (warp-uniform) skips its loads and FMAs
-                                    with T.If(n0 + i64(b * RG) < N):
-                                        with T.Then():
-                                            with T.vectorized(0, i64(V)) as v:
-                                                T.buffer_store(hv, hs[(rg + i64(b * RG)) * i64(KC + PAD) + kv * i64(V) + v], [i64(b), v])
-                                            for gi in range(gp):
-                                                for v in range(V):
-                                                    idx = [i64(gi), i64(b)]
-                                                    T.buffer_store(acc, acc[i64(gi), i64(b)] + rv[i64(gi), i64(v)] * hv[i64(b), i64(v)], idx)
+                            _chunk_fmas(cfg, gp, V, N, n0, uy, rg, (rs, hs), (rv, hv), acc)
                             block_sync()  # the next chunk overwrites rs and hs
 
                         for b in range(TB):
@@ -161,3 +147,24 @@ def _tile_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt
                                 with T.Then():
                                     epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j,
                                              lambda gi, b=b: acc[i64(gi), i64(b)])
+
+
+def _chunk_fmas(cfg: TiledConfig, gp: int, V: int, N, n0, uy, rg, staged, regs, acc):
+    """A staged chunk's products: the thread's unit's gate rows (rs) by its batch rows (hs), V columns at a time
+    through registers (rv, hv), into acc [gates, rows]."""
+    (rs, hs), (rv, hv) = staged, regs
+    RG, TB, KC = cfg.row_threads, cfg.rows_per_thread, cfg.k_chunk
+    with T.unroll(0, i64(KC // V)) as kv:
+        for gi in range(gp):
+            with T.vectorized(0, i64(V)) as v:
+                T.buffer_store(rv, rs[uy, i64(gi), kv * i64(V) + v], [i64(gi), v])
+        for b in range(TB):
+            # a slab of rows wholly past the batch (warp-uniform) skips its loads and FMAs
+            with T.If(n0 + i64(b * RG) < N):
+                with T.Then():
+                    with T.vectorized(0, i64(V)) as v:
+                        T.buffer_store(hv, hs[(rg + i64(b * RG)) * i64(KC + PAD) + kv * i64(V) + v], [i64(b), v])
+                    for gi in range(gp):
+                        for v in range(V):
+                            idx = [i64(gi), i64(b)]
+                            T.buffer_store(acc, acc[i64(gi), i64(b)] + rv[i64(gi), i64(v)] * hv[i64(b), i64(v)], idx)

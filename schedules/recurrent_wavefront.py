@@ -29,16 +29,14 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
+from .device import Device
 from .recurrent_common import KernelArgs, block_sync, i64
 from .recurrent_cuda import epilogue, vector_width, weight_bytes, xw_dtype
-from .recurrent_persistent import SMEM_DEFAULT, SMEM_LIMIT, _grid_sync, _prefetch_xw, _strided, final_states, initial_states, sm_count
+from .recurrent_persistent import _grid_sync, _prefetch_xw, _strided, final_states, initial_states
 from .warp_gemv import warp_gates
 
 F32 = "float32"
 WARPS = 8  # the persistent kernel's default
-# [h_below; h] staged in shared memory by default: on the H100 lat-b1-h512-l2 ran 0.281 ms against 0.310 with every warp
-# reading it from L2 (fp16 0.253 against 0.292); 16 or 4 warps were slower (benchmarks/results/2026-11-24-h100-wavefront-variants.md)
-STAGE = 1
 
 
 @dataclass(frozen=True)
@@ -46,9 +44,6 @@ class WavefrontConfig:
     units: tuple[int, ...]  # hidden units per block, per layer
     blocks: tuple[int, ...]  # blocks per layer (layer 0's first)
     warps: int = WARPS
-    # 1: a block first copies the vector its warps multiply ([h_below; h] above layer 0) into shared memory, one L2
-    # read per block instead of one per warp (recurrent_persistent's stage_h)
-    stage: int = STAGE
 
     @property
     def grid(self) -> int:
@@ -82,11 +77,11 @@ def stackable(spec, cell, first: bool) -> str | None:
     return None
 
 
-def plan(specs, cells, arch: str, warps: int = WARPS, stage: int = STAGE) -> WavefrontConfig | None:
+def plan(specs, cells, device: Device, warps: int = WARPS) -> WavefrontConfig | None:
     """Units and blocks per layer: the least work per step for the slowest block (units beyond the block's warps take
     another round) within one wave and each block's shared memory; None where no split fits."""
     ks = [reduction(s, i == 0) for i, s in enumerate(specs)]
-    sms, limit = sm_count(arch), SMEM_LIMIT.get(arch, SMEM_DEFAULT) - (4 * max(ks) if stage else 0)
+    sms, limit = device.sm_count, device.smem_limit - 4 * max(ks)  # beside the staged [h_below; h]
     # the most units a block of each layer can hold in shared memory
     most = [limit // (rows_per_unit(c, i == 0) * k * weight_bytes(s)) for i, (s, c, k) in enumerate(zip(specs, cells, ks))]
     if min(most) < 1 or len(specs) > sms:
@@ -114,7 +109,7 @@ def plan(specs, cells, arch: str, warps: int = WARPS, stage: int = STAGE) -> Wav
                 units[i], blocks[i] = fewer, blocks[i] + extra
         # each layer's units spread evenly over the blocks it needs
         units = [-(-s.hidden_size // b) for s, b in zip(specs, blocks)]
-        return WavefrontConfig(tuple(units), tuple(blocks), warps, stage)
+        return WavefrontConfig(tuple(units), tuple(blocks), warps)
     return None
 
 
@@ -156,8 +151,8 @@ def wavefront_body(layers: list[KernelArgs], cfg: WavefrontConfig):
             with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
                 tid = ty * i64(32) + lane
                 wsm = T.alloc_buffer((smem_elements(specs, cells, cfg),), specs[0].dtype, scope="shared.dyn")
-                hs = T.alloc_buffer((max(reduction(a.spec, i == 0) for i, a in enumerate(layers)),), F32, scope="shared.dyn") \
-                    if cfg.stage else None
+                # the vector the warps multiply ([h_below; h] above layer 0), staged once per block: one L2 read, not one per warp
+                hs = T.alloc_buffer((max(reduction(a.spec, i == 0) for i, a in enumerate(layers)),), F32, scope="shared.dyn")
 
                 def mine(i):
                     """The block belongs to layer i."""
@@ -213,20 +208,19 @@ def _layer_step(a: KernelArgs, below: KernelArgs | None, cfg: WavefrontConfig, i
     phase = cell.phases[0]
     cur, nxt = t % i64(2), (t + i64(1)) % i64(2)
     with T.serial(0, N) as n:
-        if hs is not None:  # the block's threads copy [h_below; h] into shared memory, then every warp reads it there
-            def stage(e):
-                value = hbuf[cur, i64(0), n, e] if below is None else tirx.if_then_else(
-                    e < i64(In), below.Y[t, i64(0), n, tirx.min(e, i64(In - 1))], hbuf[cur, i64(0), n, tirx.max(e - i64(In), i64(0))])
-                T.buffer_store(hs, value, [e])
+        def stage(e):  # the block's threads copy [h_below; h] into shared memory, then every warp reads it there
+            value = hbuf[cur, i64(0), n, e] if below is None else tirx.if_then_else(
+                e < i64(In), below.Y[t, i64(0), n, tirx.min(e, i64(In - 1))], hbuf[cur, i64(0), n, tirx.max(e - i64(In), i64(0))])
+            T.buffer_store(hs, value, [e])
 
-            _strided(K, 32 * cfg.warps, ty * i64(32) + lane, stage)
-            block_sync()
+        _strided(K, 32 * cfg.warps, ty * i64(32) + lane, stage)
+        block_sync()
 
         def below_h(k):
-            return hs[k] if hs is not None else below.Y[t, i64(0), n, k]
+            return hs[k]
 
         def own_h(k):
-            return hs[k + i64(In)] if hs is not None else hbuf[cur, i64(0), n, k]
+            return hs[k + i64(In)]
 
         for slot in range(-(-UPB // cfg.warps)):
             u = i64(slot * cfg.warps) + ty
@@ -256,6 +250,5 @@ def _layer_step(a: KernelArgs, below: KernelArgs | None, cfg: WavefrontConfig, i
                         epilogue(a, phase, True, hbuf, {}, t, cur, nxt, i64(0), n, j, gate_rec, x=gate_x)
 
                     warp_gates(lane, K, tuple(range(rows)) if split else phase.gates, 1, 1, V, None, None, finish, segments=segments)
-        if hs is not None:
-            block_sync()  # the next row restages hs
+        block_sync()  # the next row restages hs
 

@@ -1,45 +1,31 @@
-"""The tunable spaces of our recurrent kernels: each schedule kind's knobs, its default point, and the body a point emits.
+"""The kinds of recurrent kernel, registered one per kind: each its knobs, its default point, the body a point emits
+and the grid it launches (KernelKind). Which kind runs which batch is schedules/choice.py's table.
 
-A point of a space is a `KernelConfig`: a schedule kind and a value for each of its knobs.
-
-    cpu         rows (batch rows per R^T load), units (hidden units per work item)
-    stepwise    warps per block, units_per_warp, batch_tile (rows reusing each weight read)
-    persistent  blocks (one co-resident wave), warps, batch_tile, stage_h (h staged in shared memory), prefetch (XW loaded
-                before the reduction)
-    tiled       units per block, row_threads x rows_per_thread batch rows per block, k_chunk staged per round
-    mma         (tensor cores) units per block, n_tiles x n_warps batch tiles of 8 rows, k_warps splitting the reduction, depth chunks in flight,
-                and in fp16/bf16 half_operand (B read from a half-precision copy of h)
-    persistent_mma  the same knobs, prefetch (XW loaded before the reduction) and in exact fp32 split_acc (3xTF32's
-                cross products in accumulators of their own), chunk_acc (each k-chunk summed apart, added in fp32) and
-                halves (f16x3 instead of 3xTF32, where the cell bounds h and R is resident or its streamed chunks come through the ring), for the persistent tensor-core kernel (one wave, R in shared memory;
-                where R is larger than that, streamed: the chunks of R read from L2 every step, ring: the buffers in
-                shared memory they pass through, and ring_h: h's chunks through them too)
-
-The kind is itself a knob: persistent, stepwise, tiled, mma and persistent_mma are design spaces of one CUDA tuning task.
-MetaSchedule samples the knobs (tvmrnn/tuning/search.py); compile builds each layer's kernel as a
-dispatch over batch buckets, each bucket running its tuned point or the default one
-(schedules/__init__.py). Every point of every space is a correct kernel: the tests run sampled points.
+A point of a space is a `KernelConfig`: a kind and a value for each of its knobs. The kind is itself a knob: the CUDA
+kinds that run a layer are design spaces of one tuning task, MetaSchedule samples their knobs (tvmrnn/tuning/search.py),
+and every point of every space is a correct kernel (the tests run sampled points). Adding a kind is one `register`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .device import Device
+from .errors import KernelError
 
 CPU_ROWS = (1, 2, 4, 5, 8)
 CPU_UNITS = (8, 16, 32, 64, 128, 256)
-# Knobs added to a kind after tuning logs were written for it, with the value that is what the kernel did before: a point
-# names them only when set otherwise, so a logged point without the knob and today's point with that value are one point
-LATER_KNOBS = {"cpu": {"serpentine": 0}, "persistent": {"prefetch": 0}, "mma": {"chunk_acc": 0}, "persistent_mma": {"chunk_acc": 0, "ring": 0, "ring_h": 0, "halves": 0}}
 
 
 @dataclass(frozen=True)
 class KernelConfig:
-    kind: str  # "cpu" | "stepwise" | "persistent" | "tiled" | "mma" | "persistent_mma"
+    kind: str  # a registered KernelKind's name
     knobs: tuple[tuple[str, int], ...]  # (name, value), sorted by name
 
     @staticmethod
     def of(kind: str, **knobs) -> KernelConfig:
-        later = LATER_KNOBS.get(kind, {})
+        later = _later_knobs(kind)
         return KernelConfig(kind, tuple(sorted((k, int(v)) for k, v in knobs.items() if later.get(k, -1) != int(v))))
 
     @staticmethod
@@ -49,7 +35,7 @@ class KernelConfig:
 
     def __getitem__(self, name: str) -> int:
         knobs = dict(self.knobs)
-        return knobs[name] if name in knobs else LATER_KNOBS[self.kind][name]
+        return knobs[name] if name in knobs else _later_knobs(self.kind)[name]
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, **dict(self.knobs)}
@@ -58,14 +44,14 @@ class KernelConfig:
         return f"{self.kind}(" + ", ".join(f"{k}={v}" for k, v in self.knobs) + ")"
 
 
-def _arch(target) -> str:
-    return str(target.attrs.get("arch", "sm_90a")) if target.attrs is not None else "sm_90a"
+def _later_knobs(kind: str) -> dict:
+    return KINDS[kind].later_knobs if kind in KINDS else {}
 
 
 def tensor_cores(target) -> bool:
     """Whether the CUDA target has the mma.sync shapes our tensor-core kernels issue (m16n8k16 fp16/bf16, m16n8k8
     TF32: sm_80 and newer)."""
-    digits = "".join(c for c in _arch(target).removeprefix("sm_") if c.isdigit())
+    digits = "".join(c for c in Device.of_target(target).arch.removeprefix("sm_") if c.isdigit())
     return target.kind.name == "cuda" and int(digits or 0) >= 80
 
 
@@ -77,40 +63,137 @@ def rounding_mode(spec, target) -> str | None:
     return mode(spec, exact=False) if tensor_cores(target) else None
 
 
+def _half_operand(spec) -> dict[str, tuple[int, ...]]:
+    """fp16/bf16 layers on tensor cores: B from the half-precision copy of h (bit-identical, half the bytes) or not."""
+    from .recurrent_mma import HALF
+
+    return {"half_operand": (0, 1)} if spec.dtype in HALF else {}
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What of a layer fits on a CUDA device, which decides the kinds it may run."""
+
+    persistent: bool  # R (all directions) in shared memory across one wave of the persistent kernel's blocks
+    resident: bool  # ... and across one wave of persistent_mma's
+    streams: bool  # R does not fit, and persistent_mma runs with part of it read from L2 every step (streaming_config)
+    tensor_cores: bool  # the per-step mma kernel runs: fp16/bf16 or TF32 on sm_80 and newer
+    wide: bool  # hidden size of at least TILED_MIN_HIDDEN (choice.py)
+
+    @staticmethod
+    def of(spec, cell, target, device: Device) -> Fit:
+        from . import recurrent_persistent as persistent
+        from .choice import TILED_MIN_HIDDEN
+
+        return Fit(persistent.fits(spec, cell, device), persistent_mma_fits(spec, cell, target, device),
+                   persistent_mma_streams(spec, cell, target, device), rounding_mode(spec, target) is not None,
+                   spec.hidden_size >= TILED_MIN_HIDDEN)
+
+
+@dataclass(frozen=True)
+class KernelKind:
+    """One kind of recurrent kernel: its target, the layers it runs on, its knobs, its untuned point, the body a point
+    emits and the grid a point launches cooperatively (0: an ordinary launch)."""
+
+    name: str
+    target: str  # "cpu" | "cuda"
+    runs: Callable[[Fit], bool]  # whether auto may pick it for a layer (tuning searches these kinds)
+    knobs: Callable  # (spec, cell, device) -> {knob: candidate values}; every combination builds a correct kernel
+    default: Callable  # (spec, cell, device, batch) -> KernelConfig: the hand-picked point, for `batch` rows where it matters
+    emit: Callable  # (KernelConfig, spec, cell, device) -> the kernel body, a function of KernelArgs
+    grid: Callable = lambda config, spec: 0  # (KernelConfig, spec) -> blocks launched cooperatively
+    # knobs added after tuning logs were written for the kind, with the value that is what the kernel did before: a
+    # point names them only when set otherwise, so a logged point without the knob and today's point are one point
+    later_knobs: dict = field(default_factory=dict)
+
+
+KINDS: dict[str, KernelKind] = {}
+
+
+def register(kind: KernelKind) -> KernelKind:
+    KINDS[kind.name] = kind
+    return kind
+
+
+# ---- cpu: the LLVM kernel (recurrent_cpu): rows (batch rows per R^T load), units (hidden units per work item),
+# serpentine (odd steps take each thread's share in reverse)
+def _cpu_knobs(spec, cell, device):
+    from .recurrent_cpu import chunk_size
+
+    units = set(_divisors(spec.hidden_size, CPU_UNITS)) | {chunk_size(spec.hidden_size, 64), chunk_size(spec.hidden_size, 16)}
+    return {"rows": CPU_ROWS, "units": tuple(sorted(units)), "serpentine": (0, 1)}
+
+
+def _cpu_default(spec, cell, device, batch):
+    from .recurrent_cpu import ROW_TILE, row_tile_rows, row_tile_units, small_batch_units
+
+    small = batch is not None and batch < ROW_TILE
+    if small:
+        units = small_batch_units(spec.hidden_size, spec.num_directions, device.cpu_threads)
+    else:
+        units = row_tile_units(spec.hidden_size, cell.gates)
+    return KernelConfig.of("cpu", rows=1 if small else row_tile_rows(batch, cell.gates, units), units=units, serpentine=1)
+
+
+def _cpu_emit(config, spec, cell, device):
+    from .recurrent_cpu import CpuConfig, cpu_steps
+
+    cfg = CpuConfig(rows=config["rows"], units=config["units"], serpentine=config["serpentine"])
+    return lambda a: cpu_steps(a, cfg, device.cpu_threads)
+
+
 def _divisors(hidden: int, options) -> tuple[int, ...]:
     return tuple(u for u in options if hidden % u == 0) or (1,)
 
 
-def knob_space(kind: str, spec, cell, target) -> dict[str, tuple[int, ...]]:
-    """Each knob's candidate values for a layer on `target`; every combination builds a correct kernel."""
-    if kind == "cpu":
-        from .recurrent_cpu import chunk_size
-
-        units = set(_divisors(spec.hidden_size, CPU_UNITS)) | {chunk_size(spec.hidden_size, 64), chunk_size(spec.hidden_size, 16)}
-        return {"rows": CPU_ROWS, "units": tuple(sorted(units)), "serpentine": (0, 1)}
-    if kind == "stepwise":
-        return {"warps": (2, 4, 8), "units_per_warp": (1, 2), "batch_tile": (1, 2, 4, 8, 16)}
-    if kind == "persistent":
-        from . import recurrent_persistent as persistent
-
-        sms = persistent.sm_count(_arch(target))
-        blocks = tuple(b for b in sorted({sms, sms * 3 // 4, sms // 2}, reverse=True)
-                       if persistent.fits(spec, cell, _arch(target), blocks=b))
-        return {"blocks": blocks or (sms,), "warps": (4, 8, 16), "batch_tile": (1, 2, 4), "stage_h": (0, 1), "prefetch": (0, 1)}
-    if kind == "tiled":  # every combination stays within 1024 threads and 48 KB of shared memory
-        return {"units": (4, 8, 16, 32), "row_threads": (4, 8, 16, 32), "rows_per_thread": (1, 2, 4), "k_chunk": (16, 32)}
-    if kind == "mma":  # at most 8 warps and 33 KB of shared memory
-        return {"units": (8, 16), "n_tiles": (1, 2, 4), "n_warps": (1, 2), "k_warps": (1, 2, 4), "depth": (1, 2, 4)} | _half_operand(spec)
-    if kind == "persistent_mma":
-        return _persistent_mma_space(spec, cell, _arch(target))
-    raise ValueError(f"unknown kernel kind {kind!r}")
+register(KernelKind("cpu", "cpu", lambda fit: False, _cpu_knobs, _cpu_default, _cpu_emit, later_knobs={"serpentine": 0}))
 
 
-def _persistent_mma_space(spec, cell, arch) -> dict[str, tuple[int, ...]]:
-    """The persistent tensor-core kernel's knobs: tile shapes that fit beside R (or, where R is larger than a wave's
-    shared memory, beside the part of it that stays resident), prefetch, and in 3xTF32 split_acc and chunk_acc."""
-    resident = _resident_tiles(spec, cell, arch)
-    space = resident or _streaming_tiles(spec, cell, arch)
+# ---- persistent: one cooperative launch for the whole sequence, R in shared memory (recurrent_persistent): blocks
+# (one co-resident wave), warps, batch_tile, stage_h (h staged in shared memory), prefetch (XW loaded before the reduction)
+def _persistent_knobs(spec, cell, device):
+    from . import recurrent_persistent as persistent
+
+    sms = device.sm_count
+    blocks = tuple(b for b in sorted({sms, sms * 3 // 4, sms // 2}, reverse=True) if persistent.fits(spec, cell, device, blocks=b))
+    return {"blocks": blocks or (sms,), "warps": (4, 8, 16), "batch_tile": (1, 2, 4), "stage_h": (0, 1), "prefetch": (0, 1)}
+
+
+def _persistent_config(config):
+    from .recurrent_persistent import PersistentConfig
+
+    return PersistentConfig(blocks=config["blocks"], warps=config["warps"], batch_tile=config["batch_tile"],
+                            stage_h=bool(config["stage_h"]), prefetch=config["prefetch"])
+
+
+def _persistent_default(spec, cell, device, batch):
+    from . import recurrent_persistent as persistent
+
+    c = persistent.default_config(spec, device)
+    return KernelConfig.of("persistent", blocks=c.blocks, warps=c.warps, batch_tile=c.batch_tile, stage_h=int(c.stage_h),
+                           prefetch=c.prefetch)
+
+
+def _persistent_emit(config, spec, cell, device):
+    from .recurrent_persistent import persistent_body
+
+    cfg = _persistent_config(config)
+    return lambda a: persistent_body(a, cfg)
+
+
+register(KernelKind("persistent", "cuda", lambda fit: fit.persistent, _persistent_knobs, _persistent_default, _persistent_emit,
+                    grid=lambda config, spec: _persistent_config(config).grid(spec), later_knobs={"prefetch": 0}))
+
+
+# ---- persistent_mma: the persistent tensor-core kernel (recurrent_persistent_mma): mma's knobs, prefetch, and in exact
+# fp32 split_acc (3xTF32's cross products in accumulators of their own), chunk_acc (each k-chunk summed apart) and halves
+# (f16x3 steps, where the cell bounds h); where R is larger than a wave's shared memory, streamed (the chunks of R read
+# from L2 every step), ring (the shared buffers they pass through) and ring_h (h's chunks through them too)
+def _persistent_mma_knobs(spec, cell, device):
+    """Tile shapes that fit beside R (or beside the part of it that stays resident), prefetch, and in 3xTF32 split_acc
+    and chunk_acc."""
+    resident = _resident_tiles(spec, cell, device)
+    space = resident or _streaming_tiles(spec, cell, device)
     if space:
         from .recurrent_mma import mode
         from .recurrent_persistent_mma import halves_apply
@@ -125,192 +208,229 @@ def _persistent_mma_space(spec, cell, arch) -> dict[str, tuple[int, ...]]:
     return space
 
 
-def _half_operand(spec) -> dict[str, tuple[int, ...]]:
-    """fp16/bf16 layers on tensor cores: B from the half-precision copy of h (bit-identical, half the bytes) or not."""
-    from .recurrent_mma import HALF
-
-    return {"half_operand": (0, 1)} if spec.dtype in HALF else {}
-
-
-def _resident_tiles(spec, cell, arch) -> dict[str, tuple[int, ...]]:
+def _resident_tiles(spec, cell, device) -> dict[str, tuple[int, ...]]:
     """Units per block that fit one wave with R in shared memory, and batch tiles whose partial sums still fit
     beside R at the largest of those units with the most warps (so every combination fits, f16x3's row scales too)."""
     from .recurrent_mma import MmaConfig
     from .recurrent_persistent_mma import UNITS, fits, halves_apply
 
     halves = int(halves_apply(spec))
-    units = [u for u in UNITS if fits(spec, cell, arch, MmaConfig(units=u, n_tiles=1, n_warps=1, k_warps=2, halves=halves))]
+    units = [u for u in UNITS if fits(spec, cell, device, MmaConfig(units=u, n_tiles=1, n_warps=1, k_warps=2, halves=halves))]
     while units:
         n_tiles = tuple(nt for nt in (1, 2, 3, 4)
-                        if fits(spec, cell, arch, MmaConfig(units=units[-1], n_tiles=nt, n_warps=2, k_warps=8, halves=halves)))
+                        if fits(spec, cell, device, MmaConfig(units=units[-1], n_tiles=nt, n_warps=2, k_warps=8, halves=halves)))
         if n_tiles:
             return {"units": tuple(units), "n_tiles": n_tiles, "n_warps": (1, 2), "k_warps": (2, 4, 8), "depth": (1, 2)}
         units.pop()
     return {}
 
 
-def _streaming_tiles(spec, cell, arch) -> dict[str, tuple[int, ...]]:
+def _streaming_tiles(spec, cell, device) -> dict[str, tuple[int, ...]]:
     """Where streaming_config applies: its units, warps, depth and ring, batch tiles and reduction splits around its point,
     and one value of `streamed`, the most any combination needs (streaming_config's own), so every combination fits and
-    none streams far more than it must."""
+    none streams far more than it must. Depth 1 only: with the ring, depth 2 doubles its buffers (docs/decisions.md)."""
     import itertools
 
     from .recurrent_mma import MmaConfig
     from .recurrent_persistent_mma import fewest_streamed, streaming_config
 
-    point = streaming_config(spec, cell, arch)
+    point = streaming_config(spec, cell, device)
     if point is None:
         return {}
-    # depth 1 only: with the ring, depth 2 doubles its buffers (more of R streamed) and ran 10x slower in fp16 and 1.15x in
-    # fp32 on the H100 (benchmarks/results/2026-11-25-h100-streamed-ring.md)
     space = {"units": (point.units,), "n_tiles": (2, 4), "n_warps": (point.n_warps,), "k_warps": (2, 4), "depth": (1,), "ring": (point.ring,),
              "ring_h": (point.ring_h,)}
     if _half_operand(spec):  # B's ring buffers in fp32 would take twice the bytes for what the mma rounds to fp16 anyway
         space["half_operand"] = (point.half_operand,)
-    need = [fewest_streamed(spec, cell, arch, MmaConfig(**dict(zip(space, values)))) for values in itertools.product(*space.values())]
+    need = [fewest_streamed(spec, cell, device, MmaConfig(**dict(zip(space, values)))) for values in itertools.product(*space.values())]
     return space | {"streamed": (max(need),)}
 
 
-def persistent_mma_fits(spec, cell, target) -> bool:
-    """All of R in shared memory across one wave of blocks."""
-    from .recurrent_mma import supported
+def _mma_point(kind, spec, c) -> KernelConfig:
+    """An MmaConfig as a point of `kind`: the knobs that kind has, the streaming ones only where they are set."""
+    from .recurrent_mma import mode
 
-    return tensor_cores(target) and supported(spec) and bool(_resident_tiles(spec, cell, _arch(target)))
+    knobs = dict(units=c.units, n_tiles=c.n_tiles, n_warps=c.n_warps, k_warps=c.k_warps, depth=c.depth)
+    if kind == "persistent_mma":
+        knobs["prefetch"] = c.prefetch
+        if mode(spec) == "tf32x3":
+            knobs["split_acc"] = c.split_acc
+            knobs["halves"] = c.halves
+    if _half_operand(spec):
+        knobs["half_operand"] = c.half_operand
+    for name in ("streamed", "ring", "ring_h"):  # R does not fit on chip: part of it streams through a ring of buffers
+        if getattr(c, name):
+            knobs[name] = getattr(c, name)
+    return KernelConfig.of(kind, **knobs)
 
 
-def persistent_mma_streams(spec, cell, target) -> bool:
-    """R does not fit on chip, and persistent_mma runs with part of it read from L2 every step (streaming_config)."""
-    from .recurrent_mma import supported
-    from .recurrent_persistent_mma import streaming_config
+def _persistent_mma_default(spec, cell, device, batch):
+    from .recurrent_persistent_mma import default_config
 
-    return (tensor_cores(target) and supported(spec) and not persistent_mma_fits(spec, cell, target)
-            and streaming_config(spec, cell, _arch(target)) is not None)
+    return _mma_point("persistent_mma", spec, default_config(spec, cell, device, batch))
+
+
+def _persistent_mma_emit(config, spec, cell, device):
+    from .recurrent_mma import MmaConfig
+    from .recurrent_persistent_mma import persistent_mma_body
+
+    cfg = MmaConfig(**dict(config.knobs))
+    return lambda a: persistent_mma_body(a, cfg)
+
+
+def _persistent_mma_grid(config, spec):
+    from .recurrent_persistent_mma import blocks
+
+    return blocks(spec, config["units"])
+
+
+register(KernelKind("persistent_mma", "cuda", lambda fit: fit.resident or fit.streams, _persistent_mma_knobs, _persistent_mma_default,
+                    _persistent_mma_emit, grid=_persistent_mma_grid,
+                    later_knobs={"chunk_acc": 0, "ring": 0, "ring_h": 0, "halves": 0}))
+
+
+# ---- stepwise: one fused launch per step and phase, weights from L2/HBM (recurrent_cuda): warps per block,
+# units_per_warp, batch_tile (rows reusing each weight read)
+def _stepwise_default(spec, cell, device, batch):
+    from .recurrent_cuda import StepwiseConfig
+
+    c = StepwiseConfig()
+    return KernelConfig.of("stepwise", warps=c.warps, units_per_warp=c.units_per_warp, batch_tile=c.batch_tile)
+
+
+def _stepwise_emit(config, spec, cell, device):
+    from .recurrent_cuda import StepwiseConfig, stepwise_body
+
+    cfg = StepwiseConfig(warps=config["warps"], units_per_warp=config["units_per_warp"], batch_tile=config["batch_tile"])
+    return lambda a: stepwise_body(a, cfg)
+
+
+register(KernelKind("stepwise", "cuda", lambda fit: True,
+                    lambda spec, cell, device: {"warps": (2, 4, 8), "units_per_warp": (1, 2), "batch_tile": (1, 2, 4, 8, 16)},
+                    _stepwise_default, _stepwise_emit))
+
+
+# ---- tiled: per step one tiled GEMM launch, R and h staged in shared memory (recurrent_tiled): units per block,
+# row_threads x rows_per_thread batch rows per block, k_chunk staged per round. Every combination stays within 1024
+# threads and 48 KB of shared memory
+def _tiled_default(spec, cell, device, batch):
+    from .recurrent_tiled import default_config
+
+    c = default_config(batch)
+    return KernelConfig.of("tiled", units=c.units, row_threads=c.row_threads, rows_per_thread=c.rows_per_thread, k_chunk=c.k_chunk)
+
+
+def _tiled_emit(config, spec, cell, device):
+    from .recurrent_tiled import TiledConfig, tiled_body
+
+    cfg = TiledConfig(**dict(config.knobs))
+    return lambda a: tiled_body(a, cfg)
+
+
+register(KernelKind("tiled", "cuda", lambda fit: not fit.tensor_cores,
+                    lambda spec, cell, device: {"units": (4, 8, 16, 32), "row_threads": (4, 8, 16, 32), "rows_per_thread": (1, 2, 4),
+                                                "k_chunk": (16, 32)},
+                    _tiled_default, _tiled_emit))
+
+
+# ---- mma: per step one launch of tensor-core mma tiles (recurrent_mma): units per block, n_tiles x n_warps batch
+# tiles of 8 rows, k_warps splitting the reduction, depth chunks in flight, and in fp16/bf16 half_operand (B read from
+# a half-precision copy of h). At most 8 warps and 33 KB of shared memory
+def _mma_default(spec, cell, device, batch):
+    from .recurrent_mma import default_config
+
+    return _mma_point("mma", spec, default_config(batch))
+
+
+def _mma_emit(config, spec, cell, device):
+    from .recurrent_mma import MmaConfig, mma_body
+
+    cfg = MmaConfig(**dict(config.knobs))
+    return lambda a: mma_body(a, cfg)
+
+
+register(KernelKind("mma", "cuda", lambda fit: fit.tensor_cores,
+                    lambda spec, cell, device: {"units": (8, 16), "n_tiles": (1, 2, 4), "n_warps": (1, 2), "k_warps": (1, 2, 4),
+                                                "depth": (1, 2, 4)} | _half_operand(spec),
+                    _mma_default, _mma_emit, later_knobs={"chunk_acc": 0}))
+
+
+# ---- wavefront: stacked layers in one cooperative kernel (recurrent_wavefront); planned for a whole stack by
+# schedules.stack_kernel, not searched: no knobs of its own, its grid the stack's
+def _not_searched(*args):
+    raise KernelError("the wavefront kernel is planned for a stack of layers (schedules.stack_kernel), not point by point")
+
+
+register(KernelKind("wavefront", "cuda", lambda fit: False, _not_searched, _not_searched, _not_searched,
+                    grid=lambda config, spec: config["grid"]))
+
+
+def _kind(name: str) -> KernelKind:
+    if name not in KINDS:
+        raise ValueError(f"unknown kernel kind {name!r}")
+    return KINDS[name]
+
+
+def knob_space(kind: str, spec, cell, target, device: Device | None = None) -> dict[str, tuple[int, ...]]:
+    """Each knob's candidate values for a layer on `target`; every combination builds a correct kernel."""
+    return _kind(kind).knobs(spec, cell, device or Device.of_target(target))
+
+
+def default_config(kind: str, spec, cell, target, batch: int | None = None, device: Device | None = None) -> KernelConfig:
+    """The hand-picked point of a space (what an untuned module runs), for `batch` rows where that matters."""
+    return _kind(kind).default(spec, cell, device or Device.of_target(target), batch)
+
+
+def emitter(config: KernelConfig, spec, cell, device: Device | None = None):
+    """The kernel body (a function of KernelArgs) that one point of a space builds."""
+    return _kind(config.kind).emit(config, spec, cell, device or Device())
 
 
 def cooperative_blocks(config: KernelConfig, spec) -> int:
     """The grid a point launches cooperatively (all blocks resident at once, one per SM), or 0 for a kind that does not."""
-    if config.kind == "persistent":
-        from .recurrent_persistent import PersistentConfig
-
-        return PersistentConfig(blocks=config["blocks"]).grid(spec)
-    if config.kind == "persistent_mma":
-        from .recurrent_persistent_mma import blocks
-
-        return blocks(spec, config["units"])
-    if config.kind == "wavefront":  # the whole stack's grid
-        return config["grid"]
-    return 0
+    return _kind(config.kind).grid(config, spec)
 
 
-def in_space(config: KernelConfig, spec, cell, target) -> bool:
+def in_space(config: KernelConfig, spec, cell, target, device: Device | None = None) -> bool:
     """Whether a point is one of its kind's space for this layer. A default may not be: persistent_mma's space keeps only
     knob values whose every combination fits beside R, and a default may fit where its neighbours do not."""
-    space = knob_space(config.kind, spec, cell, target)
+    space = knob_space(config.kind, spec, cell, target, device)
     return all(k in space and v in space[k] for k, v in config.knobs)
 
 
-def kinds(spec, cell, target, choice: str = "auto") -> tuple[str, ...]:
-    """The schedule kinds a layer may run on `target` under the user's kernel choice."""
-    from tvmrnn.errors import UnsupportedModelError
+def persistent_mma_fits(spec, cell, target, device: Device | None = None) -> bool:
+    """All of R in shared memory across one wave of blocks."""
+    from .recurrent_mma import supported
 
+    return tensor_cores(target) and supported(spec) and bool(_resident_tiles(spec, cell, device or Device.of_target(target)))
+
+
+def persistent_mma_streams(spec, cell, target, device: Device | None = None) -> bool:
+    """R does not fit on chip, and persistent_mma runs with part of it read from L2 every step (streaming_config)."""
+    from .recurrent_mma import supported
+    from .recurrent_persistent_mma import streaming_config
+
+    device = device or Device.of_target(target)
+    return (tensor_cores(target) and supported(spec) and not persistent_mma_fits(spec, cell, target, device)
+            and streaming_config(spec, cell, device) is not None)
+
+
+def kinds(spec, cell, target, choice: str = "auto", device: Device | None = None) -> tuple[str, ...]:
+    """The kinds a layer may run on `target` under the user's kernel choice (what tuning searches): under auto every
+    registered kind of the target that runs this layer, in registration order; else the one named, where it can run."""
+    device = device or Device.of_target(target)
     if target.kind.name != "cuda":
         if choice != "auto":  # a GPU kernel asked of a CPU build would otherwise be dropped without a word
-            raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel '{choice}' is a CUDA kernel and the target is "
-                                        f"{target.kind.name}, whose layers run the CPU kernel; use kernel='auto' (or a cuda target)")
+            raise KernelError(f"{spec.op} node '{spec.name}': kernel '{choice}' is a CUDA kernel and the target is "
+                              f"{target.kind.name}, whose layers run the CPU kernel; use kernel='auto' (or a cuda target)")
         return ("cpu",)
-    from . import recurrent_persistent as persistent
-
-    fits = persistent.fits(spec, cell, _arch(target))
-    one_wave = persistent_mma_fits(spec, cell, target) or persistent_mma_streams(spec, cell, target)  # persistent_mma runs
-    large = ("mma",) if rounding_mode(spec, target) else ("tiled",)  # tensor cores where the dtype or precision allows them
     if choice in ("mma", "persistent_mma") and not tensor_cores(target):
-        raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel '{choice}' issues tensor-core mma.sync shapes of sm_80 "
-                                    f"and newer; the target is {_arch(target)} (use auto, stepwise or tiled)")
-    if choice == "persistent_mma" and not one_wave:
-        raise UnsupportedModelError(f"{spec.op} node '{spec.name}': kernel 'persistent_mma' needs one wave of blocks with R in shared "
-                                    f"memory or part of it streamed from L2, and hidden size {spec.hidden_size} x {spec.num_directions} "
-                                    f"direction(s) in {spec.dtype} fits neither on {_arch(target)}; use auto, mma or stepwise")
-    return {"auto": (("persistent",) if fits else ()) + (("persistent_mma",) if one_wave else ()) + ("stepwise",) + large,
-            "stepwise": ("stepwise",), "persistent": ("persistent",), "tiled": ("tiled",), "mma": ("mma",),
-            "persistent_mma": ("persistent_mma",)}[choice]
-
-
-def default_config(kind: str, spec, cell, target, batch: int | None = None) -> KernelConfig:
-    """The hand-picked point of a space (what an untuned module runs), for `batch` rows where that matters."""
-    if kind == "cpu":
-        from .recurrent_cpu import ROW_TILE, row_tile_rows, row_tile_units, small_batch_units
-
-        small = batch is not None and batch < ROW_TILE
-        units = small_batch_units(spec.hidden_size, spec.num_directions) if small else row_tile_units(spec.hidden_size, cell.gates)
-        rows = 1 if small else row_tile_rows(batch, cell.gates, units)
-        return KernelConfig.of("cpu", rows=rows, units=units, serpentine=1)
-    if kind == "stepwise":
-        from .recurrent_cuda import StepwiseConfig
-
-        c = StepwiseConfig()
-        return KernelConfig.of("stepwise", warps=c.warps, units_per_warp=c.units_per_warp, batch_tile=c.batch_tile)
-    if kind == "tiled":
-        from .recurrent_tiled import default_config as tiled_default
-
-        c = tiled_default(batch)
-        return KernelConfig.of("tiled", units=c.units, row_threads=c.row_threads, rows_per_thread=c.rows_per_thread, k_chunk=c.k_chunk)
-    if kind in ("mma", "persistent_mma"):
-        from .recurrent_mma import default_config as mma_default
-        from .recurrent_mma import mode as mma_mode
-        from .recurrent_persistent_mma import default_config as resident_default
-
-        c = mma_default(batch) if kind == "mma" else resident_default(spec, cell, _arch(target), batch)
-        knobs = dict(units=c.units, n_tiles=c.n_tiles, n_warps=c.n_warps, k_warps=c.k_warps, depth=c.depth)
-        if kind == "persistent_mma":
-            knobs["prefetch"] = c.prefetch
-            if mma_mode(spec) == "tf32x3":
-                knobs["split_acc"] = c.split_acc
-                knobs["halves"] = c.halves
-        if _half_operand(spec):
-            knobs["half_operand"] = c.half_operand
-        if c.streamed:  # R does not fit on chip: the default streams part of it (streaming_config)
-            knobs["streamed"] = c.streamed
-        if c.ring:  # ... through a ring of shared buffers
-            knobs["ring"] = c.ring
-        if c.ring_h:
-            knobs["ring_h"] = c.ring_h
-        return KernelConfig.of(kind, **knobs)
-    from . import recurrent_persistent as persistent
-
-    c = persistent.default_config(spec, _arch(target))
-    return KernelConfig.of("persistent", blocks=c.blocks, warps=c.warps, batch_tile=c.batch_tile, stage_h=int(c.stage_h),
-                           prefetch=c.prefetch)
-
-
-def emitter(config: KernelConfig, spec, cell):
-    """The kernel body (a function of KernelArgs) that one point of a space builds."""
-    if config.kind == "cpu":
-        from .recurrent_cpu import CpuConfig, cpu_steps
-
-        return lambda a: cpu_steps(a, CpuConfig(rows=config["rows"], units=config["units"], serpentine=config["serpentine"]))
-    if config.kind == "stepwise":
-        from .recurrent_cuda import StepwiseConfig, stepwise_body
-
-        cfg = StepwiseConfig(warps=config["warps"], units_per_warp=config["units_per_warp"], batch_tile=config["batch_tile"])
-        return lambda a: stepwise_body(a, cfg)
-    if config.kind == "tiled":
-        from .recurrent_tiled import TiledConfig, tiled_body
-
-        cfg = TiledConfig(**dict(config.knobs))
-        return lambda a: tiled_body(a, cfg)
-    if config.kind == "mma":
-        from .recurrent_mma import MmaConfig, mma_body
-
-        cfg = MmaConfig(**dict(config.knobs))
-        return lambda a: mma_body(a, cfg)
-    if config.kind == "persistent_mma":
-        from .recurrent_mma import MmaConfig
-        from .recurrent_persistent_mma import persistent_mma_body
-
-        cfg = MmaConfig(**dict(config.knobs))
-        return lambda a: persistent_mma_body(a, cfg)
-    from .recurrent_persistent import PersistentConfig, persistent_body
-
-    cfg = PersistentConfig(blocks=config["blocks"], warps=config["warps"], batch_tile=config["batch_tile"], stage_h=bool(config["stage_h"]),
-                           prefetch=config["prefetch"])
-    return lambda a: persistent_body(a, cfg)
+        raise KernelError(f"{spec.op} node '{spec.name}': kernel '{choice}' issues tensor-core mma.sync shapes of sm_80 "
+                          f"and newer; the target is {device.arch} (use auto, stepwise or tiled)")
+    fit = Fit.of(spec, cell, target, device)
+    if choice == "persistent_mma" and not KINDS[choice].runs(fit):
+        raise KernelError(f"{spec.op} node '{spec.name}': kernel 'persistent_mma' needs one wave of blocks with R in shared "
+                          f"memory or part of it streamed from L2, and hidden size {spec.hidden_size} x {spec.num_directions} "
+                          f"direction(s) in {spec.dtype} fits neither on {device.arch}; use auto, mma or stepwise")
+    if choice != "auto":
+        return (choice,)
+    return tuple(k.name for k in KINDS.values() if k.target == "cuda" and k.runs(fit))

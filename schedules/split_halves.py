@@ -14,8 +14,7 @@ round nothing.
 
 Two builds of one split: `split`, plain TE, which compile folds for W at compile time (FoldConstant, as an
 initializer's) and runs on the CPU for tests; and `split_on_gpu`, X's before each GEMM, one warp per row. dlight's
-schedules of `split` read a row one thread at a time (three kernels); as two functions, scales then halves, they took
-0.28 ms on blog-a's X (benchmarks/results/2026-11-26-h100-halves.md).
+schedules of `split` read a row one thread at a time (three kernels), slower than the two functions here.
 """
 
 from __future__ import annotations

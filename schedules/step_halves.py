@@ -18,7 +18,7 @@ from tvm import tirx
 from tvm.backend.cuda import op as cuda_op
 from tvm.script.ir_builder import tirx as T
 
-from tvmrnn.cells import state_bound
+from .cells import state_bound
 
 from .recurrent_common import KernelArgs, block_sync, emit_if, i64
 from .split_halves import scale_of, warp_row_scale

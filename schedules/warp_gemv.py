@@ -65,8 +65,7 @@ def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None, se
     for idx in _grid(UW, gp, NB):
         T.buffer_store(acc, tirx.const(0.0, F32), idx)
     for K, h_at_k, w_at_k in segments or [(H, h_at, w_at)]:
-        # a serial loop: unrolling it measured 5-15% slower for the stepwise kernel on the H100
-        # (benchmarks/results/2026-11-22-h100-unroll-experiment.md)
+        # a serial loop: unrolled, the stepwise kernel ran slower (docs/decisions.md)
         with T.serial(0, i64((K + 32 * V - 1) // (32 * V))) as it:
             k0 = (it * i64(32) + lane) * i64(V)
             with T.If(k0 < i64(K)):

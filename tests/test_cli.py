@@ -82,7 +82,7 @@ def test_kernel_choices_match_the_schedules():
     import schedules
     from tvmrnn import cli
 
-    from tvmrnn.layer import PRECISIONS
+    from schedules.layer import PRECISIONS
 
     assert cli.KERNEL_CHOICES == schedules.KERNEL_CHOICES
     assert cli.PRECISIONS == PRECISIONS

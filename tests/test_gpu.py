@@ -11,10 +11,10 @@ import os
 import numpy as np
 import pytest
 
-import tvmrnn
 from onnx_cases import Case
 from test_conformance import OPTIONAL, ort_outputs
 from test_models import MODELS, ZOO, ort_reference
+import tvmrnn
 
 pytestmark = pytest.mark.gpu
 
@@ -146,11 +146,11 @@ def test_module_needing_more_sms_than_the_gpu_is_refused_at_load(monkeypatch):
     is refused by name when the module is loaded, instead of CUDA failing the cooperative launch at the first call."""
     import tvm
 
-    from schedules.recurrent_persistent import LOCAL_SM_COUNT
+    from tvmrnn import runtime
 
     sms = tvm.cuda(0).multi_processor_count
-    target = tvm.target.Target.from_device(tvm.cuda(0))  # a Target as given: compile keeps the count patched below
-    monkeypatch.setitem(LOCAL_SM_COUNT, str(target.attrs["arch"]), sms + 8)
+    target = tvm.target.Target.from_device(tvm.cuda(0))
+    monkeypatch.setattr(runtime, "local_sm_count", lambda arch: sms + 8)  # the kernels built for a GPU with 8 SMs more
     model = Case(op="LSTM", hidden=256, input_size=16).model()
     with pytest.raises(tvmrnn.UnsupportedModelError, match=f"{sms + 8} co-resident blocks, and this GPU .* has {sms} SMs"):
         tvmrnn.compile(model, target=target, kernel="persistent", logs=False)

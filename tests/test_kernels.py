@@ -17,9 +17,10 @@ import tvm
 from compiled import target_of
 from onnx_cases import Case
 from schedules import cooperative, point_kernel, recurrent_kernel
+from schedules.cells import cell_for
+from schedules.device import Device
 from schedules.recurrent_common import PANEL
 from schedules.space import KernelConfig, default_config, knob_space
-from tvmrnn.cells import cell_for
 from tvmrnn.frontend.inspect import find_rnn_layers
 
 TARGETS = [pytest.param(("llvm", "auto"), id="llvm")] + [
@@ -428,12 +429,12 @@ def test_units_not_a_multiple_of_8_need_whole_groups_and_the_ring():
     case, dtype, knobs = RING_CASES[-3]
     _, spec, (_, point) = _with_knobs(case, dtype, **knobs)
     cfg = MmaConfig(**dict(point.knobs))
-    assert cfg.units == 20 and fits(spec, cell_for(spec), "sm_90", cfg)
+    assert cfg.units == 20 and fits(spec, cell_for(spec), Device.cuda("sm_90"), cfg)
     assert "cp.async.cg.shared.global" in _source(target, spec, point)
-    assert not fits(spec, cell_for(spec), "sm_90", dataclasses.replace(cfg, ring=0, ring_h=0))
+    assert not fits(spec, cell_for(spec), Device.cuda("sm_90"), dataclasses.replace(cfg, ring=0, ring_h=0))
     gru = find_rnn_layers(Case(op="GRU", hidden=160, input_size=7, dtype=dtype).model())[0].spec
-    assert not fits(gru, cell_for(gru), "sm_90", cfg)
-    assert fits(gru, cell_for(gru), "sm_90", dataclasses.replace(cfg, units=24))
+    assert not fits(gru, cell_for(gru), Device.cuda("sm_90"), cfg)
+    assert fits(gru, cell_for(gru), Device.cuda("sm_90"), dataclasses.replace(cfg, units=24))
 
 
 def test_streamed_ring_copies_with_cp_async():
@@ -459,7 +460,7 @@ def test_streamed_ring_copies_with_cp_async():
     # the partial sums move into the ring's A buffers where those hold them (sums_in_ring)
     sums = cfg.smem_bytes(cell.gates) if sums_in_ring(spec, cell, cfg) else 0
     assert smem_bytes(spec, cell, cfg) - smem_bytes(spec, cell, MmaConfig(**dict(plain.knobs))) == ring_bytes(spec, cell, cfg) - sums > 0
-    assert fits(spec, cell, "sm_90", cfg)
+    assert fits(spec, cell, Device.cuda("sm_90"), cfg)
     # ring_h: B's chunks (the pass's batch rows) through the ring too: more copies in the step loop, more shared memory
     with_h = KernelConfig.of("persistent_mma", **dict(ring.knobs), ring_h=1)
     counts = [(lambda src: src[re.search(r"for \(int64_t \w+ = \(int64_t\)0; \w+ < seq;", src).start():].count("ptx_cp_async_legacy"))(_source(target, spec, c))
@@ -468,13 +469,13 @@ def test_streamed_ring_copies_with_cp_async():
     h_cfg = MmaConfig(**dict(with_h.knobs))
     assert ring_bytes(spec, cell, h_cfg) - ring_bytes(spec, cell, cfg) == 2 * cfg.k_warps * cfg.depth * cfg.rows * 32 * 2  # two buffers, fp16
     for bad in (dict(ring=1), dict(streamed=0), dict(ring=0, ring_h=1)):
-        assert not fits(spec, cell, "sm_90", dataclasses.replace(cfg, **bad)), bad
+        assert not fits(spec, cell, Device.cuda("sm_90"), dataclasses.replace(cfg, **bad)), bad
     odd = find_rnn_layers(Case(op="LSTM", hidden=72, input_size=8, dtype=dtype).model())[0].spec
-    assert not fits(odd, cell_for(odd), "sm_90", cfg)  # a partial last chunk
+    assert not fits(odd, cell_for(odd), Device.cuda("sm_90"), cfg)  # a partial last chunk
     big = find_rnn_layers(Case(op="LSTM", hidden=2560, input_size=8, dtype=dtype).model())[0].spec
     wide = MmaConfig(units=24, n_tiles=4, n_warps=2, k_warps=4, depth=1, prefetch=1)
     # with h's chunks too the ring outgrows the partial sums it now holds (sums_in_ring)
-    assert fewest_streamed(big, cell_for(big), "sm_90", dataclasses.replace(wide, ring=2, ring_h=1)) > fewest_streamed(big, cell_for(big), "sm_90", wide)
+    assert fewest_streamed(big, cell_for(big), Device.cuda("sm_90"), dataclasses.replace(wide, ring=2, ring_h=1)) > fewest_streamed(big, cell_for(big), Device.cuda("sm_90"), wide)
 
 
 @pytest.mark.gpu
@@ -499,30 +500,28 @@ def test_streaming_default_takes_the_fewest_units_that_make_one_wave(dtype):
     for (op, hidden), (units, ring) in expected.items():
         spec = find_rnn_layers(Case(op=op, hidden=hidden, input_size=8, dtype=dtype).model())[0].spec
         cell = cell_for(spec)
-        cfg = streaming_config(spec, cell, "sm_90")
-        assert (cfg.units, cfg.ring) == (units, ring) and fits(spec, cell, "sm_90", cfg), (op, hidden, cfg)
+        cfg = streaming_config(spec, cell, Device.cuda("sm_90"))
+        assert (cfg.units, cfg.ring) == (units, ring) and fits(spec, cell, Device.cuda("sm_90"), cfg), (op, hidden, cfg)
         assert cfg.prefetch == int(len(cell.phases) > 1) and blocks(spec, cfg.units) <= 132
-        assert not any(fits(spec, cell, "sm_90", dataclasses.replace(cfg, units=u)) for u in range(8, units))
+        assert not any(fits(spec, cell, Device.cuda("sm_90"), dataclasses.replace(cfg, units=u)) for u in range(8, units))
     small = find_rnn_layers(Case(op="LSTM", hidden=1024, input_size=8, dtype=dtype).model())[0].spec
-    assert streaming_config(small, cell_for(small), "sm_90") is None  # R fits on chip: nothing streams
+    assert streaming_config(small, cell_for(small), Device.cuda("sm_90")) is None  # R fits on chip: nothing streams
 
 
-def test_partial_sums_share_the_ring(monkeypatch):
+def test_partial_sums_share_the_ring():
     """The k_warps' partial sums live in the ring's A buffers (idle between reductions; grown where the sums are
-    larger): blog-a's exact-fp32 default then keeps 4 more chunks of R resident (72 of 80 streamed, not 76), fp16 8
-    more (50, not 58: its A buffers were 640 bytes short of the sums), and both still fit. SUMS_IN_RING off: the old."""
+    larger): blog-a's exact-fp32 default then keeps 72 of 80 chunks streamed (76 with a buffer of their own), fp16 50
+    (58), and both fit."""
     from schedules import recurrent_persistent_mma as rpm
 
     def default(dtype):
         spec = find_rnn_layers(Case(op="LSTM", hidden=2560, input_size=8, dtype=dtype).model())[0].spec
         cell = cell_for(spec)
-        cfg = rpm.streaming_config(spec, cell, "sm_90")
-        assert rpm.fits(spec, cell, "sm_90", cfg), cfg
+        cfg = rpm.streaming_config(spec, cell, Device.cuda("sm_90"))
+        assert rpm.fits(spec, cell, Device.cuda("sm_90"), cfg), cfg
         return cfg.streamed, rpm.sums_in_ring(spec, cell, cfg)
 
     assert default("float32") == (72, True) and default("float16") == (50, True)
-    monkeypatch.setattr(rpm, "SUMS_IN_RING", False)
-    assert default("float32") == (76, False) and default("float16") == (58, False)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
@@ -536,11 +535,11 @@ def test_streamed_chunks_read_r_from_global_memory(dtype):
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     big = find_rnn_layers(Case(op="LSTM", hidden=2560, input_size=8, dtype=dtype).model())[0].spec
     cfg = MmaConfig(units=24, n_tiles=2, n_warps=2, k_warps=4, depth=1)
-    assert not fits(big, cell_for(big), "sm_90", cfg)
-    n = fewest_streamed(big, cell_for(big), "sm_90", cfg)
-    assert 0 < n < 80 and fits(big, cell_for(big), "sm_90", dataclasses.replace(cfg, streamed=n))
-    assert not fits(big, cell_for(big), "sm_90", dataclasses.replace(cfg, streamed=n - 1))
-    assert fewest_streamed(big, cell_for(big), "sm_90", dataclasses.replace(cfg, units=8)) is None  # 320 blocks: no wave
+    assert not fits(big, cell_for(big), Device.cuda("sm_90"), cfg)
+    n = fewest_streamed(big, cell_for(big), Device.cuda("sm_90"), cfg)
+    assert 0 < n < 80 and fits(big, cell_for(big), Device.cuda("sm_90"), dataclasses.replace(cfg, streamed=n))
+    assert not fits(big, cell_for(big), Device.cuda("sm_90"), dataclasses.replace(cfg, streamed=n - 1))
+    assert fewest_streamed(big, cell_for(big), Device.cuda("sm_90"), dataclasses.replace(cfg, units=8)) is None  # 320 blocks: no wave
     spec = find_rnn_layers(Case(op="LSTM", hidden=72, input_size=8, dtype=dtype).model())[0].spec  # 3 chunks, the last partial
     sources = {}
     for streamed in (0, 1, 3):
@@ -676,8 +675,7 @@ def test_default_kernel_per_batch(dtype, hidden, directions, arch, plan):
     """The untuned rule on the H100: persistent up to batch 4, persistent_mma where R fits in shared memory across
     one wave (handing over to mma above batch 32 in half precision), else the per-step kinds, with persistent_mma
     streaming part of R from L2 at batch 33-64 where R is larger than a wave's shared memory."""
-    import tvmrnn
-    from schedules import plan_kernel
+    from schedules import KernelError, plan_kernel
 
     case = Case(op="LSTM", hidden=hidden, input_size=8, dtype=dtype, direction="bidirectional" if directions == 2 else "forward")
     spec = find_rnn_layers(case.model())[0].spec
@@ -685,15 +683,14 @@ def test_default_kernel_per_batch(dtype, hidden, directions, arch, plan):
     got = plan_kernel(spec, cell_for(spec), target)
     assert [(b.config.kind, b.up_to) for b in got.branches] == plan, got.describe()
     if arch == "sm_75":
-        with pytest.raises(tvmrnn.UnsupportedModelError, match="sm_80 and newer; the target is sm_75"):
+        with pytest.raises(KernelError, match="sm_80 and newer; the target is sm_75"):
             plan_kernel(spec, cell_for(spec), target, "mma")
 
 
 @pytest.mark.parametrize("threads, hidden, directions, units", [("2", 512, 1, 128), ("16", 512, 1, 32), ("16", 512, 2, 64),
                                                                 ("2", 24, 1, 8), ("64", 512, 1, 8)])
-def test_small_batch_units_keep_every_thread_busy(monkeypatch, threads, hidden, directions, units):
+def test_small_batch_units_keep_every_thread_busy(threads, hidden, directions, units):
     """The CPU kernel's default work item at batch < 4: as wide as ROW_UNITS while each thread still gets one."""
     from schedules.recurrent_cpu import small_batch_units
 
-    monkeypatch.setenv("TVM_NUM_THREADS", threads)
-    assert small_batch_units(hidden, directions) == units
+    assert small_batch_units(hidden, directions, int(threads)) == units

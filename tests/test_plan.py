@@ -9,9 +9,12 @@ import pytest
 import tvm
 
 import tvmrnn
+import tvmrnn.plan
 from onnx_cases import Case
+from schedules import Device
 from tvmrnn import bench
 from tvmrnn.plan import IN_THE_WAVEFRONT, PlanOptions, plan_model
+from tvmrnn.runtime import kernel_device
 
 SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
 STACK = bench.Row("stack", "LSTM", 6, 1, 32, 64, layers=2)  # small enough for one wavefront kernel at batch 1
@@ -67,3 +70,12 @@ def test_bad_options_are_refused_by_name():
         PlanOptions(kernel="fast")
     with pytest.raises(tvmrnn.UnsupportedModelError, match="dtype='int8' is not supported"):
         PlanOptions(storage="int8")
+
+
+def test_the_plan_is_made_for_the_device_kernel_device_gives(monkeypatch):
+    """The plan carries the Device its kernels are sized for (tvmrnn.runtime.kernel_device, which emission builds for
+    too): a part with fewer SMs than the arch's flagship gets persistent grids it can launch."""
+    assert plan_model(Case().model(), SM90A).device == kernel_device(SM90A)
+    monkeypatch.setattr(tvmrnn.plan, "kernel_device", lambda target: Device.cuda("sm_90a", sm_count=114))
+    plan = plan_model(Case().model(), SM90A)
+    assert plan.device.sm_count == 114 and plan.layers[0].kernel.branch_at(1).config["blocks"] == 114

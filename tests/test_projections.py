@@ -106,17 +106,9 @@ def test_projection_staged_matches_float64(M, K, cols, mode, tol, config):
 WGMMA_CONFIGS = [WgmmaConfig(), WgmmaConfig(bn=256, stages=3), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3),
                  WgmmaConfig(k_chunks=2, stages=4, overlap=1), WgmmaConfig(bn=256, stages=6, overlap=1), WGMMA_DEFAULT,
                  WgmmaConfig(bn=128, warpgroups=4, k_chunks=2, stages=4, overlap=1), WGMMA_HALF_128]
-# the ring filled by the tensor memory accelerator: compile's DEFAULT (two chunks per buffer, K = 800's partial last
-# buffer), one chunk per buffer without overlap, and 128 x 128 with four buffers; with buffers freed by the block's
-# barrier (tma=1), by each warp's arrival on an "empty" mbarrier (tma=2), and so with a producer warp of its own (tma=3),
-# with and without overlap; the epilogue's stores four columns at a time (store_cols=4: a shuffle between lane pairs) at
-# 256 and 128 columns (compile's DEFAULT stores two, WGMMA_CONFIGS' others one)
-WGMMA_TMA_CONFIGS = [dataclasses.replace(WGMMA_DEFAULT, tma=1), WgmmaConfig(bn=256, stages=6, tma=1), WgmmaConfig(tma=1),
-                     dataclasses.replace(WGMMA_DEFAULT, tma=2), WgmmaConfig(bn=256, stages=6, tma=2),
-                     WgmmaConfig(bn=256, stages=4, overlap=1, tma=2),  # TF32's 256-column point
-                     dataclasses.replace(WGMMA_DEFAULT, tma=3, store_cols=2), WgmmaConfig(bn=256, stages=6, tma=3),
-                     WgmmaConfig(bn=256, stages=4, overlap=1, tma=3, store_cols=2), dataclasses.replace(WGMMA_DEFAULT, store_cols=4),
-                     WgmmaConfig(bn=128, stages=6, overlap=1, store_cols=4)]
+# the epilogue's stores four columns at a time (store_cols=4: a shuffle between lane pairs) at 256 and 128 columns
+# (compile's DEFAULT stores two, WGMMA_CONFIGS' others one)
+WGMMA_STORE_CONFIGS = [dataclasses.replace(WGMMA_DEFAULT, store_cols=4), WgmmaConfig(bn=128, stages=6, overlap=1, store_cols=4)]
 
 
 # 3xTF32 with X split in registers and W's low parts beside W (lo_w): 128 x 128 with 2 and 4 buffers (K = 800's 25
@@ -129,8 +121,8 @@ WGMMA_REGS_CONFIGS = [WgmmaConfig(bn=128, stages=2, store_cols=2, lo_w=1), Wgmma
 
 @pytest.mark.gpu
 # bfloat16 differs from float16 in the instruction's type only: compile's DEFAULT covers it; fp32's rows take twice the bytes
-@pytest.mark.parametrize("mode, config", [("float16", c) for c in WGMMA_CONFIGS + WGMMA_TMA_CONFIGS] + [("bfloat16", WGMMA_DEFAULT)]
-                         + [("tf32", c) for c in WGMMA_CONFIGS + WGMMA_TMA_CONFIGS if c.smem_bytes("tf32") <= 227 * 1024]
+@pytest.mark.parametrize("mode, config", [("float16", c) for c in WGMMA_CONFIGS + WGMMA_STORE_CONFIGS] + [("bfloat16", WGMMA_DEFAULT)]
+                         + [("tf32", c) for c in WGMMA_CONFIGS + WGMMA_STORE_CONFIGS if c.smem_bytes("tf32") <= 227 * 1024]
                          + [("tf32x3", c) for c in (WgmmaConfig(bn=128, stages=3), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3),
                                                     WgmmaConfig(bn=128, stages=2, overlap=1), WgmmaConfig(bn=64, warpgroups=1, stages=2, group=3, overlap=1),
                                                     WgmmaConfig(bn=128, stages=2, store_cols=4))]
@@ -142,7 +134,7 @@ def test_projection_wgmma_matches_float64(M, K, cols, mode, config):
     tiles. Half precision exact to fp32 accumulation; TF32 (fp32 in the 128-byte swizzle, operands truncated to 10
     mantissa bits by the tensor cores) within TF32's error; 3xTF32 (each chunk split into high and low parts, its three
     products summed apart and added in fp32; with overlap one chunk's products run while the next is split) within
-    fp32's 1e-5. With tma the copies are bulk tensor copies (rows past M read as zeros, M = 1 and 333 among them)."""
+    fp32's 1e-5."""
     import ml_dtypes
 
     dtype = {"float16": "f2", "bfloat16": ml_dtypes.bfloat16, "tf32": "f4", "tf32x3": "f4"}[mode]
@@ -358,48 +350,21 @@ def test_wgmma_low_parts_complete_what_the_tensor_cores_read():
     assert (np.abs(high.astype("f8") + low - w) <= np.exp2(-21) * np.abs(w)).all()
 
 
-def test_projection_wgmma_tma_builds_without_a_gpu():
-    """With tma the ring is filled by bulk tensor copies: the kernel takes X's and W's tensor maps (encoded on the host
-    at launch) as __grid_constant__ parameters, one thread arms each buffer's mbarrier and issues two copies per chunk,
-    every thread waits on the barrier's phase, and no thread copies for itself (no cp.async, no proxy fence); with
-    tma=2 no block barrier in the loop, each warp's lane 0 arriving on the buffer's "empty" mbarrier instead; with tma=3
-    the copies in a warp of its own, its thread 0 looping over them alone; with store_cols the epilogue's; ptxas
-    keeps it unserialized and spill-free, with fewer registers than the per-thread copies take. 3xTF32 has none (its
-    threads split their own copies)."""
+def test_projection_wgmma_wide_stores_build_without_a_gpu():
+    """The epilogue's stores of four columns (a shuffle between lane pairs) through its device function, the ring filled
+    by every thread's cp.async; ptxas keeps the kernel unserialized and spill-free."""
     from schedules.projection_wgmma import supported
     from schedules.ptxas import ptxas
 
     for mode in ("float16", "tf32"):
-        for cfg in WGMMA_TMA_CONFIGS:
+        for cfg in WGMMA_STORE_CONFIGS:
             if not supported(mode, 800, 1024, "sm_90a", cfg):
                 continue
             src = kernel_source(projection_wgmma(mode, 800, 1024, cfg, rows=1100))
-            signature = re.search(r'extern "C" __global__[^;{]*\{', src)  # the definition's, not the declaration's
-            kernel = src[signature.start():]
-            loop = kernel[kernel.index("for ("):]
-            stores = {c: f"tvmrnn_store{c}_float32(" in kernel for c in (2, 4)}
-            assert stores == {c: cfg.store_cols == c for c in (2, 4)}, cfg
+            kernel = src[re.search(r'extern "C" __global__[^;{]*\{', src).start():]  # the definition's, not the declaration's
+            assert {c: f"tvmrnn_store{c}_float32(" in kernel for c in (2, 4)} == {2: False, 4: True} and "cp_async" in kernel, cfg
             report = ptxas(src, "sm_90a")
             assert not report.serialized and report.spill_stores == 0, (mode, cfg, report)
-            if not cfg.tma:  # the epilogue's wider stores alone: cp.async's ring
-                assert "cp_async" in kernel and "CUtensorMap" not in src, cfg
-                continue
-            assert signature.group(0).count("const __grid_constant__ CUtensorMap") == 2, cfg
-            assert loop.count("cp_async_bulk_tensor_g2s") == 2 * cfg.k_chunks and "mbarrier_wait" in loop, cfg
-            assert ("__syncthreads" in loop) == (cfg.tma == 1) and ("mbarrier_arrive_nocount" in loop) == (cfg.tma >= 2), cfg
-            # tma=3: a warp more, whose thread 0 loops over the copies alone (none before the loop, no wgmma in it), and
-            # the epilogue is the warpgroups' only
-            assert (f"__launch_bounds__({cfg.threads})" in src) and cfg.threads == 128 * cfg.warpgroups + 32 * (cfg.tma == 3), cfg
-            if cfg.tma == 3:
-                producer = loop[:loop.index("for (", 1)]
-                assert f"threadIdx.x) == (int64_t){cfg.consumers})" in kernel[:kernel.index("for (")] and "wgmma" not in producer, cfg
-                assert kernel[:kernel.index("for (")].count("cp_async_bulk_tensor_g2s") == 0, cfg
-            assert not re.search(r"ptx_cp_async_legacy|cp_async_commit_group|fence_proxy_proxy_async", kernel), cfg
-    # with scalar stores (with compile's pair stores both take 174)
-    plain, tma = (kernel_source(projection_wgmma("float16", 2560, 10240, dataclasses.replace(WGMMA_DEFAULT, store_cols=1, tma=t), rows=12800))
-                  for t in (0, 1))
-    assert ptxas(tma, "sm_90a").registers < ptxas(plain, "sm_90a").registers
-    assert not supported("tf32x3", 800, 1024, "sm_90a", WgmmaConfig(bn=128, stages=2, tma=1))
 
 
 @pytest.mark.parametrize("mode, config", [("float16", WGMMA_DEFAULT), ("float16", WGMMA_HALF_128), ("tf32", None), ("tf32x3", None), ("f16x3", None),
@@ -468,19 +433,6 @@ def test_w_halves_fold_at_compile_time(weights_as_inputs):
     src = cuda_sources(tvmrnn.compile(case.model(), target={"kind": "cuda", "arch": "sm_90a"}, logs=False))
     assert "wgmma_f16_ss_mma_async" in src and "split_halves_32_kernel" in src
     assert ("halves_256x32_kernel" in src) == weights_as_inputs
-
-
-@pytest.mark.parametrize("weights_as_inputs", [False, True])
-def test_w_low_parts_fold_at_compile_time(weights_as_inputs, monkeypatch):
-    """With f16x3 off (EXACT_ON_HALVES), compile's 3xTF32 wgmma GEMM reads W's TF32 low parts beside W: where W is an
-    initializer they are computed at compile time (no kernel for them in the module), where it is a graph input by a
-    kernel of their own at run time."""
-    from schedules import projection_wgmma
-
-    case = Case(op="LSTM", hidden=64, input_size=32, weights_as_inputs=weights_as_inputs)
-    monkeypatch.setattr(projection_wgmma, "EXACT_ON_HALVES", False)
-    src = cuda_sources(tvmrnn.compile(case.model(), target={"kind": "cuda", "arch": "sm_90a"}, logs=False))
-    assert "wgmma_tf32_rs_mma_async" in src and ("tf32_low_parts_256x32_kernel" in src) == weights_as_inputs
 
 
 @pytest.mark.parametrize("arch, projection", [("sm_80", "TVM matmul"), ("sm_90a", "staged mma.sync float16")])

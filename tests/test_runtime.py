@@ -33,8 +33,8 @@ def test_module_records_its_cooperative_grid_and_a_smaller_gpu_is_refused_by_nam
     with fewer SMs (an H100 PCIe has 114, the SXM 132) is a clear error, not CUDA's failed launch at the first call."""
     import pytest
 
-    import tvmrnn
     from onnx_cases import Case
+    import tvmrnn
     from tvmrnn.runtime import check_grid_fits
 
     model = Case(op="LSTM", hidden=1024, input_size=16, dtype="float16").model()
@@ -49,19 +49,23 @@ def test_module_records_its_cooperative_grid_and_a_smaller_gpu_is_refused_by_nam
 
 
 def test_local_gpu_sm_count_sizes_the_persistent_grids(monkeypatch):
-    """Compiling for the local GPU sizes persistent grids to its SM count: with 114 SMs an H=1024 fp32 layer's
-    persistent kernel takes 114 blocks, and persistent_mma (128 blocks of 8 units) no longer fits a wave."""
+    """Compiling for the local GPU sizes persistent grids to its SM count (runtime.kernel_device): with 114 SMs an
+    H=1024 fp32 layer's persistent kernel takes 114 blocks, and persistent_mma (128 blocks of 8 units) no longer fits a
+    wave. A GPU of another arch leaves the target's flagship count; CPU kernels split work for the runtime's pool."""
     import tvm
 
     from onnx_cases import Case
     from schedules import plan_kernel
-    from schedules.recurrent_persistent import LOCAL_SM_COUNT
-    from tvmrnn.cells import cell_for
+    from schedules.cells import cell_for
+    from tvmrnn import runtime
     from tvmrnn.frontend.inspect import find_rnn_layers
 
     spec = find_rnn_layers(Case(op="LSTM", hidden=1024, input_size=16).model())[0].spec
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    monkeypatch.setitem(LOCAL_SM_COUNT, "sm_90", 114)
-    plan = plan_kernel(spec, cell_for(spec), target)
+    monkeypatch.setattr(runtime, "local_sm_count", lambda arch: 114 if arch == "sm_90" else None)
+    plan = plan_kernel(spec, cell_for(spec), target, device=runtime.kernel_device(target))
     assert [b.config.kind for b in plan.branches] == ["persistent", "stepwise", "tiled"], plan.describe()
     assert plan.branches[0].config["blocks"] == 114
+    assert runtime.kernel_device(tvm.target.Target({"kind": "cuda", "arch": "sm_80"})).sm_count == 108
+    monkeypatch.setenv("TVM_NUM_THREADS", "3")
+    assert runtime.kernel_device(tvm.target.Target("llvm")).cpu_threads == 3

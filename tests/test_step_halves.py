@@ -12,11 +12,12 @@ import tvm
 from compiled import target_of
 from onnx_cases import Case
 from schedules import cooperative, point_kernel, recurrent_kernel
+from schedules.cells import cell_for, state_bound
+from schedules.device import Device
 from schedules.recurrent_mma import MmaConfig
 from schedules.recurrent_persistent_mma import fits
 from schedules.space import KernelConfig, default_config, knob_space
 from test_kernels import _check_kernel, _source
-from tvmrnn.cells import cell_for, state_bound
 from tvmrnn.frontend.inspect import find_rnn_layers
 
 SM90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
@@ -99,9 +100,9 @@ def test_exact_fp32_default_runs_f16x3_steps_where_h_is_bounded():
     for spec in (relu, dataclasses.replace(lstm, precision="tf32"), dataclasses.replace(lstm, dtype="float16")):
         assert default_config("persistent_mma", spec, cell_for(spec), SM90, 16)["halves"] == 0
         assert "halves" not in knob_space("persistent_mma", spec, cell_for(spec), SM90)
-        assert not fits(spec, cell_for(spec), "sm_90", MmaConfig(halves=1))
-    assert fits(lstm, cell, "sm_90", MmaConfig(halves=1)) and not fits(lstm, cell, "sm_90", MmaConfig(halves=1, streamed=1))
-    assert fits(lstm, cell, "sm_90", MmaConfig(halves=1, streamed=1, ring=2, k_warps=2, depth=1))
+        assert not fits(spec, cell_for(spec), Device.cuda("sm_90"), MmaConfig(halves=1))
+    assert fits(lstm, cell, Device.cuda("sm_90"), MmaConfig(halves=1)) and not fits(lstm, cell, Device.cuda("sm_90"), MmaConfig(halves=1, streamed=1))
+    assert fits(lstm, cell, Device.cuda("sm_90"), MmaConfig(halves=1, streamed=1, ring=2, k_warps=2, depth=1))
 
 
 @pytest.mark.parametrize("hidden, direction", [(1024, "forward"), (800, "bidirectional")])
@@ -115,7 +116,7 @@ def test_every_point_of_the_space_fits_with_the_row_scales(hidden, direction):
     space = knob_space("persistent_mma", spec, cell, SM90)
     assert space["halves"] == (0, 1)
     for values in itertools.product(*space.values()):
-        assert fits(spec, cell, "sm_90", MmaConfig(**dict(zip(space, values)))), dict(zip(space, values))
+        assert fits(spec, cell, Device.cuda("sm_90"), MmaConfig(**dict(zip(space, values)))), dict(zip(space, values))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +165,7 @@ def test_f16x3_steps_keep_fp32_accuracy_across_magnitudes(case):
     assert errors[1] < 1e-5 and errors[1] <= 4 * errors[0], errors
 
 
-# streamed chunks through the ring in f16x3 (recurrent_persistent_mma.HALVES_STREAMED, the exact-fp32 default there):
+# streamed chunks through the ring in f16x3 (recurrent_persistent_mma.streaming_config, the exact-fp32 default there):
 # rows of R 2^13 apart, h0 8 times the usual; a round of whole chunks, a partial last round, h's chunks in the ring, 20
 # units a block (8-row groups holding two gates' rows), a GRU's two phases
 STREAMED = [
@@ -187,7 +188,7 @@ def test_streamed_f16x3_points_build_without_a_gpu():
     point = default_config("persistent_mma", spec, cell, target, 64)
     assert point["streamed"] > 0 and point["halves"] == 1
     cfg = MmaConfig(**dict(point.knobs))
-    assert fits(spec, cell, "sm_90a", cfg) and not fits(spec, cell, "sm_90a", dataclasses.replace(cfg, ring=0, ring_h=0))
+    assert fits(spec, cell, Device.cuda("sm_90a"), cfg) and not fits(spec, cell, Device.cuda("sm_90a"), dataclasses.replace(cfg, ring=0, ring_h=0))
     src = tvm.tirx.build(point_kernel(spec, cell, target, point, 4, 64), target=target, pipeline=cooperative.register()).imports[0].inspect_source()
     assert "mma.sync.aligned.m16n8k16" in src and "m16n8k8" not in src
     report = ptxas(src, "sm_90a")
@@ -195,7 +196,7 @@ def test_streamed_f16x3_points_build_without_a_gpu():
     for case, knobs in STREAMED:  # the GPU test's points
         spec = _spec(case)
         point = KernelConfig.of("persistent_mma", **knobs, halves=1)
-        assert fits(spec, cell_for(spec), "sm_90", MmaConfig(**dict(point.knobs))), point.describe()
+        assert fits(spec, cell_for(spec), Device.cuda("sm_90"), MmaConfig(**dict(point.knobs))), point.describe()
         assert "m16n8k8" not in _source(SM90, spec, point), point.describe()
 
 

@@ -14,8 +14,8 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-import tvmrnn
 from onnx_cases import Case
+import tvmrnn
 from tvmrnn.build import resolve_target
 from tvmrnn.cli import main
 from tvmrnn.tuning.logs import TuningLogs, target_name
@@ -112,8 +112,8 @@ def test_tuned_point_needs_the_default_measured_beside_it():
     import tvm
 
     from schedules import TUNED_MARGIN, plan_kernel
+    from schedules.cells import cell_for
     from schedules.space import KernelConfig, default_config
-    from tvmrnn.cells import cell_for
     from tvmrnn.frontend.inspect import find_rnn_layers
 
     spec = find_rnn_layers(CASE.model())[0].spec
@@ -139,8 +139,8 @@ def test_tuned_bucket_leaves_smaller_batches_their_default():
     import tvm
 
     from schedules import plan_kernel
+    from schedules.cells import cell_for
     from schedules.space import KernelConfig
-    from tvmrnn.cells import cell_for
     from tvmrnn.frontend.inspect import find_rnn_layers
 
     spec = find_rnn_layers(Case(op="LSTM", hidden=1024, input_size=1024).model())[0].spec
@@ -195,8 +195,8 @@ def test_default_outside_the_space_is_logged_and_read_back(tmp_path):
     from tvm.s_tir import meta_schedule as ms
 
     from schedules import plan_kernel
+    from schedules.cells import cell_for
     from schedules.space import default_config, in_space
-    from tvmrnn.cells import cell_for
     from tvmrnn.frontend.inspect import find_rnn_layers
     from tvmrnn.tuning import search
     from tvmrnn.tuning.logs import open_database, target_dir

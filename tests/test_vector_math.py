@@ -9,7 +9,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from schedules import vector_math
-from tvmrnn.layer import Activation
+from schedules.layer import Activation
 
 LANES = 16
 X = np.concatenate([

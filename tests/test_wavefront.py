@@ -11,13 +11,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import tvmrnn
 from onnx_cases import ONNX_DTYPE, Case
 from reference import rnn_reference
 from schedules import recurrent_wavefront as wavefront
-from tvmrnn.cells import cell_for
+from schedules.cells import cell_for
+from schedules.device import Device
+from schedules.layer import Activation, RNNLayerSpec
+import tvmrnn
 from tvmrnn.frontend.stacks import find_chains
-from tvmrnn.layer import Activation, RNNLayerSpec
 
 SIGMOID_TANH = (Activation("Sigmoid"), Activation("Tanh"), Activation("Tanh"))
 
@@ -152,15 +153,15 @@ def _spec(H, In, dtype="float32", op="LSTM"):
 def test_plan_splits_the_sms_by_work_and_refuses_what_does_not_fit():
     specs = [_spec(512, 512), _spec(512, 512)]
     cells = [cell_for(s) for s in specs]
-    cfg = wavefront.plan(specs, cells, "sm_90")
+    cfg = wavefront.plan(specs, cells, Device.cuda("sm_90"))
     # layer 1 reduces over I + H = 1024: one round of 8 units per block each, 128 of the 132 SMs
     assert (cfg.units, cfg.blocks) == ((8, 8), (64, 64))
     for i, (s, c, u) in enumerate(zip(specs, cells, cfg.units)):
         assert u * c.gates * wavefront.reduction(s, i == 0) * 4 <= 227 * 1024
     # two fp32 H=1024 layers hold 48 MB of weights: more than 132 SMs' shared memory
-    assert wavefront.plan([_spec(1024, 1024), _spec(1024, 1024)], cells, "sm_90") is None
+    assert wavefront.plan([_spec(1024, 1024), _spec(1024, 1024)], cells, Device.cuda("sm_90")) is None
     half = [_spec(1024, 1024, "float16"), _spec(1024, 1024, "float16")]
-    cfg = wavefront.plan(half, cells, "sm_90")
+    cfg = wavefront.plan(half, cells, Device.cuda("sm_90"))
     assert cfg.grid <= 132 and all(b * u >= 1024 for b, u in zip(cfg.blocks, cfg.units))
 
 
@@ -211,7 +212,7 @@ def test_gru_stack_with_linear_before_reset_runs_as_one_kernel():
 
 
 def module_specs(module):
-    from tvmrnn.layer import RNNLayerSpec
+    from schedules.layer import RNNLayerSpec
 
     return [RNNLayerSpec(**{k: v for k, v in layer.items() if k in RNNLayerSpec.__dataclass_fields__ and k not in ("activations", "present")},
                          present=frozenset(layer["present"])) for layer in module.metadata["layers"]]

@@ -17,7 +17,6 @@ from tvm import relax
 from tvm.target import codegen
 
 from schedules import cooperative
-from schedules.recurrent_persistent import LOCAL_SM_COUNT
 from schedules.space import cooperative_blocks
 
 from . import __version__
@@ -58,8 +57,6 @@ def resolve_target(target=None) -> tvm.target.Target:
             target = tvm.target.Target.from_device(tvm.cuda(0))
             if str(target.attrs["arch"]) == "sm_90":  # built for this very GPU: Hopper's arch-specific wgmma is safe to use
                 target = tvm.target.Target({**dict(target.export()), "arch": "sm_90a"})
-            # this GPU's own SM count for its arch: persistent grids sized to it, not to the arch's flagship
-            LOCAL_SM_COUNT[str(target.attrs["arch"])] = tvm.cuda(0).multi_processor_count
             return target
         target = TARGET_ALIASES[target]
     try:

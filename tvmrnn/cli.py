@@ -15,9 +15,9 @@ from .errors import InputError, UnsupportedModelError
 from .interface import echo_wrapped
 from .quiet import tvm_logs_filtered
 
-# schedules.KERNEL_CHOICES and tvmrnn.layer.PRECISIONS, spelled out so `--help` need not import TVM (tests/test_cli.py checks they agree)
+# schedules.KERNEL_CHOICES and schedules.layer.PRECISIONS, spelled out so `--help` need not import TVM (tests/test_cli.py checks they agree)
 KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma", "persistent_mma")
-PRECISIONS = ("exact", "tf32")  # tvmrnn.layer.PRECISIONS, likewise
+PRECISIONS = ("exact", "tf32")  # schedules.layer.PRECISIONS, likewise
 # tvmrnn.bench.ROWS and CPU_ROWS by name, likewise (so `bench --help` lists them without importing the suite)
 BENCH_ROWS = ("ds2-lstm", "ds2-gru", "ds2-5l-bi", "blog-a", "blog-b", "lat-b1-h512-l2", "lat-b1-h1024", "b8-h1024-l2",
               "b64-h1024-l2")
@@ -29,6 +29,13 @@ BENCH_CPU_ROWS = ("ds2-lstm", "ds2-gru", "lat-b1-h512-l2")
 def _tvm_line_as_json(line: str) -> str:
     """A TVM log line as one of the server's JSON log lines (serve -v), so its log stays one JSON object per line."""
     return json.dumps({"level": "debug", "logger": "tvm", "msg": line})
+
+
+def _our_errors() -> tuple:
+    """The errors meant for people: ours, and the kernels' refusals (schedules.errors, not imported here: --help needs
+    no TVM)."""
+    kernels = sys.modules.get("schedules.errors")
+    return (UnsupportedModelError, InputError) + ((kernels.KernelError,) if kernels else ())
 
 
 def _for_people(json_logs: bool = False):
@@ -46,7 +53,7 @@ def _for_people(json_logs: bool = False):
             with quiet:
                 try:
                     return fn(*a, **kw)
-                except (UnsupportedModelError, InputError) as err:
+                except _our_errors() as err:
                     status, message = 2, f"error: {err}"
                 except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
                     raise

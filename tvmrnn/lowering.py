@@ -14,10 +14,9 @@ import numpy as np
 from tvm import relax
 
 from schedules import planned_kernel, projection_cpu, projection_cuda, projection_mma, projection_staged, projection_wgmma, split_halves
+from schedules.cells import cell_for
 from schedules.recurrent_common import PANEL
 from schedules.recurrent_wavefront import split_h
-
-from .cells import cell_for
 
 op = relax.op
 
@@ -116,11 +115,12 @@ def _as_xw(bb, xw, xw_dtype: str):
     return xw
 
 
-def emit_rnn_layer(bb: relax.BlockBuilder, layer, inputs: list, target) -> list:
-    """Emit a planned layer (tvmrnn.plan.LayerPlan): its projection and its recurrent kernel. `inputs` are the node's
-    Relax inputs in ONNX order (None where absent). Returns [Y, Y_h(, Y_c)] as Relax expressions."""
+def emit_rnn_layer(bb: relax.BlockBuilder, layer, inputs: list, target, device) -> list:
+    """Emit a planned layer (tvmrnn.plan.LayerPlan) for the device it was planned for: its projection and its recurrent
+    kernel. `inputs` are the node's Relax inputs in ONNX order (None where absent). Returns [Y, Y_h(, Y_c)] as Relax
+    expressions."""
     spec, cell = layer.spec, cell_for(layer.spec)
-    kernel = planned_kernel(spec, cell, target, layer.kernel)
+    kernel = planned_kernel(spec, cell, target, layer.kernel, device)
     assert _xw_dtype(kernel.func) == layer.projection.xw_dtype, (spec.name, layer.projection)
     args = _kernel_inputs(bb, spec, cell, inputs, target, kernel.r_layout, layer.projection)
     results = _call(bb, kernel.func, spec.name, args, _output_types(spec, cell, inputs[0]))

@@ -35,6 +35,29 @@ def cpu_threads() -> int:
     return max(1, min(usable, psutil.cpu_count(logical=False) or usable))
 
 
+def local_sm_count(arch: str) -> int | None:
+    """The local GPU's SM count where it is of `arch` (sm_90a counts as sm_90), else None."""
+    try:
+        dev = tvm.runtime.device("cuda", 0)
+        if not dev.exist:
+            return None
+        local = "sm_" + dev.compute_version.replace(".", "")
+    except Exception:  # no CUDA driver at all
+        return None
+    return dev.multi_processor_count if arch.removesuffix("a") == local else None
+
+
+def kernel_device(target):
+    """The device the kernels for `target` are built for (schedules.Device): on CUDA the local GPU's SM count where it
+    is of the target's arch (a smaller part than the arch's flagship, such as the H100 PCIe's 114, gets a grid it can
+    launch), on CPUs the threads of the pool here (cpu_threads)."""
+    from schedules.device import Device
+
+    arch = Device.of_target(target).arch
+    return Device.of_target(target, sm_count=local_sm_count(arch) if target.kind.name == "cuda" else None,
+                            cpu_threads=cpu_threads())
+
+
 def use_every_core() -> None:
     """Give TVM's CPU thread pool one thread per physical core this process may run on (cpu_threads).
 

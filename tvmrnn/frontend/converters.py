@@ -46,7 +46,7 @@ class Emitter:
         if layer.copies is not None:  # the lengths and states it reads from the model's inputs: through copies (cuda_graph)
             inputs = [_copy(bb, x) if i >= 4 and isinstance(x, relax.Var) else x for i, x in enumerate(inputs)]
         if layer.stack is None:
-            return self._results(bb, layer, emit_rnn_layer(bb, layer, inputs, self.plan.target))
+            return self._results(bb, layer, emit_rnn_layer(bb, layer, inputs, self.plan.target, self.plan.device))
         chain = layer.stack
         results = emit_rnn_stack(bb, list(chain.specs), layer.projection, inputs, [m.constants for m in chain.members],
                                  self.plan.target, chain.kernel)

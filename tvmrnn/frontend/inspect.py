@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import onnx
 
+from schedules.layer import INPUT_NAMES, RNNLayerSpec
+
 from ..errors import UnsupportedModelError
-from ..layer import INPUT_NAMES, RNNLayerSpec
 from . import load_onnx, model_opset, onnx_dtype_name
 from .rnn_spec import UNKNOWN, normalize_attrs, spec_from_node
 

@@ -10,8 +10,9 @@ an input that is present but whose shape the graph does not say.
 
 from __future__ import annotations
 
+from schedules.layer import DEFAULT_ACTIVATIONS, DIRECTIONS, GATES, INPUT_NAMES, NUM_ACTIVATIONS, Activation, RNNLayerSpec
+
 from ..errors import UnsupportedModelError
-from ..layer import DEFAULT_ACTIVATIONS, DIRECTIONS, GATES, INPUT_NAMES, NUM_ACTIVATIONS, Activation, RNNLayerSpec
 
 MIN_OPSET, MAX_OPSET = 7, 22
 UNKNOWN = "unknown shape"

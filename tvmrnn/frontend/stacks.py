@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..layer import INPUT_NAMES
+from schedules.layer import INPUT_NAMES
 
 RNN_OPS = tuple(INPUT_NAMES)
 

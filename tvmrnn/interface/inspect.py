@@ -70,7 +70,8 @@ def _stacks(plan: ModelPlan, logs) -> list[str]:
         kernel, why = chain.kernel, chain.why
         static = isinstance(chain.batch, int)
         if not static:
-            kernel, why = plan_stack(list(chain.specs), plan.target, "auto", [logs.best(s) for s in chain.specs], PERSISTENT_MAX_BATCH)
+            tuned = [logs.best(s) for s in chain.specs]
+            kernel, why = plan_stack(list(chain.specs), plan.target, "auto", tuned, PERSISTENT_MAX_BATCH, plan.device)
         when = "" if static or kernel is None else f" when compiled with the batch bounded (--max-dim {chain.batch}=N, N <= {PERSISTENT_MAX_BATCH})"
         lines.append(f"  stack {' -> '.join(chain.names)}: " + (f"one {why}{when}" if kernel else f"layer by layer ({why})"))
     return lines

@@ -10,20 +10,22 @@ flows back into it from the emission.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import onnx
 
-from schedules import KERNEL_CHOICES, KernelPlan, StackKernel, plan_kernel, stack_kernel
+from schedules import KERNEL_CHOICES, Device, KernelError, KernelPlan, StackKernel, plan_kernel, stack_kernel
+from schedules.cells import cell_for
+from schedules.layer import INPUT_NAMES, PRECISIONS
 
-from ..cells import cell_for
 from ..cuda_graph import resolve as resolve_cuda_graph
 from ..errors import UnsupportedModelError
 from ..frontend import TensorInfo, index_bounds, load_onnx, model_inputs, model_opset
 from ..frontend.inspect import FoundLayer, find_rnn_layers
 from ..frontend.rnn_spec import normalize_attrs, spec_from_node
 from ..frontend.stacks import StackMember, find_chains
-from ..layer import INPUT_NAMES, PRECISIONS
+from ..runtime import kernel_device
 from .projection import Projection, plan_projection
 
 STORAGE_DTYPES = ("float16", "bfloat16")
@@ -36,7 +38,7 @@ class PlanOptions:
 
     kernel: str = "auto"  # schedules.KERNEL_CHOICES
     storage: str | None = None  # fp32 layers run in this dtype (float16 | bfloat16), None keeps each layer's
-    precision: str = "exact"  # math of fp32 layers on CUDA (layer.PRECISIONS)
+    precision: str = "exact"  # math of fp32 layers on CUDA (schedules.layer.PRECISIONS)
     max_dims: dict | None = None  # upper bounds of the inputs' symbolic dims
     cuda_graph: bool | None = None  # None: wherever every symbolic dim is bounded on CUDA
 
@@ -91,6 +93,7 @@ class GraphPlan:
 @dataclass(frozen=True)
 class ModelPlan:
     target: object  # tvm.target.Target
+    device: Device  # what the kernels are planned and emitted for (tvmrnn.runtime.kernel_device: SMs, CPU threads)
     options: PlanOptions
     opset: int
     inputs: tuple[TensorInfo, ...]
@@ -132,13 +135,29 @@ def _member_spec(member: StackMember, x_shape, dtype: str, opset: int, options: 
     return spec.compiled_as(options.storage, options.precision, cuda=True)
 
 
-def plan_stack(specs: list, target, kernel: str, tuned: list, batch_bound: int | None):
+def plan_stack(specs: list, target, kernel: str, tuned: list, batch_bound: int | None, device: Device):
     """(the wavefront kernel of a chain of stacked layers or None, why) (schedules.stack_kernel)."""
-    return stack_kernel(specs, [cell_for(s) for s in specs], target, kernel, tuned, batch_bound)
+    with _kernel_refusals():
+        return stack_kernel(specs, [cell_for(s) for s in specs], target, kernel, tuned, batch_bound, device)
+
+
+def _layer_kernel(spec, target, kernel: str, tuned, device: Device) -> KernelPlan:
+    """The recurrent kernel's plan of a layer run alone (schedules.plan_kernel)."""
+    with _kernel_refusals():
+        return plan_kernel(spec, cell_for(spec), target, kernel, tuned, device)
+
+
+@contextmanager
+def _kernel_refusals():
+    """The kernel generators' refusals (schedules.KernelError) as compile's own error."""
+    try:
+        yield
+    except KernelError as err:
+        raise UnsupportedModelError(str(err)) from err
 
 
 def _chain(opset: int, first: int, members, found, specs: dict, plan_args) -> ChainPlan:
-    target, options, tuned, enforced = plan_args
+    target, device, options, tuned, enforced = plan_args
     head = specs[first]
     seq, batch = _seq_batch(head, found[first].x_shape)
     chain, names = [head], (head.name,) + tuple(m.node.name or f"{m.node.op_type}_{m.index}" for m in members)
@@ -151,7 +170,7 @@ def _chain(opset: int, first: int, members, found, specs: dict, plan_args) -> Ch
         except UnsupportedModelError as err:  # the node says so itself at its own plan
             return ChainPlan(layers, (head.name, m.node.name or m.node.op_type), tuple(chain), tuple(members), batch, None, str(err))
     bound = batch if isinstance(batch, int) else enforced.get(batch)
-    kernel, why = plan_stack(chain, target, options.kernel, [tuned(s) for s in chain], bound)
+    kernel, why = plan_stack(chain, target, options.kernel, [tuned(s) for s in chain], bound, device)
     return ChainPlan(layers, names, tuple(chain), tuple(members), batch, kernel, why)
 
 
@@ -175,18 +194,18 @@ def plan_model(model, target, options: PlanOptions = PlanOptions(), logs=None, r
     found = find_rnn_layers(model)
     if refuse:
         _refuse(found)
-    cuda, opset = target.kind.name == "cuda", model_opset(model)
+    cuda, opset, device = target.kind.name == "cuda", model_opset(model), kernel_device(target)
     tuned = logs.best if logs is not None else (lambda spec: None)
     specs = {i: f.spec.compiled_as(options.storage, options.precision, cuda) for i, f in enumerate(found) if f.supported}
-    chains = [_chain(opset, first, members, found, specs, (target, options, tuned, graph.enforced))
+    chains = [_chain(opset, first, members, found, specs, (target, device, options, tuned, graph.enforced))
               for first, members in (find_chains(model).items() if cuda else ()) if first in specs]
-    layers = _layers(model, found, specs, chains, (target, options, tuned, graph))
-    return ModelPlan(target, options, opset, tuple(model_inputs(model)), tuple(layers), tuple(chains), graph,
+    layers = _layers(model, found, specs, chains, (target, device, options, tuned, graph))
+    return ModelPlan(target, device, options, opset, tuple(model_inputs(model)), tuple(layers), tuple(chains), graph,
                      index_bounds(model), {i: f for i, f in enumerate(found) if not f.supported})
 
 
 def _layers(model, found, specs: dict, chains: list[ChainPlan], plan_args) -> list[LayerPlan]:
-    target, options, tuned, graph = plan_args
+    target, device, options, tuned, graph = plan_args
     nodes = [n for n in model.graph.node if n.op_type in INPUT_NAMES]
     outputs = {o.name for o in model.graph.output}
     graph_inputs = {i.name for i in model_inputs(model)}
@@ -199,7 +218,7 @@ def _layers(model, found, specs: dict, chains: list[ChainPlan], plan_args) -> li
             at = chain.layers.index(i)
             spec, kernel = chain.specs[at], chain.kernel.plans[at]
         else:
-            kernel = plan_kernel(spec, cell_for(spec), target, options.kernel, tuned(spec))
+            kernel = _layer_kernel(spec, target, options.kernel, tuned(spec), device)
         projection = None if above_first else plan_projection(spec, target, _rows(spec, found[i].x_shape))
         layers.append(LayerPlan(
             i, spec, found[i].x_shape, replace(kernel, projection=projection.label if projection else IN_THE_WAVEFRONT),

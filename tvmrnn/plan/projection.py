@@ -49,7 +49,7 @@ def _cuda_gemm(spec, target, rows, In: int, cols: int, xw: str) -> tuple[str, st
     staged = mode or ("tf32x3" if tensor_cores(target) else None)
     arch = str((target.attrs or {}).get("arch", ""))
     large = rows is None or rows > projection_staged.SMALL_M
-    if staged == "tf32x3" and projection_wgmma.EXACT_ON_HALVES and large and projection_wgmma.supported("f16x3", In, cols, arch):
+    if staged == "tf32x3" and large and projection_wgmma.supported("f16x3", In, cols, arch):
         point = projection_wgmma.default_config("f16x3", cols, In)
         return "wgmma_f16x3", "f16x3", f"wgmma f16x3 {point.block[0]}x{point.bn}, X and W as scaled fp16 halves"
     if large and projection_wgmma.supported(staged, In, cols, arch):

@@ -26,6 +26,7 @@ from tvm.s_tir import meta_schedule as ms
 from schedules import cooperative, point_kernel
 from schedules.space import KernelConfig, kinds, knob_space
 
+from ..runtime import kernel_device
 from .tasks import RecurrentTask, task_of
 
 KNOB = "tvmrnn."  # annotation prefix of a knob on the root block
@@ -48,13 +49,15 @@ def config_of(mod: tvm.IRModule):
 def design_spaces(task: RecurrentTask, target, choice: str = "auto") -> ms.space_generator.ScheduleFn:
     """One design space per kernel kind the layer may run (on CUDA: stepwise, tiled or mma, and the persistent kinds when R
     fits, persistent_mma also where it streams part of R)."""
+    device = kernel_device(target)
+
     def sample(sch: Schedule):
         spaces = []
-        for kind in kinds(task.spec, task.cell, target, choice):
+        for kind in kinds(task.spec, task.cell, target, choice, device):
             s = sch.copy()
             root = _root(s)
             s.annotate(root, KIND, kind)
-            for knob, choices in knob_space(kind, task.spec, task.cell, target).items():
+            for knob, choices in knob_space(kind, task.spec, task.cell, target, device).items():
                 value = choices[0] if len(choices) == 1 else s.sample_categorical(list(choices), [1.0 / len(choices)] * len(choices))
                 s.annotate(root, KNOB + knob, value)
             spaces.append(s)
@@ -110,7 +113,7 @@ class ChangeOneKnob(ms.mutator.PyMutator):
 def point_kernel_of(mod: tvm.IRModule, target) -> tvm.IRModule:
     """The kernel a scheduled workload stands for, at the workload's static shapes."""
     task = task_of(mod)
-    func = point_kernel(task.spec, task.cell, target, config_of(mod), task.seq, task.batch)
+    func = point_kernel(task.spec, task.cell, target, config_of(mod), task.seq, task.batch, kernel_device(target))
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 

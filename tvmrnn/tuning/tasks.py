@@ -16,9 +16,9 @@ import tvm
 from tvm.script.ir_builder import tirx as T
 
 from schedules import signature_kernel
+from schedules.cells import cell_for
+from schedules.layer import Activation, RNNLayerSpec
 
-from ..cells import cell_for
-from ..layer import Activation, RNNLayerSpec
 from ..plan import ModelPlan, PlanOptions, plan_model
 
 TASK_ATTR = "tvmrnn.task"

@@ -18,6 +18,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from schedules.space import default_config, in_space, kinds, knob_space
 
+from ..runtime import kernel_device
 from . import search
 from .logs import FAILED, open_database, target_dir
 from .progress import Progress, TaskStats
@@ -59,6 +60,7 @@ def _seed_defaults(ctxs, tasks, target, db, builder, runner) -> tuple[list[float
     """Measure each task's default point of each kind and store them as records.
 
     Returns each task's best default seconds, its default points, and the number of trials run."""
+    device = kernel_device(target)
     pending, best = [], [None] * len(tasks)  # (task index, workload, schedule, args_info)
     points = [set() for _ in tasks]
     for ti, (ctx, task) in enumerate(zip(ctxs, tasks)):
@@ -66,13 +68,13 @@ def _seed_defaults(ctxs, tasks, target, db, builder, runner) -> tuple[list[float
         measured = {search.config_of_trace(r.trace, ctx.mod): r for r in db.get_top_k(workload, 10_000)}
         args_info = ms.arg_info.ArgInfo.from_prim_func(ctx.mod["main"])
         for space in ctx.generate_design_space():
-            point = default_config(search.config_of(space.mod).kind, task.spec, task.cell, target, task.batch)
+            point = default_config(search.config_of(space.mod).kind, task.spec, task.cell, target, task.batch, device)
             points[ti].add(point)
             if point in measured:
                 secs = [float(s) for s in measured[point].run_secs]
                 best[ti] = min(x for x in (best[ti], sum(secs) / len(secs)) if x is not None)
                 continue
-            if in_space(point, task.spec, task.cell, target):
+            if in_space(point, task.spec, task.cell, target, device):
                 sch = Schedule(ctx.mod)  # the space's trace with the default's decisions: the search may mutate it
                 search.point_trace(space, point).apply_to_schedule(sch, remove_postproc=True)
             else:
@@ -98,10 +100,11 @@ TASK_SCHEDULER = "round-robin"
 
 
 def space_size(task, target, choice) -> int:
+    device = kernel_device(target)
     total = 0
-    for kind in kinds(task.spec, task.cell, target, choice):
+    for kind in kinds(task.spec, task.cell, target, choice, device):
         n = 1
-        for choices in knob_space(kind, task.spec, task.cell, target).values():
+        for choices in knob_space(kind, task.spec, task.cell, target, device).values():
             n *= len(choices)
         total += n
     return total

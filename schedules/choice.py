@@ -1,0 +1,196 @@
+"""Which kernel runs which batch: one ordered table per target, the tuned points cut in, and the plan that results.
+
+A layer's kernel is a dispatch over batch buckets (`if batch <= b0: ... elif ...`), each bucket running one point of
+one kind's space (space.py): the tuned point where the tuning logs have one for this shape and target and it beat the
+default by TUNED_MARGIN, else the default. The defaults are the rows of DEFAULTS whose condition holds for the layer
+(space.Fit: does R fit on chip, and how), in order; each runs batches above the row before it up to its own bound, the
+last one every batch above. The measurements behind each bound are in docs/decisions.md (Kernels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .device import Device
+from .errors import KernelError
+from .recurrent_cpu import ROW_TILE
+from .recurrent_persistent_mma import MID_BATCH as RESIDENT_MID_BATCH
+from .recurrent_persistent_mma import SMALL_BATCH as RESIDENT_SMALL_BATCH
+from .recurrent_persistent_mma import WIDE_BATCH as RESIDENT_WIDE_BATCH
+from .space import Fit, KernelConfig, default_config, kinds
+
+KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma", "persistent_mma")
+PERSISTENT_MAX_BATCH = 4  # persistent up to here (2-2.3x stepwise at batch 1, 1.4x slower at batch 8)
+STEPWISE_MAX_BATCH = 32  # stepwise (fp32, R not on chip) up to here, tiled above
+TILED_MIN_HIDDEN = 1024  # tiled only from this hidden size (too few blocks fill the GPU below)
+RESIDENT_MAX_BATCH = 32  # persistent_mma with R resident gives way to mma above here in half precision and TF32
+STREAMED_MAX_BATCH = 64  # persistent_mma streaming part of R runs STEPWISE_MAX_BATCH+1 .. here (its 64 rows per pass)
+# a tuned point replaces the default only when it measured this much faster: a kernel timed alone (R left in L2 between
+# repeats) can win by a hair yet lose inside a model
+TUNED_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class Default:
+    kind: str
+    up_to: int | None  # the largest batch it runs (None: every batch above the row before); the last row's is None
+    batch: int | None  # the batch its default point is picked for (None: the kind's general one)
+    when: Callable[[Fit], bool]
+
+
+def _always(fit: Fit) -> bool:
+    return True
+
+
+# CUDA under auto, in batch order. R too large for shared memory but streamed by persistent_mma: the per-step kind, the
+# streaming kernel, the per-step kind again. R on chip: persistent at small batch, then persistent_mma's batch tiles
+# (exact fp32 to any batch; half precision and TF32 to RESIDENT_MAX_BATCH, mma above). Neither: persistent if it fits,
+# then mma where tensor cores take the dtype, else stepwise and (for wide layers) tiled
+CUDA_DEFAULTS = (
+    Default("mma", STEPWISE_MAX_BATCH, STEPWISE_MAX_BATCH, lambda f: f.streams and f.tensor_cores),
+    Default("stepwise", STEPWISE_MAX_BATCH, STEPWISE_MAX_BATCH, lambda f: f.streams and not f.tensor_cores),
+    Default("persistent_mma", STREAMED_MAX_BATCH, STREAMED_MAX_BATCH, lambda f: f.streams),
+    Default("mma", None, None, lambda f: f.streams and f.tensor_cores),
+    Default("tiled", None, None, lambda f: f.streams and not f.tensor_cores),
+    Default("persistent", PERSISTENT_MAX_BATCH, None, lambda f: f.persistent and not f.streams),
+    Default("persistent_mma", RESIDENT_SMALL_BATCH, RESIDENT_SMALL_BATCH, lambda f: f.resident),
+    Default("persistent_mma", RESIDENT_MID_BATCH, RESIDENT_MID_BATCH, lambda f: f.resident),
+    Default("persistent_mma", RESIDENT_WIDE_BATCH, RESIDENT_WIDE_BATCH, lambda f: f.resident and not f.tensor_cores),
+    Default("persistent_mma", RESIDENT_MAX_BATCH, None, lambda f: f.resident),
+    Default("mma", None, None, lambda f: f.tensor_cores and not f.streams),
+    Default("stepwise", STEPWISE_MAX_BATCH, None, lambda f: not (f.resident or f.streams or f.tensor_cores)),
+    Default("tiled", None, None, lambda f: f.wide and not (f.resident or f.streams or f.tensor_cores)),
+)
+# CPU: single rows below ROW_TILE, then row tiles
+CPU_DEFAULTS = (Default("cpu", ROW_TILE - 1, 1, _always), Default("cpu", None, None, _always))
+# a kind the user named runs every batch; persistent_mma's default point changes with the batch as under auto
+NAMED_DEFAULTS = (
+    Default("persistent_mma", RESIDENT_SMALL_BATCH, RESIDENT_SMALL_BATCH, _always),
+    Default("persistent_mma", RESIDENT_MID_BATCH, RESIDENT_MID_BATCH, _always),
+    Default("persistent_mma", RESIDENT_WIDE_BATCH, RESIDENT_WIDE_BATCH, _always),
+)
+
+
+@dataclass(frozen=True)
+class Branch:
+    up_to: int | None  # the largest batch this branch runs (None: any batch above the previous branch)
+    config: KernelConfig
+    tuned: bool  # chosen from a tuning log; else the default point of its space
+    # chosen from a log that measured the default point within TUNED_MARGIN of its best: the default runs, on evidence
+    kept_default: bool = False
+
+    def as_dict(self) -> dict:
+        return {"up_to_batch": self.up_to, "config": self.config.as_dict(), "tuned": self.tuned, "kept_default": self.kept_default}
+
+    @property
+    def label(self) -> str:
+        return "tuned: default kept" if self.kept_default else "tuned" if self.tuned else "default"
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """The one decision about a layer's recurrent kernel: which point of which space runs each batch bucket."""
+
+    target_kind: str
+    branches: tuple[Branch, ...]
+    why: str  # why these kinds (does R fit on chip?)
+    projection: str = ""  # the GEMM of its input projection (tvmrnn.lowering fills it in as it emits it)
+
+    def describe(self) -> str:
+        parts = []
+        for b in self.branches:
+            when = f"batch <= {b.up_to}: " if b.up_to is not None and len(self.branches) > 1 else ""
+            parts.append(f"{when}{b.config.describe()} [{b.label}]")
+        why = f" ({self.why})" if self.why else ""
+        return f"{self.target_kind}: " + "; else ".join(parts) + why
+
+    @property
+    def tuned(self) -> bool:
+        return any(b.tuned for b in self.branches)
+
+    def branch_at(self, batch: int) -> Branch:
+        """The branch that runs `batch` rows."""
+        return next(b for b in self.branches if b.up_to is None or batch <= b.up_to)
+
+
+def default_rows(spec, cell, target, choice: str, device: Device) -> list[Default]:
+    """The rows of the defaults table a layer runs under `choice`, the last one's bound lifted."""
+    if target.kind.name != "cuda":
+        rows = list(CPU_DEFAULTS)
+    elif choice != "auto":
+        rows = [r for r in NAMED_DEFAULTS if r.kind == choice] + [Default(choice, None, None, _always)]
+    else:
+        fit = Fit.of(spec, cell, target, device)
+        rows = [r for r in CUDA_DEFAULTS if r.when(fit)]
+    return rows[:-1] + [Default(rows[-1].kind, None, rows[-1].batch, _always)]
+
+
+def default_branches(spec, cell, target, choice: str, device: Device) -> list[Branch]:
+    """The untuned plan's branches, one per row (the tuned buckets cut in between its bounds)."""
+    return [Branch(r.up_to, default_config(r.kind, spec, cell, target, r.batch, device), False)
+            for r in default_rows(spec, cell, target, choice, device)]
+
+
+def _fit_note(spec, cell, target, choice, device: Device) -> str:
+    """Whether R fits on chip for the persistent kinds (why they are or are not among auto's); raises when the user
+    asked for persistent and R does not fit."""
+    from . import recurrent_persistent as persistent
+
+    need = persistent.default_config(spec, device).smem_bytes(spec, cell) / 1024
+    where = f"R slice {need:.1f} KB per block, {device.smem_limit / 1024:.0f} KB on {device.arch}"
+    fit = Fit.of(spec, cell, target, device)
+    if choice == "persistent" and not fit.persistent:
+        raise KernelError(f"{spec.op} node '{spec.name}': kernel 'persistent' needs R on chip, and hidden size "
+                          f"{spec.hidden_size} x {spec.num_directions} direction(s) does not fit ({where}); use auto or stepwise")
+    resident = "; persistent_mma: R fits in shared memory across one wave" if fit.resident else \
+        "; persistent_mma: part of R streamed from L2 each step" if fit.streams else ""
+    return f"persistent: {where}: " + ("fits" if fit.persistent else "does not fit") + resident
+
+
+def plan_kernel(spec, cell, target, choice: str = "auto", tuned: dict | None = None, device: Device | None = None) -> KernelPlan:
+    """The plan for one layer on `target` (device: its SM count, shared memory and CPU threads; by default the
+    target's). tuned: {batch bucket: [(KernelConfig, seconds), best first]} from the tuning logs; each bucket runs its
+    best point of a kind this choice allows, unless the default point for that batch measured within TUNED_MARGIN of
+    it. Without any, the defaults."""
+    if choice not in KERNEL_CHOICES:
+        raise KernelError(f"kernel={choice!r} is not supported; one of {KERNEL_CHOICES}")
+    device = device or Device.of_target(target)
+    cuda = target.kind.name == "cuda"
+    why = _fit_note(spec, cell, target, choice, device) if cuda else ""
+    allowed = kinds(spec, cell, target, choice, device)
+    defaults = default_branches(spec, cell, target, choice, device)
+    picked = {}
+    for batch, points in (tuned or {}).items():
+        points = [(c, t) for c, t in points if c.kind in allowed]
+        default = next(b.config for b in defaults if b.up_to is None or batch <= b.up_to)
+        default_t = dict(points).get(default)
+        # the tuner always measures the default point: logs without it predate today's default (say, a kind added
+        # since) and cannot tell whether their best beats it
+        if points and default_t is not None:
+            best, best_t = points[0]
+            picked[batch] = default if best_t > default_t * (1 - TUNED_MARGIN) else best
+    return KernelPlan("cuda" if cuda else "cpu", tuple(_cut_in(defaults, picked)), why)
+
+
+def _cut_in(defaults: list[Branch], picked: dict) -> list[Branch]:
+    """The default branches with the tuned buckets cut in: a tuned bucket runs its point from the boundary below it
+    (a smaller bucket's or a default branch's) up to its batch, and every other batch keeps the default that covers it
+    (a bucket does not take every batch below it: a default may be tuned for those)."""
+    def default_at(batch):
+        return next(b for b in defaults if b.up_to is None or batch <= b.up_to)
+
+    bounds = sorted(set(picked) | {b.up_to for b in defaults if b.up_to is not None})
+    return _merged([Branch(hi, picked[hi], True, picked[hi] == default_at(hi).config) if hi in picked else default_at(hi)
+                    for hi in bounds] + [defaults[-1]])
+
+
+def _merged(branches: list[Branch]) -> list[Branch]:
+    """Neighbours running the same point (a default split by a bucket around it) as one branch."""
+    merged = []
+    for b in branches:
+        if merged and (merged[-1].config, merged[-1].tuned, merged[-1].kept_default) == (b.config, b.tuned, b.kept_default):
+            merged[-1] = b
+        else:
+            merged.append(b)
+    return merged
