@@ -55,6 +55,9 @@ class KernelArgs:
     # f16x3 (split_operands): operand name -> the low fp16 halves of its values times operand_scale, whose high halves
     # are its mirror
     split_mirrors: dict = field(default_factory=dict)
+    # operand name -> (words, tag): where store_operand also publishes its values with their step's tag (schedules.step_sync),
+    # set by the persistent kernel per step and phase
+    published: dict = field(default_factory=dict)
     operand_scale: PrimExpr | None = None
 
     def declare(self, r_layout: str, weight_dtype: str = "float32", xw_dtype: str = "float32"):
@@ -249,8 +252,13 @@ def split_operands(a: KernelArgs):
 
 def store_operand(a: KernelArgs, name: str, buf, value, idx):
     """Store an operand value (h or a stored value) and its half-precision copy, or its scaled halves, where the kernel
-    keeps them."""
+    keeps them, and its tagged word where the kernel publishes it."""
     T.buffer_store(buf, value, idx)
+    if name in a.published:
+        from .step_sync import publish
+
+        words, tag = a.published[name]
+        publish(words, idx, value, tag)
     if name in a.split_mirrors:
         from .split_halves import halves_of
 
@@ -342,7 +350,7 @@ def batch_dispatch(a: KernelArgs, branches):
     starts without the operand copies an earlier one allocated (their buffers live in that branch, and a kind that
     keeps none must not write them)."""
     (limit, emit), rest = branches[0], branches[1:]
-    a.mirrors, a.split_mirrors, a.operand_scale = {}, {}, None
+    a.mirrors, a.split_mirrors, a.operand_scale, a.published = {}, {}, None, {}
     if limit is None or not rest:
         emit(a)
         return

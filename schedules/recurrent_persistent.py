@@ -25,7 +25,8 @@ from .device import Device
 from .layer import RNNLayerSpec
 
 from .recurrent_common import KernelArgs, block_sync, i64, load_xw_ahead, step_phases, store_operand
-from .recurrent_cuda import cuda_prim_func, epilogue, operand_at, vector_width, weight_bytes
+from .recurrent_cuda import cuda_prim_func, epilogue, operand_at, operand_index, vector_width, weight_bytes
+from . import step_sync
 from .warp_gemv import warp_gates
 
 F32 = "float32"
@@ -43,6 +44,8 @@ class PersistentConfig:
     # each finishing lane loads its row's XW values before the reduction, so their latency (an L2 or HBM read) overlaps
     # the reduction's instead of following it on every step's critical path
     prefetch: int = 0
+    # how a step waits for the last one's h: 0 a grid barrier, 1 polling h's words tagged with their step (step_sync)
+    sync: int = 0
 
     def grid(self, spec: RNNLayerSpec) -> int:
         return spec.num_directions * self.blocks_per_direction(spec)
@@ -105,13 +108,19 @@ def _each_unit_row(a: KernelArgs, j0, units: int, threads: int, tid, body):
     _strided(i64(units) * N, threads, tid, item)
 
 
-def initial_states(a: KernelArgs, hbuf, d, j0, units: int, threads: int, tid):
-    """The block's units j0..: h0 into hbuf[0], c0 into Yc (zeros where the node has none)."""
+def initial_states(a: KernelArgs, hbuf, d, j0, units: int, threads: int, tid, words=None):
+    """The block's units j0..: h0 into hbuf[0], c0 into Yc (zeros where the node has none). With tagged words (sync 1),
+    h0 goes out with tag 0 and every other word of the block's units is made INVALID: what an earlier launch left
+    there can never pass for a step of this one (the grid barrier after this makes it so everywhere)."""
 
     def init(n, j):
+        a.published = {"h": (words["h"], step_sync.tag_of(0))} if words else {}
         store_operand(a, "h", hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
         if a.Yc is not None:
             T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j))
+        for name, buf in (words or {}).items():
+            idx = [i64(1), d, n, j] if name == "h" else [d, n, j]
+            step_sync.publish(buf, idx, tirx.const(0.0, F32), step_sync.invalid())
 
     _each_unit_row(a, j0, units, threads, tid, init)
 
@@ -123,7 +132,8 @@ def final_states(a: KernelArgs, hbuf, d, j0, units: int, threads: int, tid):
 
 
 def persistent_body(a: KernelArgs, cfg: PersistentConfig):
-    """One cooperative launch: R slices into shared memory, initial states, then steps separated by grid barriers."""
+    """One cooperative launch: R slices into shared memory, initial states, then steps separated by grid barriers, or
+    (sync 1) by each step polling the words of the last one's operand (step_sync)."""
     spec, cell = a.spec, a.cell
     H, D, G = spec.hidden_size, spec.num_directions, cell.gates
     BPD, UPB, W, NB = cfg.blocks_per_direction(spec), cfg.units_per_block(spec), cfg.warps, cfg.batch_tile
@@ -132,6 +142,7 @@ def persistent_body(a: KernelArgs, cfg: PersistentConfig):
     N = a.batch
     hbuf = T.alloc_buffer((2, D, N, H), F32)
     scratch = {v: T.alloc_buffer((D, N, H), F32) for v in cell.stored_values}
+    words = _tagged_words(a) if cfg.sync else None
     with T.thread_binding(0, i64(D * BPD), "blockIdx.x") as bx:
         with T.thread_binding(0, i64(W), "threadIdx.y") as ty:
             with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
@@ -148,10 +159,11 @@ def persistent_body(a: KernelArgs, cfg: PersistentConfig):
                 # written here, not left to the sync planner, which cannot place barriers under the batch dispatch
                 block_sync()
 
-                initial_states(a, hbuf, d, j0, UPB, threads, tid)
+                initial_states(a, hbuf, d, j0, UPB, threads, tid, words)
                 _grid_sync()
 
                 def phase_step(_pi, phase, last, operand, s, cur, nxt):
+                    tagged = _StepWords(a, words, phase, s, cur, d) if words else None
                     with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
                         n0 = chunk * i64(NB)
 
@@ -159,32 +171,60 @@ def persistent_body(a: KernelArgs, cfg: PersistentConfig):
                             for b in range(NB):
                                 with T.If(n0 + i64(b) < N):
                                     with T.Then():
-                                        _stage_row(hs, operand, phase, cur, d, n0 + i64(b), b, H, threads, tid)
+                                        _stage_row(hs, operand, phase, cur, d, n0 + i64(b), b, H, threads, tid, tagged)
                             block_sync()
-                            h_at = lambda _u, b, k: hs[i64(b), k]  # noqa: E731
+                            h_at, h_vec = (lambda _u, b, k: hs[i64(b), k]), None  # noqa: E731
                         else:
                             h_at = lambda _u, b, k, n0=n0: operand_at(operand, phase, cur, d, tirx.min(n0 + i64(b), N - 1), k)  # noqa: E731
-                        _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, h_at, d, j0, n0, V)
+                            h_vec = tagged and (lambda b, k, width, n0=n0: tagged.wait(tirx.min(n0 + i64(b), N - 1), k, width))  # noqa: E731
+                        _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, h_at, d, j0, n0, V, h_vec)
                         if cfg.stage_h:
                             block_sync()  # hs is restaged by the next chunk
-                    _grid_sync()
+                    if not words:
+                        _grid_sync()
 
                 step_phases(a, hbuf, scratch, phase_step)
 
+                if words:
+                    block_sync()  # the last h of the block's units, which other threads of it wrote
                 final_states(a, hbuf, d, j0, UPB, threads, tid)
+    a.published = {}
 
 
-def _stage_row(hs, operand, phase, cur, d, n, b, H, threads, tid):
+def _tagged_words(a: KernelArgs) -> dict:
+    """The words each operand a phase multiplies is published in (step_sync): h double-buffered by the step's parity,
+    a value an earlier phase of the same step stored (GRU's r*h) in one buffer (step_sync's docstring says why)."""
+    D, N, H = a.spec.num_directions, a.batch, a.spec.hidden_size
+    names = dict.fromkeys(p.operand for p in a.cell.phases)
+    return {name: step_sync.alloc_words((2, D, N, H) if name == "h" else (D, N, H)) for name in names}
+
+
+class _StepWords:
+    """One phase of step s with tagged words: what store_operand publishes (h of step s goes out with tag s + 1, a
+    value stored for a later phase with tag s) and the wait for the operand the phase multiplies."""
+
+    def __init__(self, a: KernelArgs, words: dict, phase, s, cur, d):
+        a.published = {name: (buf, step_sync.tag_of(s + 1) if name == "h" else step_sync.tag_of(s)) for name, buf in words.items()}
+        self.operand, self.phase, self.cur, self.d, self.tag = words[phase.operand], phase, cur, d, step_sync.tag_of(s)
+
+    def wait(self, n, k, width):
+        return step_sync.wait(self.operand, operand_index(self.phase, self.cur, self.d, n, k), self.tag, width)
+
+
+def _stage_row(hs, operand, phase, cur, d, n, b, H, threads, tid, tagged=None):
     V = 4 if H % 4 == 0 else 1
     with T.serial(0, i64(-(-H // (threads * V)))) as it:
         k0 = (it * i64(threads) + tid) * i64(V)
         with T.If(k0 < i64(H)):
             with T.Then():
-                with T.vectorized(0, i64(V)) as v:
-                    T.buffer_store(hs, operand_at(operand, phase, cur, d, n, k0 + v), [i64(b), k0 + v])
+                if tagged is not None:  # the row's words, polled until they hold step s's values
+                    T.buffer_store(hs, tagged.wait(n, k0, V), [i64(b), tirx.Ramp(k0, i64(1), V) if V > 1 else k0])
+                else:
+                    with T.vectorized(0, i64(V)) as v:
+                        T.buffer_store(hs, operand_at(operand, phase, cur, d, n, k0 + v), [i64(b), k0 + v])
 
 
-def _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, h_at, d, j0, n0, V):
+def _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, h_at, d, j0, n0, V, h_vec=None):
     """Each warp: all gates of its units for the staged batch rows, then the gate program per (unit, row)."""
     H, N, W, NB, UPB = a.spec.hidden_size, a.batch, cfg.warps, cfg.batch_tile, cfg.units_per_block(a.spec)
     for slot in range(-(-UPB // W)):
@@ -203,7 +243,7 @@ def _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm,
                                      **({} if xw is None else {"x": lambda gi: xw[i64(gi)]}))
 
                 warp_gates(lane, H, phase.gates, 1, NB, V, h_at=h_at, w_at=lambda _u, g, k, u=u: wsm[u, i64(g), k],
-                           finish=finish, row_valid=(lambda b: n0 + i64(b) < N) if NB > 1 else None)
+                           finish=finish, row_valid=(lambda b: n0 + i64(b) < N) if NB > 1 else None, h_vec=h_vec)
 
 
 def _prefetch_xw(a: KernelArgs, phase, s, d, n0, j, lane, NB: int):

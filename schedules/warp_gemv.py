@@ -32,10 +32,15 @@ def _maybe(cond, b, emit):
             emit()
 
 
-def _load_row(hv, h_at, b, k0, V):
+def _load_row(hv, h_at, b, k0, V, h_vec=None):
     # h is fp32: at most float4 per load (CUDA has no float8; TVM's codegen cannot always split one)
     for v0 in range(0, V, 4):
-        with T.vectorized(0, i64(min(4, V))) as v:
+        width = min(4, V)
+        if h_vec is not None:
+            at = tirx.Ramp(i64(v0), i64(1), width) if width > 1 else i64(v0)
+            T.buffer_store(hv, h_vec(b, k0 + i64(v0), width), [i64(b), at])
+            continue
+        with T.vectorized(0, i64(width)) as v:
             T.buffer_store(hv, h_at(0, b, k0 + i64(v0) + v), [i64(b), i64(v0) + v])
 
 
@@ -46,7 +51,7 @@ def _fma_row(acc, wv, hv, u, gi, b, V):
         T.buffer_store(acc, acc[tuple(idx)] + prod, idx)
 
 
-def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None, segments=None):
+def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None, segments=None, h_vec=None):
     """Accumulate sum_k w_at(u, g, k) * h_at(u, b, k) for UW units, the given gates and NB batch rows.
 
     h_at(u, b, k) / w_at(u, g, k): loads (callers clamp indices so every load is in bounds); h must not
@@ -56,6 +61,8 @@ def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None, se
     (a tile wider than the batch then costs almost nothing).
     segments: [(K, h_at, w_at), ...] summed one after another in place of (H, h_at, w_at): a stacked layer's input
     and its own state (recurrent_wavefront); V must divide every K.
+    h_vec(b, k, width): optional, `width` (1 or 4) consecutive elements of h from k as one value, loaded in place of
+    h_at's (the persistent kernel's tagged words, schedules.step_sync).
     """
     gp = len(gates)
     acc = T.alloc_buffer((UW, gp, NB), F32, scope="local")
@@ -71,7 +78,7 @@ def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None, se
             with T.If(k0 < i64(K)):
                 with T.Then():
                     for b in range(NB):
-                        _maybe(row_valid, b, lambda b=b, h_at_k=h_at_k: _load_row(hv, h_at_k, b, k0, V))
+                        _maybe(row_valid, b, lambda b=b, h_at_k=h_at_k: _load_row(hv, h_at_k, b, k0, V, h_vec))
                     for u, (gi, g) in itertools.product(range(UW), enumerate(gates)):
                         with T.vectorized(0, i64(V)) as v:
                             T.buffer_store(wv, w_at_k(u, g, k0 + v).astype(F32), [v])
