@@ -150,20 +150,22 @@ register(KernelKind("cpu", "cpu", lambda fit: False, _cpu_knobs, _cpu_default, _
 
 
 # ---- persistent: one cooperative launch for the whole sequence, R in shared memory (recurrent_persistent): blocks
-# (one co-resident wave), warps, batch_tile, stage_h (h staged in shared memory), prefetch (XW loaded before the reduction)
+# (one co-resident wave), warps, batch_tile, stage_h (h staged in shared memory), prefetch (XW loaded before the reduction),
+# sync (0: a grid barrier a step; 1: h polled as words tagged with their step, schedules/step_sync.py)
 def _persistent_knobs(spec, cell, device):
     from . import recurrent_persistent as persistent
 
     sms = device.sm_count
     blocks = tuple(b for b in sorted({sms, sms * 3 // 4, sms // 2}, reverse=True) if persistent.fits(spec, cell, device, blocks=b))
-    return {"blocks": blocks or (sms,), "warps": (4, 8, 16), "batch_tile": (1, 2, 4), "stage_h": (0, 1), "prefetch": (0, 1)}
+    return {"blocks": blocks or (sms,), "warps": (4, 8, 16), "batch_tile": (1, 2, 4), "stage_h": (0, 1), "prefetch": (0, 1),
+            "sync": (0, 1)}
 
 
 def _persistent_config(config):
     from .recurrent_persistent import PersistentConfig
 
     return PersistentConfig(blocks=config["blocks"], warps=config["warps"], batch_tile=config["batch_tile"],
-                            stage_h=bool(config["stage_h"]), prefetch=config["prefetch"])
+                            stage_h=bool(config["stage_h"]), prefetch=config["prefetch"], sync=config["sync"])
 
 
 def _persistent_default(spec, cell, device, batch):
@@ -171,7 +173,7 @@ def _persistent_default(spec, cell, device, batch):
 
     c = persistent.default_config(spec, device)
     return KernelConfig.of("persistent", blocks=c.blocks, warps=c.warps, batch_tile=c.batch_tile, stage_h=int(c.stage_h),
-                           prefetch=c.prefetch)
+                           prefetch=c.prefetch, sync=c.sync)
 
 
 def _persistent_emit(config, spec, cell, device):
@@ -182,7 +184,7 @@ def _persistent_emit(config, spec, cell, device):
 
 
 register(KernelKind("persistent", "cuda", lambda fit: fit.persistent, _persistent_knobs, _persistent_default, _persistent_emit,
-                    grid=lambda config, spec: _persistent_config(config).grid(spec), later_knobs={"prefetch": 0}))
+                    grid=lambda config, spec: _persistent_config(config).grid(spec), later_knobs={"prefetch": 0, "sync": 0}))
 
 
 # ---- persistent_mma: the persistent tensor-core kernel (recurrent_persistent_mma): mma's knobs, prefetch, and in exact
