@@ -210,19 +210,21 @@ def _numpy_dtype(dtype):
     return ml_dtypes.bfloat16 if str(dtype) == "bfloat16" else str(dtype)
 
 
-def _check_kernel(kind, case, spec, func, r_layout, batches, note="", tol=None):
+def _check_kernel(kind, case, spec, func, r_layout, batches, note="", tol=None, steps=9):
     """Run a recurrent PrimFunc on fresh inputs per batch (seeded: the same every call), outputs poisoned, twice each;
-    check against float64 (tol: (rtol, atol), else by the layer's math) and return the outputs of every batch."""
+    check against float64 (tol: (rtol, atol), else by the layer's math) and return the outputs of every batch.
+    steps: the sequence length, or one per batch (the launches run in that order on one compiled module)."""
     cell = cell_for(spec)
     runs = []
     target = target_of(kind)
     lib = tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline=cooperative.register())
     dev = tvm.device("cpu" if kind == "llvm" else "cuda", 0)
     rng = np.random.default_rng(7)
-    T, H, D = 9, spec.hidden_size, spec.num_directions
+    H, D = spec.hidden_size, spec.num_directions
     w = case.weights()
     # fresh inputs each time (a race shows as an error that moves)
     for trial, N in enumerate(batches):
+        T = steps[trial] if isinstance(steps, tuple) else steps
         feeds = case.feeds(rng, T, N)
         x = feeds["X"]
         xw = x.astype("f4") @ w["W"].astype("f4").reshape(D * cell.gates * H, -1).T
