@@ -2,6 +2,7 @@
 
     python3 benchmarks/sanitize_case.py [KERNEL [LSTM|GRU [streamed|ring|ring-h|h0]]]
     python3 benchmarks/sanitize_case.py wavefront     two stacked LSTM layers in one wavefront kernel
+    python3 benchmarks/sanitize_case.py persistent LSTM sync   the persistent kernel with sync=1 (steps wait on h's tagged words)
 
 streamed (persistent_mma only): half of each block's R read from global memory every step (the path layers too large
 for shared memory run), instead of all of it resident. ring: hidden 128, three of its four chunks streamed through
@@ -10,6 +11,7 @@ h's chunks copied into the ring too; ring-h-halves: that in exact fp32's f16x3 s
 max |h0| across the grid before storing h0's halves).
 """
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -18,7 +20,7 @@ sys.path.insert(0, "tests")
 import tvmrnn  # noqa: E402
 from onnx_cases import Case  # noqa: E402
 
-from schedules import recurrent_persistent_mma  # noqa: E402
+from schedules import recurrent_persistent, recurrent_persistent_mma  # noqa: E402
 from schedules.recurrent_mma import MmaConfig  # noqa: E402
 
 kernel = sys.argv[1] if len(sys.argv) > 1 else "persistent"
@@ -29,6 +31,9 @@ if sys.argv[3:] in (["ring"], ["ring-h"], ["ring-h-halves"]):
     recurrent_persistent_mma.default_config = lambda *_, **__: MmaConfig(units=8, n_tiles=1, n_warps=2, k_warps=2, depth=1, prefetch=1,
                                                                         streamed=3, ring=2, ring_h=int(sys.argv[3] != "ring"),
                                                                         halves=int(sys.argv[3] == "ring-h-halves"))
+if sys.argv[3:] == ["sync"]:
+    _default = recurrent_persistent.default_config
+    recurrent_persistent.default_config = lambda *a, **k: dataclasses.replace(_default(*a, **k), sync=1)
 if kernel == "wavefront":
     from test_wavefront import lstm_stack, stack_model, stack_reference
 
@@ -44,4 +49,4 @@ case = Case(op=sys.argv[2] if len(sys.argv) > 2 else "LSTM", direction="bidirect
 module = tvmrnn.compile(case.model(), target="cuda", kernel=kernel)
 feeds = case.feeds(np.random.default_rng(0), 4, 2)
 ours, ref = module.run(feeds), case.reference(feeds)
-print(kernel, case.op, {k: float(np.abs(v - ref[k]).max()) for k, v in ours.items()})
+print(kernel, case.op, module.metadata["layers"][0]["kernel"], {k: float(np.abs(v - ref[k]).max()) for k, v in ours.items()})
