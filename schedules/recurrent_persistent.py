@@ -177,7 +177,7 @@ def persistent_body(a: KernelArgs, cfg: PersistentConfig):
                         else:
                             h_at = lambda _u, b, k, n0=n0: operand_at(operand, phase, cur, d, tirx.min(n0 + i64(b), N - 1), k)  # noqa: E731
                             h_vec = tagged and (lambda b, k, width, n0=n0: tagged.wait(tirx.min(n0 + i64(b), N - 1), k, width))  # noqa: E731
-                        _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, h_at, d, j0, n0, V, h_vec)
+                        _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, h_at, d, j0, n0, V, h_vec, tagged)
                         if cfg.stage_h:
                             block_sync()  # hs is restaged by the next chunk
                     if not words:
@@ -206,6 +206,16 @@ class _StepWords:
     def __init__(self, a: KernelArgs, words: dict, phase, s, cur, d):
         a.published = {name: (buf, step_sync.tag_of(s + 1) if name == "h" else step_sync.tag_of(s)) for name, buf in words.items()}
         self.operand, self.phase, self.cur, self.d, self.tag = words[phase.operand], phase, cur, d, step_sync.tag_of(s)
+        self.a, self.s, self.stored = a, s, [(words[v], v) for v in phase.stores if v in words]
+
+    def publish_past_end(self, n, j):
+        """A step past row n's sequence runs no phase program but the last one's padding rule, yet a later phase of it
+        polls what this one stores: those words go out with the step's tag all the same (their value unused)."""
+        if self.stored:
+            with T.If(self.s >= self.a.length(n)):
+                with T.Then():
+                    for buf, _ in self.stored:
+                        step_sync.publish(buf, [self.d, n, j], tirx.const(0.0, F32), self.tag)
 
     def wait(self, n, k, width):
         return step_sync.wait(self.operand, operand_index(self.phase, self.cur, self.d, n, k), self.tag, width)
@@ -224,8 +234,9 @@ def _stage_row(hs, operand, phase, cur, d, n, b, H, threads, tid, tagged=None):
                         T.buffer_store(hs, operand_at(operand, phase, cur, d, n, k0 + v), [i64(b), k0 + v])
 
 
-def _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, h_at, d, j0, n0, V, h_vec=None):
-    """Each warp: all gates of its units for the staged batch rows, then the gate program per (unit, row)."""
+def _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm, h_at, d, j0, n0, V, h_vec=None, tagged=None):
+    """Each warp: all gates of its units for the staged batch rows, then the gate program per (unit, row). tagged: the
+    step's words (sync 1), h_vec their wait where the warp reads them itself."""
     H, N, W, NB, UPB = a.spec.hidden_size, a.batch, cfg.warps, cfg.batch_tile, cfg.units_per_block(a.spec)
     for slot in range(-(-UPB // W)):
         u = i64(slot * W) + ty
@@ -241,6 +252,8 @@ def _chunk_gates(a, cfg, phase, last, hbuf, scratch, s, cur, nxt, lane, ty, wsm,
                         with T.Then():
                             epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec,
                                      **({} if xw is None else {"x": lambda gi: xw[i64(gi)]}))
+                            if tagged is not None and not last:
+                                tagged.publish_past_end(n, j)
 
                 warp_gates(lane, H, phase.gates, 1, NB, V, h_at=h_at, w_at=lambda _u, g, k, u=u: wsm[u, i64(g), k],
                            finish=finish, row_valid=(lambda b: n0 + i64(b) < N) if NB > 1 else None, h_vec=h_vec)
