@@ -62,11 +62,14 @@ def test_sync_matches_float64(op, hidden, direction):
     _check_kernel("cuda", case, spec, func, "rows", batches=(1, 4), note=note)
 
 
+OTHER_KNOBS = [(("LSTM", "float32", 0), {"stage_h": 1}), (("GRU", "float32", 0), {"stage_h": 0, "batch_tile": 2}),
+               (("GRU", "float32", 0), {"stage_h": 1, "batch_tile": 4, "prefetch": 1}), (("GRU", "float32", 1), {"stage_h": 1}),
+               (("LSTM", "float16", 0), {"stage_h": 0, "batch_tile": 2}), (("LSTM", "float32", 0), {"warps": 4, "blocks": 66}),
+               (("GRU", "float16", 0), {"warps": 4, "blocks": 66, "stage_h": 1})]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", [{"stage_h": 1}, {"stage_h": 0, "batch_tile": 2}, {"stage_h": 1, "batch_tile": 4, "prefetch": 1},
-                                   {"warps": 4, "blocks": 66}], ids=str)
-@pytest.mark.parametrize("layer", [("LSTM", "float32", 0), ("GRU", "float32", 0), ("GRU", "float32", 1), ("LSTM", "float16", 0)],
-                         ids=lambda v: f"{v[0]}-{v[1]}-lbr{v[2]}")
+@pytest.mark.parametrize("layer, knobs", OTHER_KNOBS, ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else str(v))
 def test_sync_with_every_other_knob(layer, knobs):
     """h polled by each warp or staged by the block, batch tiles wider than the batch's rest, a smaller grid (blocks
     with several units a warp), GRU with one phase (linear_before_reset) and fp16 weights."""
