@@ -4,7 +4,8 @@
     (default: the batch-1 step rows, float32)
 
 sync 0 waits at a grid barrier each step, sync 1 polls h's words tagged with their step (schedules/step_sync.py), each
-warp the words it multiplies or (staged) the block's threads a few each into shared memory. All are the persistent kind's
+warp the words it multiplies or (staged) the block's threads a few each into shared memory, and with XW loaded before
+the wait (prefetch) so that its latency overlaps the wait's. All are the persistent kind's
 default point but for those knobs, compiled and timed as `tvmrnn bench` times a row (the whole
 model, input projection included, replayed as one CUDA graph; cuDNN timed once per row and dtype, eager, from a CUDA
 graph and with its own algorithms, persistent ones included). One after the other in one process, not interleaved.
@@ -21,7 +22,8 @@ dtypes = sys.argv[2].split(",") if len(sys.argv) > 2 else ["float32"]
 default = recurrent_persistent.default_config
 
 
-VARIANTS = {"sync 0": {}, "sync 1": {"sync": 1}, "sync 1 staged": {"sync": 1, "stage_h": True}}
+VARIANTS = {"sync 0": {}, "sync 1": {"sync": 1}, "sync 1 staged": {"sync": 1, "stage_h": True},
+            "sync 1 staged, XW prefetched": {"sync": 1, "stage_h": True, "prefetch": 1}}
 
 
 def with_knobs(knobs):
