@@ -150,22 +150,27 @@ def _source(func) -> str:
     return tvm.tirx.build(func, target=SM90A, pipeline=cooperative.register()).imports[0].inspect_source()
 
 
-@pytest.mark.parametrize("layer", [("LSTM", 256, "float32", 0), ("GRU", 1024, "float32", 0), ("GRU", 33, "float16", 1),
-                                   ("LSTM", 1024, "float16", 0)], ids=lambda v: "-".join(map(str, v)))
-@pytest.mark.parametrize("stage_h", [0, 1])
-def test_sync_builds_without_a_gpu(layer, stage_h):
-    """sync=1 compiles through NVRTC and ptxas for sm_90a (the inline PTX assembles) with one grid barrier, the one
-    after the initial states, and polls with relaxed loads; sync=0 keeps its barrier a phase and polls nothing.
-    H 33 takes the scalar poll (no float4 of h)."""
-    op, hidden, dtype, lbr = layer
+@pytest.mark.parametrize("layer", [("LSTM", 256, "float32", 0, 0), ("GRU", 1024, "float32", 0, 1), ("GRU", 33, "float16", 1, 0),
+                                   ("LSTM", 1024, "float16", 0, 1)], ids=lambda v: "-".join(map(str, v)))
+def test_sync_builds_without_a_gpu(layer):
+    """sync=1 compiles through NVRTC and ptxas for sm_90a (the inline PTX assembles, nothing spills) with one grid
+    barrier, the one after the initial states, and polls with relaxed loads; h polled by each warp or staged (last
+    field); H 33 takes the scalar poll (no float4 of h)."""
+    op, hidden, dtype, lbr, stage_h = layer
     _, spec = _layer(op, hidden, dtype=dtype, lbr=lbr)
     synced = _source(_kernel(spec, SM90A, stage_h=stage_h, batch_tile=2)[0])
     assert synced.count("tvm_builtin_cuda_grid_sync();") == 1
     assert "ld.relaxed.gpu" in synced and ("tvmrnn_wait_tagged4(" in synced) == (hidden % 4 == 0)
     report = ptxas(synced, "sm_90a")
     assert report.spill_stores == 0, report.describe()
-    plain = _source(point_kernel(spec, cell_for(spec), SM90A, KernelConfig.of("persistent", **{**dict(_synced(spec, SM90A).knobs), "sync": 0})))
-    assert "tvmrnn_wait_tagged" not in plain and plain.count("tvm_builtin_cuda_grid_sync();") == 1 + len(cell_for(spec).phases)
+
+
+def test_grid_barrier_kernel_polls_nothing():
+    """sync=0 (the default) keeps a grid barrier after every phase and publishes nothing."""
+    _, spec = _layer("GRU", 256)
+    plain = _source(point_kernel(spec, cell_for(spec), SM90A, default_config("persistent", spec, cell_for(spec), SM90A)))
+    assert "tvmrnn_wait_tagged" not in plain and "tvmrnn_publish_tagged" not in plain
+    assert plain.count("tvm_builtin_cuda_grid_sync();") == 1 + len(cell_for(spec).phases)
 
 
 def test_relay_kernel_builds_without_a_gpu():
