@@ -6,7 +6,8 @@ all gates of its units into shared memory once. Then per step and phase, for eac
 `batch_tile` batch rows, its warps compute their units' gates (warp_gates: weights from shared
 memory, h[t-1] or a value an earlier phase stored from L2, or, with `stage_h`, staged in shared
 memory first), apply the gate program and write h[t]; the grid meets at a barrier before the
-next step. The cell state stays with the unit that owns it. Sequence length and batch are
+next step, or (`sync` 1) each block publishes h[t] as words tagged with the step and the next step
+polls the words it reads (step_sync). The cell state stays with the unit that owns it. Sequence length and batch are
 runtime sizes. The defaults (one row at a time; h staged from H = 1024, from L2 below) measured fastest at the
 small batches this kernel is chosen for (docs/decisions.md).
 """

@@ -22,7 +22,7 @@ from schedules.ptxas import ptxas
 from schedules.recurrent_common import i64
 from schedules.space import KernelConfig, default_config, knob_space
 from test_kernels import _check_kernel
-from tvmrnn.cells import cell_for
+from schedules.cells import cell_for
 from tvmrnn.frontend.inspect import find_rnn_layers
 
 SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
