@@ -508,7 +508,7 @@ def test_graceful_shutdown_finishes_in_flight_requests(modules, reference):
 
 def _start_cli_server(paths, *options):
     proc = subprocess.Popen([sys.executable, "-m", "tvmrnn", "serve", *paths, "--port", "0", *options], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))))
     for line in proc.stdout:
         m = re.search(r"on (http://[\d.]+:\d+)/v2", line)
         if m:
