@@ -89,7 +89,7 @@ def test_cpu_row_tiles_take_the_widest_units_whose_accumulators_fit():
     from schedules.recurrent_cpu import row_tile_units
 
     assert (row_tile_units(800, 4), row_tile_units(800, 3), row_tile_units(800, 1), row_tile_units(48, 3)) == (16, 32, 32, 16)
-    case = Case(op="GRU", hidden=64, input_size=5, optional=("initial_h",))  # no B: _check_kernel's XW has none
+    case = Case(op="GRU", hidden=64, input_size=5, optional=("initial_h",))
     spec = find_rnn_layers(case.model())[0].spec
     config = default_config("cpu", spec, cell_for(spec), target_of("llvm"), batch=20)
     assert dict(config.knobs) == {"rows": 4, "units": 32, "serpentine": 1}
@@ -129,7 +129,7 @@ def test_cpu_serpentine_order_is_correct_whatever_the_pool(monkeypatch, build_th
 def test_cpu_kernel_with_one_work_item_runs_on_the_calling_thread():
     """A static-shape point whose phases have one work item (batch 1 in a 4-row tile, all 32 units in one chunk: a tuner
     sample) has no parallel loop once TVM simplifies it; it builds without the thread-pool launch and stays correct."""
-    case = Case(op="LSTM", hidden=32, input_size=8, optional=("sequence_lens",))  # no B: _check_kernel's XW has none
+    case = Case(op="LSTM", hidden=32, input_size=8, optional=("sequence_lens",))
     spec = find_rnn_layers(case.model())[0].spec
     func = point_kernel(spec, cell_for(spec), target_of("llvm"), KernelConfig.of("cpu", rows=4, units=32), seq=9, batch=1)
     _check_kernel("llvm", case, spec, func, "panels", batches=(1,))
@@ -210,6 +210,25 @@ def _numpy_dtype(dtype):
     return ml_dtypes.bfloat16 if str(dtype) == "bfloat16" else str(dtype)
 
 
+def _biases(cell, w, D, H):
+    """B as [D, 2 (Wb, Rb), G, H] in fp32, zeros where the case has none."""
+    return w["B"].astype("f4").reshape(D, 2, cell.gates, H) if "B" in w else np.zeros((D, 2, cell.gates, H), "f4")
+
+
+def _folded_bias(cell, w, D, H):
+    """What the projection adds to XW [.., D*G*H]: Wb, plus Rb of the gates where it folds (lowering does the same)."""
+    b = _biases(cell, w, D, H)
+    folded = np.isin(np.arange(cell.gates), cell.folded_rbias).astype("f4")[None, :, None]
+    return (b[:, 0] + b[:, 1] * folded).reshape(-1)
+
+
+def _cell_params(cell, w, D, H):
+    """The kernel's params [D, NP, H] in cell.params order: GRU's Rb_h (linear_before_reset), or LSTM's peepholes."""
+    if cell.params == ("Rb_h",):
+        return np.ascontiguousarray(_biases(cell, w, D, H)[:, 1, 2:3])
+    return w["P"].astype("f4").reshape(D, 3, H)
+
+
 def _check_kernel(kind, case, spec, func, r_layout, batches, note="", tol=None, steps=9):
     """Run a recurrent PrimFunc on fresh inputs per batch (seeded: the same every call), outputs poisoned, twice each;
     check against float64 (tol: (rtol, atol), else by the layer's math) and return the outputs of every batch.
@@ -227,12 +246,13 @@ def _check_kernel(kind, case, spec, func, r_layout, batches, note="", tol=None, 
         T = steps[trial] if isinstance(steps, tuple) else steps
         feeds = case.feeds(rng, T, N)
         x = feeds["X"]
-        xw = x.astype("f4") @ w["W"].astype("f4").reshape(D * cell.gates * H, -1).T
+        xw = x.astype("f4") @ w["W"].astype("f4").reshape(D * cell.gates * H, -1).T + _folded_bias(cell, w, D, H)
         r = _lay_out_r(w["R"], r_layout, cell.gates)
         args = [xw.astype(_numpy_dtype(func.params[0].dtype)), r]  # XW as the kernel reads it (a half layer's CUDA kernels: its dtype)
         # the kernel's state inputs are fp32 whatever R's storage dtype
         args += [feeds[n] if n == "sequence_lens" else feeds[n].astype("f4")
                  for n in ("sequence_lens", "initial_h", "initial_c") if n in feeds and (n != "initial_c" or "c" in cell.states)]
+        args += [_cell_params(cell, w, D, H)] if cell.params else []
         expected = case.reference(feeds)
         state_shape = (D, N, H) if spec.layout == 0 else (N, D, H)
         outs = [np.full((T, D, N, H) if spec.layout == 0 else (N, T, D, H), np.nan, "f4")]

@@ -29,9 +29,10 @@ SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
 
 
 def _layer(op, hidden, direction="bidirectional", dtype="float32", lbr=0, lens=True):
-    """A layer with initial states (and sequence_lens), in `dtype`, unless R would not fit a wave of the persistent
-    kernel's blocks in fp32 (LSTM H1024 in both directions): then in fp16."""
-    optional = ("sequence_lens",) * lens + ("initial_h",) + (("initial_c",) if op == "LSTM" else ())
+    """A layer with initial states (and sequence_lens; B where linear_before_reset, so Rb_h is not zero), in `dtype`,
+    unless R would not fit a wave of the persistent kernel's blocks in fp32 (LSTM H1024 in both directions): then in
+    fp16."""
+    optional = ("B",) * bool(lbr) + ("sequence_lens",) * lens + ("initial_h",) + (("initial_c",) if op == "LSTM" else ())
     case = Case(op=op, direction=direction, optional=optional, hidden=hidden, input_size=16, linear_before_reset=lbr)
     spec = dataclasses.replace(find_rnn_layers(case.model())[0].spec, dtype=dtype)
     if dtype == "float32" and op == "LSTM" and hidden == 1024 and direction == "bidirectional":
@@ -64,6 +65,7 @@ def test_sync_matches_float64(op, hidden, direction):
 
 OTHER_KNOBS = [(("LSTM", "float32", 0), {"stage_h": 1}), (("GRU", "float32", 0), {"stage_h": 0, "batch_tile": 2}),
                (("GRU", "float32", 0), {"stage_h": 1, "batch_tile": 4, "prefetch": 1}), (("GRU", "float32", 1), {"stage_h": 1}),
+               (("GRU", "float32", 1), {"stage_h": 0}),
                (("LSTM", "float16", 0), {"stage_h": 0, "batch_tile": 2}), (("LSTM", "float32", 0), {"warps": 4, "blocks": 66}),
                (("GRU", "float16", 0), {"warps": 4, "blocks": 66, "stage_h": 1})]
 
