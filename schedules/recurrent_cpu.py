@@ -24,13 +24,13 @@ from . import vector_math
 from .recurrent_common import PANEL, KernelArgs, i64, panel_count, recurrent_prim_func, step_phases, unit_padding, unit_step, unit_values
 
 F32 = "float32"
-ROW_TILE = 4  # batch rows per R^T load at batch >= ROW_TILE (8 ran no faster and compiled 6x slower)
+ROW_TILE = 4  # batch rows per load of R at batch >= ROW_TILE (8 ran no faster and compiled 6x slower)
 # units per work item in the row-tiled path: ROW_TILE x gates x units accumulators, at most ROW_TILE_ACCUMULATORS
 # floats (24 of AVX-512's 32 vector registers), the widest chunk that fits: 16 for an LSTM (4 gates), 32 for a GRU (3)
 ROW_TILE_UNITS = (32, 16)
 ROW_TILE_ACCUMULATORS = 384
 
-# units per work item at small batch, at most: longer R^T streams run faster, as long as every thread of the pool
+# units per work item at small batch, at most: longer streams of R run faster, as long as every thread of the pool
 # still gets an item
 ROW_UNITS = 128
 
@@ -71,8 +71,8 @@ def units_fit(hidden: int, units: int) -> bool:
 
 @dataclass(frozen=True)
 class CpuConfig:
-    rows: int = ROW_TILE  # batch rows per R^T load (each load serves them all)
-    units: int = 16  # hidden units per work item: rows x gates x units accumulators; must divide H
+    rows: int = ROW_TILE  # batch rows per load of R (each load serves them all)
+    units: int = 16  # hidden units per work item: rows x gates x units accumulators; units_fit(H, units)
     # 1: every other step each thread takes its share of a phase's items in reverse, so it starts on the weights it
     # read last, still in its L2, where in the same order each step the least recently used are the next ones wanted
     # and a share of R larger than L2 misses throughout (ds2-lstm's fp32 R is 10 MB, 5 per thread; L2 4 MB a core)
