@@ -115,8 +115,8 @@ def register(kind: KernelKind) -> KernelKind:
     return kind
 
 
-# ---- cpu: the LLVM kernel (recurrent_cpu): rows (batch rows per load of R), units (hidden units per work item, whole panels of R),
-# serpentine (odd steps take each thread's share in reverse)
+# ---- cpu: the LLVM kernel (recurrent_cpu): rows (batch rows per load of R), units (hidden units per work item, whole
+# panels of R), serpentine (odd steps take each thread's share in reverse)
 def _cpu_knobs(spec, cell, device):
     from .recurrent_cpu import chunk_size, units_fit
 
