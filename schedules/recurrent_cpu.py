@@ -46,14 +46,17 @@ def small_batch_units(hidden: int, directions: int, threads: int) -> int:
     """The default units per work item at small batch: the widest chunk (up to ROW_UNITS) that still gives each of
     TVM's threads at least one item per step."""
     widest = ROW_UNITS
-    while widest > PANEL and directions * (panel_count(hidden) * PANEL // chunk_size(hidden, widest)) < threads:
+    while widest > 8 and directions * (panel_count(hidden) * PANEL // chunk_size(hidden, widest)) < threads:
         widest //= 2
     return chunk_size(hidden, widest)
 
 
 def chunk_size(hidden: int, widest: int = 32) -> int:
     """Units per work item: the widest whole number of panels, at most `widest` units (one panel at least), that
-    divides H's panels (H padded to whole panels: the last item's gate program runs on the units that exist)."""
+    divides H's panels (H padded to whole panels: the last item's gate program runs on the units that exist); below a
+    panel (widest a power of two) part of one where 16 divides H."""
+    if widest < PANEL and hidden % PANEL == 0:  # part of a panel
+        return widest
     panels = panel_count(hidden)
     per_item = max(1, min(widest // PANEL, panels))
     while panels % per_item:

@@ -694,9 +694,11 @@ def test_default_kernel_per_batch(dtype, hidden, directions, arch, plan):
 
 
 @pytest.mark.parametrize("threads, hidden, directions, units", [("2", 512, 1, 128), ("16", 512, 1, 32), ("16", 512, 2, 64),
-                                                                ("2", 24, 1, 8), ("64", 512, 1, 8)])
+                                                                ("2", 24, 1, 16), ("64", 512, 1, 8),
+                                                                ("2", 150, 1, 80), ("2", 128, 2, 128)])
 def test_small_batch_units_keep_every_thread_busy(threads, hidden, directions, units):
-    """The CPU kernel's default work item at batch < 4: as wide as ROW_UNITS while each thread still gets one."""
+    """The CPU kernel's default work item at batch < 4: as wide as ROW_UNITS while each thread still gets one, in
+    whole panels (H = 24 and 150 padded to 32 and 160) or, where 16 divides H, half of one."""
     from schedules.recurrent_cpu import small_batch_units
 
     assert small_batch_units(hidden, directions, int(threads)) == units
