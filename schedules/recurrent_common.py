@@ -6,8 +6,9 @@ One kernel runs a whole layer (all directions, the whole sequence). Its argument
               ([batch, seq, ...] for layout 1; fp32, in CUDA kernels the layer's storage dtype)
     R         [D, G*H, H]           recurrent weights, ONNX's layout (GPU kernels: lanes read along k)
       or RT   [D, H, G*H]           transposed, gate rows contiguous
-      or RP   [D, H/16, H, G, 16]   panels of 16 units (CPU kernel: vectorizes along units, and a work item's
-                                    weights are 16-unit streams running straight through memory)
+      or RP   [D, ceil(H/16), H, G, 16]   panels of 16 units, the last one padded with zero rows (CPU kernel:
+                                    vectorizes along units, and a work item's weights are 16-unit streams running
+                                    straight through memory)
     seq_lens  [batch] int32         when the node has sequence_lens
     h0, c0    [D, batch, H]         when the node has initial_h / initial_c ([batch, D, H] for layout 1)
     params    [D, NP, H]            the cell's per-unit vectors (peepholes, GRU's Rb_h)
@@ -34,6 +35,11 @@ from .layer import RNNLayerSpec
 
 I64 = "int64"
 PANEL = 16  # units per panel of the "panels" R layout: one 64-byte line of fp32
+
+
+def panel_count(hidden: int) -> int:
+    """Panels of the "panels" R layout: the last one is padded with zero rows where PANEL does not divide H."""
+    return -(-hidden // PANEL)
 
 
 def i64(v) -> PrimExpr:
@@ -85,7 +91,7 @@ class KernelArgs:
         else:
             self.XW = T.arg(prefix + "XW", T.Buffer((seq, n, D * G * H) if s.layout == 0 else (n, seq, D * G * H), xw_dtype))
             if r_layout == "panels":
-                self.RP = T.arg(prefix + "RP", T.Buffer((D, H // PANEL, H, G, PANEL), weight_dtype))
+                self.RP = T.arg(prefix + "RP", T.Buffer((D, panel_count(H), H, G, PANEL), weight_dtype))
             elif r_layout == "transposed":
                 self.RT = T.arg(prefix + "RT", T.Buffer((D, H, G * H), weight_dtype))
             else:

@@ -21,48 +21,61 @@ from .cells import Cell
 from .layer import RNNLayerSpec
 
 from . import vector_math
-from .recurrent_common import PANEL, KernelArgs, i64, recurrent_prim_func, step_phases, unit_padding, unit_step, unit_values
+from .recurrent_common import PANEL, KernelArgs, i64, panel_count, recurrent_prim_func, step_phases, unit_padding, unit_step, unit_values
 
 F32 = "float32"
-ROW_TILE = 4  # batch rows per R^T load at batch >= ROW_TILE (8 ran no faster and compiled 6x slower)
+ROW_TILE = 4  # batch rows per load of R at batch >= ROW_TILE (8 ran no faster and compiled 6x slower)
 # units per work item in the row-tiled path: ROW_TILE x gates x units accumulators, at most ROW_TILE_ACCUMULATORS
 # floats (24 of AVX-512's 32 vector registers), the widest chunk that fits: 16 for an LSTM (4 gates), 32 for a GRU (3)
 ROW_TILE_UNITS = (32, 16)
 ROW_TILE_ACCUMULATORS = 384
 
-# units per work item at small batch, at most: longer R^T streams run faster, as long as every thread of the pool
+# units per work item at small batch, at most: longer streams of R run faster, as long as every thread of the pool
 # still gets an item
 ROW_UNITS = 128
 
 
 def r_layout(spec: RNNLayerSpec) -> str:
-    """R as the kernel reads it: panels of 16 units where they divide H, else R^T (rows along the units, what the
-    inner loop vectorizes over). In panels a work item's weights stream straight through memory, where R^T puts each
-    of its gates' rows k on a page of its own (faster at batch 1, even at batch 20: docs/decisions.md)."""
-    return "panels" if spec.hidden_size % PANEL == 0 else "transposed"
+    """R as the kernel reads it: panels of 16 units (the last one padded with zero rows where 16 does not divide H),
+    so a work item's weights stream straight through memory and every load is a whole vector (faster than R^T at
+    batch 1 and 20; at H = 150 R^T's chunks were 2 units: docs/decisions.md)."""
+    return "panels"
 
 
 def small_batch_units(hidden: int, directions: int, threads: int) -> int:
     """The default units per work item at small batch: the widest chunk (up to ROW_UNITS) that still gives each of
     TVM's threads at least one item per step."""
     widest = ROW_UNITS
-    while widest > 8 and directions * (hidden // chunk_size(hidden, widest)) < threads:
+    while widest > 8 and directions * (panel_count(hidden) * PANEL // chunk_size(hidden, widest)) < threads:
         widest //= 2
     return chunk_size(hidden, widest)
 
 
 def chunk_size(hidden: int, widest: int = 32) -> int:
-    """Units per work item: the widest power of two up to `widest` dividing H (no tail loop)."""
-    c = widest
-    while hidden % c:
-        c //= 2
-    return c
+    """Units per work item: the widest whole number of panels, at most `widest` units (one panel at least), that
+    divides H's panels (H padded to whole panels: the last item's gate program runs on the units that exist); below a
+    panel (widest a power of two) part of one where 16 divides H."""
+    if widest < PANEL and hidden % PANEL == 0:  # part of a panel
+        return widest
+    panels = panel_count(hidden)
+    per_item = max(1, min(widest // PANEL, panels))
+    while panels % per_item:
+        per_item -= 1
+    return per_item * PANEL
+
+
+def units_fit(hidden: int, units: int) -> bool:
+    """Whether work items of `units` units tile H's panels: whole panels dividing their number, or (where 16 divides
+    H) a part of one."""
+    if units % PANEL == 0:
+        return panel_count(hidden) % (units // PANEL) == 0
+    return PANEL % units == 0 and hidden % PANEL == 0
 
 
 @dataclass(frozen=True)
 class CpuConfig:
-    rows: int = ROW_TILE  # batch rows per R^T load (each load serves them all)
-    units: int = 16  # hidden units per work item: rows x gates x units accumulators; must divide H
+    rows: int = ROW_TILE  # batch rows per load of R (each load serves them all)
+    units: int = 16  # hidden units per work item: rows x gates x units accumulators; units_fit(H, units)
     # 1: every other step each thread takes its share of a phase's items in reverse, so it starts on the weights it
     # read last, still in its L2, where in the same order each step the least recently used are the next ones wanted
     # and a share of R larger than L2 misses throughout (ds2-lstm's fp32 R is 10 MB, 5 per thread; L2 4 MB a core)
@@ -124,9 +137,10 @@ def cpu_steps(a: KernelArgs, cfg: CpuConfig, threads: int):
     a pool of `threads` splits them."""
     H, D = a.spec.hidden_size, a.spec.num_directions
     rows, jc = cfg.rows, cfg.units
-    if H % jc:
-        raise ValueError(f"units={jc} must divide hidden size {H}")
-    chunks = H // jc
+    if not units_fit(H, jc):
+        raise ValueError(f"units={jc} must be whole panels of {PANEL} dividing hidden size {H}'s panels, "
+                         f"or a part of one where {PANEL} divides H")
+    chunks = panel_count(H) * PANEL // jc
 
     tiles = tirx.ceildiv(a.batch, i64(rows))
     # a layer of static shape with a single work item per phase has no parallel loop left once TVM simplifies it (and a
@@ -173,21 +187,18 @@ def _phase_tile(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     vectorized over the units."""
     H, N = a.spec.hidden_size, a.batch
     gp = len(phase.gates)
-    assert a.r_layout != "panels" or JC % PANEL == 0 or PANEL % JC == 0, JC  # whole panels, or 8 units: half of one
+    assert a.r_layout == "panels" and (JC % PANEL == 0 or PANEL % JC == 0), JC  # whole panels, or 8 units: half of one
     acc = T.alloc_buffer((rows, gp, JC), F32, scope="local")
     for r in range(rows):
         for gi in range(gp):
             with T.vectorized(0, i64(JC)) as jj:
                 T.buffer_store(acc, tirx.const(0.0, F32), [i64(r), i64(gi), jj])
-    panels = a.r_layout == "panels"
-    width = min(JC, PANEL) if panels else JC  # a vector per panel, or one along the chunk (R^T)
+    width = min(JC, PANEL)  # a vector per panel
 
     def lane(p0, jj):
-        return i64(p0) + jj if panels else jj  # R^T: one vector, p0 = 0
+        return i64(p0) + jj
 
     def r_at(k, g, p0, jj):
-        if not panels:
-            return a.RT[d, k, i64(g * H) + j0 + jj]
         j = j0 + i64(p0) + jj
         return a.RP[d, j // i64(PANEL), k, i64(g), j % i64(PANEL)]
 
@@ -221,12 +232,27 @@ def _phase_tile(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
                         rec = lambda gi, jj: acc[r, i64(gi), jj]  # noqa: E731
                         temps = LaneTemps(JC, lambda temps: unit_values(
                             a, phase, hbuf, scratch, cur, d, n, t, j0, lambda gi: rec(gi, i64(0)), temps))
-                        with T.vectorized(0, i64(JC)) as jj:
-                            unit_step(a, phase, hbuf, scratch, cur, nxt, d, n, t, j0 + jj, lambda gi: rec(gi, jj), temps.at(jj))
+                        _each_unit(H, j0, JC, lambda jj: unit_step(
+                            a, phase, hbuf, scratch, cur, nxt, d, n, t, j0 + jj, lambda gi: rec(gi, jj), temps.at(jj)))
                     if last:
                         with T.Else():  # padding: Y is zero there, the state carries over
-                            with T.vectorized(0, i64(JC)) as jj:
-                                unit_padding(a, hbuf, cur, nxt, d, n, s, j0 + jj)
+                            _each_unit(H, j0, JC, lambda jj: unit_padding(a, hbuf, cur, nxt, d, n, s, j0 + jj))
+
+
+def _each_unit(H: int, j0, JC: int, body):
+    """body(jj) as a vectorized loop over the item's units j0 + jj that exist: all JC of them, but in the last item
+    where H ends inside its last panel (the padded units' sums are zeros and never stored)."""
+    if H % JC == 0:
+        with T.vectorized(0, i64(JC)) as jj:
+            body(jj)
+        return
+    with T.If(j0 + i64(JC) <= i64(H)):
+        with T.Then():
+            with T.vectorized(0, i64(JC)) as jj:
+                body(jj)
+        with T.Else():
+            with T.vectorized(0, i64(H % JC)) as jj:
+                body(jj)
 
 
 class LaneTemps(vector_math.Temps):

@@ -115,12 +115,13 @@ def register(kind: KernelKind) -> KernelKind:
     return kind
 
 
-# ---- cpu: the LLVM kernel (recurrent_cpu): rows (batch rows per R^T load), units (hidden units per work item),
-# serpentine (odd steps take each thread's share in reverse)
+# ---- cpu: the LLVM kernel (recurrent_cpu): rows (batch rows per load of R), units (hidden units per work item, whole
+# panels of R), serpentine (odd steps take each thread's share in reverse)
 def _cpu_knobs(spec, cell, device):
-    from .recurrent_cpu import chunk_size
+    from .recurrent_cpu import chunk_size, units_fit
 
-    units = set(_divisors(spec.hidden_size, CPU_UNITS)) | {chunk_size(spec.hidden_size, 64), chunk_size(spec.hidden_size, 16)}
+    H = spec.hidden_size
+    units = {u for u in CPU_UNITS if units_fit(H, u)} | {chunk_size(H, 128), chunk_size(H, 64), chunk_size(H, 16)}
     return {"rows": CPU_ROWS, "units": tuple(sorted(units)), "serpentine": (0, 1)}
 
 
@@ -140,10 +141,6 @@ def _cpu_emit(config, spec, cell, device):
 
     cfg = CpuConfig(rows=config["rows"], units=config["units"], serpentine=config["serpentine"])
     return lambda a: cpu_steps(a, cfg, device.cpu_threads)
-
-
-def _divisors(hidden: int, options) -> tuple[int, ...]:
-    return tuple(u for u in options if hidden % u == 0) or (1,)
 
 
 register(KernelKind("cpu", "cpu", lambda fit: False, _cpu_knobs, _cpu_default, _cpu_emit, later_knobs={"serpentine": 0}))

@@ -41,7 +41,9 @@ def _lay_out_r(R, layout, gates):
     if layout == "transposed":
         return R.transpose(0, 2, 1).copy()
     D, H = R.shape[0], R.shape[2]
-    return R.reshape(D, gates, H // PANEL, PANEL, H).transpose(0, 2, 4, 1, 3).copy()
+    padded = -(-H // PANEL) * PANEL  # the last panel's missing units: zero rows
+    R = np.pad(R.reshape(D, gates, H, H), ((0, 0), (0, 0), (0, padded - H), (0, 0)))
+    return R.reshape(D, gates, padded // PANEL, PANEL, H).transpose(0, 2, 4, 1, 3).copy()
 
 
 @pytest.mark.parametrize("kind", TARGETS)
@@ -69,15 +71,17 @@ def _kind_and_spec(kind, spec):
 TENSOR_KINDS = ["mma", "mma-fp16", "mma-tf32", "persistent_mma", "persistent_mma-fp16", "persistent_mma-tf32"]
 
 
-@pytest.mark.parametrize("units, rows", [(8, 1), (16, 4), (32, 1), (64, 2)])
-def test_cpu_kernel_reads_r_in_panels(units, rows):
-    """Where 16 divides H the CPU kernel reads R in panels of 16 units (half a panel at 8 units a work item, several at
-    32 and 64), against float64 with poisoned outputs; elsewhere it reads R^T."""
+@pytest.mark.parametrize("units, rows, hidden", [(8, 1, 64), (16, 4, 64), (32, 1, 64), (64, 2, 64), (16, 1, 40),
+                                                  (48, 1, 40), (48, 4, 40)])
+def test_cpu_kernel_reads_r_in_panels(units, rows, hidden):
+    """The CPU kernel reads R in panels of 16 units (half a panel at 8 units a work item, several at 32 and 64; at
+    H=40 the last panel padded, whose item runs the gate program on 8 units or, at 48 a work item, 40), against
+    float64 with poisoned outputs."""
     from schedules.recurrent_cpu import r_layout
 
-    case = Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h"), hidden=64, input_size=5)
+    case = Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h"), hidden=hidden, input_size=5)
     spec = find_rnn_layers(case.model())[0].spec
-    assert r_layout(spec) == "panels" and r_layout(find_rnn_layers(CASES[0].model())[0].spec) == "transposed"
+    assert r_layout(spec) == "panels"
     func = point_kernel(spec, cell_for(spec), target_of("llvm"), KernelConfig.of("cpu", rows=rows, units=units))
     _check_kernel("llvm", case, spec, func, "panels", batches=(3, 5), note=f"units={units} rows={rows}")
 
@@ -710,9 +714,11 @@ def test_default_kernel_per_batch(dtype, hidden, directions, arch, plan):
 
 
 @pytest.mark.parametrize("threads, hidden, directions, units", [("2", 512, 1, 128), ("16", 512, 1, 32), ("16", 512, 2, 64),
-                                                                ("2", 24, 1, 8), ("64", 512, 1, 8)])
+                                                                ("2", 24, 1, 16), ("64", 512, 1, 8),
+                                                                ("2", 150, 1, 80), ("2", 128, 2, 128)])
 def test_small_batch_units_keep_every_thread_busy(threads, hidden, directions, units):
-    """The CPU kernel's default work item at batch < 4: as wide as ROW_UNITS while each thread still gets one."""
+    """The CPU kernel's default work item at batch < 4: as wide as ROW_UNITS while each thread still gets one, in
+    whole panels (H = 24 and 150 padded to 32 and 160) or, where 16 divides H, half of one."""
     from schedules.recurrent_cpu import small_batch_units
 
     assert small_batch_units(hidden, directions, int(threads)) == units

@@ -15,7 +15,7 @@ from tvm import relax
 
 from schedules import planned_kernel, projection_cpu, projection_cuda, projection_mma, projection_staged, projection_wgmma, split_halves
 from schedules.cells import cell_for
-from schedules.recurrent_common import PANEL
+from schedules.recurrent_common import PANEL, panel_count
 from schedules.recurrent_wavefront import split_h
 
 op = relax.op
@@ -32,14 +32,19 @@ def _split_bias(B, spec, cell):
     return op.reshape(folded, [D * G * H]), op.reshape(rb, [D, G, H])
 
 
-def _r_layout(bb, R, layout: str, D: int, G: int, H: int):
+def _r_layout(bb, R, layout: str, D: int, G: int, H: int, dtype: str):
     """ONNX's R [D, G*H, H] as the kernel reads it (schedules.recurrent_common): as it is, transposed, or in panels
-    RP[d, p, k, g, l] = R[d, g*H + p*PANEL + l, k]."""
+    RP[d, p, k, g, l] = R[d, g*H + p*PANEL + l, k], the last panel padded with zero rows where PANEL does not divide H."""
     if layout == "rows":
         return R
     if layout == "transposed":
         return bb.emit(op.permute_dims(R, [0, 2, 1]))
-    return bb.emit(op.permute_dims(op.reshape(R, [D, G, H // PANEL, PANEL, H]), [0, 2, 4, 1, 3]))
+    gates = op.reshape(R, [D, G, H, H])
+    padded = panel_count(H) * PANEL
+    if padded != H:
+        zeros = op.zeros([D, G, padded - H, H], dtype)
+        gates = op.concat([gates, zeros], axis=2)
+    return bb.emit(op.permute_dims(op.reshape(gates, [D, G, padded // PANEL, PANEL, H]), [0, 2, 4, 1, 3]))
 
 
 def _f32(x):
@@ -146,7 +151,7 @@ def _kernel_inputs(bb, spec, cell, inputs: list, target, r_layout: str, gemm) ->
 
     bias, rb_cell = _split_bias(B, spec, cell) if B is not None else (None, None)
     xw = _projection(bb, X, op.reshape(W, [D * G * H, In]), bias, gemm, target)
-    args = [xw, _r_layout(bb, R, r_layout, D, G, H)]
+    args = [xw, _r_layout(bb, R, r_layout, D, G, H, spec.dtype)]
     for name in ("sequence_lens", "initial_h", "initial_c"):
         if spec.has(name) and (name != "initial_c" or "c" in cell.states):
             args.append(named[name])
