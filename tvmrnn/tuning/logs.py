@@ -85,7 +85,10 @@ def check_json_lines(path: Path, kind: str) -> str | None:
 
 
 def _pairs(folder: Path):
+    """The recurrent kernels' databases (graph_*: the graph functions', read by graph_pipeline through MetaSchedule)."""
     for wl in sorted(folder.glob(f"*{WORKLOAD}")):
+        if wl.name.startswith("graph_"):
+            continue
         yield wl, wl.with_name(wl.name[: -len(WORKLOAD)] + RECORDS)
 
 
