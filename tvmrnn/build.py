@@ -28,7 +28,7 @@ from .frontend import load_onnx, model_opset, to_relax
 from .graph_pipeline import graph_pipeline
 from .plan import ModelPlan, PlanOptions, plan_model
 from .runtime import FORMAT, Module, metadata_path
-from .tuning.logs import TuningLogs, default_logs_dir
+from .tuning.logs import GRAPH_PREFIX, WORKLOAD, TuningLogs, default_logs_dir
 
 TARGET_ALIASES = {"cuda": "nvidia/nvidia-h100", "gpu": "nvidia/nvidia-h100"}
 
@@ -121,6 +121,15 @@ def _tuning_logs(logs, target, log):
         log(f"      warning: {problem}")
     log(f"      tuning logs: {found.records} record(s) in {found.where}" if found.records else f"      tuning logs: none for this target in {found.where}")
     return found
+
+
+def _graph_records(tuning):
+    """The graph functions' tuning database beside the recurrent logs, or None."""
+    if tuning is None or not (tuning.folder / f"{GRAPH_PREFIX}{WORKLOAD}").exists():
+        return None
+    from .tuning.graph_tasks import graph_database  # MetaSchedule's import is slow: only where there are records
+
+    return graph_database(tuning.folder)
 
 
 def pipeline(target, plan: ModelPlan, graph_records=None, on_tuned=None) -> tvm.transform.Pass:
@@ -222,10 +231,8 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
     log(f"[2/4] planned {len(plan.layers)} recurrent layer(s) for {target.kind.name} ({time.perf_counter() - started:.1f} s)")
     _log_plan(plan, log)
     started = time.perf_counter()
-    from .tuning.graph_tasks import graph_database  # MetaSchedule's import is slow: only where a compile reads logs
-
     graph_tuned: list[str] = []
-    executable, relax_model, graph_note = _build(model, plan, tuning and graph_database(tuning.folder), graph_tuned.extend)
+    executable, relax_model, graph_note = _build(model, plan, _graph_records(tuning), graph_tuned.extend)
     log(f"[3/4] built for {target.kind.name} ({time.perf_counter() - started:.1f} s); CUDA graph {graph_note}")
     if graph_tuned:
         log(f"      tuned graph functions: {', '.join(graph_tuned)}")

@@ -19,9 +19,7 @@ from pathlib import Path
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from .logs import FAILED, open_database
-
-GRAPH_PREFIX = "graph_"
+from .logs import FAILED, GRAPH_PREFIX, WORKLOAD, open_database
 
 
 @dataclass
@@ -56,8 +54,7 @@ def extract_graph_tasks(relax_mod: tvm.IRModule, target) -> list:
 
 def graph_database(folder: Path):
     """The graph tasks' records for compile, or None where the folder has none."""
-    wl = Path(folder) / f"{GRAPH_PREFIX}workload.json"
-    return open_database(Path(folder), GRAPH_PREFIX) if wl.exists() else None
+    return open_database(Path(folder), GRAPH_PREFIX) if (Path(folder) / f"{GRAPH_PREFIX}{WORKLOAD}").exists() else None
 
 
 def _default_schedule(mod: tvm.IRModule, target):
