@@ -338,7 +338,12 @@ def bench_model(path, target="llvm", repeats=20, warmup=2, torch_factory=None) -
         result["onnxruntime"] = missing
     net = torch_factory(str(path)) if gpu and torch_factory else None
     if net is not None:
-        runs["pytorch"] = _torch_run(net, list(feeds[0]))
+        import torch
+
+        if torch.cuda.is_available():
+            runs["pytorch"] = _torch_run(net, list(feeds[0]))
+        else:
+            result["pytorch"] = f"missing: torch {torch.__version__} has no CUDA"
     result.update({f"{name}_ms": ms for name, ms in _interleaved_median_ms(runs, feeds, repeats, warmup).items()})
     others = [result[k] for k in ("onnxruntime_ms", "pytorch_ms") if k in result]
     if "onnxruntime_ms" in result:
@@ -390,7 +395,7 @@ CPU_COLUMNS = [("row", "row"), ("ours_ms", "ours ms"), ("onnxruntime_ms", "ONNX 
 
 MODEL_COLUMNS = [("row", "model"), ("ours_ms", "ours ms"), ("onnxruntime_ms", "ONNX Runtime ms"), ("pytorch_ms", "PyTorch ms"),
                  ("speedup_vs_ort", "× ORT"), ("speedup_vs_fastest", "× fastest other"), ("rel_err_vs_ort", "rel. err"),
-                 ("compile_s", "compile s"), ("onnxruntime", "ONNX Runtime"), ("error", "error")]
+                 ("compile_s", "compile s"), ("onnxruntime", "ONNX Runtime"), ("pytorch", "PyTorch"), ("error", "error")]
 
 
 def _cpu_model() -> str:
