@@ -1,6 +1,7 @@
 """Whole models around recurrent layers, built with torch and exported as users export them (the TorchScript exporter).
 
-Each builder returns (onnx.ModelProto, feeds): random weights from a fixed seed, an input of the model's shape.
+Each builder returns (torch module, input shape, fold_bn); `build` exports it and returns (onnx.ModelProto, feeds):
+random weights from a fixed seed, an input of the model's shape.
 `python tests/graph_cases.py OUT_DIR` writes them all as ONNX files (for `tvmrnn bench --model`).
 """
 
@@ -59,7 +60,7 @@ def vgg_crnn(torch, fold_bn=True, height=32, width=100):
              + [nn.MaxPool2d((2, 1), (2, 1))] + _conv_bn_relu(torch, 256, 512) + _conv_bn_relu(torch, 512, 512, False)
              + [nn.MaxPool2d((2, 1), (2, 1)), nn.Conv2d(512, 512, 2, 1, 0), nn.BatchNorm2d(512), nn.ReLU()])
     net = _crnn_class(torch)(convs, 512, 256, 37)
-    return _export(torch, net, (1, 1, height, width), fold_bn)
+    return net, (1, 1, height, width), fold_bn
 
 
 def captcha_crnn(torch, fold_bn=False, height=64, width=160):
@@ -69,7 +70,7 @@ def captcha_crnn(torch, fold_bn=False, height=64, width=160):
     for cin, cout in ((1, 32), (32, 64), (64, 96), (96, 128)):
         convs += [nn.Conv2d(cin, cout, 3, 1, 1), nn.BatchNorm2d(cout), nn.SiLU(), nn.MaxPool2d(2, 2)]
     net = _crnn_class(torch)(convs, 128 * (height // 16), 128, 64, layers=1)
-    return _export(torch, net, (1, 1, height, width), fold_bn)
+    return net, (1, 1, height, width), fold_bn
 
 
 def small_lstm(torch, steps=300, features=40, hidden=150):
@@ -85,7 +86,7 @@ def small_lstm(torch, steps=300, features=40, hidden=150):
         def forward(self, x):
             return self.fc(self.rnn(x)[0])
 
-    return _export(torch, Net(), (steps, 1, features), True)
+    return Net(), (steps, 1, features), True
 
 
 def dense_head(torch, steps=200, batch=4, features=64, hidden=256):
@@ -101,7 +102,7 @@ def dense_head(torch, steps=200, batch=4, features=64, hidden=256):
         def forward(self, x):
             return self.head(self.rnn(x)[0]).softmax(-1)
 
-    return _export(torch, Net(), (steps, batch, features), True)
+    return Net(), (steps, batch, features), True
 
 
 CASES = {"vgg-crnn": vgg_crnn, "captcha-crnn": captcha_crnn, "lstm150-b1": small_lstm, "dense-head": dense_head}
@@ -125,7 +126,20 @@ def _export(torch, net, shape, fold_bn):
 def build(name):
     import torch
 
-    return CASES[name](torch)
+    return _export(torch, *CASES[name](torch))
+
+
+def torch_net(path):
+    """The eval-mode torch module of a file `python tests/graph_cases.py DIR` wrote (by its name), or None: the PyTorch
+    eager column of `tvmrnn bench --model FILE --torch graph_cases:torch_net`. Same architecture, not the same weights."""
+    import torch
+
+    name = os.path.splitext(os.path.basename(path))[0]
+    if name not in CASES:
+        return None
+    net = CASES[name](torch)[0].eval()
+    _randomize_bn(net, torch)
+    return net
 
 
 if __name__ == "__main__":

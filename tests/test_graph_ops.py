@@ -104,6 +104,27 @@ def test_crnn_builds_for_cuda_without_a_gpu(tmp_path):
     assert compiled.export(tmp_path / "m.so")
 
 
+@pytest.mark.parametrize("name", ["captcha-crnn", "dense-head"])
+def test_cuda_convs_and_dense_layers_get_dlight_matmul(name):
+    """On CUDA every conv and GEMM (with its fused epilogue) is tiled by dlight's Matmul rule (shared-memory reindexed
+    operands, register tiles), not its Fallback's one-thread-per-output loops."""
+    from tvm.s_tir import dlight as dl
+
+    from tvmrnn.graph_pipeline import fuse_passes
+
+    model, _ = build(name)
+    target = resolve_target("nvidia/nvidia-h100")
+    mod = _relax(model, target)
+    with target:
+        mod = tvm.transform.Sequential(fuse_passes(target))(mod)
+        heavy = {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)
+                 and ("conv2d" in gv.name_hint or "matmul" in gv.name_hint) and not (f.attrs or {}).get("tirx.is_scheduled", False)}
+        assert heavy
+        for fname, f in heavy.items():
+            sch = dl.gpu.Matmul().apply(f, target, False)
+            assert sch is not None and "reindex" in sch.mod.script() and "scope=\"shared\"" in sch.mod.script(), fname
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["captcha-crnn", "dense-head", "lstm150-b1", "vgg-crnn"])
 def test_model_matches_onnxruntime_on_cuda(name):
@@ -128,3 +149,73 @@ def test_pipeline_takes_a_tuning_database():
     out = vm["main"](*[tvm.runtime.tensor(v) for v in feeds.values()])
     out = out[0] if not isinstance(out, tvm.runtime.Tensor) else out
     assert _rel_err(out.numpy(), _ort(model, feeds)[0]) < 1e-4
+
+
+def _tiny_conv_dense():
+    """Conv -> ReLU -> MaxPool -> Linear: a graph with no recurrent layer, small enough to tune in a few trials."""
+    import torch
+
+    from graph_cases import _export
+
+    nn = torch.nn
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, 1, 1), nn.ReLU(), nn.MaxPool2d(2, 2), nn.Flatten(), nn.Linear(4 * 4 * 6, 10))
+    return _export(torch, net, (1, 1, 8, 12), True)
+
+
+def _tune_then_compile(tmp_path, target):
+    """`tvmrnn tune` extracts the graph functions (conv, pool, dense), writes their records next to the recurrent ones,
+    and compile runs them tuned (its metadata names them) with the same answers."""
+    import onnx
+    from click.testing import CliRunner
+
+    from tvmrnn.cli import main
+    from tvmrnn.tuning.logs import target_name
+
+    model, feeds = _tiny_conv_dense()
+    path, logs = tmp_path / "tiny.onnx", tmp_path / "logs"
+    onnx.save(model, path)
+    res = CliRunner().invoke(main, ["tune", str(path), "--target", target, "--trials", "4", "--logs", str(logs)])
+    assert res.exit_code == 0, res.output
+    folder = logs / target_name(resolve_target(target))
+    assert (folder / "graph_tuning_record.json").read_text().splitlines(), res.output
+    assert "[graph 2/2]" in res.output and "trials, best" in res.output
+    compiled = tvmrnn.compile(model, target=target, logs=logs)
+    tuned = compiled.metadata["graph_tuned"]
+    assert any("conv2d" in n for n in tuned), tuned
+    got = compiled.run(feeds)
+    assert _rel_err(next(iter(got.values())), _ort(model, feeds)[0]) < 1e-4
+
+
+def test_tune_writes_graph_records_that_compile_applies(tmp_path):
+    _tune_then_compile(tmp_path, "llvm")
+
+
+@pytest.mark.gpu
+def test_tune_writes_graph_records_that_compile_applies_on_cuda(tmp_path):
+    _tune_then_compile(tmp_path, "cuda")
+
+
+def test_bench_model_columns_on_this_machine(tmp_path):
+    """The PyTorch factory gives the architecture a graph case's file was exported from; a GPU run's ONNX Runtime
+    column says it is missing where onnxruntime has no CUDA provider (never times its CPU provider as the GPU's)."""
+    import onnx
+    import torch
+
+    from graph_cases import torch_net
+    from tvmrnn import bench
+
+    model, feeds = build("lstm150-b1")
+    path = tmp_path / "lstm150-b1.onnx"
+    onnx.save(model, path)
+    assert bench.load_torch_factory("graph_cases:torch_net") is torch_net
+    assert torch_net(str(tmp_path / "other.onnx")) is None
+    with torch.no_grad():
+        out = torch_net(str(path))(torch.from_numpy(feeds["x"]))
+    assert tuple(out.shape) == _ort(model, feeds)[0].shape
+    sess, missing = bench._ort_session(model, gpu=True)
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        assert sess is not None and missing is None
+    else:
+        assert sess is None and "no CUDA provider" in missing
+    with pytest.raises(ValueError, match="MODULE:FACTORY"):
+        bench.load_torch_factory("graph_cases")

@@ -273,27 +273,83 @@ def random_feeds(model: onnx.ModelProto, rng, dim=16) -> dict:
     return feeds
 
 
-def bench_model(path, target="llvm", repeats=20, warmup=2) -> dict:
+def load_torch_factory(spec: str):
+    """`MODULE:FACTORY` (e.g. `graph_cases:torch_net`): FACTORY(onnx_path) returns the torch.nn.Module the ONNX file was
+    exported from, its forward taking the graph's inputs in order, or None for a file it does not know."""
+    import importlib
+
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ValueError(f"--torch {spec!r}: expected MODULE:FACTORY")
+    return getattr(importlib.import_module(module), name)
+
+
+def _ort_session(model: onnx.ModelProto, gpu: bool):
+    """ONNX Runtime on the CUDA provider for a GPU run (None, with why, where this onnxruntime has none), else its CPU one."""
+    import onnxruntime as ort
+
+    if gpu and "CUDAExecutionProvider" not in ort.get_available_providers():
+        return None, f"missing: onnxruntime {ort.__version__} has no CUDA provider (install onnxruntime-gpu)"
+    providers = ["CUDAExecutionProvider"] if gpu else ["CPUExecutionProvider"]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=providers)
+    if gpu and sess.get_providers()[0] != "CUDAExecutionProvider":
+        return None, f"missing: the CUDA provider did not load ({sess.get_providers()})"
+    return sess, None
+
+
+def _torch_run(net, input_names):
+    """PyTorch eager on the GPU: inputs copied in, outputs synchronized (as our run and ONNX Runtime's return host arrays)."""
+    import torch
+
+    net = net.eval().cuda()
+
+    def run(feeds):
+        with torch.no_grad():
+            out = net(*[torch.from_numpy(feeds[n]).cuda() for n in input_names])
+        outs = out if isinstance(out, tuple | list) else (out,)
+        return [o.cpu() for o in outs]
+
+    return run
+
+
+def bench_model(path, target="llvm", repeats=20, warmup=2, torch_factory=None) -> dict:
     """A whole ONNX model: ours (untuned, compiled for `target`) against ONNX Runtime (its CPU provider, or CUDA's on
-    a GPU) on the same random inputs, interleaved medians, and the largest relative error of any output."""
+    a GPU) and, on a GPU where `torch_factory` knows the file, PyTorch eager, on the same random inputs, interleaved
+    medians, and the largest relative error of any output against ONNX Runtime's CPU provider."""
     import onnxruntime as ort
 
     import tvmrnn
 
     model = onnx.load(str(path))
+    gpu = target == "cuda"
     feeds = [random_feeds(model, np.random.default_rng(s)) for s in range(2)]
     started = time.perf_counter()
     compiled = tvmrnn.compile(model, target=target, logs=False)
     compile_s = time.perf_counter() - started
-    providers = ["CUDAExecutionProvider"] if target == "cuda" else ["CPUExecutionProvider"]
-    sess = ort.InferenceSession(model.SerializeToString(), providers=providers)
-    ref = sess.run(None, feeds[0])
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds[0])
     ours = list(compiled.run(feeds[0]).values())
     result = {"row": os.path.basename(str(path)), "compile_s": compile_s,
               "rel_err_vs_ort": max(_rel_err(o, r) for o, r in zip(ours, ref))}
-    result.update({f"{name}_ms": ms for name, ms in _interleaved_median_ms(
-        {"ours": compiled.run, "onnxruntime": lambda f: sess.run(None, f)}, feeds, repeats, warmup).items()})
-    result["speedup_vs_ort"] = result["onnxruntime_ms"] / result["ours_ms"]
+    runs = {"ours": compiled.run}
+    sess, missing = _ort_session(model, gpu)
+    if sess is not None:
+        runs["onnxruntime"] = lambda f: sess.run(None, f)
+    else:
+        result["onnxruntime"] = missing
+    net = torch_factory(str(path)) if gpu and torch_factory else None
+    if net is not None:
+        import torch
+
+        if torch.cuda.is_available():
+            runs["pytorch"] = _torch_run(net, list(feeds[0]))
+        else:
+            result["pytorch"] = f"missing: torch {torch.__version__} has no CUDA"
+    result.update({f"{name}_ms": ms for name, ms in _interleaved_median_ms(runs, feeds, repeats, warmup).items()})
+    others = [result[k] for k in ("onnxruntime_ms", "pytorch_ms") if k in result]
+    if "onnxruntime_ms" in result:
+        result["speedup_vs_ort"] = result["onnxruntime_ms"] / result["ours_ms"]
+    if others:
+        result["speedup_vs_fastest"] = min(others) / result["ours_ms"]
     return result
 
 
@@ -337,8 +393,9 @@ CPU_COLUMNS = [("row", "row"), ("ours_ms", "ours ms"), ("onnxruntime_ms", "ONNX 
                ("speedup_vs_ort", "× ORT"), ("speedup_vs_torch", "× PyTorch"), ("rel_err_vs_torch", "rel. err")]
 
 
-MODEL_COLUMNS = [("row", "model"), ("ours_ms", "ours ms"), ("onnxruntime_ms", "ONNX Runtime ms"),
-                 ("speedup_vs_ort", "× ORT"), ("rel_err_vs_ort", "rel. err"), ("compile_s", "compile s"), ("error", "error")]
+MODEL_COLUMNS = [("row", "model"), ("ours_ms", "ours ms"), ("onnxruntime_ms", "ONNX Runtime ms"), ("pytorch_ms", "PyTorch ms"),
+                 ("speedup_vs_ort", "× ORT"), ("speedup_vs_fastest", "× fastest other"), ("rel_err_vs_ort", "rel. err"),
+                 ("compile_s", "compile s"), ("onnxruntime", "ONNX Runtime"), ("pytorch", "PyTorch"), ("error", "error")]
 
 
 def _cpu_model() -> str:

@@ -28,7 +28,7 @@ from .frontend import load_onnx, model_opset, to_relax
 from .graph_pipeline import graph_pipeline
 from .plan import ModelPlan, PlanOptions, plan_model
 from .runtime import FORMAT, Module, metadata_path
-from .tuning.logs import TuningLogs, default_logs_dir
+from .tuning.logs import GRAPH_PREFIX, WORKLOAD, TuningLogs, default_logs_dir
 
 TARGET_ALIASES = {"cuda": "nvidia/nvidia-h100", "gpu": "nvidia/nvidia-h100"}
 
@@ -123,13 +123,23 @@ def _tuning_logs(logs, target, log):
     return found
 
 
-def pipeline(target, plan: ModelPlan) -> tvm.transform.Pass:
+def _graph_records(tuning):
+    """The graph functions' tuning database beside the recurrent logs, or None."""
+    if tuning is None or not (tuning.folder / f"{GRAPH_PREFIX}{WORKLOAD}").exists():
+        return None
+    from .tuning.graph_tasks import graph_database  # MetaSchedule's import is slow: only where there are records
+
+    return graph_database(tuning.folder)
+
+
+def pipeline(target, plan: ModelPlan, graph_records=None, on_tuned=None) -> tvm.transform.Pass:
     """The Relax pipeline a planned module is built with (what `tvm.compile` receives):
     1. weight re-layouts on initializers (transposes, stacked biases, casts to the storage dtype) become constants
        (FoldConstant: TVM's default pipeline does not fold them, and they ran at every call), and the functions that
        only computed them go (DeadCodeElimination: no dead kernels, e.g. W's scaled fp16 halves for the f16x3 GEMM);
     2. main's symbolic dims bounded where the module enforces bounds (and allowed into the CUDA graph where it has one);
-    3. TVM's backend pipeline for the target with the graph's other layers scheduled (tvmrnn.graph_pipeline)."""
+    3. TVM's backend pipeline for the target with the graph's other layers scheduled (tvmrnn.graph_pipeline), by the
+       tuning records of `graph_records` (a MetaSchedule database) where it has them; on_tuned(names) hears which."""
     bounds = plan.graph.bounds if plan.graph.bounds is not None else plan.graph.enforced
 
     @tvm.transform.module_pass(opt_level=0, name="tvmrnn.AnnotateBounds")
@@ -137,7 +147,7 @@ def pipeline(target, plan: ModelPlan) -> tvm.transform.Pass:
         return annotate_bounds(mod, dict(bounds)) if plan.graph.bounds is not None or bounds else mod
 
     return tvm.transform.Sequential([relax.transform.FoldConstant(), relax.transform.DeadCodeElimination(), bound_dims,
-                                     graph_pipeline(target)], name="tvmrnn.pipeline")
+                                     graph_pipeline(target, graph_records, on_tuned)], name="tvmrnn.pipeline")
 
 
 def _log_plan(plan: ModelPlan, log):
@@ -150,12 +160,12 @@ def _log_plan(plan: ModelPlan, log):
         log(f"      stack {chain.describe()}")
 
 
-def _build(model: onnx.ModelProto, plan: ModelPlan):
+def _build(model: onnx.ModelProto, plan: ModelPlan, graph_records=None, on_tuned=None):
     """The planned model as Relax (our kernels where the plan says), built by the pipeline and our TIR pipeline (the
     cooperative-launch tag persistent kernels' grid barriers need). Returns (executable, Relax model, CUDA graph note)."""
     relax_model = to_relax(model, plan)
     with tvm.transform.PassContext(config=GRAPH_PASS_CONFIG if plan.graph.bounds is not None else {}):
-        executable = tvm.compile(relax_model.mod, target=plan.target, relax_pipeline=pipeline(plan.target, plan),
+        executable = tvm.compile(relax_model.mod, target=plan.target, relax_pipeline=pipeline(plan.target, plan, graph_records, on_tuned),
                                  tir_pipeline=cooperative.register())
     note = plan.graph.note
     if plan.graph.bounds is not None and not graph_captured(executable):
@@ -164,7 +174,7 @@ def _build(model: onnx.ModelProto, plan: ModelPlan):
     return executable, relax_model, note
 
 
-def _metadata(source: str, plan: ModelPlan, relax_model, graph_note: str, tuning) -> dict:
+def _metadata(source: str, plan: ModelPlan, relax_model, graph_note: str, tuning, graph_tuned=()) -> dict:
     target = plan.target
     return {
         "format": FORMAT,
@@ -180,7 +190,8 @@ def _metadata(source: str, plan: ModelPlan, relax_model, graph_note: str, tuning
         "index_bounds": plan.index_bounds,
         "max_dims": dict(plan.graph.enforced),
         "cuda_graph": graph_note,
-        "tuning_logs": str(tuning.folder) if tuning and tuning.records else None,
+        "tuning_logs": str(tuning.folder) if tuning and (tuning.records or graph_tuned) else None,
+        "graph_tuned": list(graph_tuned),  # the functions around the recurrent kernels that ran tuning records
     }
 
 
@@ -220,9 +231,12 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
     log(f"[2/4] planned {len(plan.layers)} recurrent layer(s) for {target.kind.name} ({time.perf_counter() - started:.1f} s)")
     _log_plan(plan, log)
     started = time.perf_counter()
-    executable, relax_model, graph_note = _build(model, plan)
+    graph_tuned: list[str] = []
+    executable, relax_model, graph_note = _build(model, plan, _graph_records(tuning), graph_tuned.extend)
     log(f"[3/4] built for {target.kind.name} ({time.perf_counter() - started:.1f} s); CUDA graph {graph_note}")
-    metadata = _metadata(source, plan, relax_model, graph_note, tuning)
+    if graph_tuned:
+        log(f"      tuned graph functions: {', '.join(graph_tuned)}")
+    metadata = _metadata(source, plan, relax_model, graph_note, tuning, graph_tuned)
     if target.kind.name == "cuda" and not gpu_present():
         return _ExportOnly(executable, metadata)
     return CompiledModule(executable, metadata)

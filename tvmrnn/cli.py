@@ -166,16 +166,18 @@ def compile_cmd(model, output, target, kernel, dtype, precision, logs, tune_tria
 @click.option("--precision", default="exact", show_default=True, type=click.Choice(PRECISIONS), help="as compile --precision")
 @click.option("--kernel", default="auto", show_default=True, type=click.Choice(KERNEL_CHOICES),
               help="restrict the CUDA kernel kinds searched")
+@click.option("--graph-trials", default=None, type=int,
+              help="measured points for the layers around the recurrent ones (convs, GEMMs, pooling; default: --trials; 0: none)")
 @_for_people()
-def tune_cmd(model, target, trials, logs, time_budget, batches, seq, dtype, precision, kernel):
-    """Tune MODEL.onnx's recurrent kernels for TARGET with MetaSchedule; compile applies the logs."""
+def tune_cmd(model, target, trials, logs, time_budget, batches, seq, dtype, precision, kernel, graph_trials):
+    """Tune MODEL.onnx's recurrent kernels and the layers around them for TARGET with MetaSchedule; compile applies the logs."""
     from .interface.tune import TuneArgs, tune_command
     from .tuning.logs import default_logs_dir
 
     if trials < 1:
         raise click.BadParameter("must be at least 1", param_hint="--trials")
     tune_command(TuneArgs(model, target, trials, logs or str(default_logs_dir()), time_budget, tuple(batches), seq, dtype, kernel,
-                          precision=precision), echo=echo_wrapped)
+                          precision=precision, graph_trials=graph_trials), echo=echo_wrapped)
 
 
 @main.command("run")
@@ -225,14 +227,17 @@ def _rows_epilog() -> str:
               type=click.Choice(["float32", "float16"]), help="storage dtypes to time on the GPU")
 @click.option("--model", "models", multiple=True, type=click.Path(dir_okay=False),
               help="whole ONNX models to time instead of the rows (repeatable): ours against ONNX Runtime on random inputs")
+@click.option("--torch", "torch_factory", default=None, metavar="MODULE:FACTORY",
+              help="with --model on the GPU: FACTORY(onnx_path) gives the torch module a file was exported from (None: "
+                   "not known), timed as the PyTorch eager column (e.g. graph_cases:torch_net with tests/ on PYTHONPATH)")
 @click.option("--out", "out_dir", default="benchmarks/results", show_default=True, type=click.Path(file_okay=False))
 @_for_people()
-def bench_cmd(cpu, rows, repeats, kernels, dtypes, models, out_dir):
+def bench_cmd(cpu, rows, repeats, kernels, dtypes, models, torch_factory, out_dir):
     """Time our modules against cuDNN (GPU) or ONNX Runtime and PyTorch (--cpu), side by side in one run."""
     from .interface.bench import BenchArgs, bench_command
 
     bench_command(BenchArgs("cpu" if cpu else "gpu", tuple(rows), repeats, out_dir, tuple(kernels), tuple(dtypes),
-                            tuple(models)), echo=echo_wrapped)
+                            tuple(models), torch_factory), echo=echo_wrapped)
 
 
 @main.command("serve")

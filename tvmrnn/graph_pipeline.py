@@ -91,19 +91,52 @@ def _backend(target):
     return backend
 
 
-def passes(target: tvm.target.Target, database=None) -> list:
+def fuse_passes(target: tvm.target.Target) -> list:
+    """decompose, legalize, fuse: the module whose PrimFuncs the schedule stage (and `tvmrnn tune`) sees."""
+    cpu = target.kind.name == "llvm"
+    return (
+        [relax.transform.DecomposeOpsForInference(), relax.transform.FoldConstant()]
+        + _backend(target).library_dispatch_passes(target)
+        + [relax.transform.LegalizeOps(CPU_LEGALIZE if cpu else None), relax.transform.AnnotateTIROpPattern(),
+           relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    )
+
+
+def fused_module(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """The module as the schedule stage gets it (tuning extracts its tasks from this)."""
+    with target:
+        return tvm.transform.Sequential(fuse_passes(target))(mod)
+
+
+def _scheduled(func) -> bool:
+    return isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
+
+
+def _apply_database(on_tuned):
+    """MetaSchedule's records for the functions the database has; `on_tuned` gets the names of those it scheduled."""
+    apply = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmrnn.ApplyTuningRecords")
+    def _apply(mod, _ctx):
+        before = {gv.name_hint for gv, f in mod.functions_items() if _scheduled(f)}
+        out = apply(mod)
+        if on_tuned is not None:
+            on_tuned(sorted(gv.name_hint for gv, f in out.functions_items() if _scheduled(f) and gv.name_hint not in before))
+        return out
+
+    return _apply
+
+
+def passes(target: tvm.target.Target, database=None, on_tuned=None) -> list:
     """The pipeline's passes in order (see the module's docstring). database: a MetaSchedule database whose records
-    schedule the functions it has (`tvmrnn tune`'s), before the default rules take the rest."""
+    schedule the functions it has (`tvmrnn tune`'s), before the default rules take the rest; on_tuned(names) is told
+    which functions ran tuned."""
     from tvm.s_tir import dlight as dl
 
     backend = _backend(target)
-    cpu = target.kind.name == "llvm"
-    tuned = [relax.transform.MetaScheduleApplyDatabase(enable_warning=False)] if database is not None else []
+    tuned = [_apply_database(on_tuned)] if database is not None else []
     return (
-        [relax.transform.DecomposeOpsForInference(), relax.transform.FoldConstant()]
-        + backend.library_dispatch_passes(target)
-        + [relax.transform.LegalizeOps(CPU_LEGALIZE if cpu else None), relax.transform.AnnotateTIROpPattern(),
-           relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+        fuse_passes(target)
         + tuned
         + [dl.ApplyDefaultSchedule(*_schedule_rules(target))]
         + backend.dataflow_lower_passes(target)
@@ -111,17 +144,16 @@ def passes(target: tvm.target.Target, database=None) -> list:
     )
 
 
-def graph_pipeline(target: tvm.target.Target, database=None) -> tvm.transform.Pass:
+def graph_pipeline(target: tvm.target.Target, database=None, on_tuned=None) -> tvm.transform.Pass:
     """The Relax pipeline for `tvm.compile(mod, target, relax_pipeline=pipeline(target))`."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvmrnn.graph_pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         with target:  # MetaScheduleApplyDatabase reads the target when it is made
-            seq = tvm.transform.Sequential(passes(target, database))
+            seq = tvm.transform.Sequential(passes(target, database, on_tuned))
             if database is None:
                 return seq(mod)
             with database:
                 return seq(mod)
 
     return _pipeline
-

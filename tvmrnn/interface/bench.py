@@ -30,6 +30,7 @@ class BenchArgs:
     kernels: tuple = ("stepwise", "auto")
     dtypes: tuple = ("float32", "float16")
     models: tuple = ()  # ONNX files timed whole instead of the rows
+    torch_factory: str | None = None  # MODULE:FACTORY giving the torch module of a model file (the PyTorch eager column)
 
 
 def bench_command(args: BenchArgs, echo=print) -> list[dict]:
@@ -70,11 +71,12 @@ def _bench_models(args: BenchArgs, echo) -> list[dict]:
     gpu = args.device == "gpu"
     env = bench.environment(gpu)
     command = " ".join(["tvmrnn"] + sys.argv[1:])
+    factory = bench.load_torch_factory(args.torch_factory) if args.torch_factory and gpu else None
     results = []
     for i, path in enumerate(args.models, 1):
         echo(f"[{i}/{len(args.models)}] {path}")
         try:
-            res = bench.bench_model(path, "cuda" if gpu else "llvm", args.repeats)
+            res = bench.bench_model(path, "cuda" if gpu else "llvm", args.repeats, torch_factory=factory)
         except Exception as err:  # one broken model must not lose the others' numbers
             res = {"row": path, "error": f"{type(err).__name__}: {err}"}
         echo("    " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()))

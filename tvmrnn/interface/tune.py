@@ -11,6 +11,7 @@ import tvm
 
 from ..build import gpu_present, resolve_target
 from ..errors import UnsupportedModelError
+from ..frontend import load_onnx
 from ..plan import PlanOptions, plan_model
 from ..tuning import tuner
 from ..tuning.logs import record_run
@@ -31,6 +32,7 @@ class TuneArgs:
     dtype: str | None = None
     kernel: str = "auto"
     precision: str = "exact"
+    graph_trials: int | None = None  # trials for the layers around the recurrent ones (default: `trials`); 0 for none
     tasks: list = field(default_factory=list)
 
     def show(self) -> str:
@@ -52,14 +54,43 @@ def tune_command(args: TuneArgs, echo=print, stream=None, tasks=None):
     if target.kind.name == "cuda" and not gpu_present():
         raise UnsupportedModelError("tuning for CUDA measures on the GPU, and there is none here; tune on the GPU machine "
                                     "(the logs then serve compiles anywhere)")
-    from_model = tasks is None
+    plan, out, from_model = None, None, tasks is None
     if tasks is None:
         # the layers as compile runs them (kernel choice aside: every kind's space is searched)
         plan = plan_model(args.model, target, PlanOptions(storage=args.dtype, precision=args.precision))
         tasks = plan_tasks(plan, batches=args.batches or None, seq=args.seq)
-        if not tasks:
-            raise UnsupportedModelError(f"'{args.model}' has no LSTM, GRU or RNN layer, so there is nothing to tune (tvmrnn "
-                                        "tunes the recurrent kernels); compile it as it is")
+    graph_tasks = _graph_tasks(args, target, plan) if plan is not None and args.graph_trials != 0 else []
+    if from_model and not tasks and not graph_tasks:
+        raise UnsupportedModelError(f"'{args.model}' has no LSTM, GRU or RNN layer and no other layer of static shapes, so "
+                                    "there is nothing to tune; compile it as it is")
+    if tasks:
+        out = _tune_recurrent(args, target, tasks, echo, stream, from_model)
+    if graph_tasks:
+        _tune_graph(args, target, graph_tasks, echo)
+    return out
+
+
+def _graph_tasks(args: TuneArgs, target, plan) -> list:
+    from ..frontend import to_relax
+    from ..tuning.graph_tasks import extract_graph_tasks
+
+    return extract_graph_tasks(to_relax(load_onnx(args.model), plan).mod, target)
+
+
+def _tune_graph(args: TuneArgs, target, graph_tasks, echo):
+    """The layers around the recurrent kernels (tvmrnn.tuning.graph_tasks), into the same logs folder."""
+    from ..tuning.graph_tasks import graph_line, tune_graph
+    from ..tuning.logs import target_dir
+
+    echo(f"[graph 1/2] {len(graph_tasks)} task(s) around the recurrent kernels: {', '.join(t.task_name for t in graph_tasks)}")
+    echo("[graph 2/2] tuning: each task's default schedule first, then MetaSchedule's own design space")
+    budget = args.time_budget_min * 60 if args.time_budget_min else None
+    stats = tune_graph(graph_tasks, target, target_dir(args.logs, target), args.graph_trials or args.trials, budget, log=echo)
+    for i, st in enumerate(stats):
+        echo(graph_line(i, st, len(stats)))
+
+
+def _tune_recurrent(args: TuneArgs, target, tasks, echo, stream, from_model: bool):
     echo(f"[1/3] {len(tasks)} task(s):")
     for t in tasks:
         echo(f"      {t.name}  (layers: {', '.join(t.layers)}; {tuner.space_size(t, target, args.kernel)} points)")

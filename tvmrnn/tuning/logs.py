@@ -25,6 +25,7 @@ from .tasks import layer_key, task_of
 
 WORKLOAD = "workload.json"
 RECORDS = "tuning_record.json"
+GRAPH_PREFIX = "graph_"  # the graph functions' database (tuning.graph_tasks), read by MetaSchedule at compile
 FAILED = 1e9  # MetaSchedule stores 1e10 s for a candidate that failed to build or run
 
 
@@ -85,7 +86,10 @@ def check_json_lines(path: Path, kind: str) -> str | None:
 
 
 def _pairs(folder: Path):
+    """The recurrent kernels' databases (graph_*: the graph functions', read by graph_pipeline through MetaSchedule)."""
     for wl in sorted(folder.glob(f"*{WORKLOAD}")):
+        if wl.name.startswith(GRAPH_PREFIX):
+            continue
         yield wl, wl.with_name(wl.name[: -len(WORKLOAD)] + RECORDS)
 
 

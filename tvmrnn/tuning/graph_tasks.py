@@ -1,0 +1,127 @@
+"""Tuning the layers around the recurrent kernels: the fused functions graph_pipeline schedules with its default rules
+(convs, GEMMs, pooling, pointwise chains).
+
+Tasks are extracted by MetaSchedule's Relax integration from the module as graph_pipeline fuses it (so their
+workloads are the functions compile's MetaScheduleApplyDatabase looks up), skipping functions already scheduled (our
+kernels) and those with symbolic shapes (nothing to measure). Each task's default-rule schedule is measured first and
+stored, so its best record is never worse than an untuned compile; then MetaSchedule's own design space is searched.
+Records go to `graph_workload.json` / `graph_tuning_record.json` in the target's logs folder, next to the recurrent
+kernels' database (whose reader leaves them alone).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+from .logs import FAILED, GRAPH_PREFIX, WORKLOAD, open_database
+
+
+@dataclass
+class GraphTaskStats:
+    name: str
+    default_s: float | None
+    trials: int = 0
+    best_s: float | None = None
+
+
+def _tunable(func) -> bool:
+    attrs = func.attrs or {}
+    if bool(attrs.get("tirx.is_scheduled", False)):
+        return False
+    try:
+        infos = ms.arg_info.ArgInfo.from_prim_func(func)
+    except Exception:  # noqa: BLE001  (an argument that is no plain tensor: nothing MetaSchedule can measure)
+        return False
+    return all(isinstance(d, int | tvm.tirx.IntImm) for info in infos for d in getattr(info, "shape", [None]))
+
+
+def extract_graph_tasks(relax_mod: tvm.IRModule, target) -> list:
+    """MetaSchedule's ExtractedTasks of the module's graph functions, as graph_pipeline fuses them."""
+    from tvm import relax
+
+    from ..graph_pipeline import fused_module
+
+    mod = relax.transform.FoldConstant()(relax_mod)
+    tasks = ms.relax_integration.extract_tasks(fused_module(mod, target), target)
+    return [t for t in tasks if _tunable(t.dispatched[0]["main"])]
+
+
+def graph_database(folder: Path):
+    """The graph tasks' records for compile, or None where the folder has none."""
+    return open_database(Path(folder), GRAPH_PREFIX) if (Path(folder) / f"{GRAPH_PREFIX}{WORKLOAD}").exists() else None
+
+
+def _default_schedule(mod: tvm.IRModule, target):
+    """The schedule an untuned compile gives the function (graph_pipeline's rules), with its trace, or None."""
+    from ..graph_pipeline import _schedule_rules
+
+    func = mod["main"]
+    for rule in _schedule_rules(target):
+        sch = rule.apply(func, target, False)
+        sch = sch[0] if isinstance(sch, list) and sch else sch
+        if sch is not None and not isinstance(sch, list) and sch.trace is not None:
+            return sch
+    return None
+
+
+def _seed_defaults(tasks, target, db, builder, runner) -> list[float | None]:
+    """Measure and store each task's default-rule schedule (once per database); returns its seconds."""
+    from .tuner import _measure_all
+
+    out: list[float | None] = []
+    for task in tasks:
+        workload = db.commit_workload(task.mod)
+        args_info = ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])
+        with target:
+            sch = _default_schedule(task.mod, target)
+        if sch is None:
+            out.append(None)
+            continue
+        t = _measure_all(builder, runner, target, [sch.mod], [args_info])[0]
+        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [t if t is not None else 1e10], target, args_info))
+        out.append(t)
+    return out
+
+
+def _best(db, task) -> tuple[int, float | None]:
+    records = db.get_top_k(db.commit_workload(task.mod), 10_000)
+    good = [sum(float(s) for s in r.run_secs) / len(r.run_secs) for r in records if min(float(s) for s in r.run_secs) < FAILED]
+    return len(records), (min(good) if good else None)
+
+
+def tune_graph(tasks, target, logs_folder: Path, trials: int, time_budget_s: float | None = None, log=print) -> list[GraphTaskStats]:
+    """Tune the graph tasks with `trials` trials in all (counting those already in the database)."""
+    from .tuner import _runner
+
+    db = open_database(Path(logs_folder), GRAPH_PREFIX)
+    builder, runner = ms.builder.LocalBuilder(timeout_sec=120), _runner(target)
+    before = {t.task_name: _best(db, t) for t in tasks}
+    fresh = [t for t in tasks if before[t.task_name][0] == 0]
+    started = time.monotonic()
+    defaults = dict(zip([t.task_name for t in fresh], _seed_defaults(fresh, target, db, builder, runner)))
+    log(f"      graph default schedules: {len(fresh)} measured in {time.monotonic() - started:.0f} s")
+    left = max(0, trials - sum(n for n, _ in before.values()) - len(fresh))
+    if left > 0 and (time_budget_s is None or time_budget_s > 0):
+        with tempfile.TemporaryDirectory() as work_dir:
+            ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir)
+            ms.tune.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=work_dir, max_trials_global=left,
+                               num_trials_per_iter=min(8, max(1, left // len(ctxs))), builder=builder, runner=runner,
+                               database=db, cost_model="xgb", task_scheduler="round-robin")
+    stats = []
+    for t in tasks:
+        n, best = _best(db, t)
+        stats.append(GraphTaskStats(t.task_name, defaults.get(t.task_name), n, best))
+    return stats
+
+
+def graph_line(i: int, st: GraphTaskStats, n: int) -> str:
+    from .progress import ms_text
+
+    gain = f" ({st.default_s / st.best_s:.2f}x the default)" if st.default_s and st.best_s else ""
+    return f"  [{i + 1}/{n}] {st.name}: {st.trials} trials, best {ms_text(st.best_s)}{gain}"
