@@ -45,6 +45,23 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
                       primfunc_name_hint="conv2d_packed")
 
 
+def _legalize_conv1d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """conv1d (NCW, OIW, one group, fp32) over a constant weight: our packed-weight compute (conv2d_packed's block
+    without the row axis); others TVM's."""
+    from schedules import graph_cpu
+
+    a = call.attrs
+    x, w = call.args
+    plain = (a.data_layout == "NCW" and a.kernel_layout == "OIW" and a.out_layout == "NCW" and int(a.groups) == 1
+             and str(x.ty.dtype) == "float32" and str(a.out_dtype) in ("", "None", "void", "float32") and _const_f32(w, 3))
+    if not plain:
+        return _default_legalize("relax.nn.conv1d")(bb, call)
+    ob = graph_cpu.channel_block(int(w.value.shape[0]), graph_cpu.vector_lanes(tvm.target.Target.current()))
+    wp = relax.const(graph_cpu.pack_conv1d_weight(w.value.numpy(), ob))
+    return bb.call_te(graph_cpu.conv1d_packed, x, wp, int(a.strides[0]), [int(p) for p in a.padding], int(a.dilation[0]),
+                      primfunc_name_hint="conv1d_packed")
+
+
 def _legalize_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """x [..., K] @ constant B [K, N] in fp32: our packed-weight GEMM; others TVM's."""
     from schedules import graph_cpu
@@ -70,7 +87,7 @@ def _legalize_sigmoid(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
                       primfunc_name_hint="sigmoid")
 
 
-CPU_LEGALIZE = {"relax.nn.conv2d": _legalize_conv2d, "relax.matmul": _legalize_matmul, "relax.sigmoid": _legalize_sigmoid}
+CPU_LEGALIZE = {"relax.nn.conv2d": _legalize_conv2d, "relax.nn.conv1d": _legalize_conv1d, "relax.matmul": _legalize_matmul, "relax.sigmoid": _legalize_sigmoid}
 
 
 def _schedule_rules(target):
