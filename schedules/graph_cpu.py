@@ -45,6 +45,12 @@ def dense_block(columns: int, lanes: int) -> int:
     return 2 * lanes if columns >= 2 * lanes else lanes if columns >= lanes else channel_block(columns, lanes)
 
 
+def pack_conv1d_weight(w: np.ndarray, ob: int) -> np.ndarray:
+    """OIW -> [O/ob, I, KW, ob]."""
+    o, i, kw = w.shape
+    return np.ascontiguousarray(w.reshape(o // ob, ob, i, kw).transpose(0, 2, 3, 1))
+
+
 def pack_dense_weight(w: np.ndarray, nb: int) -> np.ndarray:
     """B [K, N] of x @ B -> [ceil(N/nb), K, nb], zero columns past N."""
     k, n = w.shape
@@ -68,6 +74,21 @@ def conv2d_packed(x: te.Tensor, wp: te.Tensor, strides, padding, dilation) -> te
         lambda b, o, y, xx: te.sum(padded[b, rc, y * sh + ry * dh, xx * sw + rx * dw] * wp[o // ob, rc, ry, rx, o % ob],
                                    axis=[rc, ry, rx]),
         name=CONV_BLOCK, attrs={"stride_w": sw})
+
+
+def conv1d_packed(x: te.Tensor, wp: te.Tensor, stride: int, padding, dilation: int) -> te.Tensor:
+    """NCW conv1d over packed weights [O/OB, I, KW, OB] (groups 1), the same block as conv2d_packed's less the row axis
+    (silero's STFT front end and encoder): out[n, o, x] = sum_{c,rx} pad(x)[n, c, x*s+rx*d] * wp[o/OB, c, rx, o%OB]."""
+    n, c, w = x.shape
+    ob_count, _, kw, ob = wp.shape
+    pl, pr = padding
+    padded = topi.nn.pad(x, [0, 0, pl], [0, 0, pr], name="pad_temp") if pl or pr else x
+    ow = (w + pl + pr - (kw - 1) * dilation - 1) // stride + 1
+    rc, rx = te.reduce_axis((0, c), "rc"), te.reduce_axis((0, kw), "rx")
+    return te.compute(
+        (n, ob_count * ob, ow),
+        lambda b, o, xx: te.sum(padded[b, rc, xx * stride + rx * dilation] * wp[o // ob, rc, rx, o % ob], axis=[rc, rx]),
+        name=CONV_BLOCK, attrs={"stride_w": stride})
 
 
 def dense_packed(x: te.Tensor, wp: te.Tensor, columns: int) -> te.Tensor:
@@ -166,25 +187,27 @@ class ConvPacked(ScheduleRule):
 def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool):
     """Tiles of oc channels x xc output columns per (image, channel block, row) on the thread pool, the conv's
     accumulators for a tile computed under it and the epilogue applied from them; the vector axis is the columns or
-    the channels (whose accumulators are then laid out channels-innermost)."""
-    n, o, y, x = sch.get_loops(out)
+    the channels (whose accumulators are then laid out channels-innermost). A conv1d is the same without rows."""
+    n, o, *rows, x = sch.get_loops(out)
     oo, oi = sch.split(o, [None, oc])
     xo, xi = sch.split(x, [None, xc])
     vec, unrolled = (xi, oi) if columns_vector else (oi, xi)
-    sch.reorder(n, oo, y, xo, unrolled, vec)
-    sch.parallel(sch.fuse(n, oo, y))
+    sch.reorder(n, oo, *rows, xo, unrolled, vec)
+    sch.parallel(sch.fuse(n, oo, *rows))
     sch.vectorize(vec)
     sch.unroll(unrolled)
     sch.compute_at(conv, xo, preserve_unit_loops=True)
     sch.set_scope(conv, 0, "local")
     if not columns_vector:
-        sch.transform_layout(conv, ("write", 0), lambda b, o, y, x: (b, y, x, o))
-    cn, co, cy, cx, rc, ry, rx = sch.get_loops(conv)[-7:]
+        sch.transform_layout(conv, ("write", 0), lambda b, o, *yx: (b, *yx, o))
+    reduce_axes = len(sch.get(conv).iter_vars) - 3 - len(rows)  # (c, ry, rx) or (c, rx)
+    cn, co, *cy, cx = sch.get_loops(conv)[-(3 + len(rows) + reduce_axes):-reduce_axes]
+    reduction = sch.get_loops(conv)[-reduce_axes:]
     cvec, cunrolled = (cx, co) if columns_vector else (co, cx)
-    sch.reorder(cn, cy, rc, ry, rx, cunrolled, cvec)
+    sch.reorder(cn, *cy, *reduction, cunrolled, cvec)
     sch.vectorize(cvec)
     sch.unroll(cunrolled)
-    _vector_init(sch, sch.decompose_reduction(conv, rc))
+    _vector_init(sch, sch.decompose_reduction(conv, reduction[0]))
 
 
 def _vector_init(sch, block) -> None:

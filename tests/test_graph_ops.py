@@ -83,6 +83,28 @@ def test_packed_conv_with_epilogue_matches_numpy(c, o, h, w, stride, pad):
     assert _rel_err(got, ref) < 1e-5
 
 
+@pytest.mark.parametrize("c,o,w,k,stride,pad", [(1, 258, 640, 256, 128, (0, 0)), (129, 128, 18, 3, 1, (1, 1)),
+                                                (16, 24, 35, 3, 2, (1, 0)), (5, 7, 9, 1, 1, (0, 0))])
+def test_packed_conv1d_with_epilogue_matches_numpy(c, o, w, k, stride, pad):
+    """silero's STFT (stride = hop, one input channel) and encoder shapes, both tile layouts."""
+    target = resolve_target("llvm")
+    rng = np.random.default_rng(2)
+    x_np, w_np, b_np = (rng.standard_normal(s).astype("f4") for s in ((1, c, w), (o, c, k), (o,)))
+    ob = graph_cpu.channel_block(o, graph_cpu.vector_lanes(target))
+    x, wp, b = te.placeholder((1, c, w)), te.placeholder((o // ob, c, k, ob)), te.placeholder((o,))
+    y = graph_cpu.conv1d_packed(x, wp, stride, list(pad), 1)
+    out = te.compute(y.shape, lambda n, q, j: te.max(y[n, q, j] + b[q], 0.0), name="relu")
+    sch = graph_cpu.ConvPacked().apply(te.create_prim_func([x, wp, b, out]), target, False)
+    assert sch is not None
+    got = _run(sch.mod["main"], target, [x_np, graph_cpu.pack_conv1d_weight(w_np, ob), b_np,
+                                         np.zeros([int(s) for s in out.shape], "f4")])
+    import torch
+
+    ref = torch.nn.functional.conv1d(torch.from_numpy(np.pad(x_np, [(0, 0), (0, 0), pad])), torch.from_numpy(w_np),
+                                     torch.from_numpy(b_np), stride).relu().numpy()
+    assert _rel_err(got, ref) < 1e-5
+
+
 @pytest.mark.parametrize("lead,k,n", [((7, 3), 40, 48), ((13,), 64, 37), ((2, 1, 5), 16, 256), ((20,), 24, 8210)])
 def test_packed_dense_matches_numpy(lead, k, n):
     target = resolve_target("llvm")

@@ -27,22 +27,45 @@ def _const_f32(expr, ndim):
     return isinstance(expr, tvm.ir.expr.Constant) and str(expr.value.dtype) == "float32" and len(expr.value.shape) == ndim
 
 
+def _plain_conv(call: relax.Call, data_layout: str, kernel_layout: str) -> bool:
+    """One group, fp32, the plain layouts, a constant weight: what our packed convs take."""
+    a = call.attrs
+    x, w = call.args
+    return (a.data_layout == data_layout and a.kernel_layout == kernel_layout and a.out_layout == data_layout
+            and int(a.groups) == 1 and str(x.ty.dtype) == "float32"
+            and str(a.out_dtype) in ("", "None", "void", "float32") and _const_f32(w, len(kernel_layout)))
+
+
+def _out_channel_block(w) -> int:
+    from schedules import graph_cpu
+
+    return graph_cpu.channel_block(int(w.value.shape[0]), graph_cpu.vector_lanes(tvm.target.Target.current()))
+
+
 def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """conv2d (NCHW, OIHW, one group, fp32) over a constant weight: our packed-weight compute; others TVM's."""
     from schedules import graph_cpu
 
-    a = call.attrs
-    x, w = call.args
-    plain = (a.data_layout == "NCHW" and a.kernel_layout == "OIHW" and a.out_layout == "NCHW" and int(a.groups) == 1
-             and str(x.ty.dtype) == "float32" and str(a.out_dtype) in ("", "None", "void", "float32") and _const_f32(w, 4))
-    if not plain:
+    if not _plain_conv(call, "NCHW", "OIHW"):
         return _default_legalize("relax.nn.conv2d")(bb, call)
-    target = tvm.target.Target.current()
-    ob = graph_cpu.channel_block(int(w.value.shape[0]), graph_cpu.vector_lanes(target))
-    wp = relax.const(graph_cpu.pack_conv_weight(w.value.numpy(), ob))
+    a, (x, w) = call.attrs, call.args
+    wp = relax.const(graph_cpu.pack_conv_weight(w.value.numpy(), _out_channel_block(w)))
     ints = lambda v: [int(i) for i in v]  # noqa: E731
     return bb.call_te(graph_cpu.conv2d_packed, x, wp, ints(a.strides), ints(a.padding), ints(a.dilation),
                       primfunc_name_hint="conv2d_packed")
+
+
+def _legalize_conv1d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """conv1d (NCW, OIW, one group, fp32) over a constant weight: our packed-weight compute (conv2d_packed's block
+    without the row axis); others TVM's."""
+    from schedules import graph_cpu
+
+    if not _plain_conv(call, "NCW", "OIW"):
+        return _default_legalize("relax.nn.conv1d")(bb, call)
+    a, (x, w) = call.attrs, call.args
+    wp = relax.const(graph_cpu.pack_conv1d_weight(w.value.numpy(), _out_channel_block(w)))
+    return bb.call_te(graph_cpu.conv1d_packed, x, wp, int(a.strides[0]), [int(p) for p in a.padding], int(a.dilation[0]),
+                      primfunc_name_hint="conv1d_packed")
 
 
 def _legalize_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -70,7 +93,7 @@ def _legalize_sigmoid(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
                       primfunc_name_hint="sigmoid")
 
 
-CPU_LEGALIZE = {"relax.nn.conv2d": _legalize_conv2d, "relax.matmul": _legalize_matmul, "relax.sigmoid": _legalize_sigmoid}
+CPU_LEGALIZE = {"relax.nn.conv2d": _legalize_conv2d, "relax.nn.conv1d": _legalize_conv1d, "relax.matmul": _legalize_matmul, "relax.sigmoid": _legalize_sigmoid}
 
 
 def _schedule_rules(target):
