@@ -200,7 +200,7 @@ def start_server(paths: list[str], args) -> tuple[subprocess.Popen, str]:
            "--isolation", args.isolation, "--http-workers", str(args.http_workers), "--log-level", "warning"]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))))
     for line in proc.stdout:
         m = re.search(r"on (http://[\d.]+:\d+)/v2", line)
         if m:
