@@ -10,6 +10,7 @@ import tvm
 from tvm import te
 
 import tvmrnn
+from compiled import cuda_sources
 from graph_cases import build
 from schedules import graph_cpu
 from tvmrnn.build import resolve_target
@@ -241,3 +242,33 @@ def test_bench_model_columns_on_this_machine(tmp_path):
         assert sess is None and "no CUDA provider" in missing
     with pytest.raises(ValueError, match="MODULE:FACTORY"):
         bench.load_torch_factory("graph_cases")
+
+
+def _magnitude_model():
+    """sqrt(re^2 + im^2) over a [1, 258, 4] tensor's halves, as Silero's STFT computes its magnitude."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    half = [numpy_helper.from_array(np.array(v, np.int64), n) for v, n in
+            (([0], "s0"), ([129], "e0"), ([129], "s1"), ([258], "e1"), ([1], "axis"))]
+    nodes = [helper.make_node("Slice", ["x", "s0", "e0", "axis"], ["re"]), helper.make_node("Slice", ["x", "s1", "e1", "axis"], ["im"]),
+             helper.make_node("Pow", ["re", "two"], ["re2"]), helper.make_node("Pow", ["im", "two"], ["im2"]),
+             helper.make_node("Add", ["re2", "im2"], ["sum"]), helper.make_node("Sqrt", ["sum"], ["y"])]
+    graph = helper.make_graph(nodes, "magnitude", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 258, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 129, 4])], [two, *half])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_whole_powers_are_products_on_cuda():
+    """x ** 2 compiles to x * x, not powf: TVM builds CUDA with --use_fast_math, where powf(x, 2) is exp2(2 * log2(x)),
+    NaN for every negative x (Silero's STFT magnitude was NaN on the H100)."""
+    model = _magnitude_model()
+    source = cuda_sources(tvmrnn.compile(model, target="nvidia/nvidia-h100", logs=False))
+    assert "sqrtf(" in source and "powf(" not in source
+
+
+def test_whole_powers_of_negatives_match_onnxruntime_on_llvm():
+    model = _magnitude_model()
+    feeds = {"x": -np.abs(np.random.default_rng(0).standard_normal((1, 258, 4))).astype(np.float32)}
+    (got,) = tvmrnn.compile(model, target="llvm", logs=False).run(feeds).values()
+    assert _rel_err(got, _ort(model, feeds)[0]) < 1e-6

@@ -3,7 +3,8 @@ target, with the layers around the recurrent kernels scheduled.
 
     decompose   batch norms into pointwise ops over folded constants (they then fuse into the conv before them)
     legalize    ops to TIR; on LLVM conv2d and matmul with constant weights as our packed-weight computes
-                (schedules.graph_cpu), their weights packed here, at compile time
+                (schedules.graph_cpu), their weights packed here, at compile time; on every target x ** n for a
+                constant whole n as products (CUDA's fast-math powf is NaN for negative x)
     fuse        FuseOps + FuseTIR: pointwise ops into the conv/matmul/reduction before them
     schedule    tuning records where given (MetaSchedule's database), then dlight's rules: on LLVM ours for the packed
                 convs and GEMMs, dlight's CPU GEMV and row reductions (softmax, layer norm) and a parallel fallback;
@@ -93,7 +94,38 @@ def _legalize_sigmoid(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
                       primfunc_name_hint="sigmoid")
 
 
-CPU_LEGALIZE = {"relax.nn.conv2d": _legalize_conv2d, "relax.nn.conv1d": _legalize_conv1d, "relax.matmul": _legalize_matmul, "relax.sigmoid": _legalize_sigmoid}
+def _whole_exponent(call: relax.Call):
+    """The exponent of x ** e when e is one constant whole number in 1..4 of x's dtype (not widening x), else None."""
+    x, e = call.args
+    if not isinstance(e, tvm.ir.expr.Constant) or str(e.value.dtype) != str(x.ty.dtype) or x.ty.ndim < len(e.value.shape):
+        return None
+    v = e.value.numpy()
+    if v.size != 1 or float(v.flat[0]) not in (1.0, 2.0, 3.0, 4.0):
+        return None
+    return int(v.flat[0])
+
+
+def _legalize_power(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """x ** n for a constant whole n in 1..4 as n - 1 products, exact for every x. TVM compiles CUDA with
+    --use_fast_math, where powf(x, n) is exp2(n * log2(x)): NaN for every negative x (Silero's STFT magnitude
+    sqrt(re^2 + im^2) came out NaN). Other exponents: TVM's."""
+    n = _whole_exponent(call)
+    if n is None:
+        return _default_legalize("relax.power")(bb, call)
+    from tvm import topi
+
+    def whole_power(x):
+        out = x
+        for _ in range(n - 1):
+            out = topi.multiply(out, x)
+        return out
+
+    return bb.call_te(whole_power, call.args[0], primfunc_name_hint="power")
+
+
+LEGALIZE = {"relax.power": _legalize_power}
+CPU_LEGALIZE = {**LEGALIZE, "relax.nn.conv2d": _legalize_conv2d, "relax.nn.conv1d": _legalize_conv1d,
+                "relax.matmul": _legalize_matmul, "relax.sigmoid": _legalize_sigmoid}
 
 
 def _schedule_rules(target):
@@ -120,7 +152,7 @@ def fuse_passes(target: tvm.target.Target) -> list:
     return (
         [relax.transform.DecomposeOpsForInference(), relax.transform.FoldConstant()]
         + _backend(target).library_dispatch_passes(target)
-        + [relax.transform.LegalizeOps(CPU_LEGALIZE if cpu else None), relax.transform.AnnotateTIROpPattern(),
+        + [relax.transform.LegalizeOps(CPU_LEGALIZE if cpu else LEGALIZE), relax.transform.AnnotateTIROpPattern(),
            relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
     )
 
