@@ -75,6 +75,7 @@ def test_zoo_model_matches_onnxruntime_and_round_trips(name, tmp_path):
     _assert_match(name, zoo.run_stream(loaded.run, model, feeds), reference)
 
 
+@pytest.mark.slow  # a CUDA build per model (NVRTC): minutes on 2 cores; the llvm test above covers the import
 @pytest.mark.parametrize("name", _params())
 def test_zoo_model_builds_for_cuda(name, tmp_path):
     path, model = _model(name), zoo.MODELS[name]

@@ -65,6 +65,7 @@ def test_keras_zoo_model_round_trips_through_export_and_load(built, tmp_path):
     _assert_close(loaded.run(feeds), module.run(feeds), f"{name} loaded")
 
 
+@pytest.mark.slow  # a CUDA build per model (NVRTC)
 @pytest.mark.parametrize("name", NAMES)
 def test_keras_zoo_model_compiles_and_exports_for_cuda(name, tmp_path):
     module = tvmrnn.compile(_path(name), target="nvidia/nvidia-h100")
