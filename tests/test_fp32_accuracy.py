@@ -17,7 +17,7 @@ import tvmrnn
 from onnx_cases import Case
 
 CASES = [Case(op="LSTM", hidden=1024, input_size=1024), Case(op="GRU", hidden=800, input_size=800, linear_before_reset=1)]
-TARGETS = ["llvm", pytest.param("cuda", marks=pytest.mark.gpu)]
+TARGETS = [pytest.param("llvm", marks=pytest.mark.slow), pytest.param("cuda", marks=pytest.mark.gpu)]  # llvm: ~40 s each on 2 cores
 
 
 @pytest.mark.parametrize("target", TARGETS)

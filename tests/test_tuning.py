@@ -35,6 +35,7 @@ def tuned(tmp_path_factory):
     return model, logs, res.output
 
 
+@pytest.mark.slow  # the tuned fixture tunes for minutes on 2 cores
 def test_tune_writes_a_database(tuned):
     _, logs, output = tuned
     folder = logs / target_name(resolve_target("llvm"))
@@ -45,6 +46,7 @@ def test_tune_writes_a_database(tuned):
     assert "[1/3] 2 task(s)" in output and "[3/3] done" in output and "best" in output
 
 
+@pytest.mark.slow  # the tuned fixture tunes for minutes on 2 cores
 def test_compile_applies_the_logs_and_stays_correct(tuned, tmp_path):
     model, logs, _ = tuned
     # the logs without tune's whole-module verdicts (a bucket the default won would run the default: tested below)
@@ -70,6 +72,7 @@ def test_compile_applies_the_logs_and_stays_correct(tuned, tmp_path):
                 np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # the tuned fixture tunes for minutes on 2 cores
 def test_damaged_log_is_reported_and_skipped(tuned, tmp_path):
     model, logs, _ = tuned
     bad = tmp_path / "logs"
@@ -85,6 +88,7 @@ def test_damaged_log_is_reported_and_skipped(tuned, tmp_path):
     assert res.exit_code == 2 and "damaged" in res.output and "database_tuning_record.json" in res.output
 
 
+@pytest.mark.slow  # the tuned fixture tunes for minutes on 2 cores
 def test_foreign_log_is_reported_and_skipped(tuned, tmp_path):
     _, logs, _ = tuned
     here = resolve_target("llvm")
@@ -94,6 +98,7 @@ def test_foreign_log_is_reported_and_skipped(tuned, tmp_path):
     assert found.records == 0 and any("skipped" in p and target_name(here) in p for p in found.problems)
 
 
+@pytest.mark.slow  # the tuned fixture tunes for minutes on 2 cores
 def test_log_of_a_changed_kernel_is_reported_and_skipped(tuned, monkeypatch):
     """Records timed on a kernel whose arguments have changed since (here R's layout: panels, as the small layer was
     tuned, against R^T) are skipped and reported, not mixed with today's times: a layer's key names its shape only."""
@@ -239,6 +244,7 @@ def test_progress_line_does_not_call_a_remeasured_default_a_gain():
     assert line(0, st, 1).endswith("(kernel alone: 1.05x the default point)")
 
 
+@pytest.mark.slow  # the tuned fixture tunes for minutes on 2 cores
 def test_tune_times_the_whole_module_and_keeps_the_default_where_it_wins(tuned, tmp_path):
     """The speed-up tune reports is the whole module's, default against tuned in the same run; a bucket where the tuned
     module was no faster runs the default at compile."""
