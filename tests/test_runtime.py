@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import psutil
 
 PROBE = "import os, tvmrnn.runtime; print(os.environ.get('TVM_NUM_THREADS'))"
@@ -69,3 +70,39 @@ def test_local_gpu_sm_count_sizes_the_persistent_grids(monkeypatch):
     assert runtime.kernel_device(tvm.target.Target({"kind": "cuda", "arch": "sm_80"})).sm_count == 108
     monkeypatch.setenv("TVM_NUM_THREADS", "3")
     assert runtime.kernel_device(tvm.target.Target("llvm")).cpu_threads == 3
+
+
+def _lstm_with_pass_through():
+    """An LSTM whose graph also returns its input X unchanged (Identity): the VM's output is then the input tensor."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    hidden, size = 8, 5
+    weights = [helper.make_tensor(n, TensorProto.FLOAT, s, rng.standard_normal(s).astype(np.float32).ravel())
+               for n, s in (("W", [1, 4 * hidden, size]), ("R", [1, 4 * hidden, hidden]))]
+    nodes = [helper.make_node("LSTM", ["X", "W", "R"], ["Y"], hidden_size=hidden), helper.make_node("Identity", ["X"], ["Xout"])]
+    graph = helper.make_graph(nodes, "pass_through", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [6, 2, size])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [6, 1, 2, hidden]),
+                               helper.make_tensor_value_info("Xout", TensorProto.FLOAT, [6, 2, size])], weights)
+    return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+
+
+def test_cpu_run_outputs_belong_to_the_caller():
+    """run() stages inputs in reused buffers and hands outputs over without a copy: a later call must not change an
+    earlier call's outputs, a passed-through input included, and results match ONNX Runtime."""
+    import onnxruntime as ort
+
+    import tvmrnn
+
+    model = _lstm_with_pass_through()
+    module = tvmrnn.compile(model, target="llvm", logs=False)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    feeds = [{"X": rng.standard_normal((6, 2, 5)).astype(np.float32)} for _ in range(3)]
+    results = [module.run(f) for f in feeds]
+    for feed, got in zip(feeds, results):
+        y, x_out = sess.run(None, feed)
+        np.testing.assert_allclose(got["Y"], y, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(got["Xout"], feed["X"])
+    assert not np.shares_memory(results[0]["Y"], results[1]["Y"])
