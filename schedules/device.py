@@ -17,6 +17,15 @@ DEFAULT_SM_COUNT = 108
 SMEM_LIMIT = {"sm_90": 227 * 1024, "sm_90a": 227 * 1024, "sm_80": 163 * 1024, "sm_87": 163 * 1024}
 DEFAULT_SMEM_LIMIT = 99 * 1024
 DEFAULT_ARCH = "sm_90a"
+# multiply-adds (or elements) below which a CPU kernel, or one step of a recurrent one, runs on the calling thread: a
+# launch of TVM's pool and its barrier cost microseconds, and a whole timeslice where a worker is descheduled on a
+# busy machine (docs/decisions.md)
+MIN_PARALLEL_WORK = 1 << 20
+
+
+def parallel_pays(work: int | None) -> bool:
+    """Whether `work` (see MIN_PARALLEL_WORK; None where only the run knows it) is worth TVM's thread pool."""
+    return work is None or work >= MIN_PARALLEL_WORK
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,9 @@ from tvm import s_tir, te, tirx, topi
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target.codegen import llvm_get_vector_width
 
+from .device import parallel_pays
+
 CONV_BLOCK, DENSE_BLOCK = "conv2d_packed", "dense_packed"
-MIN_PARALLEL_WORK = 1 << 14  # elements below which a parallel loop's thread-pool launch costs more than it saves
 
 
 def vector_lanes(target, dtype_bits=32) -> int:
@@ -188,12 +189,15 @@ def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool):
     """Tiles of oc channels x xc output columns per (image, channel block, row) on the thread pool, the conv's
     accumulators for a tile computed under it and the epilogue applied from them; the vector axis is the columns or
     the channels (whose accumulators are then laid out channels-innermost). A conv1d is the same without rows."""
+    pays = parallel_pays(_work(sch, conv))
     n, o, *rows, x = sch.get_loops(out)
     oo, oi = sch.split(o, [None, oc])
     xo, xi = sch.split(x, [None, xc])
     vec, unrolled = (xi, oi) if columns_vector else (oi, xi)
     sch.reorder(n, oo, *rows, xo, unrolled, vec)
-    sch.parallel(sch.fuse(n, oo, *rows))
+    outer = sch.fuse(n, oo, *rows)
+    if pays:
+        sch.parallel(outer)
     sch.vectorize(vec)
     sch.unroll(unrolled)
     sch.compute_at(conv, xo, preserve_unit_loops=True)
@@ -238,6 +242,7 @@ class DensePacked(ScheduleRule):
         except Exception:
             return None
         lanes = vector_lanes(target)
+        pays = parallel_pays(_work(sch, dense))
         m, n, k = sch.get_loops(dense)
         nb = int(sch.get(dense).reads[1].source.shape[-1])
         mr = _divisor_tile(sch.get(m).extent, max(1, min(8, 16 * lanes // max(nb, 1))), 2)
@@ -245,7 +250,8 @@ class DensePacked(ScheduleRule):
         no, ni = sch.split(n, [None, nb])
         sch.reorder(no, mo, k, mi, ni)
         tile = sch.fuse(no, mo)
-        sch.parallel(tile)
+        if pays:
+            sch.parallel(tile)
         wb = sch.cache_write(dense, 0, "local")
         sch.reverse_compute_at(wb, tile)
         sch.vectorize(ni)
@@ -279,7 +285,7 @@ def _parallel_outer(sch, block) -> None:
         spatial += 1
     spatial = min(spatial, len(loops) - 1 if len(loops) > 1 else 1)
     work = _work(sch, block)
-    if spatial == 0 or (work is not None and work < MIN_PARALLEL_WORK):
+    if spatial == 0 or not parallel_pays(work):
         return
     sch.parallel(sch.fuse(*loops[:spatial]) if spatial > 1 else loops[0])
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
+from .device import MIN_PARALLEL_WORK
 from .recurrent_common import i64, projection_prim_func
 
 F32 = "float32"
@@ -44,11 +45,19 @@ def projection_cpu(K: int, Ncols: int, mcpu: str = "", tile_shape: tuple[int, in
     assert Ncols % nr == 0, (Ncols, nr)
 
     def body(X, WP, bias, XW, M):
+        # the pool only where the GEMM pays for its launch (M is known at run time: both loops are built)
+        with T.If(M * i64(K * Ncols) >= i64(MIN_PARALLEL_WORK)):
+            with T.Then():
+                tiles(T.parallel, X, WP, bias, XW, M)
+            with T.Else():
+                tiles(T.serial, X, WP, bias, XW, M)
+
+    def tiles(loop, X, WP, bias, XW, M):
         col_tiles = Ncols // nr
         lanes = nr if nr & (nr - 1) == 0 else 16  # LLVM vectorizes powers of two whole; 48 lanes ran 36x slower unsplit
         row_tiles = tirx.ceildiv(M, i64(MR))
         # rows vary fastest: a thread's consecutive items reuse one K x nr panel of W from its L2
-        with T.parallel(0, row_tiles * i64(col_tiles)) as item:
+        with loop(0, row_tiles * i64(col_tiles)) as item:
             m0, jt = item % row_tiles * i64(MR), item // row_tiles
             j0 = jt * i64(nr)
             acc = T.alloc_buffer((MR, nr), F32, scope="local")

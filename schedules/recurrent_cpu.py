@@ -18,6 +18,7 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from .cells import Cell
+from .device import parallel_pays
 from .layer import RNNLayerSpec
 
 from . import vector_math
@@ -106,7 +107,7 @@ def cpu_prim_func(spec: RNNLayerSpec, cell: Cell, emit_steps, seq=None, batch=No
         a.scratch = {v: T.alloc_buffer((D, n_, H), F32) for v in cell.stored_values}
 
         # initial states
-        with T.parallel(0, i64(D) * n_) as dn:
+        with T.serial(0, i64(D) * n_) as dn:  # a copy of D x N x H floats: not worth a pool launch
             d, n = dn // n_, dn % n_
             with T.serial(0, i64(H)) as j:
                 T.buffer_store(a.hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
@@ -115,7 +116,7 @@ def cpu_prim_func(spec: RNNLayerSpec, cell: Cell, emit_steps, seq=None, batch=No
 
         emit_steps(a)
 
-        with T.parallel(0, i64(D) * n_) as dn:
+        with T.serial(0, i64(D) * n_) as dn:  # a copy of D x N x H floats: not worth a pool launch
             d, n = dn // n_, dn % n_
             final = a.seq % 2
             with T.serial(0, i64(H)) as j:
@@ -147,13 +148,15 @@ def cpu_steps(a: KernelArgs, cfg: CpuConfig, threads: int):
     # launch without one does not build): it runs on the calling thread
     items = i64(D * chunks) * tiles
     batch = a.batch.value if isinstance(a.batch, tirx.IntImm) else a.batch if isinstance(a.batch, int) else None
-    parallel = not (D * chunks == 1 and batch is not None and batch <= rows)
+    # and a step too small to pay for the pool's barrier runs there too (a batch known only at run time is assumed to)
+    step_work = None if batch is None else a.cell.gates * H * H * D * batch
+    parallel = not (D * chunks == 1 and batch is not None and batch <= rows) and parallel_pays(step_work)
 
     def phase_items(_pi, phase, last, operand, s, cur, nxt):
         # batch tiles vary fastest: the items of one chunk of units run back to back on a thread, so its rows of R
         # (a panel) come from L2 for every tile after the first (at ds2-lstm's batch 20: 15% faster than chunks fastest)
         with T.attr(0, "pragma_parallel_barrier_when_finish", 1) if parallel else contextlib.nullcontext():
-            with T.parallel(0, items) as i:  # the phase's writes, seen by every thread's next phase after the barrier
+            with (T.parallel if parallel else T.serial)(0, items) as i:  # the phase's writes, seen by every thread's next phase after the barrier
                 item = serpentine(i, s) if cfg.serpentine and parallel else i
                 d = item // (tiles * chunks)
                 n0 = item % tiles * i64(rows)

@@ -67,6 +67,9 @@ def use_every_core() -> None:
     ran in 14.8 ms instead of 9.0). TVM_NUM_THREADS or OMP_NUM_THREADS, when set, still decide.
     Runs at import, before the pool exists (TVM reads the variable when it creates it).
     """
+    # unpinned workers: a worker pinned to a core that another process (or another library's spinning pool) holds
+    # waits out that core's timeslice at every barrier; an unpinned one moves (docs/decisions.md)
+    os.environ.setdefault("TVM_BIND_THREADS", "0")
     if "TVM_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in os.environ:
         return
     if importlib.util.find_spec("psutil") is None:  # a bare runtime install: keep TVM's default
