@@ -312,28 +312,33 @@ def _torch_run(net, input_names):
     return run
 
 
-def bench_model(path, target="llvm", repeats=20, warmup=2, torch_factory=None) -> dict:
-    """A whole ONNX model: ours (untuned, compiled for `target`) against ONNX Runtime (its CPU provider, or CUDA's on
-    a GPU) and, on a GPU where `torch_factory` knows the file, PyTorch eager, on the same random inputs, interleaved
-    medians, and the largest relative error of any output against ONNX Runtime's CPU provider."""
+def bench_model(path, target="llvm", repeats=20, warmup=2, torch_factory=None, feeds=None, options=None) -> dict:
+    """A whole ONNX model: ours (untuned, compiled for `target` with compile's `options`) against ONNX Runtime (its CPU
+    provider, or CUDA's on a GPU) and, on a GPU where `torch_factory` knows the file, PyTorch eager, on the same inputs
+    (`feeds`: a list of feed dicts, random by default), interleaved medians, and the largest relative error of any
+    output against ONNX Runtime's CPU provider. Constant inputs (`options["consts"]`) go to ONNX Runtime and PyTorch
+    only: compile folded them."""
     import onnxruntime as ort
 
     import tvmrnn
 
     model = onnx.load(str(path))
     gpu = target == "cuda"
-    feeds = [random_feeds(model, np.random.default_rng(s)) for s in range(2)]
+    feeds = feeds or [random_feeds(model, np.random.default_rng(s)) for s in range(2)]
+    consts = {k: np.asarray(v, np.int64) for k, v in ((options or {}).get("consts") or {}).items()}
+    full = [{**f, **consts} for f in feeds]
     started = time.perf_counter()
-    compiled = tvmrnn.compile(model, target=target, logs=False)
+    compiled = tvmrnn.compile(model, target=target, logs=False, **(options or {}))
     compile_s = time.perf_counter() - started
-    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds[0])
-    ours = list(compiled.run(feeds[0]).values())
+    ours_feeds = [{k: v for k, v in f.items() if k in compiled.input_names} for f in feeds]
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, full[0])
+    ours = list(compiled.run(ours_feeds[0]).values())
     result = {"row": os.path.basename(str(path)), "compile_s": compile_s,
               "rel_err_vs_ort": max(_rel_err(o, r) for o, r in zip(ours, ref))}
-    runs = {"ours": compiled.run}
+    runs = {"ours": (compiled.run, ours_feeds)}
     sess, missing = _ort_session(model, gpu)
     if sess is not None:
-        runs["onnxruntime"] = lambda f: sess.run(None, f)
+        runs["onnxruntime"] = (lambda f: sess.run(None, f), full)
     else:
         result["onnxruntime"] = missing
     net = torch_factory(str(path)) if gpu and torch_factory else None
@@ -341,10 +346,11 @@ def bench_model(path, target="llvm", repeats=20, warmup=2, torch_factory=None) -
         import torch
 
         if torch.cuda.is_available():
-            runs["pytorch"] = _torch_run(net, list(feeds[0]))
+            runs["pytorch"] = (_torch_run(net, list(full[0])), full)
         else:
             result["pytorch"] = f"missing: torch {torch.__version__} has no CUDA"
-    result.update({f"{name}_ms": ms for name, ms in _interleaved_median_ms(runs, feeds, repeats, warmup).items()})
+    indexed = {name: (lambda i, run=run, fs=fs: run(fs[i])) for name, (run, fs) in runs.items()}
+    result.update({f"{name}_ms": ms for name, ms in _interleaved_median_ms(indexed, range(len(feeds)), repeats, warmup).items()})
     others = [result[k] for k in ("onnxruntime_ms", "pytorch_ms") if k in result]
     if "onnxruntime_ms" in result:
         result["speedup_vs_ort"] = result["onnxruntime_ms"] / result["ours_ms"]
