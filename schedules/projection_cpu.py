@@ -45,6 +45,9 @@ def projection_cpu(K: int, Ncols: int, mcpu: str = "", tile_shape: tuple[int, in
     assert Ncols % nr == 0, (Ncols, nr)
 
     def body(X, WP, bias, XW, M):
+        if K * Ncols >= MIN_PARALLEL_WORK:  # any row pays for the pool
+            tiles(T.parallel, X, WP, bias, XW, M)
+            return
         # the pool only where the GEMM pays for its launch (M is known at run time: both loops are built)
         with T.If(M * i64(K * Ncols) >= i64(MIN_PARALLEL_WORK)):
             with T.Then():
