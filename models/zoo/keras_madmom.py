@@ -21,13 +21,9 @@ import numpy as np
 MODEL = "madmom/models/downbeats/2016/downbeats_bgru_harmonic_0.pkl"
 
 
-def _source_root(package_dir):
-    return os.path.join(package_dir, "madmom-0.16.1")
-
-
 def _madmom_layers(package_dir):
     """madmom.ml.nn.layers and .activations loaded from the sdist alone (the package __init__ needs compiled code)."""
-    nn_dir = os.path.join(_source_root(package_dir), "madmom", "ml", "nn")
+    nn_dir = os.path.join(package_dir, "madmom", "ml", "nn")
     saved = {k: sys.modules.get(k) for k in ("madmom", "madmom.ml", "madmom.ml.nn")}
     for name in saved:
         sys.modules[name] = types.ModuleType(name)
@@ -63,7 +59,7 @@ def load_network(package_dir):
                 return getattr(mods[module.rsplit(".", 1)[1]], name)
             return super().find_class(module, name)
 
-    with open(os.path.join(_source_root(package_dir), MODEL), "rb") as f, warnings.catch_warnings():
+    with open(os.path.join(package_dir, MODEL), "rb") as f, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # madmom asks to re-save its own old GRU pickles
         return Unpickler(f, encoding="latin1").load()
 

@@ -10,19 +10,16 @@ import shutil
 
 import numpy as np
 
-from .fetch import model_path, wheel_dir
+from .fetch import cached_onnx, package_dir
 
 PACKAGE, VERSION = "silero-vad", "6.2.3"
 CHUNK, CONTEXT, CHUNKS = 512, 64, 6
 
 
 def build(variant: str):
-    """The shipped file silero_vad/data/<variant>.onnx, copied into the zoo's cache (once: the cache is all a machine
-    without network needs)."""
-    path = model_path(variant)
-    if not path.exists():
-        shutil.copyfile(wheel_dir(PACKAGE, VERSION) / "silero_vad" / "data" / f"{variant}.onnx", path)
-    return path
+    """The shipped file silero_vad/data/<variant>.onnx, copied into the zoo's cache."""
+    return cached_onnx(variant, lambda path: shutil.copyfile(
+        package_dir(PACKAGE, VERSION) / "silero_vad" / "data" / f"{variant}.onnx", path))
 
 
 def audio(rng, chunks: int = CHUNKS) -> np.ndarray:
