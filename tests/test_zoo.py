@@ -102,7 +102,7 @@ def _no_network(*args, **kwargs):
     raise AssertionError(f"a download was tried: {args[0] if args else kwargs}")
 
 
-@pytest.mark.parametrize("name", ["g2p_en_legacy", "resemblyzer_legacy", "silero_vad"])
+@pytest.mark.parametrize("name", ["g2p_en_legacy", "madmom_onsets_legacy", "silero_vad"])
 def test_zoo_model_comes_from_the_cache_before_any_download(name, tmp_path, monkeypatch):
     """A machine without network (a GPU host) has only a copy of the cache's ONNX files: building must not reach pip."""
     built = _model(name)
