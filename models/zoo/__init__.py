@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable
 
-from . import ddddocr, g2p_en, madmom, power_forecast, resemblyzer, silero_vad
+from . import ddddocr, deepfilternet, g2p_en, madmom, power_forecast, resemblyzer, silero_vad
 from .fetch import FetchError, cache_dir  # noqa: F401 - the tests skip on FetchError
 
 
@@ -63,6 +63,8 @@ MODELS = {m.name: m for m in [
              power_forecast.build_legacy, power_forecast.feeds),
     *[ZooModel(f"madmom_onsets_{e}", madmom.PACKAGE, madmom.VERSION, e, partial(madmom.build, e), madmom.feeds,
                carry={"state_out": "state"}) for e in ("legacy", "dynamo")],
+    *[ZooModel(f"deepfilternet3_{part}", deepfilternet.PACKAGE, deepfilternet.VERSION, "shipped",
+               partial(deepfilternet.build, part), partial(deepfilternet.feeds, part)) for part in deepfilternet.PARTS],
 ]}
 
 

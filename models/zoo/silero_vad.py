@@ -22,9 +22,9 @@ def build(variant: str):
         package_dir(PACKAGE, VERSION) / "silero_vad" / "data" / f"{variant}.onnx", path))
 
 
-def audio(rng, chunks: int = CHUNKS) -> np.ndarray:
-    """Speech-like test audio: a few harmonics under a syllable-rate envelope, plus noise (16 kHz)."""
-    t = np.arange(chunks * CHUNK) / 16000.0
+def audio(rng, chunks: int = CHUNKS, rate: int = 16000) -> np.ndarray:
+    """Speech-like test audio of chunks * CHUNK samples: a few harmonics under a syllable-rate envelope, plus noise."""
+    t = np.arange(chunks * CHUNK) / rate
     f0 = 120 + 40 * rng.random()
     voiced = sum(np.sin(2 * np.pi * f0 * k * t + rng.random() * 6) / k for k in range(1, 6))
     envelope = np.clip(np.sin(2 * np.pi * 3 * t + rng.random() * 6), 0, None)
