@@ -104,6 +104,10 @@ def onset_rnn(net):
     return model.eval()
 
 
+def torch_module():
+    return onset_rnn(load_network(package_dir(PACKAGE, VERSION), ONSETS))
+
+
 def check(model, net, chunks):
     """The torch rebuild against madmom's online (stateful) forward, chunk by chunk from madmom's initial state."""
     import torch

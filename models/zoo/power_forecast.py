@@ -78,6 +78,11 @@ def forecaster(onnx_path):
     return model.eval()
 
 
+def torch_module():
+    """The shipped weights in torch (the module both entries run)."""
+    return forecaster(build_shipped())
+
+
 def check(model, onnx_path, x):
     """The torch rebuild against the package's own inference (ONNX Runtime on the shipped file)."""
     import onnxruntime as ort
