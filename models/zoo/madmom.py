@@ -139,8 +139,8 @@ def build(exporter: str):
 
 def features(rng, frames: int) -> np.ndarray:
     """Onset-detector-like input [frames, 236] from speech-like audio at 100 frames/s: log magnitudes on 118 bands
-    spaced logarithmically over 30 Hz-8 kHz and their positive differences from the previous frame (madmom's features
-    are so built: log-filtered spectrograms at three frame sizes with positive differences; this is one of their kind)."""
+    spaced logarithmically over 30 Hz-8 kHz and their positive differences from the previous frame (madmom's own are
+    log-filtered spectrograms at three frame sizes with their positive differences; this is one of their kind)."""
     hop, size = 160, 1024
     audio = silero_vad.audio(rng, -(-(frames * hop + size) // silero_vad.CHUNK))
     windows = np.lib.stride_tricks.sliding_window_view(audio, size)[::hop][:frames] * np.hanning(size)

@@ -120,8 +120,8 @@ def _day(rng) -> np.ndarray:
     raw[:, 1], raw[:, 3] = 37 * load, 36.5 * load
     raw[:, 5], raw[:, 7] = 10460 + rng.normal(0, 150, (2, STEPS))
     raw[:, 13] = np.clip(0.7 + 0.2 * load + 0.05 * rng.standard_normal(STEPS), 0, 1)
-    raw[:, 17:] = np.stack([np.sin(2 * np.pi * hours / 24), np.cos(2 * np.pi * hours / 24),
-                            np.full(STEPS, np.sin(2 * np.pi * day / 7)), np.full(STEPS, np.cos(2 * np.pi * day / 7))], 1)
+    hour, weekday = 2 * np.pi * hours / 24, np.full(STEPS, 2 * np.pi * day / 7)
+    raw[:, 17:] = np.stack([np.sin(hour), np.cos(hour), np.sin(weekday), np.cos(weekday)], 1)
     return raw
 
 
