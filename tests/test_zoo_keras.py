@@ -2,7 +2,8 @@
 compile for llvm and match ONNX Runtime, round-trip through export and tvmrnn.load, and compile and export for CUDA.
 
 Building a model imports TensorFlow (about 10 s) and exports it once; the ONNX files are cached under
-~/.cache/tvmrnn/zoo, so later runs need no TensorFlow. A model whose package cannot be fetched is skipped, saying so.
+~/.cache/tvmrnn/zoo/onnx, so later runs need no TensorFlow. A model whose package cannot be fetched is skipped,
+saying so.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import pytest
 
 import tvmrnn
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "models", "zoo"))
-import keras_zoo  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from models.zoo import keras_zoo  # noqa: E402
 
 NAMES = list(keras_zoo.BY_NAME)
 SHAPES = ((2, 12), (1, 3))  # (batch, time)
@@ -26,7 +27,7 @@ SHAPES = ((2, 12), (1, 3))  # (batch, time)
 def _path(name):
     try:
         return keras_zoo.build(name)
-    except keras_zoo.PackageUnavailable as err:
+    except keras_zoo.FetchError as err:
         pytest.skip(str(err))
     except ImportError as err:  # tensorflow-cpu / tf2onnx not installed and the model not yet cached
         pytest.skip(f"building {name} needs TensorFlow and tf2onnx (pip install -e '.[test]'): {err}")

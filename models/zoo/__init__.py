@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable
 
-from . import ddddocr, g2p_en, resemblyzer, silero_vad
+from . import ddddocr, deepfilternet, g2p_en, madmom, power_forecast, resemblyzer, silero_vad
 from .fetch import FetchError, cache_dir  # noqa: F401 - the tests skip on FetchError
 
 
@@ -57,6 +57,14 @@ MODELS = {m.name: m for m in [
     *[ZooModel(f"resemblyzer_{e}", resemblyzer.PACKAGE, resemblyzer.VERSION, e, partial(resemblyzer.build, e),
                resemblyzer.feeds) for e in ("legacy", "dynamo")],
     ZooModel("g2p_en_legacy", g2p_en.PACKAGE, g2p_en.VERSION, "legacy", partial(g2p_en.build, "legacy"), g2p_en.feeds),
+    ZooModel("power_forecast", power_forecast.PACKAGE, power_forecast.VERSION, "shipped", power_forecast.build_shipped,
+             power_forecast.feeds),
+    ZooModel("power_forecast_legacy", power_forecast.PACKAGE, power_forecast.VERSION, "legacy",
+             power_forecast.build_legacy, power_forecast.feeds),
+    *[ZooModel(f"madmom_onsets_{e}", madmom.PACKAGE, madmom.VERSION, e, partial(madmom.build, e), madmom.feeds,
+               carry={"state_out": "state"}) for e in ("legacy", "dynamo")],
+    *[ZooModel(f"deepfilternet3_{part}", deepfilternet.PACKAGE, deepfilternet.VERSION, "shipped",
+               partial(deepfilternet.build, part), partial(deepfilternet.feeds, part)) for part in deepfilternet.PARTS],
 ]}
 
 

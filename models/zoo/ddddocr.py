@@ -7,17 +7,15 @@ import shutil
 
 import numpy as np
 
-from .fetch import model_path, wheel_dir
+from .fetch import cached_onnx, package_dir
 
 PACKAGE, VERSION = "ddddocr", "1.6.1"
 WIDTH = 160  # a captcha resized to height 64
 
 
 def build():
-    path = model_path("ddddocr")
-    if not path.exists():
-        shutil.copyfile(wheel_dir(PACKAGE, VERSION) / "ddddocr" / "common.onnx", path)
-    return path
+    return cached_onnx("ddddocr", lambda path: shutil.copyfile(
+        package_dir(PACKAGE, VERSION) / "ddddocr" / "common.onnx", path))
 
 
 def feeds(rng):

@@ -8,11 +8,10 @@ EXPORTERS = ("legacy", "dynamo")
 
 
 def export(module, args, path, exporter, input_names, output_names, dynamic_axes):
-    """dynamic_axes: {input: {axis: dim name}}, as the legacy exporter takes them (dynamo gets torch.export Dims)."""
+    """module(*args) into the ONNX file path. dynamic_axes: {input: {axis: dim name}}, as the legacy exporter takes
+    them (dynamo gets torch.export Dims)."""
     import torch
 
-    if path.exists():  # exported before (the cache is keyed by model name and the pinned package)
-        return path
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         if exporter == "legacy":
@@ -28,4 +27,3 @@ def export(module, args, path, exporter, input_names, output_names, dynamic_axes
             program.save(str(path))
         else:
             raise ValueError(f"exporter {exporter!r}: one of {EXPORTERS}")
-    return path

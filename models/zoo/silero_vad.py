@@ -10,24 +10,21 @@ import shutil
 
 import numpy as np
 
-from .fetch import model_path, wheel_dir
+from .fetch import cached_onnx, package_dir
 
 PACKAGE, VERSION = "silero-vad", "6.2.3"
 CHUNK, CONTEXT, CHUNKS = 512, 64, 6
 
 
 def build(variant: str):
-    """The shipped file silero_vad/data/<variant>.onnx, copied into the zoo's cache (once: the cache is all a machine
-    without network needs)."""
-    path = model_path(variant)
-    if not path.exists():
-        shutil.copyfile(wheel_dir(PACKAGE, VERSION) / "silero_vad" / "data" / f"{variant}.onnx", path)
-    return path
+    """The shipped file silero_vad/data/<variant>.onnx, copied into the zoo's cache."""
+    return cached_onnx(variant, lambda path: shutil.copyfile(
+        package_dir(PACKAGE, VERSION) / "silero_vad" / "data" / f"{variant}.onnx", path))
 
 
-def audio(rng, chunks: int = CHUNKS) -> np.ndarray:
-    """Speech-like test audio: a few harmonics under a syllable-rate envelope, plus noise (16 kHz)."""
-    t = np.arange(chunks * CHUNK) / 16000.0
+def audio(rng, chunks: int = CHUNKS, rate: int = 16000) -> np.ndarray:
+    """Speech-like test audio of chunks * CHUNK samples: a few harmonics under a syllable-rate envelope, plus noise."""
+    t = np.arange(chunks * CHUNK) / rate
     f0 = 120 + 40 * rng.random()
     voiced = sum(np.sin(2 * np.pi * f0 * k * t + rng.random() * 6) / k for k in range(1, 6))
     envelope = np.clip(np.sin(2 * np.pi * 3 * t + rng.random() * 6), 0, None)
