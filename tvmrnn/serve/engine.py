@@ -179,12 +179,14 @@ def main(socket_path: str, module_path: str, config_json: str, log_level: str) -
 
     from .logs import logging_config
     from .repository import load_models
+    from .workers import settle_heap
 
     for sig in (signal.SIGINT, signal.SIGTERM):  # sent to the whole group: the supervisor stops engines last
         signal.signal(sig, signal.SIG_IGN)
     logging.config.dictConfig(logging_config(log_level))
     config = config_from_json(config_json)
     (served,) = load_models([module_path], config).values()
+    settle_heap()
     try:
         import uvloop
 

@@ -13,6 +13,7 @@ import time
 import uvicorn
 
 from .logs import logging_config
+from .workers import settle_heap
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -33,7 +34,8 @@ def make_server(app, graceful_timeout_s: float = 30.0, log_level: str = "info") 
 
 
 def serve_forever(app, sock: socket.socket, graceful_timeout_s: float = 30.0, log_level: str = "info") -> None:
-    """Serve on a socket from `bind` until SIGTERM/SIGINT."""
+    """Serve on a socket from `bind` until SIGTERM/SIGINT (the process's whole job: its start-up heap is settled first)."""
+    settle_heap()
     make_server(app, graceful_timeout_s, log_level).run(sockets=[sock])
 
 
