@@ -654,6 +654,54 @@ def test_triton_config_and_stats_routes(server, client, reference):
     c.close()
 
 
+class _RowsRunner:
+    """Answers a kws_gru batch with each row's first feature (no module): which rows ran together, in which batch."""
+
+    buckets, buffer, phases = False, None, {}
+
+    def __init__(self):
+        self.batches = []
+
+    def run(self, inputs):
+        self.batches.append(inputs[0].shape[0])
+        return [np.repeat(inputs[0][:, :1, 0], 12, axis=1)]
+
+
+def test_batcher_waits_for_a_full_batch_or_its_delay_and_answers_callbacks(modules):
+    """A full batch runs at once (not after the delay); a lone request waits for the delay; `enqueue`'s callback gets
+    its own rows, as `submit`'s awaiting caller does."""
+    from tvmrnn.runtime import metadata_path
+    from tvmrnn.serve.batcher import Batcher
+    from tvmrnn.serve.metrics import Metrics
+    from tvmrnn.serve.signature import build_signature
+
+    with open(metadata_path(modules["kws_gru"])) as f:
+        sig = build_signature("kws_gru", json.load(f))
+    feeds = [{"mfcc": np.full((1, 3, 40), i, "float32")} for i in range(8)]
+
+    async def main():
+        runner = _RowsRunner()
+        batcher = Batcher(sig, runner, 4, 0.5, Metrics(), inline=True)
+        batcher.start()
+        delivered = {}
+        t = time.perf_counter()
+        for i in (0, 1):
+            batcher.enqueue(feeds[i], lambda out, i=i: delivered.setdefault(i, out))
+        got = await asyncio.gather(*(batcher.submit(f) for f in feeds[2:4]))  # the 4th row fills the batch
+        full = time.perf_counter() - t
+        t = time.perf_counter()
+        alone = await batcher.submit(feeds[4])
+        waited = time.perf_counter() - t
+        await batcher.close()
+        return runner.batches, delivered, got, alone, full, waited
+
+    batches, delivered, got, alone, full, waited = asyncio.run(main())
+    assert batches == [4, 1]
+    assert full < 0.4 and 0.45 < waited < 2, (full, waited)
+    assert [delivered[0]["keyword_logits"][0, 0], delivered[1]["keyword_logits"][0, 0]] == [0, 1]
+    assert [g["keyword_logits"][0, 0] for g in got] == [2, 3] and alone["keyword_logits"][0, 0] == 4
+
+
 def test_merge_pads_to_a_bucket_and_split_drops_the_filler(modules):
     """A GPU runner's batches are padded to a bucket of rows and assembled into kept buffers; lengths of filler rows are 1."""
     from tvmrnn.runtime import metadata_path
