@@ -654,6 +654,26 @@ def test_triton_config_and_stats_routes(server, client, reference):
     c.close()
 
 
+def test_frame_reader_cuts_a_stream_into_frames_however_it_arrives():
+    """Frames back to back on a socket arrive in arbitrary pieces: every one comes out whole, in order, with its tensors."""
+    from tvmrnn.serve.frames import FrameReader, decode_tensors, encode_frame
+
+    def tensors(i):
+        return {"x": np.arange(i * 7, dtype="float32").reshape(i, 7), "n": np.array(i, "int64"), "t": np.ones((2, 4))[:, ::2]}
+
+    stream = b"".join(encode_frame({"id": i}, tensors(i)) for i in range(40))
+    rng = np.random.default_rng(3)
+    for sizes in ([len(stream)], [1] * 50 + [len(stream)], rng.integers(1, 3000, 400).tolist()):
+        reader, frames, pos = FrameReader(), [], 0
+        for size in sizes:
+            frames += reader.feed(stream[pos:pos + size])
+            pos += size
+        assert [head["id"] for head, _ in frames] == list(range(40))
+        for head, data in frames:
+            for name, want in tensors(head["id"]).items():
+                np.testing.assert_array_equal(decode_tensors(head, data)[name], want)
+
+
 class _RowsRunner:
     """Answers a kws_gru batch with each row's first feature (no module): which rows ran together, in which batch."""
 
