@@ -654,6 +654,24 @@ def test_triton_config_and_stats_routes(server, client, reference):
     c.close()
 
 
+def test_responses_carry_every_v2_datatype_in_json_and_binary():
+    """Outputs are written by orjson straight from numpy (JSON) or as raw little-endian bytes (binary); both read back
+    exactly for every v2 datatype, and a NaN, which JSON cannot hold, is written as null."""
+    from tvmrnn.serve.protocol import HEADER_LENGTH, V2_TO_NUMPY, encode_infer_response
+
+    for v2, dtype in V2_TO_NUMPY.items():
+        out = {"y": (np.arange(6).reshape(2, 3) % 3).astype(dtype)}
+        doc = json.loads(encode_infer_response("m", "1", "r", out, None, False)[0])
+        (entry,) = doc["outputs"]
+        assert entry["datatype"] == v2 and entry["shape"] == [2, 3] and doc["id"] == "r"
+        np.testing.assert_array_equal(np.asarray(entry["data"], dtype).reshape(2, 3), out["y"])
+        body, headers = encode_infer_response("m", "1", None, out, None, True)
+        n = int(headers[HEADER_LENGTH])
+        np.testing.assert_array_equal(np.frombuffer(body[n:], np.dtype(dtype).newbyteorder("<")).reshape(2, 3), out["y"])
+    body, _ = encode_infer_response("m", "1", None, {"y": np.array([0.5, np.nan], "float32")}, None, False)
+    assert json.loads(body)["outputs"][0]["data"] == [0.5, None]
+
+
 def test_frame_reader_cuts_a_stream_into_frames_however_it_arrives():
     """Frames back to back on a socket arrive in arbitrary pieces: every one comes out whole, in order, with its tensors."""
     from tvmrnn.serve.frames import FrameReader, decode_tensors, encode_frame

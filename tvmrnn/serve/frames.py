@@ -8,11 +8,11 @@ arrived into the whole frames among them, so one read can carry a batch's worth 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import struct
 
 import numpy as np
+import orjson
 
 _PREFIX = struct.Struct("<II")
 
@@ -23,14 +23,14 @@ def encode_frame(head: dict, tensors: dict[str, np.ndarray] | None = None) -> by
         arrays = [np.ascontiguousarray(a) for a in tensors.values()]
         head["tensors"] = [[n, a.dtype.str, a.shape] for n, a in zip(tensors, arrays)]
         blobs = [a.data for a in arrays]
-    head_bytes = json.dumps(head, separators=(",", ":")).encode()
+    head_bytes = orjson.dumps(head)
     return b"".join([_PREFIX.pack(len(head_bytes), sum(b.nbytes for b in blobs)), head_bytes, *blobs])
 
 
 def decode_frame(frame: bytes) -> tuple[dict, bytes]:
     """(head, tensor bytes) of a whole frame."""
     head_len, _ = _PREFIX.unpack_from(frame)
-    return json.loads(frame[_PREFIX.size:_PREFIX.size + head_len]), frame[_PREFIX.size + head_len:]
+    return orjson.loads(frame[_PREFIX.size:_PREFIX.size + head_len]), frame[_PREFIX.size + head_len:]
 
 
 def decode_tensors(head: dict, data: bytes) -> dict[str, np.ndarray]:
@@ -68,7 +68,7 @@ class FrameReader:
             if stop > end:
                 self._need = stop - pos
                 break
-            frames.append((json.loads(data[start:start + head_len]), data[start + head_len:stop]))
+            frames.append((orjson.loads(data[start:start + head_len]), data[start + head_len:stop]))
             pos = stop
         if pos < end:
             self._partial = bytearray(data[pos:])
