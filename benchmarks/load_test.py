@@ -14,12 +14,14 @@ subprocess on a free loopback port, then per model:
   tritonclient does): kws_gru one utterance [1, T, 40] each; streaming_lstm `--concurrency` sequences at once, each a
   run of chunks [C, 1, 40] with sequence_start / sequence_end, the state kept by the server;
 - **half rate** (`--half-rate`): the same requests again, sent at half the served rate (open loop, each client process
-  at its share of the rate), for the latency of a server that is not saturated.
+  at its share of the rate), for the latency of a server that is not saturated. Latency runs from the time a request
+  was due, not from when the client got round to sending it.
 
 Errors are non-200 answers and answers that differ from the direct call's (rtol 1e-4, --atol). The profile section splits
 a served request's time from the server's own statistics (/v2/models/NAME/stats and /metrics): queue, input (assembly and
 copies to the device), infer, output (copies back and split), and the rest of a request's time in the server (HTTP,
-decoding, the hop to the model's engine). Prints and writes benchmarks/results/DEVICE-serve-load.{json,md} (cpu, h100, ...).
+decoding, the hop to the model's engine), and the CPU time per request of the server's HTTP workers, engines and model
+workers. Prints and writes benchmarks/results/DEVICE-serve-load.{json,md} (cpu, h100, ...).
 """
 
 from __future__ import annotations
@@ -130,14 +132,19 @@ def close(got: dict, want: dict, atol: float) -> bool:
 
 
 async def _send_streams(url: str, model: str, streams, reference, clients: int, rate: float | None, atol: float):
-    """Send every stream (streams run `clients` at a time, or, at `rate`, each request at its turn): (latencies, errors)."""
-    times, errors = [], 0
+    """Send every stream (closed loop: `clients` streams at a time; open loop at `rate`: each request at its turn):
+    (latencies, how late each open-loop request left, errors). An open-loop latency runs from the request's scheduled
+    time, so a client that falls behind its schedule, or a server that makes it wait, shows in it."""
+    times, lags, errors = [], [], 0
     connector = aiohttp.TCPConnector(limit=0 if rate else clients)
     async with aiohttp.ClientSession(url, connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as client:
-        async def send(feeds, params, want):
+        async def send(feeds, params, want, due=None):
             nonlocal errors
             body, headers = binary_request(feeds, params)
             t = time.perf_counter()
+            if due is not None:
+                lags.append(max(0.0, t - due))
+                t = min(t, due)
             try:
                 async with client.post(f"/v2/models/{model}/infer", data=body, headers=headers) as r:
                     content = await r.read()
@@ -149,12 +156,19 @@ async def _send_streams(url: str, model: str, streams, reference, clients: int, 
 
         async def run_stream(k, t0):
             for i, (feeds, params) in enumerate(streams[k]):
+                due = None
                 if t0 is not None:  # open loop: request i of stream k at its turn among all (one stream a turn)
-                    await asyncio.sleep(max(0.0, t0 + (k + i * len(streams)) / rate - time.perf_counter()))
-                await send(feeds, params, reference[k][i])
+                    due = t0 + (k + i * len(streams)) / rate
+                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                await send(feeds, params, reference[k][i], due)
 
         if rate:
-            t0 = time.perf_counter()
+            async def ready():
+                async with client.get("/v2/health/ready") as r:
+                    await r.read()
+
+            await asyncio.gather(*(ready() for _ in range(clients)))  # connections open before the clock starts
+            t0 = time.perf_counter() + _OPEN_LOOP_START_S
             await asyncio.gather(*(run_stream(k, t0) for k in range(len(streams))))
         else:
             pending = iter(range(len(streams)))
@@ -164,13 +178,19 @@ async def _send_streams(url: str, model: str, streams, reference, clients: int, 
                     await run_stream(k, None)
 
             await asyncio.gather(*(client_loop() for _ in range(clients)))
-    return times, errors
+    return times, lags, errors
+
+
+_OPEN_LOOP_START_S = 0.1  # the open-loop schedule starts after every stream's coroutine has started
 
 
 def client_process(url, model, streams, reference, clients, rate, atol):
+    from tvmrnn.serve.workers import settle_heap
+
+    settle_heap()  # this process imported tvmrnn (TVM, torch): a full collection over that would pause its clients
     start = time.time()
-    times, errors = asyncio.run(_send_streams(url, model, streams, reference, clients, rate, atol))
-    return times, errors, start, time.time()
+    times, lags, errors = asyncio.run(_send_streams(url, model, streams, reference, clients, rate, atol))
+    return times, lags, errors, start, time.time()
 
 
 def served(pool, url: str, model: str, streams, reference, args, rate: float | None = None) -> dict:
@@ -182,8 +202,9 @@ def served(pool, url: str, model: str, streams, reference, args, rate: float | N
                            rate / procs if rate else None, args.atol) for k, idx in enumerate(share)]
     results = [f.result() for f in futures]
     times = [t for r in results for t in r[0]]
-    wall = max(r[3] for r in results) - min(r[2] for r in results)
-    return {"times": times, "errors": sum(r[1] for r in results), "rps": len(times) / wall}
+    wall = max(r[4] for r in results) - min(r[3] for r in results)
+    return {"times": times, "lags": [t for r in results for t in r[1]], "errors": sum(r[2] for r in results),
+            "rps": len(times) / wall}
 
 
 # -- the server ----------------------------------------------------------------------------------------
@@ -255,7 +276,26 @@ def percentile(times: list[float], q: float) -> float:
 
 
 # -- the run -------------------------------------------------------------------------------------------
-def measure(pool, url: str, model: str, paths, args) -> dict:
+def server_cpu(server: subprocess.Popen, http_workers: int) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the server's processes, by role: http (the HTTP workers; with one, the
+    whole server process), engine (a model's batching process), model_worker (a module in a process of its own)."""
+    import psutil
+
+    root = psutil.Process(server.pid)
+    out = {"http": 0.0, "engine": 0.0, "model_worker": 0.0}
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            cmd, t = " ".join(p.cmdline()), p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        role = ("engine" if "tvmrnn.serve.engine" in cmd else "model_worker" if "tvmrnn.serve.workers" in cmd
+                else "http" if p.pid != root.pid or http_workers == 1 else None)  # None: the supervisor of HTTP workers
+        if role:
+            out[role] += t.user + t.system
+    return out
+
+
+def measure(pool, url: str, model: str, paths, args, server: subprocess.Popen) -> dict:
     module = tvmrnn.load(paths[model])
     streams = workload(model, args)
     direct(module, model, streams[:2])  # warm-up
@@ -264,18 +304,21 @@ def measure(pool, url: str, model: str, paths, args) -> dict:
     direct_rps = len(direct_times) / (time.perf_counter() - start)
     warm = streams[: 2 * args.concurrency] if model == "kws_gru" else [s[:3] for s in streams]
     served(pool, url, model, warm, reference, args)  # warm-up: client processes started, batch shapes seen (CUDA graphs captured)
-    before = server_stats(url, model)
+    before, cpu_before = server_stats(url, model), server_cpu(server, args.http_workers)
     peak = served(pool, url, model, streams, reference, args)
+    cpu = server_cpu(server, args.http_workers)
     row = {"model": model, "requests": len(direct_times), "concurrency": args.concurrency, "errors": peak["errors"],
            "served_p50_ms": percentile(peak["times"], 50), "served_p99_ms": percentile(peak["times"], 99),
            "served_rps": peak["rps"], "direct_p50_ms": percentile(direct_times, 50),
            "direct_p99_ms": percentile(direct_times, 99), "direct_rps": direct_rps}
     row["served_vs_direct_throughput"] = row["served_rps"] / row["direct_rps"]
     row.update(profile(before, server_stats(url, model)))
+    row.update({f"cpu_us_{role}": 1e6 * (cpu[role] - cpu_before[role]) / len(peak["times"]) for role in cpu})
     if args.half_rate:
         half = served(pool, url, model, streams, reference, args, rate=peak["rps"] / 2)
         row.update({"half_rate_rps": half["rps"], "half_rate_p50_ms": percentile(half["times"], 50),
-                    "half_rate_p99_ms": percentile(half["times"], 99), "half_rate_errors": half["errors"]})
+                    "half_rate_p99_ms": percentile(half["times"], 99), "half_rate_errors": half["errors"],
+                    "half_rate_lag_p99_ms": percentile(half["lags"], 99)})
     return row
 
 
@@ -307,12 +350,15 @@ def main():
     build = tempfile.mkdtemp(prefix="tvmrnn-load-")
     paths = compile_models(args, build)
     proc, url = start_server(list(paths.values()), args)
+    from tvmrnn.serve.workers import settle_heap
+
+    settle_heap()  # compiling left a large heap here: no full collection over it in the middle of the direct calls
     results = []
     ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold a CUDA context
     try:
         with concurrent.futures.ProcessPoolExecutor(args.client_procs, mp_context=ctx) as pool:
             for model in MODELS:
-                results.append(measure(pool, url, model, paths, args))
+                results.append(measure(pool, url, model, paths, args, proc))
                 print(json.dumps(results[-1]), flush=True)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -337,10 +383,11 @@ COLUMNS = [("model", "model"), ("requests", "requests"), ("concurrency", "client
            ("served_rps", "served req/s"), ("direct_p50_ms", "direct p50 ms"), ("direct_p99_ms", "direct p99 ms"),
            ("direct_rps", "direct req/s"), ("served_vs_direct_throughput", "served ÷ direct")]
 HALF_COLUMNS = [("half_rate_rps", "half-rate req/s"), ("half_rate_p50_ms", "p50 ms"), ("half_rate_p99_ms", "p99 ms"),
-                ("half_rate_errors", "errors")]
+                ("half_rate_errors", "errors"), ("half_rate_lag_p99_ms", "client send lag p99 ms")]
 PROFILE_COLUMNS = [("request_in_server_ms", "request in server ms"), ("queue_ms", "queue ms"), ("batch_input_ms", "input ms/batch"),
                    ("batch_infer_ms", "infer ms/batch"), ("batch_output_ms", "output ms/batch"),
-                   ("http_and_hop_ms", "HTTP, decode, hop ms")]
+                   ("http_and_hop_ms", "HTTP, decode, hop ms"), ("cpu_us_http", "HTTP CPU µs/req"),
+                   ("cpu_us_engine", "engine CPU µs/req"), ("cpu_us_model_worker", "model worker CPU µs/req")]
 
 
 def _table(results: list[dict], columns) -> list[str]:
@@ -361,9 +408,11 @@ def write(out_dir: str, results: list[dict], env: dict, command: str, device: st
         lines += ["", "At half the served rate (open loop):", "", *_table(results, HALF_COLUMNS)]
     lines += ["", "Where a served request's time goes (the server's own statistics, means):", "", *_table(results, PROFILE_COLUMNS)]
     lines += ["", "served: through `tvmrnn serve` with dynamic batching, all clients at once; direct: `tvmrnn.load(...).run`, "
-              "one request at a time in one process. Latencies are per request as the client saw them. input: assembling "
+              "one request at a time in one process. Latencies are per request as the client saw them; at half rate from "
+              "the time each request was due (client send lag: how late the client sent it). input: assembling "
               "a batch and copying it to the device; infer: the module to its end; output: copies back and the split per "
-              "request; HTTP, decode, hop: the rest of a request's time in the server. Zero-error check: "
+              "request; HTTP, decode, hop: the rest of a request's time in the server. CPU µs/req: user + system time of "
+              "the server's processes of that role during the full-rate run, per request. Zero-error check: "
               f"{'PASS' if all(r['errors'] == 0 and r.get('half_rate_errors', 0) == 0 for r in results) else 'FAIL'}."]
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -112,6 +112,13 @@ def sequence_lens_inputs(metadata: dict) -> list[SequenceLensInput]:
     return found
 
 
+def _numpy_dtype(name: str):
+    try:
+        return np.dtype(name)
+    except TypeError:  # bfloat16 and the like: compared by name
+        return None
+
+
 class ModuleInputs:
     """What a module's inputs must be, from model.json alone (no VM): names, dtypes, shapes, sequence
     lengths within X's length, indices within the tables they index. Modules check with it before every
@@ -127,6 +134,7 @@ class ModuleInputs:
         # (input position, name, axis, dim, bound) for every input axis compile bounded: worked out once, checked per call
         self._bounded = [(i, info["name"], axis, dim, self.max_dims[dim]) for i, info in enumerate(metadata["inputs"])
                          for axis, dim in enumerate(info["shape"]) if dim in self.max_dims]
+        self._dtypes = {info["dtype"]: _numpy_dtype(info["dtype"]) for info in metadata["inputs"]}  # str(dtype) is slow
 
     def check_inputs(self, feeds: Mapping[str, object]) -> list[np.ndarray]:
         """Match feeds to the module's inputs (name, dtype, rank, static dims, consistent symbolic dims)."""
@@ -141,7 +149,8 @@ class ModuleInputs:
         for info in self.metadata["inputs"]:
             name, arr = info["name"], feeds[info["name"]]
             arr = np.ascontiguousarray(arr) if isinstance(arr, np.ndarray) else np.asarray(arr)
-            if str(arr.dtype) != info["dtype"]:
+            want = self._dtypes[info["dtype"]]
+            if (arr.dtype != want) if want is not None else (str(arr.dtype) != info["dtype"]):
                 raise InputError(f"input {name!r} has dtype {arr.dtype}; expected {info['dtype']}")
             shape = info["shape"]
             if arr.ndim != len(shape):

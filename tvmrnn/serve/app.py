@@ -1,4 +1,5 @@
-"""The ASGI app (Starlette): the v2 HTTP routes, /metrics, and start-up/shutdown of the batchers.
+"""The ASGI app: the v2 HTTP routes, /metrics, and start-up/shutdown of the batchers. Infer requests are handled as
+raw ASGI (`_App`, the hot path); the other routes and the lifespan go through Starlette.
 
 Routes (`/versions/1` forms too, the only version a model has):
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 import zlib
 
@@ -101,28 +103,35 @@ class Service:
 
     # -- lookups ----------------------------------------------------------------------------------
     def model(self, request: Request) -> ServedModel:
-        name = request.path_params["model"]
-        version = request.path_params.get("version")
+        return self.model_named(request.path_params["model"], request.path_params.get("version"))
+
+    def model_named(self, name: str, version: str | None) -> ServedModel:
         if name not in self.models:
             raise ProtocolError(f"unknown model {name!r}; this server serves {sorted(self.models)}", 404)
         if version is not None and version != VERSION:
             raise ProtocolError(f"model {name!r} has no version {version!r}; its only version is {VERSION!r}", 404)
         return self.models[name]
 
-    async def body(self, request: Request) -> bytes:
+    async def body(self, headers: dict[bytes, bytes], receive) -> bytes:
         """The request body within --max-request-bytes (413 past it), gzip/deflate undone."""
         limit = self.config.max_request_bytes
-        length = request.headers.get("content-length", "")
+        length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > limit:
             raise ProtocolError(f"the request body is {int(length)} bytes; the limit (--max-request-bytes) is {limit}", 413)
         chunks, size = [], 0
-        async for chunk in request.stream():
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
                 raise ProtocolError(f"the request body is over {limit} bytes, the limit (--max-request-bytes)", 413)
             chunks.append(chunk)
-        body = b"".join(chunks)
-        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+            if not message.get("more_body", False):
+                break
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
         if encoding in ("gzip", "deflate"):
             inflater = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header
             try:
@@ -182,20 +191,32 @@ class Service:
         body, content_type = self.metrics.exposition()
         return Response(body, 200, headers={"content-type": content_type})
 
-    async def infer(self, request: Request) -> Response:
+    async def infer(self, name: str, version: str | None, scope, receive, send) -> None:
+        """POST /v2/models/NAME[/versions/V]/infer, as a raw ASGI handler (see `_App`)."""
         start = time.perf_counter()
-        name = request.path_params["model"]
+        if scope["method"] != "POST":
+            await _send(send, 405, error_body(f"Method Not Allowed: {scope['method']} {scope['path']}"),
+                        [_JSON, (b"allow", b"POST")])
+            return
         label = name if name in self.models else ""
         fields = {"model": label or name[:80]}
-        headers, status = {}, 200
+        status, body, headers = await self._answer(name, version, dict(scope["headers"]), receive, fields)
+        seconds = time.perf_counter() - start
+        self.metrics.count_request(label, status, seconds)
+        fields.update(status=status, ms=round(seconds * 1000, 3))
+        log.log(logging.INFO if status < 400 else logging.WARNING, "infer", extra={"fields": fields})
+        await _send(send, status, body, headers)
+
+    async def _answer(self, name: str, version: str | None, headers: dict[bytes, bytes], receive, fields: dict):
+        """(status, body, headers) of an infer request; `fields` (the log line's) get its id, sequence and error."""
         try:
-            served = self.model(request)
-            body = await self.body(request)
-            req = await _off_loop(len(body), parse_infer_request, body, request.headers.get(HEADER_LENGTH),
-                                  (name, served.signature.input_names))
+            sig = self.model_named(name, version).signature
+            body = await self.body(headers, receive)
+            header_length = headers.get(HEADER_LENGTH.lower().encode())
+            req = await _off_loop(len(body), parse_infer_request, body, header_length and header_length.decode("latin-1"),
+                                  (name, sig.input_names))
             fields["id"] = req.id
             sid, seq_start, seq_end = sequence_params(req.parameters)
-            sig = served.signature
             if req.outputs is not None:
                 bad = [o.name for o in req.outputs if o.name not in sig.output_names]
                 if bad:
@@ -204,25 +225,45 @@ class Service:
             if sid is not None:
                 fields["sequence_id"] = sid
             size = sum(a.nbytes for a in outputs.values())
-            body, headers = await _off_loop(size, encode_infer_response, name, VERSION, req.id, outputs,
-                                            req.outputs, req.binary_data_output)
+            body, extra = await _off_loop(size, encode_infer_response, name, VERSION, req.id, outputs, req.outputs,
+                                          req.binary_data_output)
+            return 200, body, [(k.lower().encode(), v.encode("latin-1")) for k, v in extra.items()]
         except ProtocolError as err:
-            status, body = err.status, error_body(str(err))
-            headers = {"content-type": "application/json"}
             fields["error"] = str(err)
+            return err.status, error_body(str(err)), [_JSON]
         except ClientDisconnect:
-            status, body, headers = 499, b"", {}  # nobody is left to read it (nginx's code for this)
             fields["error"] = "the client disconnected while sending the request"
+            return 499, b"", []  # nobody is left to read it (nginx's code for this)
         except Exception as err:  # noqa: BLE001 - a 500 for this request, the server goes on
             log.exception("infer failed", extra={"fields": fields})
-            status, body = 500, error_body(f"internal error: {type(err).__name__}: {err}")
-            headers = {"content-type": "application/json"}
             fields["error"] = str(err)
-        seconds = time.perf_counter() - start
-        self.metrics.count_request(label, status, seconds)
-        fields.update(status=status, ms=round(seconds * 1000, 3))
-        log.log(logging.INFO if status < 400 else logging.WARNING, "infer", extra={"fields": fields})
-        return Response(body, status, headers=headers)
+            return 500, error_body(f"internal error: {type(err).__name__}: {err}"), [_JSON]
+
+
+_JSON = (b"content-type", b"application/json")
+_INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
+
+
+async def _send(send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", str(len(body)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _App:
+    """The service's ASGI app. Infer requests, the hot path, go straight to `Service.infer` (no router, middleware, Request
+    or Response objects: a third of an HTTP worker's time per request went there); every other route, and the lifespan,
+    through Starlette."""
+
+    def __init__(self, service: Service, routes: Starlette):
+        self.service, self.routes, self.state = service, routes, routes.state
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            m = _INFER_PATH.fullmatch(scope["path"])
+            if m is not None:
+                await self.service.infer(m[1], m[2], scope, receive, send)
+                return
+        await self.routes(scope, receive, send)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -234,7 +275,7 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return _error(500, f"internal error: {type(exc).__name__}")
 
 
-def create_app(models: dict[str, ServedModel], config: ServeConfig, metrics: Metrics | None = None, connect=None) -> Starlette:
+def create_app(models: dict[str, ServedModel], config: ServeConfig, metrics: Metrics | None = None, connect=None) -> _App:
     """The app serving `models` (from `repository.load_models`); it owns their runners and stops them at shutdown.
     With `connect` (see Service), the models run in engine processes and `models` need no runners."""
     s = Service(models, config, metrics, connect)
@@ -251,8 +292,7 @@ def create_app(models: dict[str, ServedModel], config: ServeConfig, metrics: Met
             Route(prefix + "/ready", s.model_ready, methods=["GET"]),
             Route(prefix + "/config", s.model_config, methods=["GET"]),
             Route(prefix + "/stats", s.model_stats, methods=["GET"]),
-            Route(prefix + "/infer", s.infer, methods=["POST"]),
         ]
     app = Starlette(routes=routes, lifespan=s.lifespan, exception_handlers={HTTPException: _http_error, Exception: _server_error})
     app.state.service = s
-    return app
+    return _App(s, app)

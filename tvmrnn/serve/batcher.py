@@ -19,7 +19,7 @@ import collections
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -37,13 +37,28 @@ class ShuttingDown(ProtocolError):
         super().__init__(f"model {model!r} is shutting down", 503)
 
 
-@dataclass
 class _Item:
-    feeds: dict[str, np.ndarray]
-    rows: int
-    key: object
-    future: asyncio.Future
-    enqueued: float
+    """One queued request; answered through `future` (awaited by `submit`) or `deliver` (called with its outputs or the
+    exception to raise for it: `enqueue`, an engine's connection)."""
+
+    __slots__ = ("feeds", "rows", "key", "enqueued", "future", "deliver")
+
+    def __init__(self, feeds, rows: int, key, future: asyncio.Future | None, deliver: Callable | None):
+        self.feeds, self.rows, self.key, self.future, self.deliver = feeds, rows, key, future, deliver
+        self.enqueued = time.perf_counter()
+
+    def gone(self) -> bool:
+        """Its client went away (the awaiting task was cancelled)."""
+        return self.future is not None and self.future.done()
+
+    def resolve(self, result) -> None:
+        if self.future is None:
+            self.deliver(result)
+        elif not self.future.done():
+            if isinstance(result, BaseException):
+                self.future.set_exception(result)
+            else:
+                self.future.set_result(result)
 
 
 class Batcher:
@@ -51,7 +66,9 @@ class Batcher:
         self.sig, self.runner, self.metrics, self.inline = sig, runner, metrics, inline
         self.max_batch_size, self.max_delay_s = max_batch_size, max_delay_s
         self._pending: collections.deque[_Item] = collections.deque()
+        self._rows: dict[object, int] = {}  # group key -> rows queued under it
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"tvmrnn-{sig.name}")
+        self._queue_seconds = metrics.queue_seconds.labels(sig.name)
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._closing = False
@@ -62,13 +79,21 @@ class Batcher:
 
     async def submit(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Queue one checked request; its outputs (all of the model's) when its batch has run."""
+        future = asyncio.get_running_loop().create_future()
+        self._queue(_Item(feeds, self.sig.rows(feeds), self.sig.group_key(feeds), future, None))
+        return await future
+
+    def enqueue(self, feeds: dict[str, np.ndarray], deliver: Callable) -> None:
+        """Queue one checked request without a task waiting on it: `deliver(outputs or exception)` once its batch has run."""
+        self._queue(_Item(feeds, self.sig.rows(feeds), self.sig.group_key(feeds), None, deliver))
+
+    def _queue(self, item: _Item) -> None:
         if self._closing or self._task is None:
             raise ShuttingDown(self.sig.name)
-        item = _Item(feeds, self.sig.rows(feeds), self.sig.group_key(feeds),
-                     asyncio.get_running_loop().create_future(), time.perf_counter())
         self._pending.append(item)
-        self._wakeup.set()
-        return await item.future
+        rows = self._rows[item.key] = self._rows.get(item.key, 0) + item.rows
+        if len(self._pending) == 1 or rows >= self.max_batch_size:  # the loop waits for a first request or a full batch
+            self._wakeup.set()
 
     async def close(self) -> None:
         """Finish every queued request, then stop the worker thread."""
@@ -83,13 +108,10 @@ class Batcher:
         return min(1 << max(rows - 1, 0).bit_length(), max(self.max_batch_size, rows))
 
     # -- the loop ---------------------------------------------------------------------------------
-    def _ready_rows(self, key) -> int:
-        return sum(it.rows for it in self._pending if it.key == key)
-
     async def _loop(self) -> None:
         while True:
-            while self._pending and self._pending[0].future.done():  # the client went away
-                self._pending.popleft()
+            while self._pending and self._pending[0].gone():
+                self._forget(self._pending.popleft())
             if not self._pending:
                 if self._closing:
                     return
@@ -97,33 +119,53 @@ class Batcher:
                 await self._wakeup.wait()
                 continue
             head = self._pending[0]
-            deadline = head.enqueued + self.max_delay_s
-            while (self.sig.batchable and not self._closing and self._ready_rows(head.key) < self.max_batch_size
-                   and time.perf_counter() < deadline):
-                self._wakeup.clear()
-                try:
-                    await asyncio.wait_for(self._wakeup.wait(), deadline - time.perf_counter())
-                except asyncio.TimeoutError:
-                    break
+            if self.sig.batchable:
+                await self._fill(head)
             batch = self._take(head.key)
+            if not batch:  # every request of it went away meanwhile
+                continue
             try:
                 await self._run(batch)
             except Exception as err:  # noqa: BLE001 - never let one batch end the loop
                 log.exception("batch failed", extra={"fields": {"model": self.sig.name}})
                 for it in batch:
-                    if not it.future.done():
-                        it.future.set_exception(err)
+                    it.resolve(err)
+
+    async def _fill(self, head: _Item) -> None:
+        """Wait until `head`'s batch has max_batch_size rows, max_delay_s has passed since `head` arrived, or the batcher
+        closes. One timer per batch; a new request wakes the loop only when it fills the batch."""
+        passed = False
+
+        def deadline() -> None:
+            nonlocal passed
+            passed = True
+            self._wakeup.set()
+
+        timer = asyncio.get_running_loop().call_later(max(0.0, head.enqueued + self.max_delay_s - time.perf_counter()), deadline)
+        try:
+            while not passed and not self._closing and self._rows.get(head.key, 0) < self.max_batch_size:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+        finally:
+            timer.cancel()
+
+    def _forget(self, item: _Item) -> None:
+        left = self._rows[item.key] - item.rows
+        if left:
+            self._rows[item.key] = left
+        else:
+            del self._rows[item.key]
 
     def _take(self, key) -> list[_Item]:
         """The head request and the queued ones that fit with it, up to max_batch_size rows, oldest first."""
         batch, rows, keep = [], 0, collections.deque()
-        while self._pending:
-            it = self._pending.popleft()
-            if it.future.done():
-                continue
-            if it.key == key and (not batch or rows + it.rows <= self.max_batch_size):
+        for it in self._pending:
+            if it.key == key and not it.gone() and (not batch or rows + it.rows <= self.max_batch_size):
                 batch.append(it)
                 rows += it.rows
+                self._forget(it)
+            elif it.gone():
+                self._forget(it)
             else:
                 keep.append(it)
         self._pending = keep
@@ -132,19 +174,14 @@ class Batcher:
     async def _run(self, batch: list[_Item]) -> None:
         start = time.perf_counter()
         for it in batch:
-            self.metrics.queue_seconds.labels(self.sig.name).observe(start - it.enqueued)
+            self._queue_seconds.observe(start - it.enqueued)
         feeds = [it.feeds for it in batch]
         if self.inline:
             results = self._compute(feeds)
         else:
             results = await asyncio.get_running_loop().run_in_executor(self._executor, self._compute, feeds)
         for it, res in zip(batch, results):
-            if it.future.done():
-                continue
-            if isinstance(res, BaseException):
-                it.future.set_exception(res)
-            else:
-                it.future.set_result(res)
+            it.resolve(res)
 
     # -- in the worker thread ---------------------------------------------------------------------
     def _compute(self, requests: list[dict[str, np.ndarray]]) -> list:

@@ -28,6 +28,10 @@ class ModelCore:
             return await self.batcher.submit(feeds)
         return await self._infer_in_sequence(feeds, datatypes, sid, start, end)
 
+    def enqueue(self, feeds: dict[str, np.ndarray], deliver) -> None:
+        """A checked request outside any sequence, with no task waiting on it: `deliver(outputs or exception)` once run."""
+        self.batcher.enqueue(feeds, deliver)
+
     async def _infer_in_sequence(self, feeds, datatypes, sid, seq_start: bool, seq_end: bool) -> dict:
         sig = self.sig
         if not sig.state_pairs:

@@ -8,13 +8,16 @@ HTTP workers reach it through `RemoteCore` over a Unix socket.
 
 The socket carries `frames` (a JSON head and the tensors' raw bytes; never pickled). A request's head carries its id,
 sequence parameters, v2 datatypes and whether its HTTP worker checked it already; an answer's head its id and HTTP
-status, and an error message or the outputs.
+status, and an error message or the outputs. Both ends are asyncio protocols (`frames.FrameProtocol`): the frames that
+arrive together are handled together and those sent in one turn of the event loop leave in one write, so a batch's
+answers to one HTTP worker cost one write and one wake-up of that worker, not one per request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -25,7 +28,7 @@ import threading
 
 import numpy as np
 
-from .frames import decode_tensors, encode_frame, read_frame
+from .frames import FrameProtocol, decode_tensors, encode_frame
 from .protocol import ProtocolError
 
 log = logging.getLogger("tvmrnn.serve")
@@ -33,6 +36,18 @@ _CONNECT_TIMEOUT_S = 300.0
 
 
 # -- the HTTP worker's side -----------------------------------------------------------------------------
+class _EngineLink(FrameProtocol):
+    def __init__(self, core: "RemoteCore"):
+        super().__init__()
+        self.core = core
+
+    def on_frame(self, head: dict, data: bytes) -> None:
+        self.core.answered(head, data)
+
+    def connection_lost(self, exc) -> None:
+        self.core.lost(self)
+
+
 class RemoteCore:
     """`ModelCore.infer` answered by the model's engine. Stateless requests are checked here (their 400s cost the engine
     nothing); a sequence's requests are checked by the engine, which holds their state. If the engine stops, the requests
@@ -42,8 +57,8 @@ class RemoteCore:
         self.name, self.sig, self.socket_path = name, sig, socket_path
         self._ids = itertools.count()
         self._pending: dict[int, asyncio.Future] = {}
-        self._writer: asyncio.StreamWriter | None = None
-        self._task: asyncio.Task | None = None
+        self._link: _EngineLink | None = None
+        self._reconnect: asyncio.Task | None = None
         self._closing = False
 
     async def connect(self, timeout_s: float = _CONNECT_TIMEOUT_S) -> None:
@@ -51,85 +66,98 @@ class RemoteCore:
         deadline = loop.time() + timeout_s
         while True:
             try:
-                reader, self._writer = await asyncio.open_unix_connection(self.socket_path)
-                break
+                _, self._link = await loop.create_unix_connection(lambda: _EngineLink(self), self.socket_path)
+                return
             except (FileNotFoundError, ConnectionRefusedError):
                 if loop.time() > deadline:
                     raise RuntimeError(f"model {self.name!r}: its engine did not answer at {self.socket_path}") from None
                 await asyncio.sleep(0.05)
-        self._task = loop.create_task(self._read_answers(reader), name=f"engine-{self.name}")
 
     async def infer(self, feeds: dict[str, np.ndarray], datatypes: dict[str, str], sid=None, start: bool = False,
                     end: bool = False, checked: bool = False) -> dict[str, np.ndarray]:
         if sid is None and not checked:
             self.sig.check(feeds, datatypes)
             checked = True
-        if self._writer is None:
+        if self._link is None:
             raise ProtocolError(f"model {self.name!r} is restarting; retry", 503)
         request_id = next(self._ids)
         future = self._pending[request_id] = asyncio.get_running_loop().create_future()
-        self._writer.write(encode_frame({"id": request_id, "sid": sid, "start": start, "end": end, "checked": checked,
-                                         "datatypes": datatypes}, feeds))
+        self._link.send(encode_frame({"id": request_id, "sid": sid, "start": start, "end": end, "checked": checked,
+                                      "datatypes": datatypes}, feeds))
         try:
             return await future
         finally:
             self._pending.pop(request_id, None)
 
-    async def _read_answers(self, reader: asyncio.StreamReader) -> None:
-        while (frame := await read_frame(reader)) is not None:
-            head, data = frame
-            future = self._pending.get(head["id"])
-            if future is None or future.done():  # the client went away
-                continue
-            if head["status"] == 200:
-                future.set_result(decode_tensors(head, data))
-            else:
-                future.set_exception(ProtocolError(head["error"], head["status"]))
-        self._writer = None
+    def answered(self, head: dict, data: bytes) -> None:
+        future = self._pending.get(head["id"])
+        if future is None or future.done():  # the client went away
+            return
+        if head["status"] == 200:
+            future.set_result(decode_tensors(head, data))
+        else:
+            future.set_exception(ProtocolError(head["error"], head["status"]))
+
+    def lost(self, link: _EngineLink) -> None:
+        if link is not self._link:
+            return
+        self._link = None
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(ProtocolError(f"model {self.name!r} stopped while running this request (it restarts); retry", 503))
         if not self._closing:
             log.warning("engine connection lost", extra={"fields": {"model": self.name}})
-            await self.connect()
+            self._reconnect = asyncio.get_running_loop().create_task(self.connect())
 
     async def close(self) -> None:
         self._closing = True
-        if self._writer is not None:
-            self._writer.close()
-        if self._task is not None:
-            self._task.cancel()
+        if self._link is not None:
+            self._link.transport.close()
+        if self._reconnect is not None:
+            self._reconnect.cancel()
 
 
 # -- the engine's side -----------------------------------------------------------------------------------
-async def _answer(core, head: dict, data: bytes, writer: asyncio.StreamWriter) -> None:
-    reply = {"id": head["id"], "status": 200}
-    try:
-        outputs = await core.infer(decode_tensors(head, data), head.get("datatypes") or {}, head.get("sid"),
-                                   head.get("start", False), head.get("end", False), head.get("checked", False))
-    except ProtocolError as err:
-        outputs, reply["status"], reply["error"] = None, err.status, str(err)
-    except Exception as err:  # noqa: BLE001 - a 500 for this request, the engine goes on
-        log.exception("infer failed", extra={"fields": {"model": core.name}})
-        outputs, reply["status"], reply["error"] = None, 500, f"internal error: {type(err).__name__}: {err}"
-    if not writer.is_closing():
-        writer.write(encode_frame(reply, outputs))
+class _EngineConnection(FrameProtocol):
+    """One HTTP worker's connection: a checked stateless request goes straight into the batch queue, its answer sent
+    from the batch's end (no task per request); a sequence's request runs as a task (it waits for its sequence)."""
 
+    def __init__(self, core, tasks: set):
+        super().__init__()
+        self.core, self.tasks = core, tasks
 
-async def _serve_connection(core, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    tasks: set[asyncio.Task] = set()
-    loop = asyncio.get_running_loop()
-    try:
-        while (frame := await read_frame(reader)) is not None:
-            task = loop.create_task(_answer(core, *frame, writer))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.wait(tasks)
-    except asyncio.CancelledError:  # the engine is stopping
-        pass
-    finally:
-        writer.close()
+    def on_frame(self, head: dict, data: bytes) -> None:
+        request_id = head.get("id")
+        try:
+            feeds = decode_tensors(head, data)
+            if head.get("sid") is None and head.get("checked"):
+                self.core.enqueue(feeds, functools.partial(self._answer, request_id))
+                return
+        except Exception as err:  # noqa: BLE001 - answered (ProtocolError: its status, else 500); the engine goes on
+            self._answer(request_id, err)
+            return
+        task = self._loop.create_task(self._infer(request_id, head, feeds))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _infer(self, request_id: int, head: dict, feeds: dict) -> None:
+        try:
+            result = await self.core.infer(feeds, head.get("datatypes") or {}, head.get("sid"), head.get("start", False),
+                                           head.get("end", False), head.get("checked", False))
+        except Exception as err:  # noqa: BLE001 - answered below
+            result = err
+        self._answer(request_id, result)
+
+    def _answer(self, request_id: int, result) -> None:
+        reply, outputs = {"id": request_id, "status": 200}, None
+        if isinstance(result, ProtocolError):
+            reply["status"], reply["error"] = result.status, str(result)
+        elif isinstance(result, BaseException):
+            log.error("infer failed", exc_info=result, extra={"fields": {"model": self.core.name}})
+            reply["status"], reply["error"] = 500, f"internal error: {type(result).__name__}: {result}"
+        else:
+            outputs = result
+        self.send(encode_frame(reply, outputs))
 
 
 async def run_engine(served, config, socket_path: str) -> None:
@@ -151,7 +179,8 @@ async def run_engine(served, config, socket_path: str) -> None:
     sweeper = loop.create_task(sequences.sweep_forever())
     if os.path.exists(socket_path):
         os.unlink(socket_path)
-    server = await asyncio.start_unix_server(lambda r, w: _serve_connection(core, r, w), socket_path)
+    tasks: set[asyncio.Task] = set()
+    server = await loop.create_unix_server(lambda: _EngineConnection(core, tasks), socket_path)
     stop = asyncio.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), loop.call_soon_threadsafe(stop.set)), daemon=True).start()
     print("ready", flush=True)
@@ -179,12 +208,14 @@ def main(socket_path: str, module_path: str, config_json: str, log_level: str) -
 
     from .logs import logging_config
     from .repository import load_models
+    from .workers import settle_heap
 
     for sig in (signal.SIGINT, signal.SIGTERM):  # sent to the whole group: the supervisor stops engines last
         signal.signal(sig, signal.SIG_IGN)
     logging.config.dictConfig(logging_config(log_level))
     config = config_from_json(config_json)
     (served,) = load_models([module_path], config).values()
+    settle_heap()
     try:
         import uvloop
 

@@ -54,10 +54,18 @@ class Metrics:
                                       multiprocess_mode="livesum")
         self.sequences_expired = Counter("tvmrnn_sequences_expired", "Sequences dropped after --sequence-idle-s idle",
                                          ["model"], registry=r)
+        self._ok: dict[str, tuple] = {}  # model -> (its 200s counter, its request_seconds histogram)
         self.worker_restarts = Counter("tvmrnn_worker_restarts", "Model worker processes restarted after a crash",
                                        ["model"], registry=r)
 
     def count_request(self, model: str, status: int, seconds: float | None = None) -> None:
+        if status == 200 and seconds is not None:  # the common case, with its children looked up once
+            children = self._ok.get(model)
+            if children is None:
+                children = self._ok[model] = (self.requests.labels(model, "200"), self.request_seconds.labels(model))
+            children[0].inc()
+            children[1].observe(seconds)
+            return
         self.requests.labels(model, str(status)).inc()
         if status >= 400:
             self.errors.labels(model, str(status)).inc()

@@ -61,11 +61,14 @@ class SequenceStore:
     def expire(self) -> int:
         """Drop sequences idle for longer than idle_s (those not running a request); how many went."""
         now = self.clock()
-        gone = [k for k, s in self._live.items() if not s.lock.locked() and now - s.last_used > self.idle_s]
+        gone = [k for k, s in self._live.items() if self._stale(s, now)]
         for key in gone:
             self._drop(key)
             self.metrics.sequences_expired.labels(key[0]).inc()
         return len(gone)
+
+    def _stale(self, seq: Sequence, now: float) -> bool:
+        return not seq.lock.locked() and now - seq.last_used > self.idle_s
 
     def _drop(self, key) -> None:
         seq = self._live.pop(key, None)
@@ -75,15 +78,21 @@ class SequenceStore:
 
     @contextlib.asynccontextmanager
     async def hold(self, model: str, sid, start: bool):
-        """The sequence, locked for one request; `sequence_start` creates (or resets) it."""
-        self.expire()
+        """The sequence, locked for one request; `sequence_start` creates (or resets) it. Idle sequences are dropped here
+        as the sweeper would: this one if stale, all of them before refusing a new one for their number."""
         key = (model, sid)
         seq = self._live.get(key)
+        if seq is not None and self._stale(seq, self.clock()):
+            self._drop(key)
+            self.metrics.sequences_expired.labels(model).inc()
+            seq = None
         created = seq is None
         if created:
             if not start:
                 raise ProtocolError(f"sequence {sid!r} of model {model!r} is not live: it was never started, has ended, or was "
                                     f"idle for more than {self.idle_s:g} s; send it again with sequence_start=true")
+            if len(self._live) >= self.max_sequences:
+                self.expire()
             if len(self._live) >= self.max_sequences:
                 raise ProtocolError(f"too many live sequences ({len(self._live)}, the limit set by --max-sequences); end one "
                                     f"with sequence_end=true or let it expire after {self.idle_s:g} s idle", 429)

@@ -13,6 +13,7 @@ import time
 import uvicorn
 
 from .logs import logging_config
+from .workers import settle_heap
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -27,13 +28,15 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def make_server(app, graceful_timeout_s: float = 30.0, log_level: str = "info") -> uvicorn.Server:
-    config = uvicorn.Config(app, log_config=logging_config(log_level), access_log=False, lifespan="on",
+    # proxy_headers off: nothing reads the client's address, and its middleware ran on every request
+    config = uvicorn.Config(app, log_config=logging_config(log_level), access_log=False, lifespan="on", proxy_headers=False,
                             timeout_graceful_shutdown=max(1, round(graceful_timeout_s)), log_level=log_level)
     return uvicorn.Server(config)
 
 
 def serve_forever(app, sock: socket.socket, graceful_timeout_s: float = 30.0, log_level: str = "info") -> None:
-    """Serve on a socket from `bind` until SIGTERM/SIGINT."""
+    """Serve on a socket from `bind` until SIGTERM/SIGINT (the process's whole job: its start-up heap is settled first)."""
+    settle_heap()
     make_server(app, graceful_timeout_s, log_level).run(sockets=[sock])
 
 

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Callable
@@ -28,6 +29,7 @@ from ..errors import InputError
 from ..runtime import ModuleInputs, random_inputs
 from .protocol import NUMPY_TO_V2, ProtocolError
 
+_V2_OF_DTYPE = {np.dtype(k): v for k, v in NUMPY_TO_V2.items()}  # keyed by dtype: str(dtype) is slow in numpy 2
 _BATCH_NAME = re.compile(r"^(n|b|bs|batch.*|.*_batch|.*batch_size|num_seq.*)$", re.IGNORECASE)
 
 
@@ -51,6 +53,7 @@ class Signature:
     pad_dim: str | None = None
     state_pairs: list[tuple[str, str]] = field(default_factory=list)
     checker: ModuleInputs | None = None  # the runtime's own checks; the VM lives in the worker process
+    _free_axes_of: tuple = field(default=(None, None), repr=False, compare=False)  # (pad_dim, plan): group_key's cache
 
     def batch_limit(self, configured: int) -> int:
         """Rows a merged batch may hold: the server's max_batch_size, and no more than the module's bound on its batch dim
@@ -120,16 +123,15 @@ class Signature:
     # -- checks -----------------------------------------------------------------------------------
     def check(self, feeds: dict[str, np.ndarray], datatypes: dict[str, str] | None = None) -> None:
         """Raise ProtocolError (400) naming what is wrong: names, v2 datatypes, shapes, empty dims, sequence_lens."""
-        by_name = {t["name"]: t for t in self.inputs}
+        expected = self._v2_inputs
         for name, arr in feeds.items():
-            info = by_name.get(name)
-            if info is None:
+            if name not in expected:
                 raise ProtocolError(f"unknown input {name!r}; model {self.name!r} has inputs {self.input_names}")
-            want = NUMPY_TO_V2.get(info["dtype"], info["dtype"])
-            got = (datatypes or {}).get(name) or NUMPY_TO_V2.get(str(arr.dtype), str(arr.dtype))
+            want, rank = expected[name]
+            got = (datatypes and datatypes.get(name)) or _V2_OF_DTYPE.get(arr.dtype) or str(arr.dtype)
             if got != want:
                 raise ProtocolError(f"input {name!r} has datatype {got}; model {self.name!r} expects {want}")
-            if arr.ndim == len(info["shape"]) and 0 in arr.shape:
+            if arr.ndim == rank and 0 in arr.shape:
                 raise ProtocolError(f"input {name!r} has shape {list(arr.shape)} with an empty dimension; every dimension must be at least 1")
         try:
             self.checker.check_inputs(feeds)
@@ -139,6 +141,11 @@ class Signature:
             if missing and msg.startswith("missing input"):
                 msg += f" (state inputs {missing} are filled by the server for requests with a sequence_id parameter)"
             raise ProtocolError(msg) from None
+
+    @functools.cached_property
+    def _v2_inputs(self) -> dict[str, tuple[str, int]]:
+        """Input name -> (v2 datatype, rank): what `check` compares a request's tensors with."""
+        return {t["name"]: (NUMPY_TO_V2.get(t["dtype"], t["dtype"]), len(t["shape"])) for t in self.inputs}
 
     def rows(self, feeds: dict[str, np.ndarray]) -> int:
         """The request's batch size (1 for a model that does not batch)."""
@@ -175,15 +182,27 @@ class Signature:
         if not self.batchable:
             return object()  # unique: runs alone
         key = []
-        batch_axes = self.axes[self.batch_dim]
-        pad_axes = self.axes.get(self.pad_dim, {}) if self.pad_dim else {}
-        for name in self.input_names:
+        for name, free in self._free_axes():
             arr = feeds[name]
-            if name not in batch_axes:
+            if free is None:
                 key.append((name, arr.shape, arr.tobytes()))
-                continue
-            key.append((name, tuple(None if ax in (batch_axes[name], pad_axes.get(name)) else n for ax, n in enumerate(arr.shape))))
+            else:
+                shape = list(arr.shape)
+                for ax in free:
+                    shape[ax] = None
+                key.append(tuple(shape))
         return tuple(key)
+
+    def _free_axes(self) -> list[tuple[str, tuple[int, ...] | None]]:
+        """Per input in order, the axes requests may differ in within one batch (its batch and padded axes), None for
+        an input without a batch axis; worked out once per pad_dim (loading may switch padding off)."""
+        if self._free_axes_of[0] != self.pad_dim or self._free_axes_of[1] is None:
+            batch_axes = self.axes[self.batch_dim]
+            pad_axes = self.axes.get(self.pad_dim, {}) if self.pad_dim else {}
+            plan = [(n, (batch_axes[n],) + ((pad_axes[n],) if n in pad_axes else ()) if n in batch_axes else None)
+                    for n in self.input_names]
+            self._free_axes_of = (self.pad_dim, plan)
+        return self._free_axes_of[1]
 
     def merge(self, requests: list[dict[str, np.ndarray]], bucket: int | None = None,
               buffers: Callable[[str, tuple, np.dtype], np.ndarray] | None = None) -> tuple[list[np.ndarray], Plan]:
