@@ -316,3 +316,35 @@ def test_whole_powers_of_negatives_match_onnxruntime_on_llvm():
     feeds = {"x": -np.abs(np.random.default_rng(0).standard_normal((1, 258, 4))).astype(np.float32)}
     (got,) = tvmrnn.compile(model, target="llvm", logs=False).run(feeds).values()
     assert _rel_err(got, _ort(model, feeds)[0]) < 1e-6
+
+
+def test_constant_relayouts_fold_with_numpy_as_fold_constant_folds_them():
+    """fold_relayouts leaves no op of constants it folds (a conv bias's reshape, a weight's transpose, a cast,
+    broadcast arithmetic) and gives what TVM's FoldConstant gives; a strided slice it leaves to FoldConstant."""
+    from tvm import relax
+
+    from tvmrnn.fold import fold_relayouts
+
+    rng = np.random.default_rng(3)
+    w, b, s = (relax.const(rng.standard_normal(shape).astype("f4")) for shape in ((8, 6), (6,), (2, 4)))
+    x = relax.Var("x", relax.TensorType((3, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            wt = bb.emit(relax.op.permute_dims(relax.op.reshape(w, (6, 8))))
+            bias = bb.emit(relax.op.add(relax.op.multiply(relax.op.expand_dims(b, [0]), relax.const(np.float32(2))), b))
+            cut = bb.emit(relax.op.strided_slice(s, [1], [0], [2]))
+            y = bb.emit(relax.op.add(relax.op.matmul(x, wt), relax.op.astype(relax.op.reshape(bias, (1, 6)), "float32")))
+            out = bb.emit_output(relax.Tuple([y, cut]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    folded = fold_relayouts(mod)
+    ops = {c.op.name for c in _calls(folded["main"])}
+    assert ops == {"relax.matmul", "relax.add", "relax.strided_slice"}, ops
+    tvm.ir.assert_structural_equal(relax.transform.FoldConstant()(folded), relax.transform.FoldConstant()(mod))
+
+
+def _calls(func):
+    found = []
+    tvm.relax.analysis.post_order_visit(func, lambda e: found.append(e) if isinstance(e, tvm.relax.Call) else None)
+    return found
