@@ -118,7 +118,7 @@ def _whole_tiles(extent, tile: int):
     """extent rounded up to whole tiles (the same expression where it already divides)."""
     if _static(extent) is not None and _static(extent) % tile == 0:
         return extent
-    return (extent + tile - 1) // tile * tile
+    return tvm.sym.Analyzer().simplify((extent + tile - 1) // tile * tile)
 
 
 def _packed_conv(x, wp, strides, pads_before, pads_after, dilation, lanes):
@@ -189,7 +189,11 @@ def dense_packed(x: te.Tensor, wp: te.Tensor, columns: int, lanes: int) -> te.Te
         rows = rows * d
     rows = tvm.sym.Analyzer().simplify(rows)
     mr = dense_row_tile(rows, int(nb), lanes)
-    padded_rows = _whole_tiles(rows, mr)
+    # rows padded to whole tiles where their count is static or one symbolic dim: over a symbolic product (madmom's
+    # batch x 10 frames) TVM cannot prove that the padded GEMM wrote every row the output reads (i * 10 + j) and
+    # refuses the schedule; there the last tile is bounds-checked instead
+    one_dim = all(_static(d) == 1 for d in lead[1:])
+    padded_rows = _whole_tiles(rows, mr) if _static(rows) is not None or one_dim else rows
     k = te.reduce_axis((0, k_dim), "k")
 
     def row_of(m):  # the leading indices of row m (no modulo by the outermost dim: a symbolic one would read as opaque)

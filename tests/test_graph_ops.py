@@ -125,7 +125,7 @@ def _dense(lead, k, n, target, *scalars):
 
 
 @pytest.mark.parametrize("lead,k,n", [((7, 3), 40, 48), ((13,), 64, 37), ((2, 1, 5), 16, 256), ((20,), 24, 8210),
-                                      (("rows",), 64, 300), (("seq", 1), 32, 37)])
+                                      (("rows",), 64, 300), (("seq", 1), 32, 37), ((10, "batch"), 236, 25), (("batch", 10), 25, 1)])
 def test_packed_dense_matches_numpy(lead, k, n):
     """Static and symbolic row counts (padded to whole row tiles), one and several leading dims."""
     target = resolve_target("llvm")
