@@ -7,21 +7,32 @@ legalized conv2d or matmul runs as naive single-threaded loops. Here:
   output channels (conv) or columns (dense) is contiguous: W[O/OB, I, KH, KW, OB] and W[N/NB, K, NB];
 - the rules `ConvPacked` and `DensePacked` schedule them (and the pointwise ops FuseOps fused after them) as a
   register tile of accumulators (OB channels x XB output columns, or MR rows x NB columns) that stays in registers
-  while the reduction streams, the tiles spread over TVM's thread pool, the epilogue applied per tile;
+  while the reduction streams, the tiles spread over TVM's thread pool, the epilogue applied per tile. The computes
+  choose the tile (conv_tiling, dense_row_tile) and cover whole tiles, zero-padding the input where a symbolic or
+  awkward width or row count does not divide, so that no tile carries a bounds check;
 - `Fallback` gives every other unscheduled function parallel outer loops (and leaves inner loops to LLVM's
   vectorizer), so pooling, pads, transposes and pointwise chains use every core.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
-from tvm import s_tir, te, tirx, topi
+import tvm
+from tvm import s_tir, te, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target.codegen import llvm_get_vector_width
 
 from .device import parallel_pays
 
 CONV_BLOCK, DENSE_BLOCK = "conv2d_packed", "dense_packed"
+# A register tile's accumulators: a "global"-scope buffer under 1 KB (runtime::kMaxStackAlloca), which TVM's lowering
+# puts on the stack, where LLVM keeps it in registers. TVM puts "local" buffers, and larger ones, on the heap
+# (TVMBackendAllocWorkspace), where LLVM may store every accumulator back at each step of the reduction: the dense
+# head of the captcha CRNN ran 2.4x slower so over a symbolic row count.
+TILE_SCOPE, TILE_FLOATS = "global", 1024 // 4 - 1
+MIN_PARALLEL_BLOCKS = 8  # GEMM column blocks that keep the thread pool busy without splitting the rows
 
 
 def vector_lanes(target, dtype_bits=32) -> int:
@@ -60,58 +71,146 @@ def pack_dense_weight(w: np.ndarray, nb: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(k, -1, nb).transpose(1, 0, 2))
 
 
-def conv2d_packed(x: te.Tensor, wp: te.Tensor, strides, padding, dilation) -> te.Tensor:
+@dataclass(frozen=True)
+class ConvTiling:
+    """A conv tile: `channels` output channels x `columns` output columns, the vector along the columns (a row's
+    outputs, loaded straight from the input row) or along the channels (the packed weights' inner axis)."""
+
+    channels: int
+    columns: int
+    vector_columns: bool
+
+    def attrs(self) -> dict:
+        return {"tile_channels": self.channels, "tile_columns": self.columns, "vector_columns": int(self.vector_columns)}
+
+
+def conv_tiling(width, ob: int, lanes: int, stride: int) -> ConvTiling:
+    """The tile for an output row of `width` columns (an int or symbolic) and weights packed by `ob` channels.
+    Where `ob` fills a vector the channels are the vector: OB channels x XB columns, each input value broadcast.
+    Where it does not (24 channels under AVX-512) and the stride is 1, a tile is one or two vectors of columns x OC
+    channels, each weight broadcast. The columns are padded to whole tiles (conv2d_packed) wherever the width does not
+    divide, so no tile carries a bounds check and its accumulators stay in registers."""
+    static = _static(width)
+    if ob < lanes and stride == 1:
+        across = 2 * lanes if static is not None and static % (2 * lanes) == 0 else lanes
+        oc = next(c for c in (16, 8, 4, 2, 1) if ob % c == 0 and c * (across // lanes) <= 16 and c * across <= TILE_FLOATS)
+        return ConvTiling(oc, across, True)
+    vectors = max(1, ob // lanes)  # accumulators: vectors x xb of the 32 (AVX-512) or 16 vector registers
+    most = max(2, min((24 if lanes >= 16 else 12) // vectors, TILE_FLOATS // ob))
+    return ConvTiling(ob, most if static is None else _balanced_tile(static, most), False)
+
+
+def _balanced_tile(extent: int, most: int) -> int:
+    """Columns per tile for a static extent: a divisor in [2/3 most, most] where there is one (no padding), else the
+    extent split into the fewest tiles of at most `most`, as even as padding to whole tiles allows."""
+    if extent <= most:
+        return extent
+    divisor = next((t for t in range(most, -(-2 * most // 3) - 1, -1) if extent % t == 0), None)
+    return divisor or -(-extent // -(-extent // most))
+
+
+def _static(extent):
+    """An extent's value where it is a constant, else None."""
+    return int(extent) if isinstance(extent, (int, tirx.IntImm)) else None
+
+
+def _whole_tiles(extent, tile: int):
+    """extent rounded up to whole tiles (the same expression where it already divides)."""
+    if _static(extent) is not None and _static(extent) % tile == 0:
+        return extent
+    return tvm.sym.Analyzer().simplify((extent + tile - 1) // tile * tile)
+
+
+def _packed_conv(x, wp, strides, pads_before, pads_after, dilation, lanes):
+    """The conv over packed weights with as many spatial axes as x has after (n, c): the padded input, the
+    accumulation over whole column tiles, and the output cropped to its true width where the tiles overhang it."""
+    n, c, *size = x.shape
+    ob_count, _, *kernel, ob = wp.shape
+    simplify = tvm.sym.Analyzer().simplify
+    out = [simplify((s + b + a - (k - 1) * d - 1) // st + 1)
+           for s, b, a, k, d, st in zip(size, pads_before, pads_after, kernel, dilation, strides)]
+    tiling = conv_tiling(out[-1], int(ob), lanes, int(strides[-1]))
+    width = _whole_tiles(out[-1], tiling.columns)
+    padded = _padded_input(x, pads_before, [(o - 1) * st + (k - 1) * d + 1
+                                            for o, st, k, d in zip([*out[:-1], width], strides, kernel, dilation)])
+    reduce = [te.reduce_axis((0, c), "rc")] + [te.reduce_axis((0, k), f"r{i}") for i, k in enumerate(kernel)]
+
+    def body(b, o, *pos):
+        at = [p * st + r * d for p, st, r, d in zip(pos, strides, reduce[1:], dilation)]
+        return te.sum(padded[(b, reduce[0], *at)] * wp[(o // ob, reduce[0], *reduce[1:], o % ob)], axis=reduce)
+
+    conv = te.compute((n, ob_count * ob, *out[:-1], width), body, name=CONV_BLOCK, attrs=tiling.attrs())
+    if width is out[-1]:
+        return conv
+    return te.compute((n, ob_count * ob, *out), lambda *i: conv(*i), name="conv_crop")
+
+
+def _padded_input(x, before, extents):
+    """x zero-padded to the spatial `extents` the conv reads (its padding, and the columns its last tile overhangs),
+    `before` of them ahead of x's; x itself where that is no padding at all."""
+    size = x.shape[2:]
+    if all(_static(b) == 0 for b in before) and all(_static(e) is not None and _static(s) is not None and _static(e) <= _static(s)
+                                                    for e, s in zip(extents, size)):
+        return x
+
+    def value(b, ch, *pos):
+        inside = tirx.all(*[tirx.all(p >= lo, p < s + lo) for p, lo, s in zip(pos, before, size)])
+        return tirx.if_then_else(inside, x[(b, ch, *[p - lo for p, lo in zip(pos, before)])], tirx.const(0.0, x.dtype))
+
+    return te.compute((*x.shape[:2], *extents), value, name="pad_temp")
+
+
+def conv2d_packed(x: te.Tensor, wp: te.Tensor, strides, padding, dilation, lanes: int) -> te.Tensor:
     """NCHW conv2d over packed weights (groups 1): out[n, o, y, x] = sum_{c,ry,rx} pad(x)[n, c, y*sh+ry*dh, x*sw+rx*dw] * wp[o/OB, c, ry, rx, o%OB]."""
-    n, c, h, w = x.shape
-    ob_count, _, kh, kw, ob = wp.shape
-    (sh, sw), (dh, dw) = strides, dilation
     pt, pl, pb, pr = padding
-    padded = topi.nn.pad(x, [0, 0, pt, pl], [0, 0, pb, pr], name="pad_temp") if any(padding) else x
-    oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
-    ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
-    rc, ry, rx = te.reduce_axis((0, c), "rc"), te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
-    return te.compute(
-        (n, ob_count * ob, oh, ow),
-        lambda b, o, y, xx: te.sum(padded[b, rc, y * sh + ry * dh, xx * sw + rx * dw] * wp[o // ob, rc, ry, rx, o % ob],
-                                   axis=[rc, ry, rx]),
-        name=CONV_BLOCK, attrs={"stride_w": sw})
+    return _packed_conv(x, wp, strides, [pt, pl], [pb, pr], dilation, lanes)
 
 
-def conv1d_packed(x: te.Tensor, wp: te.Tensor, stride: int, padding, dilation: int) -> te.Tensor:
+def conv1d_packed(x: te.Tensor, wp: te.Tensor, stride: int, padding, dilation: int, lanes: int) -> te.Tensor:
     """NCW conv1d over packed weights [O/OB, I, KW, OB] (groups 1), the same block as conv2d_packed's less the row axis
     (silero's STFT front end and encoder): out[n, o, x] = sum_{c,rx} pad(x)[n, c, x*s+rx*d] * wp[o/OB, c, rx, o%OB]."""
-    n, c, w = x.shape
-    ob_count, _, kw, ob = wp.shape
-    pl, pr = padding
-    padded = topi.nn.pad(x, [0, 0, pl], [0, 0, pr], name="pad_temp") if pl or pr else x
-    ow = (w + pl + pr - (kw - 1) * dilation - 1) // stride + 1
-    rc, rx = te.reduce_axis((0, c), "rc"), te.reduce_axis((0, kw), "rx")
-    return te.compute(
-        (n, ob_count * ob, ow),
-        lambda b, o, xx: te.sum(padded[b, rc, xx * stride + rx * dilation] * wp[o // ob, rc, rx, o % ob], axis=[rc, rx]),
-        name=CONV_BLOCK, attrs={"stride_w": stride})
+    return _packed_conv(x, wp, [stride], [padding[0]], [padding[1]], [dilation], lanes)
 
 
-def dense_packed(x: te.Tensor, wp: te.Tensor, columns: int) -> te.Tensor:
+def dense_row_tile(rows, nb: int, lanes: int) -> int:
+    """Rows per GEMM tile: MR x NB accumulators fill about 16 vector registers, at most 8 rows."""
+    most = max(1, min(8, 16 * lanes // max(nb, 1), TILE_FLOATS // max(nb, 1)))
+    return most if _static(rows) is None else _balanced_tile(_static(rows), most)
+
+
+def dense_packed(x: te.Tensor, wp: te.Tensor, columns: int, lanes: int) -> te.Tensor:
     """x [..., K] @ B [K, columns], B packed [N/NB, K, NB] (padded): one GEMM over the rows of all leading dims and
-    every packed column (a 2-D block the rule tiles), then the output's shape and columns."""
+    every packed column (a 2-D block the rule tiles in whole tiles of MR rows: the rows are padded with zeros where
+    they do not divide), then the output's shape and columns."""
     nb_count, k_dim, nb = wp.shape
     lead = tuple(x.shape[:-1])
     rows = 1
     for d in lead:
         rows = rows * d
+    rows = tvm.sym.Analyzer().simplify(rows)
+    mr = dense_row_tile(rows, int(nb), lanes)
+    # rows padded to whole tiles where their count is static or one symbolic dim: over a symbolic product (madmom's
+    # batch x 10 frames) TVM cannot prove that the padded GEMM wrote every row the output reads (i * 10 + j) and
+    # refuses the schedule; there the last tile is bounds-checked instead
+    one_dim = all(_static(d) == 1 for d in lead[1:])
+    padded_rows = _whole_tiles(rows, mr) if _static(rows) is not None or one_dim else rows
     k = te.reduce_axis((0, k_dim), "k")
 
-    def row_of(m):
+    def row_of(m):  # the leading indices of row m (no modulo by the outermost dim: a symbolic one would read as opaque)
         idx = []
-        for d in reversed(lead):
+        for d in reversed(lead[1:]):
             idx.append(m % d)
             m = m // d
-        return tuple(reversed(idx))
+        return (m, *reversed(idx))
 
-    gemm = te.compute((rows, nb_count * nb), lambda m, n: te.sum(x[row_of(m) + (k,)] * wp[n // nb, k, n % nb], axis=k),
-                      name=DENSE_BLOCK)
-    if len(lead) == 1 and int(nb_count) * int(nb) == columns:
+    if padded_rows is rows:
+        a = te.compute((rows, k_dim), lambda m, kk: x[row_of(m) + (kk,)], name="dense_input") if len(lead) > 1 else x
+    else:
+        a = te.compute((padded_rows, k_dim), lambda m, kk: tirx.if_then_else(m < rows, x[row_of(m) + (kk,)], tirx.const(0.0, x.dtype)),
+                       name="dense_input")
+    gemm = te.compute((padded_rows, nb_count * nb), lambda m, n: te.sum(a[m, k] * wp[n // nb, k, n % nb], axis=k),
+                      name=DENSE_BLOCK, attrs={"tile_rows": mr})
+    if len(lead) == 1 and padded_rows is rows and int(nb_count) * int(nb) == columns:
         return gemm
 
     def back(*i):
@@ -121,16 +220,6 @@ def dense_packed(x: te.Tensor, wp: te.Tensor, columns: int) -> te.Tensor:
         return gemm[m, i[-1]]
 
     return te.compute(lead + (columns,), back, name="dense_rows")
-
-
-def _divisor_tile(extent, most: int, least: int = 4) -> int:
-    """The largest tile in [least, most] dividing a static extent; `most` for a symbolic one or where none divides."""
-    if not isinstance(extent, (int, tirx.IntImm)):
-        return most
-    e = int(extent)
-    if e <= most:
-        return e
-    return next((t for t in range(most, least - 1, -1) if e % t == 0), most)
 
 
 def _main_and_epilogue(sch: s_tir.Schedule, name: str):
@@ -151,7 +240,7 @@ def _main_and_epilogue(sch: s_tir.Schedule, name: str):
 
 
 class ConvPacked(ScheduleRule):
-    """conv2d_packed: tiles of OB output channels (vectorized) x XB output columns (unrolled) per (image, row), the
+    """conv2d_packed / conv1d_packed: the tile its compute chose (conv_tiling) per (image, channel block, row), the
     pointwise epilogue applied to each tile from registers."""
 
     block = CONV_BLOCK
@@ -163,26 +252,13 @@ class ConvPacked(ScheduleRule):
         found = _main_and_epilogue(sch, self.block)
         if found is None:
             return None
-        self.schedule(sch, *found, vector_lanes(target))
+        self.schedule(sch, *found)
         _schedule_rest(sch, exclude={self.block, sch.get(found[1]).name_hint})
         return sch
 
-    def schedule(self, sch, conv, out, lanes):
-        ob = int(sch.get(conv).reads[1].source.shape[-1])
-        width = sch.get(sch.get_loops(out)[-1]).extent
-        unit_stride = int(sch.get(conv).annotations.get("stride_w", 1)) == 1
-        across = next((v for v in (2 * lanes, lanes, 8) if isinstance(width, tirx.IntImm) and int(width) % v == 0), 0)
-        if unit_stride and across:
-            # output rows whose width divides into vectors: XV columns (loaded straight from the input row) x OC
-            # channels (unrolled, each weight broadcast), stored along the row as the output lies (NCHW)
-            oc = next(c for c in (16, 8, 4, 2, 1) if ob % c == 0 and c * max(1, across // lanes) <= 16)
-            _conv_tile(sch, conv, out, oc, across, columns_vector=True)
-        else:
-            # any width: OB channels (a vector of the packed weights) x XB columns (unrolled, each input value
-            # broadcast); the stores scatter across channel planes
-            vectors = max(1, ob // lanes)  # accumulators: vectors x xb of the 32 (AVX-512) or 16 vector registers
-            xb = _divisor_tile(width, max(2, (24 if lanes >= 16 else 12) // vectors))
-            _conv_tile(sch, conv, out, ob, xb, columns_vector=False)
+    def schedule(self, sch, conv, out):
+        a = sch.get(conv).annotations  # the tile conv_tiling chose when the compute was made
+        _conv_tile(sch, conv, out, int(a["tile_channels"]), int(a["tile_columns"]), bool(int(a["vector_columns"])))
 
 
 def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool):
@@ -201,7 +277,7 @@ def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool):
     sch.vectorize(vec)
     sch.unroll(unrolled)
     sch.compute_at(conv, xo, preserve_unit_loops=True)
-    sch.set_scope(conv, 0, "local")
+    sch.set_scope(conv, 0, TILE_SCOPE)
     if not columns_vector:
         sch.transform_layout(conv, ("write", 0), lambda b, o, *yx: (b, *yx, o))
     reduce_axes = len(sch.get(conv).iter_vars) - 3 - len(rows)  # (c, ry, rx) or (c, rx)
@@ -235,31 +311,45 @@ class DensePacked(ScheduleRule):
             dense = sch.get_sblock(DENSE_BLOCK)
         except Exception:  # not ours
             return None
-        rest = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint != DENSE_BLOCK]
-        try:
-            for b in rest[:-1]:
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        after = [sch.get(b).name_hint for b in blocks].index(DENSE_BLOCK) + 1
+        try:  # the pointwise ops after the GEMM into one pass (the padded input before it stays a stage)
+            for b in blocks[after:-1]:
                 sch.compute_inline(b)
         except Exception:
             return None
-        lanes = vector_lanes(target)
         pays = parallel_pays(_work(sch, dense))
         m, n, k = sch.get_loops(dense)
         nb = int(sch.get(dense).reads[1].source.shape[-1])
-        mr = _divisor_tile(sch.get(m).extent, max(1, min(8, 16 * lanes // max(nb, 1))), 2)
+        mr = int(sch.get(dense).annotations["tile_rows"])
         mo, mi = sch.split(m, [None, mr])
         no, ni = sch.split(n, [None, nb])
-        sch.reorder(no, mo, k, mi, ni)
-        tile = sch.fuse(no, mo)
-        if pays:
-            sch.parallel(tile)
-        wb = sch.cache_write(dense, 0, "local")
-        sch.reverse_compute_at(wb, tile)
+        tile = _tile_loops(sch, mo, no, [k, mi, ni], pays)
+        wb = sch.cache_write(dense, 0, TILE_SCOPE)
+        sch.reverse_compute_at(wb, tile[-1])
         sch.vectorize(ni)
         sch.unroll(mi)
         _vector_init(sch, sch.decompose_reduction(dense, k))
         _vector_init(sch, wb)
         _schedule_rest(sch, exclude={DENSE_BLOCK, sch.get(wb).name_hint})
         return sch
+
+
+def _tile_loops(sch, mo, no, inner: list, parallel: bool) -> list:
+    """The GEMM's tile loops put outermost (before `inner`), the parallel one made so where `parallel`: row tiles x
+    column blocks fused where the row tiles are static; over a symbolic row count the column blocks in parallel (each
+    block's weights then serve every row tile from cache) or, where there are few, the row tiles. (Fused with a
+    symbolic extent such as ddddocr's (width - 1) // 8 + 1, the tile's buffer compacts to a size TVM cannot prove
+    constant: a heap buffer.)"""
+    if isinstance(sch.get(mo).extent, tirx.IntImm):
+        sch.reorder(no, mo, *inner)
+        loops = [sch.fuse(no, mo)]
+    else:
+        loops = [no, mo] if int(sch.get(no).extent) >= MIN_PARALLEL_BLOCKS else [mo, no]
+        sch.reorder(*loops, *inner)
+    if parallel:
+        sch.parallel(loops[0])
+    return loops
 
 
 def _work(sch, block) -> int | None:

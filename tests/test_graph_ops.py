@@ -63,62 +63,105 @@ def _run(func, target, arrays):
     return args[-1].numpy()
 
 
-@pytest.mark.parametrize("c,o,h,w,stride,pad", [(3, 24, 9, 13, 1, (1, 1, 1, 1)), (8, 32, 10, 25, 2, (0, 1, 1, 0)),
-                                                (5, 7, 6, 6, 1, (0, 0, 0, 0))])
-def test_packed_conv_with_epilogue_matches_numpy(c, o, h, w, stride, pad):
+def _i64(*dims):
+    """Shapes as Relax legalizes them: int64 extents, a string a symbolic one, an expression as it is."""
+    return tuple(tvm.tirx.Var(d, "int64") if isinstance(d, str) else tvm.tirx.IntImm("int64", d) if isinstance(d, int) else d
+                 for d in dims)
+
+
+@pytest.mark.parametrize("c,o,h,w,stride,pad,symbolic", [(3, 24, 9, 13, 1, (1, 1, 1, 1), False), (8, 32, 10, 25, 2, (0, 1, 1, 0), False),
+                                                         (5, 7, 6, 6, 1, (0, 0, 0, 0), False), (48, 192, 6, 40, 1, (1, 1, 1, 1), True),
+                                                         (24, 24, 5, 37, 1, (1, 1, 1, 1), True), (24, 96, 6, 29, 2, (1, 1, 1, 1), True)])
+def test_packed_conv_with_epilogue_matches_numpy(c, o, h, w, stride, pad, symbolic):
+    """Both tile layouts; a symbolic width computes whole tiles over a padded input and crops (ddddocr's image width)."""
     target = resolve_target("llvm")
     rng = np.random.default_rng(0)
     x_np, w_np, b_np = (rng.standard_normal(s).astype("f4") for s in ((1, c, h, w), (o, c, 3, 3), (o,)))
-    ob = graph_cpu.channel_block(o, graph_cpu.vector_lanes(target))
-    x, wp, b = te.placeholder((1, c, h, w)), te.placeholder((o // ob, c, 3, 3, ob)), te.placeholder((o,))
-    y = graph_cpu.conv2d_packed(x, wp, [stride, stride], list(pad), [1, 1])
+    lanes = graph_cpu.vector_lanes(target)
+    ob = graph_cpu.channel_block(o, lanes)
+    x, wp, b = te.placeholder(_i64(1, c, h, "w" if symbolic else w)), te.placeholder(_i64(o // ob, c, 3, 3, ob)), te.placeholder(_i64(o))
+    y = graph_cpu.conv2d_packed(x, wp, [stride, stride], list(pad), [1, 1], lanes)
     out = te.compute(y.shape, lambda n, k, i, j: te.max(y[n, k, i, j] + b[k], 0.0), name="relu")
     sch = graph_cpu.ConvPacked().apply(te.create_prim_func([x, wp, b, out]), target, False)
     assert sch is not None
-    got = _run(sch.mod["main"], target, [x_np, graph_cpu.pack_conv_weight(w_np, ob), b_np,
-                                         np.zeros([int(s) for s in out.shape], "f4")])
     import torch
 
     ref = torch.nn.functional.conv2d(torch.from_numpy(np.pad(x_np, [(0, 0), (0, 0), (pad[0], pad[2]), (pad[1], pad[3])])),
                                      torch.from_numpy(w_np), torch.from_numpy(b_np), stride).relu().numpy()
+    got = _run(sch.mod["main"], target, [x_np, graph_cpu.pack_conv_weight(w_np, ob), b_np, np.zeros(ref.shape, "f4")])
     assert _rel_err(got, ref) < 1e-5
 
 
-@pytest.mark.parametrize("c,o,w,k,stride,pad", [(1, 258, 640, 256, 128, (0, 0)), (129, 128, 18, 3, 1, (1, 1)),
-                                                (16, 24, 35, 3, 2, (1, 0)), (5, 7, 9, 1, 1, (0, 0))])
-def test_packed_conv1d_with_epilogue_matches_numpy(c, o, w, k, stride, pad):
+@pytest.mark.parametrize("c,o,w,k,stride,pad,symbolic", [(1, 258, 640, 256, 128, (0, 0), False), (129, 128, 18, 3, 1, (1, 1), False),
+                                                         (16, 24, 35, 3, 2, (1, 0), False), (5, 7, 9, 1, 1, (0, 0), False),
+                                                         (16, 24, 35, 3, 2, (1, 0), True)])
+def test_packed_conv1d_with_epilogue_matches_numpy(c, o, w, k, stride, pad, symbolic):
     """silero's STFT (stride = hop, one input channel) and encoder shapes, both tile layouts."""
     target = resolve_target("llvm")
     rng = np.random.default_rng(2)
     x_np, w_np, b_np = (rng.standard_normal(s).astype("f4") for s in ((1, c, w), (o, c, k), (o,)))
-    ob = graph_cpu.channel_block(o, graph_cpu.vector_lanes(target))
-    x, wp, b = te.placeholder((1, c, w)), te.placeholder((o // ob, c, k, ob)), te.placeholder((o,))
-    y = graph_cpu.conv1d_packed(x, wp, stride, list(pad), 1)
+    lanes = graph_cpu.vector_lanes(target)
+    ob = graph_cpu.channel_block(o, lanes)
+    x, wp, b = te.placeholder(_i64(1, c, "w" if symbolic else w)), te.placeholder(_i64(o // ob, c, k, ob)), te.placeholder(_i64(o))
+    y = graph_cpu.conv1d_packed(x, wp, stride, list(pad), 1, lanes)
     out = te.compute(y.shape, lambda n, q, j: te.max(y[n, q, j] + b[q], 0.0), name="relu")
     sch = graph_cpu.ConvPacked().apply(te.create_prim_func([x, wp, b, out]), target, False)
     assert sch is not None
-    got = _run(sch.mod["main"], target, [x_np, graph_cpu.pack_conv1d_weight(w_np, ob), b_np,
-                                         np.zeros([int(s) for s in out.shape], "f4")])
     import torch
 
     ref = torch.nn.functional.conv1d(torch.from_numpy(np.pad(x_np, [(0, 0), (0, 0), pad])), torch.from_numpy(w_np),
                                      torch.from_numpy(b_np), stride).relu().numpy()
+    got = _run(sch.mod["main"], target, [x_np, graph_cpu.pack_conv1d_weight(w_np, ob), b_np, np.zeros(ref.shape, "f4")])
     assert _rel_err(got, ref) < 1e-5
 
 
-@pytest.mark.parametrize("lead,k,n", [((7, 3), 40, 48), ((13,), 64, 37), ((2, 1, 5), 16, 256), ((20,), 24, 8210)])
+def _dense(lead, k, n, target, *scalars):
+    lanes = graph_cpu.vector_lanes(target)
+    nb = graph_cpu.dense_block(n, lanes)
+    x, wp = te.placeholder((*_i64(*lead), *_i64(k))), te.placeholder(_i64(-(-n // nb), k, nb))
+    y = graph_cpu.dense_packed(x, wp, n, lanes)
+    out = te.compute(y.shape, lambda *i: y(*i) * 2.0, name="scale")
+    return graph_cpu.DensePacked().apply(te.create_prim_func([x, wp, out, *scalars]), target, False), nb
+
+
+@pytest.mark.parametrize("lead,k,n", [((7, 3), 40, 48), ((13,), 64, 37), ((2, 1, 5), 16, 256), ((20,), 24, 8210),
+                                      (("rows",), 64, 300), (("seq", 1), 32, 37), ((10, "batch"), 236, 25), (("batch", 10), 25, 1)])
 def test_packed_dense_matches_numpy(lead, k, n):
+    """Static and symbolic row counts (padded to whole row tiles), one and several leading dims."""
     target = resolve_target("llvm")
     rng = np.random.default_rng(1)
-    x_np, w_np = rng.standard_normal(lead + (k,)).astype("f4"), rng.standard_normal((k, n)).astype("f4")
-    nb = graph_cpu.dense_block(n, graph_cpu.vector_lanes(target))
-    x, wp = te.placeholder(lead + (k,)), te.placeholder((-(-n // nb), k, nb))
-    y = graph_cpu.dense_packed(x, wp, n)
-    out = te.compute(y.shape, lambda *i: y(*i) * 2.0, name="scale")
-    sch = graph_cpu.DensePacked().apply(te.create_prim_func([x, wp, out]), target, False)
+    shape = tuple(23 if isinstance(d, str) else d for d in lead)
+    x_np, w_np = rng.standard_normal(shape + (k,)).astype("f4"), rng.standard_normal((k, n)).astype("f4")
+    sch, nb = _dense(lead, k, n, target)
     assert sch is not None
-    got = _run(sch.mod["main"], target, [x_np, graph_cpu.pack_dense_weight(w_np, nb), np.zeros(lead + (n,), "f4")])
+    got = _run(sch.mod["main"], target, [x_np, graph_cpu.pack_dense_weight(w_np, nb), np.zeros(shape + (n,), "f4")])
     assert _rel_err(got, 2 * x_np.astype("f8") @ w_np) < 1e-5
+
+
+def _lowered(func, target) -> str:
+    mod = tvm.tirx.transform.BindTarget(target.with_host(target))(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
+    return tvm.tirx.get_default_tir_pipeline(target)[0](mod)["main"].script()
+
+
+def test_register_tiles_stay_on_the_stack_over_symbolic_extents():
+    """A tile's accumulators are a constant buffer under 1 KB, which TVM's lowering puts on the stack (and LLVM then
+    in registers), however symbolic the width or row count (ddddocr's are expressions of its image width); none is a
+    heap workspace."""
+    import re
+
+    target = resolve_target("llvm")
+    lanes = graph_cpu.vector_lanes(target)
+    width = tvm.tirx.Var("image_width", "int64")
+    ob = graph_cpu.channel_block(192, lanes)
+    x, wp = te.placeholder(_i64(1, 48, 16, (width - 1) // 4 + 1)), te.placeholder(_i64(192 // ob, 48, 3, 3, ob))
+    y = graph_cpu.conv2d_packed(x, wp, [1, 1], [1] * 4, [1, 1], lanes)
+    conv = graph_cpu.ConvPacked().apply(te.create_prim_func([x, wp, y, width]), target, False)
+    dense, _ = _dense(((width - 1) // 8 + 1,), 1024, 8210, target, width)
+    for sch, tile in ((conv, graph_cpu.CONV_BLOCK), (dense, graph_cpu.DENSE_BLOCK)):
+        text = _lowered(sch.mod["main"], target)
+        sizes = re.findall(rf"{tile}\w* = T.alloc_buffer\(\((\d+),\)", text)
+        assert sizes and all(4 * int(s) < 1024 for s in sizes), (tile, sizes, re.findall(rf"{tile}\w* = T.alloc\w*\(.*", text))
+        assert "alloc_local" not in text
 
 
 def test_crnn_builds_for_cuda_without_a_gpu(tmp_path):
@@ -273,3 +316,35 @@ def test_whole_powers_of_negatives_match_onnxruntime_on_llvm():
     feeds = {"x": -np.abs(np.random.default_rng(0).standard_normal((1, 258, 4))).astype(np.float32)}
     (got,) = tvmrnn.compile(model, target="llvm", logs=False).run(feeds).values()
     assert _rel_err(got, _ort(model, feeds)[0]) < 1e-6
+
+
+def test_constant_relayouts_fold_with_numpy_as_fold_constant_folds_them():
+    """fold_relayouts leaves no op of constants it folds (a conv bias's reshape, a weight's transpose, a cast,
+    broadcast arithmetic) and gives what TVM's FoldConstant gives; a strided slice it leaves to FoldConstant."""
+    from tvm import relax
+
+    from tvmrnn.fold import fold_relayouts
+
+    rng = np.random.default_rng(3)
+    w, b, s = (relax.const(rng.standard_normal(shape).astype("f4")) for shape in ((8, 6), (6,), (2, 4)))
+    x = relax.Var("x", relax.TensorType((3, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            wt = bb.emit(relax.op.permute_dims(relax.op.reshape(w, (6, 8))))
+            bias = bb.emit(relax.op.add(relax.op.multiply(relax.op.expand_dims(b, [0]), relax.const(np.float32(2))), b))
+            cut = bb.emit(relax.op.strided_slice(s, [1], [0], [2]))
+            y = bb.emit(relax.op.add(relax.op.matmul(x, wt), relax.op.astype(relax.op.reshape(bias, (1, 6)), "float32")))
+            out = bb.emit_output(relax.Tuple([y, cut]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    folded = fold_relayouts(mod)
+    ops = {c.op.name for c in _calls(folded["main"])}
+    assert ops == {"relax.matmul", "relax.add", "relax.strided_slice"}, ops
+    tvm.ir.assert_structural_equal(relax.transform.FoldConstant()(folded), relax.transform.FoldConstant()(mod))
+
+
+def _calls(func):
+    found = []
+    tvm.relax.analysis.post_order_visit(func, lambda e: found.append(e) if isinstance(e, tvm.relax.Call) else None)
+    return found

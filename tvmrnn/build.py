@@ -24,6 +24,7 @@ from .cuda_graph import PASS_CONFIG as GRAPH_PASS_CONFIG
 from .cuda_graph import annotate as annotate_bounds
 from .cuda_graph import captured as graph_captured
 from .errors import UnsupportedModelError
+from .fold import fold_relayouts
 from .frontend import load_onnx, model_opset, to_relax
 from .graph_pipeline import graph_pipeline
 from .plan import ModelPlan, PlanOptions, plan_model
@@ -135,8 +136,9 @@ def _graph_records(tuning):
 def pipeline(target, plan: ModelPlan, graph_records=None, on_tuned=None) -> tvm.transform.Pass:
     """The Relax pipeline a planned module is built with (what `tvm.compile` receives):
     1. weight re-layouts on initializers (transposes, stacked biases, casts to the storage dtype) become constants
-       (FoldConstant: TVM's default pipeline does not fold them, and they ran at every call), and the functions that
-       only computed them go (DeadCodeElimination: no dead kernels, e.g. W's scaled fp16 halves for the f16x3 GEMM);
+       (TVM's default pipeline does not fold them, and they ran at every call): the simple ones with numpy
+       (fold.fold_relayouts), the rest by FoldConstant; and the functions that only computed them go
+       (DeadCodeElimination: no dead kernels, e.g. W's scaled fp16 halves for the f16x3 GEMM);
     2. main's symbolic dims bounded where the module enforces bounds (and allowed into the CUDA graph where it has one);
     3. TVM's backend pipeline for the target with the graph's other layers scheduled (tvmrnn.graph_pipeline), by the
        tuning records of `graph_records` (a MetaSchedule database) where it has them; on_tuned(names) hears which."""
@@ -146,7 +148,7 @@ def pipeline(target, plan: ModelPlan, graph_records=None, on_tuned=None) -> tvm.
     def bound_dims(mod, _ctx):
         return annotate_bounds(mod, dict(bounds)) if plan.graph.bounds is not None or bounds else mod
 
-    return tvm.transform.Sequential([relax.transform.FoldConstant(), relax.transform.DeadCodeElimination(), bound_dims,
+    return tvm.transform.Sequential([fold_relayouts, relax.transform.FoldConstant(), relax.transform.DeadCodeElimination(), bound_dims,
                                      graph_pipeline(target, graph_records, on_tuned)], name="tvmrnn.pipeline")
 
 

@@ -37,10 +37,16 @@ def _plain_conv(call: relax.Call, data_layout: str, kernel_layout: str) -> bool:
             and str(a.out_dtype) in ("", "None", "void", "float32") and _const_f32(w, len(kernel_layout)))
 
 
+def _lanes() -> int:
+    from schedules import graph_cpu
+
+    return graph_cpu.vector_lanes(tvm.target.Target.current())
+
+
 def _out_channel_block(w) -> int:
     from schedules import graph_cpu
 
-    return graph_cpu.channel_block(int(w.value.shape[0]), graph_cpu.vector_lanes(tvm.target.Target.current()))
+    return graph_cpu.channel_block(int(w.value.shape[0]), _lanes())
 
 
 def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -53,7 +59,7 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     wp = relax.const(graph_cpu.pack_conv_weight(w.value.numpy(), _out_channel_block(w)))
     ints = lambda v: [int(i) for i in v]  # noqa: E731
     return bb.call_te(graph_cpu.conv2d_packed, x, wp, ints(a.strides), ints(a.padding), ints(a.dilation),
-                      primfunc_name_hint="conv2d_packed")
+                      _lanes(), primfunc_name_hint="conv2d_packed")
 
 
 def _legalize_conv1d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -66,7 +72,7 @@ def _legalize_conv1d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     a, (x, w) = call.attrs, call.args
     wp = relax.const(graph_cpu.pack_conv1d_weight(w.value.numpy(), _out_channel_block(w)))
     return bb.call_te(graph_cpu.conv1d_packed, x, wp, int(a.strides[0]), [int(p) for p in a.padding], int(a.dilation[0]),
-                      primfunc_name_hint="conv1d_packed")
+                      _lanes(), primfunc_name_hint="conv1d_packed")
 
 
 def _legalize_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -76,11 +82,10 @@ def _legalize_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     x, w = call.args
     if not (_const_f32(w, 2) and str(x.ty.dtype) == "float32" and x.ty.ndim >= 2 and str(call.attrs.out_dtype) in ("", "None", "void", "float32")):
         return _default_legalize("relax.matmul")(bb, call)
-    target = tvm.target.Target.current()
     columns = int(w.value.shape[1])
-    nb = graph_cpu.dense_block(columns, graph_cpu.vector_lanes(target))
+    nb = graph_cpu.dense_block(columns, _lanes())
     wp = relax.const(graph_cpu.pack_dense_weight(w.value.numpy(), nb))
-    return bb.call_te(graph_cpu.dense_packed, x, wp, columns, primfunc_name_hint="dense_packed")
+    return bb.call_te(graph_cpu.dense_packed, x, wp, columns, _lanes(), primfunc_name_hint="dense_packed")
 
 
 def _legalize_sigmoid(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
