@@ -57,10 +57,22 @@ def dense_block(columns: int, lanes: int) -> int:
     return 2 * lanes if columns >= 2 * lanes else lanes if columns >= lanes else channel_block(columns, lanes)
 
 
+def padded_channel_block(channels: int, lanes: int) -> int:
+    """Output channels per conv tile where the packed weight may end in zero channels: channel_block's unless it is
+    under half a vector (258 channels: 129 tiles of 2), then two vectors where that pads at most an eighth more
+    channels (more accumulators for narrow outputs), else one."""
+    block = channel_block(channels, lanes)
+    if 2 * block >= lanes or channels < lanes:
+        return block
+    return 2 * lanes if -channels % (2 * lanes) <= channels // 8 else lanes
+
+
 def pack_conv1d_weight(w: np.ndarray, ob: int) -> np.ndarray:
-    """OIW -> [O/ob, I, KW, ob]."""
+    """OIW -> [ceil(O/ob), I, KW, ob], zero channels past O."""
     o, i, kw = w.shape
-    return np.ascontiguousarray(w.reshape(o // ob, ob, i, kw).transpose(0, 2, 3, 1))
+    padded = np.zeros((-(-o // ob) * ob, i, kw), w.dtype)
+    padded[:o] = w
+    return np.ascontiguousarray(padded.reshape(-1, ob, i, kw).transpose(0, 2, 3, 1))
 
 
 def pack_dense_weight(w: np.ndarray, nb: int) -> np.ndarray:
@@ -121,9 +133,10 @@ def _whole_tiles(extent, tile: int):
     return tvm.sym.Analyzer().simplify((extent + tile - 1) // tile * tile)
 
 
-def _packed_conv(x, wp, strides, pads_before, pads_after, dilation, lanes):
+def _packed_conv(x, wp, strides, pads_before, pads_after, dilation, lanes, channels=None):
     """The conv over packed weights with as many spatial axes as x has after (n, c): the padded input, the
-    accumulation over whole column tiles, and the output cropped to its true width where the tiles overhang it."""
+    accumulation over whole column tiles, and the output cropped to its true width where the tiles overhang it, and to
+    `channels` where the packed weight ends in zero channels."""
     n, c, *size = x.shape
     ob_count, _, *kernel, ob = wp.shape
     simplify = tvm.sym.Analyzer().simplify
@@ -140,9 +153,10 @@ def _packed_conv(x, wp, strides, pads_before, pads_after, dilation, lanes):
         return te.sum(padded[(b, reduce[0], *at)] * wp[(o // ob, reduce[0], *reduce[1:], o % ob)], axis=reduce)
 
     conv = te.compute((n, ob_count * ob, *out[:-1], width), body, name=CONV_BLOCK, attrs=tiling.attrs())
-    if width is out[-1]:
+    channels = ob_count * ob if channels is None else tirx.const(int(channels), str(ob_count.ty))  # int64 from Relax
+    if width is out[-1] and _static(channels) == _static(ob_count * ob):
         return conv
-    return te.compute((n, ob_count * ob, *out), lambda *i: conv(*i), name="conv_crop")
+    return te.compute((n, channels, *out), lambda *i: conv(*i), name="conv_crop")
 
 
 def _padded_input(x, before, extents):
@@ -166,10 +180,11 @@ def conv2d_packed(x: te.Tensor, wp: te.Tensor, strides, padding, dilation, lanes
     return _packed_conv(x, wp, strides, [pt, pl], [pb, pr], dilation, lanes)
 
 
-def conv1d_packed(x: te.Tensor, wp: te.Tensor, stride: int, padding, dilation: int, lanes: int) -> te.Tensor:
+def conv1d_packed(x: te.Tensor, wp: te.Tensor, stride: int, padding, dilation: int, lanes: int, channels=None) -> te.Tensor:
     """NCW conv1d over packed weights [O/OB, I, KW, OB] (groups 1), the same block as conv2d_packed's less the row axis
-    (silero's STFT front end and encoder): out[n, o, x] = sum_{c,rx} pad(x)[n, c, x*s+rx*d] * wp[o/OB, c, rx, o%OB]."""
-    return _packed_conv(x, wp, [stride], [padding[0]], [padding[1]], [dilation], lanes)
+    (silero's STFT front end and encoder): out[n, o, x] = sum_{c,rx} pad(x)[n, c, x*s+rx*d] * wp[o/OB, c, rx, o%OB].
+    channels: the real output channels where the packed weight ends in zero ones (padded_channel_block)."""
+    return _packed_conv(x, wp, [stride], [padding[0]], [padding[1]], [dilation], lanes, channels)
 
 
 def dense_row_tile(rows, nb: int, lanes: int) -> int:

@@ -96,14 +96,16 @@ def test_packed_conv_with_epilogue_matches_numpy(c, o, h, w, stride, pad, symbol
                                                          (16, 24, 35, 3, 2, (1, 0), False), (5, 7, 9, 1, 1, (0, 0), False),
                                                          (16, 24, 35, 3, 2, (1, 0), True)])
 def test_packed_conv1d_with_epilogue_matches_numpy(c, o, w, k, stride, pad, symbolic):
-    """silero's STFT (stride = hop, one input channel) and encoder shapes, both tile layouts."""
+    """silero's STFT (stride = hop, one input channel, 258 channels padded to whole vectors) and encoder shapes, both
+    tile layouts."""
     target = resolve_target("llvm")
     rng = np.random.default_rng(2)
     x_np, w_np, b_np = (rng.standard_normal(s).astype("f4") for s in ((1, c, w), (o, c, k), (o,)))
     lanes = graph_cpu.vector_lanes(target)
-    ob = graph_cpu.channel_block(o, lanes)
-    x, wp, b = te.placeholder(_i64(1, c, "w" if symbolic else w)), te.placeholder(_i64(o // ob, c, k, ob)), te.placeholder(_i64(o))
-    y = graph_cpu.conv1d_packed(x, wp, stride, list(pad), 1, lanes)
+    ob = graph_cpu.padded_channel_block(o, lanes)
+    x, wp = te.placeholder(_i64(1, c, "w" if symbolic else w)), te.placeholder(_i64(-(-o // ob), c, k, ob))
+    b = te.placeholder(_i64(o))
+    y = graph_cpu.conv1d_packed(x, wp, stride, list(pad), 1, lanes, o)
     out = te.compute(y.shape, lambda n, q, j: te.max(y[n, q, j] + b[q], 0.0), name="relu")
     sch = graph_cpu.ConvPacked().apply(te.create_prim_func([x, wp, b, out]), target, False)
     assert sch is not None

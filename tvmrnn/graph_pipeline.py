@@ -43,10 +43,11 @@ def _lanes() -> int:
     return graph_cpu.vector_lanes(tvm.target.Target.current())
 
 
-def _out_channel_block(w) -> int:
+def _out_channel_block(w, padded=False) -> int:
     from schedules import graph_cpu
 
-    return graph_cpu.channel_block(int(w.value.shape[0]), _lanes())
+    block = graph_cpu.padded_channel_block if padded else graph_cpu.channel_block
+    return block(int(w.value.shape[0]), _lanes())
 
 
 def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -64,15 +65,15 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 
 def _legalize_conv1d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """conv1d (NCW, OIW, one group, fp32) over a constant weight: our packed-weight compute (conv2d_packed's block
-    without the row axis); others TVM's."""
+    without the row axis), its channels padded to whole vectors where they divide only into narrow tiles; others TVM's."""
     from schedules import graph_cpu
 
     if not _plain_conv(call, "NCW", "OIW"):
         return _default_legalize("relax.nn.conv1d")(bb, call)
     a, (x, w) = call.attrs, call.args
-    wp = relax.const(graph_cpu.pack_conv1d_weight(w.value.numpy(), _out_channel_block(w)))
+    wp = relax.const(graph_cpu.pack_conv1d_weight(w.value.numpy(), _out_channel_block(w, padded=True)))
     return bb.call_te(graph_cpu.conv1d_packed, x, wp, int(a.strides[0]), [int(p) for p in a.padding], int(a.dilation[0]),
-                      _lanes(), primfunc_name_hint="conv1d_packed")
+                      _lanes(), int(w.value.shape[0]), primfunc_name_hint="conv1d_packed")
 
 
 def _legalize_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
