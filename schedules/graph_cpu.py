@@ -11,7 +11,9 @@ legalized conv2d or matmul runs as naive single-threaded loops. Here:
   choose the tile (conv_tiling, dense_row_tile) and cover whole tiles, zero-padding the input where a symbolic or
   awkward width or row count does not divide, so that no tile carries a bounds check;
 - `Fallback` gives every other unscheduled function parallel outer loops (and leaves inner loops to LLVM's
-  vectorizer), so pooling, pads, transposes and pointwise chains use every core.
+  vectorizer), so pooling, pads, transposes and pointwise chains use every core;
+- `run_time_parallel` keeps a function whose work only the run knows (a symbolic dim) off the thread pool where
+  that work is too small to pay for it.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
+import tvm.script
 from tvm import s_tir, te, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target.codegen import llvm_get_vector_width
 
-from .device import parallel_pays
+from .device import MIN_PARALLEL_WORK, parallel_pays
 
 CONV_BLOCK, DENSE_BLOCK = "conv2d_packed", "dense_packed"
 # A register tile's accumulators: a "global"-scope buffer under 1 KB (runtime::kMaxStackAlloca), which TVM's lowering
@@ -418,6 +421,39 @@ class Fallback(ScheduleRule):
                 pass
         _schedule_rest(sch)
         return sch
+
+
+def _volume(sch, block):
+    total = 1
+    for lp in sch.get_loops(block):
+        total = total * sch.get(lp).extent
+    return total
+
+
+def _symbolic_work(func: tirx.PrimFunc):
+    """The iterations of an unscheduled function's blocks as an expression of its symbolic dims, or None where
+    they are all static."""
+    sch = s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    if all(_work(sch, b) is not None for b in blocks):
+        return None
+    return sum((_volume(sch, b) for b in blocks[1:]), _volume(sch, blocks[0]))
+
+
+def run_time_parallel(func: tirx.PrimFunc, sch: s_tir.Schedule) -> tirx.PrimFunc:
+    """The function `sch` scheduled from `func`, its thread pool used where the work pays for it (parallel_pays):
+    where that work is symbolic and the schedule has parallel loops, the schedule twice under a test of the work at
+    run time, the second replaying the schedule's trace less its `parallel` instructions (on the calling thread)."""
+    scheduled = sch.mod["main"]
+    work = _symbolic_work(func)
+    if work is None or not any(inst.kind.name == "Parallel" for inst in sch.trace.insts):
+        return scheduled
+    serial = s_tir.Schedule(func)
+    s_tir.Trace([i for i in sch.trace.insts if i.kind.name != "Parallel"], {}).apply_to_schedule(serial, False)
+    body = tirx.IfThenElse(work >= MIN_PARALLEL_WORK, scheduled.body, serial.mod["main"].body)
+    # the two bodies define the same loop variables and buffers; TIR allows one definition of each, and printing
+    # and parsing the function back gives every definition its own
+    return tvm.script.from_source(scheduled.with_body(body).script())
 
 
 def cpu_rules():

@@ -144,6 +144,40 @@ def _schedule_rules(target):
     return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
 
 
+def rule_schedule(func: tvm.tirx.PrimFunc, target):
+    """The schedule the first of the target's rules that takes `func` gives it (with its trace), or None."""
+    for rule in _schedule_rules(target):
+        sch = rule.apply(func, target, False)
+        sch = sch[0] if isinstance(sch, list) and sch else sch
+        if sch is not None and not isinstance(sch, list):
+            return sch
+    return None
+
+
+def _apply_cpu_rules():
+    """dlight's ApplyDefaultSchedule with graph_cpu's rules, each schedule made run_time_parallel."""
+    from schedules.graph_cpu import run_time_parallel
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmrnn.ApplyCpuRules")
+    def _apply(mod, _ctx):
+        target, updated = tvm.target.Target.current(), {}
+        for gv, func in mod.functions_items():
+            sch = rule_schedule(func, target) if isinstance(func, tvm.tirx.PrimFunc) and not _scheduled(func) else None
+            if sch is not None:
+                updated[gv] = run_time_parallel(func, sch).with_attr("tirx.is_scheduled", True)
+        for gv, func in updated.items():
+            mod[gv] = func
+        return mod
+
+    return _apply
+
+
+def _default_schedule(target):
+    from tvm.s_tir import dlight as dl
+
+    return _apply_cpu_rules() if target.kind.name == "llvm" else dl.ApplyDefaultSchedule(*_schedule_rules(target))
+
+
 def _backend(target):
     if target.kind.name == "cuda":
         from tvm.relax.backend.cuda import pipeline as backend
@@ -192,14 +226,12 @@ def passes(target: tvm.target.Target, database=None, on_tuned=None) -> list:
     """The pipeline's passes in order (see the module's docstring). database: a MetaSchedule database whose records
     schedule the functions it has (`tvmrnn tune`'s), before the default rules take the rest; on_tuned(names) is told
     which functions ran tuned."""
-    from tvm.s_tir import dlight as dl
-
     backend = _backend(target)
     tuned = [_apply_database(on_tuned)] if database is not None else []
     return (
         fuse_passes(target)
         + tuned
-        + [dl.ApplyDefaultSchedule(*_schedule_rules(target))]
+        + [_default_schedule(target)]
         + backend.dataflow_lower_passes(target)
         + backend.finalize_passes(target)
     )
