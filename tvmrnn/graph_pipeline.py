@@ -7,8 +7,9 @@ target, with the layers around the recurrent kernels scheduled.
                 constant whole n as products (CUDA's fast-math powf is NaN for negative x)
     fuse        FuseOps + FuseTIR: pointwise ops into the conv/matmul/reduction before them
     schedule    tuning records where given (MetaSchedule's database), then dlight's rules: on LLVM ours for the packed
-                convs and GEMMs, dlight's CPU GEMV and row reductions (softmax, layer norm) and a parallel fallback;
-                on CUDA TVM's default GPU rules
+                convs and GEMMs, dlight's CPU GEMV and row reductions (softmax, layer norm) and a parallel fallback,
+                the pool taken at run time where the work is symbolic (graph_cpu.run_time_parallel); on CUDA TVM's
+                default GPU rules
     lower       TVM's dataflow lowering and finalization for the target, unchanged
 
 Our recurrent kernels arrive scheduled (`tirx.is_scheduled`) and pass through untouched.
