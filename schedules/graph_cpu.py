@@ -11,7 +11,9 @@ legalized conv2d or matmul runs as naive single-threaded loops. Here:
   choose the tile (conv_tiling, dense_row_tile) and cover whole tiles, zero-padding the input where a symbolic or
   awkward width or row count does not divide, so that no tile carries a bounds check;
 - `Fallback` gives every other unscheduled function parallel outer loops (and leaves inner loops to LLVM's
-  vectorizer), so pooling, pads, transposes and pointwise chains use every core.
+  vectorizer), so pooling, pads, transposes and pointwise chains use every core;
+- `run_time_parallel` keeps a function whose work only the run knows (a symbolic dim) off the thread pool where
+  that work is too small to pay for it.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
+import tvm.script
 from tvm import s_tir, te, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target.codegen import llvm_get_vector_width
 
-from .device import parallel_pays
+from .device import MIN_PARALLEL_WORK, parallel_pays
 
 CONV_BLOCK, DENSE_BLOCK = "conv2d_packed", "dense_packed"
 # A register tile's accumulators: a "global"-scope buffer under 1 KB (runtime::kMaxStackAlloca), which TVM's lowering
@@ -57,10 +60,22 @@ def dense_block(columns: int, lanes: int) -> int:
     return 2 * lanes if columns >= 2 * lanes else lanes if columns >= lanes else channel_block(columns, lanes)
 
 
+def padded_channel_block(channels: int, lanes: int) -> int:
+    """Output channels per conv tile where the packed weight may end in zero channels: channel_block's unless it is
+    under half a vector (258 channels: 129 tiles of 2), then two vectors where that pads at most an eighth more
+    channels (more accumulators for narrow outputs), else one."""
+    block = channel_block(channels, lanes)
+    if 2 * block >= lanes or channels < lanes:
+        return block
+    return 2 * lanes if -channels % (2 * lanes) <= channels // 8 else lanes
+
+
 def pack_conv1d_weight(w: np.ndarray, ob: int) -> np.ndarray:
-    """OIW -> [O/ob, I, KW, ob]."""
+    """OIW -> [ceil(O/ob), I, KW, ob], zero channels past O."""
     o, i, kw = w.shape
-    return np.ascontiguousarray(w.reshape(o // ob, ob, i, kw).transpose(0, 2, 3, 1))
+    padded = np.zeros((-(-o // ob) * ob, i, kw), w.dtype)
+    padded[:o] = w
+    return np.ascontiguousarray(padded.reshape(-1, ob, i, kw).transpose(0, 2, 3, 1))
 
 
 def pack_dense_weight(w: np.ndarray, nb: int) -> np.ndarray:
@@ -121,9 +136,10 @@ def _whole_tiles(extent, tile: int):
     return tvm.sym.Analyzer().simplify((extent + tile - 1) // tile * tile)
 
 
-def _packed_conv(x, wp, strides, pads_before, pads_after, dilation, lanes):
+def _packed_conv(x, wp, strides, pads_before, pads_after, dilation, lanes, channels=None):
     """The conv over packed weights with as many spatial axes as x has after (n, c): the padded input, the
-    accumulation over whole column tiles, and the output cropped to its true width where the tiles overhang it."""
+    accumulation over whole column tiles, and the output cropped to its true width where the tiles overhang it, and to
+    `channels` where the packed weight ends in zero channels."""
     n, c, *size = x.shape
     ob_count, _, *kernel, ob = wp.shape
     simplify = tvm.sym.Analyzer().simplify
@@ -140,9 +156,10 @@ def _packed_conv(x, wp, strides, pads_before, pads_after, dilation, lanes):
         return te.sum(padded[(b, reduce[0], *at)] * wp[(o // ob, reduce[0], *reduce[1:], o % ob)], axis=reduce)
 
     conv = te.compute((n, ob_count * ob, *out[:-1], width), body, name=CONV_BLOCK, attrs=tiling.attrs())
-    if width is out[-1]:
+    channels = ob_count * ob if channels is None else tirx.const(int(channels), str(ob_count.ty))  # int64 from Relax
+    if width is out[-1] and _static(channels) == _static(ob_count * ob):
         return conv
-    return te.compute((n, ob_count * ob, *out), lambda *i: conv(*i), name="conv_crop")
+    return te.compute((n, channels, *out), lambda *i: conv(*i), name="conv_crop")
 
 
 def _padded_input(x, before, extents):
@@ -166,10 +183,11 @@ def conv2d_packed(x: te.Tensor, wp: te.Tensor, strides, padding, dilation, lanes
     return _packed_conv(x, wp, strides, [pt, pl], [pb, pr], dilation, lanes)
 
 
-def conv1d_packed(x: te.Tensor, wp: te.Tensor, stride: int, padding, dilation: int, lanes: int) -> te.Tensor:
+def conv1d_packed(x: te.Tensor, wp: te.Tensor, stride: int, padding, dilation: int, lanes: int, channels=None) -> te.Tensor:
     """NCW conv1d over packed weights [O/OB, I, KW, OB] (groups 1), the same block as conv2d_packed's less the row axis
-    (silero's STFT front end and encoder): out[n, o, x] = sum_{c,rx} pad(x)[n, c, x*s+rx*d] * wp[o/OB, c, rx, o%OB]."""
-    return _packed_conv(x, wp, [stride], [padding[0]], [padding[1]], [dilation], lanes)
+    (silero's STFT front end and encoder): out[n, o, x] = sum_{c,rx} pad(x)[n, c, x*s+rx*d] * wp[o/OB, c, rx, o%OB].
+    channels: the real output channels where the packed weight ends in zero ones (padded_channel_block)."""
+    return _packed_conv(x, wp, [stride], [padding[0]], [padding[1]], [dilation], lanes, channels)
 
 
 def dense_row_tile(rows, nb: int, lanes: int) -> int:
@@ -403,6 +421,39 @@ class Fallback(ScheduleRule):
                 pass
         _schedule_rest(sch)
         return sch
+
+
+def _volume(sch, block):
+    total = 1
+    for lp in sch.get_loops(block):
+        total = total * sch.get(lp).extent
+    return total
+
+
+def _symbolic_work(func: tirx.PrimFunc):
+    """The iterations of an unscheduled function's blocks as an expression of its symbolic dims, or None where
+    they are all static."""
+    sch = s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    if all(_work(sch, b) is not None for b in blocks):
+        return None
+    return sum((_volume(sch, b) for b in blocks[1:]), _volume(sch, blocks[0]))
+
+
+def run_time_parallel(func: tirx.PrimFunc, sch: s_tir.Schedule) -> tirx.PrimFunc:
+    """The function `sch` scheduled from `func`, its thread pool used where the work pays for it (parallel_pays):
+    where that work is symbolic and the schedule has parallel loops, the schedule twice under a test of the work at
+    run time, the second replaying the schedule's trace less its `parallel` instructions (on the calling thread)."""
+    scheduled = sch.mod["main"]
+    work = _symbolic_work(func)
+    if work is None or not any(inst.kind.name == "Parallel" for inst in sch.trace.insts):
+        return scheduled
+    serial = s_tir.Schedule(func)
+    s_tir.Trace([i for i in sch.trace.insts if i.kind.name != "Parallel"], {}).apply_to_schedule(serial, False)
+    body = tirx.IfThenElse(work >= MIN_PARALLEL_WORK, scheduled.body, serial.mod["main"].body)
+    # the two bodies define the same loop variables and buffers; TIR allows one definition of each, and printing
+    # and parsing the function back gives every definition its own
+    return tvm.script.from_source(scheduled.with_body(body).script())
 
 
 def cpu_rules():

@@ -24,13 +24,14 @@ F32 = "float32"
 ZEN_TILE, WIDE_TILES = (8, 32), ((6, 64), (8, 48))
 
 
-def tile(Ncols: int, mcpu: str = "") -> tuple[int, int]:
+def tile(Ncols: int, mcpu: str = "", rows: int | None = None) -> tuple[int, int]:
     """(rows, columns) per work item for a GEMM of Ncols columns on the LLVM target's mcpu: the first of the CPU's tiles
-    whose columns divide Ncols, else 8 rows of the widest power of two columns that does (W's panels are whole)."""
-    for mr, nr in ((ZEN_TILE,) if mcpu.startswith("znver") else WIDE_TILES + (ZEN_TILE,)):
-        if Ncols % nr == 0:
-            return mr, nr
-    return ZEN_TILE[0], next(c for c in (16, 8, 4, 2, 1) if Ncols % c == 0)
+    whose columns divide Ncols, else 8 rows of the widest power of two columns that does (W's panels are whole); no
+    more rows than a GEMM of `rows` rows has, where the model fixes them (the tail's rows are computed, never stored:
+    one LSTM step at batch 1 did 8 rows' multiply-adds)."""
+    mr, nr = next(((mr, nr) for mr, nr in ((ZEN_TILE,) if mcpu.startswith("znver") else WIDE_TILES + (ZEN_TILE,))
+                   if Ncols % nr == 0), (ZEN_TILE[0], next(c for c in (16, 8, 4, 2, 1) if Ncols % c == 0)))
+    return (min(mr, rows) if rows else mr), nr
 
 
 def panel_width(Ncols: int, mcpu: str = "") -> int:

@@ -18,7 +18,7 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from .cells import Cell
-from .device import parallel_pays
+from .device import MIN_PARALLEL_WORK, parallel_pays
 from .layer import RNNLayerSpec
 
 from . import vector_math
@@ -148,20 +148,23 @@ def cpu_steps(a: KernelArgs, cfg: CpuConfig, threads: int):
     # launch without one does not build): it runs on the calling thread
     items = i64(D * chunks) * tiles
     batch = a.batch.value if isinstance(a.batch, tirx.IntImm) else a.batch if isinstance(a.batch, int) else None
-    # and a step too small to pay for the pool's barrier runs there too (a batch known only at run time is assumed to)
-    step_work = None if batch is None else a.cell.gates * H * H * D * batch
-    parallel = not (D * chunks == 1 and batch is not None and batch <= rows) and parallel_pays(step_work)
+    # and a step too small to pay for the pool's barrier runs there too; a batch known only at run time is tested there
+    step_work = a.cell.gates * H * H * D
+    single = D * chunks == 1 and batch is not None and batch <= rows
 
-    def phase_items(_pi, phase, last, operand, s, cur, nxt):
-        # batch tiles vary fastest: the items of one chunk of units run back to back on a thread, so its rows of R
-        # (a panel) come from L2 for every tile after the first (at ds2-lstm's batch 20: 15% faster than chunks fastest)
-        with T.attr(0, "pragma_parallel_barrier_when_finish", 1) if parallel else contextlib.nullcontext():
-            with (T.parallel if parallel else T.serial)(0, items) as i:  # the phase's writes, seen by every thread's next phase after the barrier
-                item = serpentine(i, s) if cfg.serpentine and parallel else i
-                d = item // (tiles * chunks)
-                n0 = item % tiles * i64(rows)
-                j0 = item // tiles % chunks * jc
-                _phase_tile(a, phase, last, operand, a.hbuf, a.scratch, s, cur, nxt, d, n0, rows, j0, jc)
+    def phase_items(parallel):
+        def emit(_pi, phase, last, operand, s, cur, nxt):
+            # batch tiles vary fastest: the items of one chunk of units run back to back on a thread, so its rows of R
+            # (a panel) come from L2 for every tile after the first (at ds2-lstm's batch 20: 15% faster than chunks fastest)
+            with T.attr(0, "pragma_parallel_barrier_when_finish", 1) if parallel else contextlib.nullcontext():
+                with (T.parallel if parallel else T.serial)(0, items) as i:  # the phase's writes, seen by every thread's next phase after the barrier
+                    item = serpentine(i, s) if cfg.serpentine and parallel else i
+                    d = item // (tiles * chunks)
+                    n0 = item % tiles * i64(rows)
+                    j0 = item // tiles % chunks * jc
+                    _phase_tile(a, phase, last, operand, a.hbuf, a.scratch, s, cur, nxt, d, n0, rows, j0, jc)
+
+        return emit
 
     def serpentine(i, s):
         """Item i of step s: on odd steps the thread's share in reverse. The share is the blocked split TVM's parallel
@@ -172,13 +175,24 @@ def cpu_steps(a: KernelArgs, cfg: CpuConfig, threads: int):
         last = tirx.min(first + share, items) - i64(1)
         return tirx.if_then_else(s % 2 == 1, first + last - i, i)
 
-    # One launch of TVM's thread pool for the whole sequence: every thread runs the time loop, takes its share of each
-    # phase's items (the same blocked split a parallel loop launched on its own gets) and meets the others at a barrier
-    if parallel:
-        with T.attr(0, "pragma_parallel_launch_point", 1):
-            step_phases(a, a.hbuf, a.scratch, phase_items)
-    else:
-        step_phases(a, a.hbuf, a.scratch, phase_items)
+    def time_loop(parallel):
+        # One launch of TVM's thread pool for the whole sequence: every thread runs the time loop, takes its share of
+        # each phase's items (the same blocked split a parallel loop launched on its own gets) and meets the others at
+        # a barrier
+        if parallel:
+            with T.attr(0, "pragma_parallel_launch_point", 1):
+                step_phases(a, a.hbuf, a.scratch, phase_items(True))
+        else:
+            step_phases(a, a.hbuf, a.scratch, phase_items(False))
+
+    if single or batch is not None:
+        time_loop(not single and parallel_pays(step_work * batch))
+        return
+    with T.If(a.batch * i64(step_work) >= i64(MIN_PARALLEL_WORK)):
+        with T.Then():
+            time_loop(True)
+        with T.Else():
+            time_loop(False)
 
 
 def _f32(x):

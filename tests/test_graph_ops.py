@@ -96,14 +96,16 @@ def test_packed_conv_with_epilogue_matches_numpy(c, o, h, w, stride, pad, symbol
                                                          (16, 24, 35, 3, 2, (1, 0), False), (5, 7, 9, 1, 1, (0, 0), False),
                                                          (16, 24, 35, 3, 2, (1, 0), True)])
 def test_packed_conv1d_with_epilogue_matches_numpy(c, o, w, k, stride, pad, symbolic):
-    """silero's STFT (stride = hop, one input channel) and encoder shapes, both tile layouts."""
+    """silero's STFT (stride = hop, one input channel, 258 channels padded to whole vectors) and encoder shapes, both
+    tile layouts."""
     target = resolve_target("llvm")
     rng = np.random.default_rng(2)
     x_np, w_np, b_np = (rng.standard_normal(s).astype("f4") for s in ((1, c, w), (o, c, k), (o,)))
     lanes = graph_cpu.vector_lanes(target)
-    ob = graph_cpu.channel_block(o, lanes)
-    x, wp, b = te.placeholder(_i64(1, c, "w" if symbolic else w)), te.placeholder(_i64(o // ob, c, k, ob)), te.placeholder(_i64(o))
-    y = graph_cpu.conv1d_packed(x, wp, stride, list(pad), 1, lanes)
+    ob = graph_cpu.padded_channel_block(o, lanes)
+    x, wp = te.placeholder(_i64(1, c, "w" if symbolic else w)), te.placeholder(_i64(-(-o // ob), c, k, ob))
+    b = te.placeholder(_i64(o))
+    y = graph_cpu.conv1d_packed(x, wp, stride, list(pad), 1, lanes, o)
     out = te.compute(y.shape, lambda n, q, j: te.max(y[n, q, j] + b[q], 0.0), name="relu")
     sch = graph_cpu.ConvPacked().apply(te.create_prim_func([x, wp, b, out]), target, False)
     assert sch is not None
@@ -113,6 +115,37 @@ def test_packed_conv1d_with_epilogue_matches_numpy(c, o, w, k, stride, pad, symb
                                      torch.from_numpy(b_np), stride).relu().numpy()
     got = _run(sch.mod["main"], target, [x_np, graph_cpu.pack_conv1d_weight(w_np, ob), b_np, np.zeros(ref.shape, "f4")])
     assert _rel_err(got, ref) < 1e-5
+
+
+def test_symbolic_work_takes_the_thread_pool_only_where_it_pays():
+    """A conv over a symbolic batch: its schedule twice under a run-time test of the work (MIN_PARALLEL_WORK), the
+    pool's and the calling thread's, both correct (2 rows: 0.4M multiply-adds, 8 rows: 1.6M)."""
+    from tvm import tirx
+
+    from schedules.device import MIN_PARALLEL_WORK
+
+    target = resolve_target("llvm")
+    i64 = lambda v: tirx.IntImm("int64", v)  # noqa: E731
+    n, (c, o, w, k) = tirx.Var("n", "int64"), (129, 128, 4, 3)
+    ob = graph_cpu.padded_channel_block(o, graph_cpu.vector_lanes(target))
+    x, wp = te.placeholder((n, i64(c), i64(w))), te.placeholder(tuple(i64(d) for d in (o // ob, c, k, ob)))
+    y = graph_cpu.conv1d_packed(x, wp, 1, [1, 1], 1, graph_cpu.vector_lanes(target))
+    out = te.compute(y.shape, lambda b, q, j: te.max(y[b, q, j], 0.0), name="relu")
+    func = te.create_prim_func([x, wp, out])
+    with target:
+        sch = graph_cpu.ConvPacked().apply(func, target, False)
+        versioned = graph_cpu.run_time_parallel(func, sch)
+    text = versioned.script()
+    assert "T.parallel" in text and str(MIN_PARALLEL_WORK) in text and "else:" in text
+    rng = np.random.default_rng(3)
+    w_np = rng.standard_normal((o, c, k)).astype("f4")
+    import torch
+
+    for rows in (2, 8):
+        x_np = rng.standard_normal((rows, c, w)).astype("f4")
+        got = _run(versioned, target, [x_np, graph_cpu.pack_conv1d_weight(w_np, ob), np.zeros((rows, o, w), "f4")])
+        ref = torch.nn.functional.conv1d(torch.from_numpy(x_np), torch.from_numpy(w_np), padding=1).relu().numpy()
+        assert _rel_err(got, ref) < 1e-5
 
 
 def _dense(lead, k, n, target, *scalars):

@@ -139,6 +139,21 @@ def test_cpu_kernel_with_one_work_item_runs_on_the_calling_thread():
     _check_kernel("llvm", case, spec, func, "panels", batches=(1,))
 
 
+def test_cpu_kernel_takes_the_pool_only_for_a_batch_that_pays():
+    """A kernel built for any batch tests a step's work at run time: TVM's pool (one launch, a barrier per phase) from
+    2^20 multiply-adds a step (an LSTM at H=128: 16 rows), the calling thread below; both against float64 with
+    poisoned outputs."""
+    from schedules.device import MIN_PARALLEL_WORK
+    from schedules.recurrent_cpu import r_layout
+
+    case = Case(op="LSTM", hidden=128, input_size=5, optional=("initial_h", "initial_c"))
+    spec = find_rnn_layers(case.model())[0].spec
+    kernel = recurrent_kernel(spec, cell_for(spec), target_of("llvm"))
+    script = kernel.func.script()
+    assert "pragma_parallel_launch_point" in script and str(MIN_PARALLEL_WORK) in script
+    _check_kernel("llvm", case, spec, kernel.func, r_layout(spec), batches=(1, 17), steps=3)
+
+
 @pytest.mark.parametrize("op, hidden", [("LSTM", 64), ("GRU", 24)])
 def test_cpu_kernel_reads_half_r_exactly(op, hidden):
     """An fp16 layer's R stays fp16 in the CPU kernel (half the bytes a step reads) and is widened where it is read: the

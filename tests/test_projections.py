@@ -56,6 +56,25 @@ def test_cpu_projection_tile_by_cpu_against_float64(mcpu, cols, expected):
         np.testing.assert_allclose(out.numpy(), x.astype("f8") @ w.T.astype("f8") + b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows, expected", [(1, (1, 32)), (3, (3, 32)), (8, (8, 32)), (300, (8, 32)), (None, (8, 32))])
+def test_cpu_projection_tile_has_no_more_rows_than_the_gemm(rows, expected):
+    """Where the model fixes the GEMM's rows (seq * batch), the tile computes no more (one step at batch 1: 1 x 32),
+    against float64 with the output poisoned."""
+    from schedules.projection_cpu import projection_cpu, tile
+
+    assert tile(512, "znver5", rows) == expected
+    K, cols, nr = 24, 512, expected[1]
+    lib = tvm.compile(tvm.IRModule({"main": projection_cpu(K, cols, "znver5", expected)}), target=target_of("llvm"))
+    rng = np.random.default_rng(5)
+    w, b = rng.standard_normal((cols, K)).astype("f4"), rng.standard_normal(cols).astype("f4")
+    panels = np.ascontiguousarray(w.reshape(cols // nr, nr, K).transpose(0, 2, 1))
+    for M in {rows or 5, 1, 4}:
+        x = rng.standard_normal((M, K)).astype("f4")
+        out = tvm.runtime.tensor(np.full((M, cols), np.nan, "f4"))
+        lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(panels), tvm.runtime.tensor(b), out)
+        np.testing.assert_allclose(out.numpy(), x.astype("f8") @ w.T.astype("f8") + b, rtol=1e-5, atol=1e-5)
+
+
 def _check_projection(func, M, K, cols, dtype, tol, target=None, xw_dtype="f4"):
     """Run a projection PrimFunc(X [M, K], W [cols, K], bias, XW) on fresh inputs, output poisoned first, against float64."""
     lib = tvm.compile(tvm.IRModule({"main": func}), target=target or target_of("cuda"))

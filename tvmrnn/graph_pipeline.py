@@ -7,8 +7,9 @@ target, with the layers around the recurrent kernels scheduled.
                 constant whole n as products (CUDA's fast-math powf is NaN for negative x)
     fuse        FuseOps + FuseTIR: pointwise ops into the conv/matmul/reduction before them
     schedule    tuning records where given (MetaSchedule's database), then dlight's rules: on LLVM ours for the packed
-                convs and GEMMs, dlight's CPU GEMV and row reductions (softmax, layer norm) and a parallel fallback;
-                on CUDA TVM's default GPU rules
+                convs and GEMMs, dlight's CPU GEMV and row reductions (softmax, layer norm) and a parallel fallback,
+                the pool taken at run time where the work is symbolic (graph_cpu.run_time_parallel); on CUDA TVM's
+                default GPU rules
     lower       TVM's dataflow lowering and finalization for the target, unchanged
 
 Our recurrent kernels arrive scheduled (`tirx.is_scheduled`) and pass through untouched.
@@ -43,10 +44,11 @@ def _lanes() -> int:
     return graph_cpu.vector_lanes(tvm.target.Target.current())
 
 
-def _out_channel_block(w) -> int:
+def _out_channel_block(w, padded=False) -> int:
     from schedules import graph_cpu
 
-    return graph_cpu.channel_block(int(w.value.shape[0]), _lanes())
+    block = graph_cpu.padded_channel_block if padded else graph_cpu.channel_block
+    return block(int(w.value.shape[0]), _lanes())
 
 
 def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -64,15 +66,15 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 
 def _legalize_conv1d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """conv1d (NCW, OIW, one group, fp32) over a constant weight: our packed-weight compute (conv2d_packed's block
-    without the row axis); others TVM's."""
+    without the row axis), its channels padded to whole vectors where they divide only into narrow tiles; others TVM's."""
     from schedules import graph_cpu
 
     if not _plain_conv(call, "NCW", "OIW"):
         return _default_legalize("relax.nn.conv1d")(bb, call)
     a, (x, w) = call.attrs, call.args
-    wp = relax.const(graph_cpu.pack_conv1d_weight(w.value.numpy(), _out_channel_block(w)))
+    wp = relax.const(graph_cpu.pack_conv1d_weight(w.value.numpy(), _out_channel_block(w, padded=True)))
     return bb.call_te(graph_cpu.conv1d_packed, x, wp, int(a.strides[0]), [int(p) for p in a.padding], int(a.dilation[0]),
-                      _lanes(), primfunc_name_hint="conv1d_packed")
+                      _lanes(), int(w.value.shape[0]), primfunc_name_hint="conv1d_packed")
 
 
 def _legalize_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -143,6 +145,40 @@ def _schedule_rules(target):
     return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
 
 
+def rule_schedule(func: tvm.tirx.PrimFunc, target):
+    """The schedule the first of the target's rules that takes `func` gives it (with its trace), or None."""
+    for rule in _schedule_rules(target):
+        sch = rule.apply(func, target, False)
+        sch = sch[0] if isinstance(sch, list) and sch else sch
+        if sch is not None and not isinstance(sch, list):
+            return sch
+    return None
+
+
+def _apply_cpu_rules():
+    """dlight's ApplyDefaultSchedule with graph_cpu's rules, each schedule made run_time_parallel."""
+    from schedules.graph_cpu import run_time_parallel
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmrnn.ApplyCpuRules")
+    def _apply(mod, _ctx):
+        target, updated = tvm.target.Target.current(), {}
+        for gv, func in mod.functions_items():
+            sch = rule_schedule(func, target) if isinstance(func, tvm.tirx.PrimFunc) and not _scheduled(func) else None
+            if sch is not None:
+                updated[gv] = run_time_parallel(func, sch).with_attr("tirx.is_scheduled", True)
+        for gv, func in updated.items():
+            mod[gv] = func
+        return mod
+
+    return _apply
+
+
+def _default_schedule(target):
+    from tvm.s_tir import dlight as dl
+
+    return _apply_cpu_rules() if target.kind.name == "llvm" else dl.ApplyDefaultSchedule(*_schedule_rules(target))
+
+
 def _backend(target):
     if target.kind.name == "cuda":
         from tvm.relax.backend.cuda import pipeline as backend
@@ -191,14 +227,12 @@ def passes(target: tvm.target.Target, database=None, on_tuned=None) -> list:
     """The pipeline's passes in order (see the module's docstring). database: a MetaSchedule database whose records
     schedule the functions it has (`tvmrnn tune`'s), before the default rules take the rest; on_tuned(names) is told
     which functions ran tuned."""
-    from tvm.s_tir import dlight as dl
-
     backend = _backend(target)
     tuned = [_apply_database(on_tuned)] if database is not None else []
     return (
         fuse_passes(target)
         + tuned
-        + [dl.ApplyDefaultSchedule(*_schedule_rules(target))]
+        + [_default_schedule(target)]
         + backend.dataflow_lower_passes(target)
         + backend.finalize_passes(target)
     )

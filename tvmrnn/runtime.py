@@ -135,9 +135,36 @@ class ModuleInputs:
         self._bounded = [(i, info["name"], axis, dim, self.max_dims[dim]) for i, info in enumerate(metadata["inputs"])
                          for axis, dim in enumerate(info["shape"]) if dim in self.max_dims]
         self._dtypes = {info["dtype"]: _numpy_dtype(info["dtype"]) for info in metadata["inputs"]}  # str(dtype) is slow
+        self._last_accepted = None  # ((name, dtype, shape) per input) of the last feeds check_inputs accepted
 
     def check_inputs(self, feeds: Mapping[str, object]) -> list[np.ndarray]:
-        """Match feeds to the module's inputs (name, dtype, rank, static dims, consistent symbolic dims)."""
+        """Match feeds to the module's inputs (name, dtype, rank, static dims, consistent symbolic dims, bounds), then
+        their values (sequence lengths, indices). Feeds of the names, dtypes and shapes last accepted (a stream's
+        chunks) skip straight to the values."""
+        arrays = self._as_last_accepted(feeds)
+        if arrays is None:
+            arrays = self._check_signature(feeds)
+            self._last_accepted = tuple((name, a.dtype, a.shape) for name, a in zip(self.input_names, arrays))
+        if self.sequence_lens or self.index_bounds:
+            named = dict(zip(self.input_names, arrays))
+            self._check_sequence_lens(named)
+            self._check_indices(named)
+        return arrays
+
+    def _as_last_accepted(self, feeds: Mapping[str, object]) -> list[np.ndarray] | None:
+        """The feeds in input order where each is a C-contiguous ndarray of the dtype and shape last accepted, else None."""
+        last = self._last_accepted
+        if last is None or len(feeds) != len(last):
+            return None
+        arrays = []
+        for name, dtype, shape in last:
+            a = feeds.get(name)
+            if type(a) is not np.ndarray or a.dtype != dtype or a.shape != shape or not a.flags.c_contiguous:
+                return None
+            arrays.append(a)
+        return arrays
+
+    def _check_signature(self, feeds: Mapping[str, object]) -> list[np.ndarray]:
         unknown = sorted(set(feeds) - set(self.input_names))
         if unknown:
             raise InputError(f"unknown input {unknown[0]!r}; the model's inputs are {self.input_names}")
@@ -165,9 +192,6 @@ class ModuleInputs:
                     dims.setdefault(want, (got, f"input {name!r}"))
             arrays.append(arr)
         self.check_bounds([a.shape for a in arrays])
-        named = dict(zip(self.input_names, arrays))
-        self._check_sequence_lens(named)
-        self._check_indices(named)
         return arrays
 
     def check_bounds(self, shapes) -> None:
@@ -224,7 +248,7 @@ class Module(ModuleInputs):
         self._main = self._vm["main"]
         self._lock = threading.Lock()
         self._on_cpu = kind == "cpu"
-        self._staged: dict[int, tuple] = {}  # input position -> (tensor, numpy view of it), for run() on the CPU
+        self._staged: dict[int, tuple] = {}  # input position -> (tensor, numpy view, address), for run() on the CPU
 
     def to_device(self, feeds: Mapping[str, object]) -> list:
         """Checked inputs as device tensors, in the module's input order (for `invoke`)."""
@@ -255,15 +279,16 @@ class Module(ModuleInputs):
         """Inputs copied into staged tensors (64-byte aligned, as TVM's kernels assume; kept per shape), outputs handed
         over without a copy: the VM allocates them fresh each call. An output that is a staged input is copied."""
         staged = [self._staged_input(i, a) for i, a in enumerate(arrays)]
-        outs = self._execute([tensor for tensor, _ in staged])
-        inputs_at = {view.ctypes.data for _, view in staged}
+        outs = self._execute([tensor for tensor, _, _ in staged])
+        inputs_at = {address for _, _, address in staged}
         return [np.from_dlpack(o).copy() if o.data_ptr() in inputs_at else np.from_dlpack(o) for o in outs]
 
     def _staged_input(self, index: int, array: np.ndarray):
+        """(tensor, numpy view of it, its address) for input `index`, holding `array`."""
         entry = self._staged.get(index)
         if entry is None or entry[1].shape != array.shape:
             tensor = tvm.runtime.empty(array.shape, str(array.dtype), self.device)
-            entry = self._staged[index] = (tensor, np.from_dlpack(tensor))
+            entry = self._staged[index] = (tensor, np.from_dlpack(tensor), tensor.data_ptr())
         np.copyto(entry[1], array)
         return entry
 

@@ -72,6 +72,6 @@ def plan_projection(spec, target, rows: int | None) -> Projection:
     if target.kind.name == "cuda":
         kind, mode, label = _cuda_gemm(spec, target, rows, In, cols, xw)
     else:
-        mr, nr = tile(cols, str((target.attrs or {}).get("mcpu", "")))
+        mr, nr = tile(cols, str((target.attrs or {}).get("mcpu", "")), rows)
         kind, mode, label = "cpu", None, f"CPU register-blocked {mr}x{nr}"
     return Projection(kind, mode, rows, In, cols, xw, label + ("" if xw == F32 else f", XW in {xw}"))

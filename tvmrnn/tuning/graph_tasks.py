@@ -59,15 +59,10 @@ def graph_database(folder: Path):
 
 def _default_schedule(mod: tvm.IRModule, target):
     """The schedule an untuned compile gives the function (graph_pipeline's rules), with its trace, or None."""
-    from ..graph_pipeline import _schedule_rules
+    from ..graph_pipeline import rule_schedule
 
-    func = mod["main"]
-    for rule in _schedule_rules(target):
-        sch = rule.apply(func, target, False)
-        sch = sch[0] if isinstance(sch, list) and sch else sch
-        if sch is not None and not isinstance(sch, list) and sch.trace is not None:
-            return sch
-    return None
+    sch = rule_schedule(mod["main"], target)
+    return sch if sch is not None and sch.trace is not None else None
 
 
 def _seed_defaults(tasks, target, db, builder, runner) -> list[float | None]:
