@@ -14,7 +14,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .device import MIN_PARALLEL_WORK
+from .device import parallel_pays
 from .recurrent_common import i64, projection_prim_func
 
 F32 = "float32"
@@ -39,22 +39,19 @@ def panel_width(Ncols: int, mcpu: str = "") -> int:
     return tile(Ncols, mcpu)[1]
 
 
-def projection_cpu(K: int, Ncols: int, mcpu: str = "", tile_shape: tuple[int, int] | None = None) -> tirx.PrimFunc:
+def projection_cpu(K: int, Ncols: int, mcpu: str = "", tile_shape: tuple[int, int] | None = None,
+                   rows: int | None = None) -> tirx.PrimFunc:
     """PrimFunc(X [M, K], WP [Ncols / nr, K, nr] (W packed in panels), bias [Ncols], XW [M, Ncols]), M symbolic; the
-    tile (MR rows x nr columns) is tile(Ncols, mcpu) unless given."""
+    tile (MR rows x nr columns) is tile(Ncols, mcpu) unless given; `rows`: M where the model fixes it."""
     MR, nr = tile_shape or tile(Ncols, mcpu)
     assert Ncols % nr == 0, (Ncols, nr)
 
+    # the pool only where the GEMM pays for its launch: known where the model fixes the rows. (Both loops behind a
+    # run-time test of M built a parallel branch 36x slower: its tile no longer stayed in registers.)
+    loop = T.parallel if parallel_pays(rows * K * Ncols if rows else None) else T.serial
+
     def body(X, WP, bias, XW, M):
-        if K * Ncols >= MIN_PARALLEL_WORK:  # any row pays for the pool
-            tiles(T.parallel, X, WP, bias, XW, M)
-            return
-        # the pool only where the GEMM pays for its launch (M is known at run time: both loops are built)
-        with T.If(M * i64(K * Ncols) >= i64(MIN_PARALLEL_WORK)):
-            with T.Then():
-                tiles(T.parallel, X, WP, bias, XW, M)
-            with T.Else():
-                tiles(T.serial, X, WP, bias, XW, M)
+        tiles(loop, X, WP, bias, XW, M)
 
     def tiles(loop, X, WP, bias, XW, M):
         col_tiles = Ncols // nr

@@ -88,7 +88,7 @@ def _projection(bb, X, w, bias, gemm, target):
         mcpu = str((target.attrs or {}).get("mcpu", ""))
         X, (mr, nr) = _f32(X), projection_cpu.tile(cols, mcpu, rows)
         panels = op.permute_dims(op.reshape(_f32(w), [cols // nr, nr, In]), [0, 2, 1])  # [cols/nr, In, nr]
-        func, weight, name = projection_cpu.projection_cpu(In, cols, mcpu, (mr, nr)), bb.emit(panels), f"projection_{mr}x{nr}"
+        func, weight, name = projection_cpu.projection_cpu(In, cols, mcpu, (mr, nr), rows), bb.emit(panels), f"projection_{mr}x{nr}"
     if bias is None:
         bias = relax.const(np.zeros(cols, "float32"))
     out = str(func.params[-1].dtype)  # XW as the chosen GEMM writes it
