@@ -349,10 +349,10 @@ def main():
     args = parse_args()
     build = tempfile.mkdtemp(prefix="tvmrnn-load-")
     paths = compile_models(args, build)
-    proc, url = start_server(list(paths.values()), args)
     from tvmrnn.serve.workers import settle_heap
 
     settle_heap()  # compiling left a large heap here: no full collection over it in the middle of the direct calls
+    proc, url = start_server(list(paths.values()), args)
     results = []
     ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold a CUDA context
     try:
