@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import datetime
+import gc
 import json
 import multiprocessing
 import os
@@ -184,10 +185,15 @@ async def _send_streams(url: str, model: str, streams, reference, clients: int, 
 _OPEN_LOOP_START_S = 0.1  # the open-loop schedule starts after every stream's coroutine has started
 
 
-def client_process(url, model, streams, reference, clients, rate, atol):
-    from tvmrnn.serve.workers import settle_heap
+def settle_heap() -> None:
+    """Leave what this process has allocated so far (it imported TVM, and torch with it) out of the collector's full
+    collections, which would otherwise pause it mid-run for tens of ms (as `tvmrnn serve`'s processes do)."""
+    gc.collect()
+    gc.freeze()
 
-    settle_heap()  # this process imported tvmrnn (TVM, torch): a full collection over that would pause its clients
+
+def client_process(url, model, streams, reference, clients, rate, atol):
+    settle_heap()
     start = time.time()
     times, lags, errors = asyncio.run(_send_streams(url, model, streams, reference, clients, rate, atol))
     return times, lags, errors, start, time.time()
@@ -349,8 +355,6 @@ def main():
     args = parse_args()
     build = tempfile.mkdtemp(prefix="tvmrnn-load-")
     paths = compile_models(args, build)
-    from tvmrnn.serve.workers import settle_heap
-
     settle_heap()  # compiling left a large heap here: no full collection over it in the middle of the direct calls
     proc, url = start_server(list(paths.values()), args)
     results = []
