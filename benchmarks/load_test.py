@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import datetime
+import gc
 import json
 import multiprocessing
 import os
@@ -83,8 +84,8 @@ def binary_request(feeds: dict[str, np.ndarray], parameters: dict | None = None)
         "Inference-Header-Content-Length": str(len(head_bytes)), "Content-Type": "application/octet-stream"}
 
 
-def binary_response(headers, content: bytes) -> dict[str, np.ndarray]:
-    n = int(headers["Inference-Header-Content-Length"])
+def binary_response(header_length: str, content: bytes) -> dict[str, np.ndarray]:
+    n = int(header_length)
     head, offset, out = json.loads(content[:n]), n, {}
     for o in head["outputs"]:
         size = o["parameters"]["binary_data_size"]
@@ -131,36 +132,41 @@ def close(got: dict, want: dict, atol: float) -> bool:
     return all(k in got and np.allclose(got[k], want[k], rtol=1e-4, atol=atol) for k in want)
 
 
+def answered_right(answer, want: dict, atol: float) -> bool:
+    """answer: (HTTP status, Inference-Header-Content-Length, body), or None where the request failed."""
+    return answer is not None and answer[0] == 200 and close(binary_response(answer[1], answer[2]), want, atol)
+
+
 async def _send_streams(url: str, model: str, streams, reference, clients: int, rate: float | None, atol: float):
     """Send every stream (closed loop: `clients` streams at a time; open loop at `rate`: each request at its turn):
-    (latencies, how late each open-loop request left, errors). An open-loop latency runs from the request's scheduled
-    time, so a client that falls behind its schedule, or a server that makes it wait, shows in it."""
-    times, lags, errors = [], [], 0
+    (latencies, how late each open-loop request left, errors, start and end time). An open-loop latency runs from the request's scheduled
+    time, so a client that falls behind its schedule, or a server that makes it wait, shows in it. The bodies are built
+    before the clock starts and the answers checked after it stops: while it runs, a client's work is aiohttp's."""
+    bodies = [[binary_request(feeds, params) for feeds, params in stream] for stream in streams]
+    answers = [[None] * len(stream) for stream in streams]
+    times, lags = [], []
     connector = aiohttp.TCPConnector(limit=0 if rate else clients)
     async with aiohttp.ClientSession(url, connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as client:
-        async def send(feeds, params, want, due=None):
-            nonlocal errors
-            body, headers = binary_request(feeds, params)
+        async def send(k, i, due=None):
+            body, headers = bodies[k][i]
             t = time.perf_counter()
             if due is not None:
                 lags.append(max(0.0, t - due))
                 t = min(t, due)
             try:
                 async with client.post(f"/v2/models/{model}/infer", data=body, headers=headers) as r:
-                    content = await r.read()
-                    ok = r.status == 200 and close(binary_response(r.headers, content), want, atol)
+                    answers[k][i] = (r.status, r.headers.get("Inference-Header-Content-Length", "0"), await r.read())
             except aiohttp.ClientError:
-                ok = False
+                pass
             times.append(time.perf_counter() - t)
-            errors += not ok
 
         async def run_stream(k, t0):
-            for i, (feeds, params) in enumerate(streams[k]):
+            for i in range(len(streams[k])):
                 due = None
                 if t0 is not None:  # open loop: request i of stream k at its turn among all (one stream a turn)
                     due = t0 + (k + i * len(streams)) / rate
                     await asyncio.sleep(max(0.0, due - time.perf_counter()))
-                await send(feeds, params, reference[k][i], due)
+                await send(k, i, due)
 
         if rate:
             async def ready():
@@ -169,6 +175,7 @@ async def _send_streams(url: str, model: str, streams, reference, clients: int, 
 
             await asyncio.gather(*(ready() for _ in range(clients)))  # connections open before the clock starts
             t0 = time.perf_counter() + _OPEN_LOOP_START_S
+            start = time.time() + _OPEN_LOOP_START_S
             await asyncio.gather(*(run_stream(k, t0) for k in range(len(streams))))
         else:
             pending = iter(range(len(streams)))
@@ -177,20 +184,26 @@ async def _send_streams(url: str, model: str, streams, reference, clients: int, 
                 for k in pending:
                     await run_stream(k, None)
 
+            start = time.time()
             await asyncio.gather(*(client_loop() for _ in range(clients)))
-    return times, lags, errors
+        end = time.time()
+    errors = sum(not answered_right(a, want, atol) for got, wants in zip(answers, reference) for a, want in zip(got, wants))
+    return times, lags, errors, start, end
 
 
 _OPEN_LOOP_START_S = 0.1  # the open-loop schedule starts after every stream's coroutine has started
 
 
-def client_process(url, model, streams, reference, clients, rate, atol):
-    from tvmrnn.serve.workers import settle_heap
+def settle_heap() -> None:
+    """Leave what this process has allocated so far (it imported TVM, and torch with it) out of the collector's full
+    collections, which would otherwise pause it mid-run for tens of ms (as `tvmrnn serve`'s processes do)."""
+    gc.collect()
+    gc.freeze()
 
-    settle_heap()  # this process imported tvmrnn (TVM, torch): a full collection over that would pause its clients
-    start = time.time()
-    times, lags, errors = asyncio.run(_send_streams(url, model, streams, reference, clients, rate, atol))
-    return times, lags, errors, start, time.time()
+
+def client_process(url, model, streams, reference, clients, rate, atol):
+    settle_heap()
+    return asyncio.run(_send_streams(url, model, streams, reference, clients, rate, atol))
 
 
 def served(pool, url: str, model: str, streams, reference, args, rate: float | None = None) -> dict:
@@ -349,10 +362,8 @@ def main():
     args = parse_args()
     build = tempfile.mkdtemp(prefix="tvmrnn-load-")
     paths = compile_models(args, build)
-    proc, url = start_server(list(paths.values()), args)
-    from tvmrnn.serve.workers import settle_heap
-
     settle_heap()  # compiling left a large heap here: no full collection over it in the middle of the direct calls
+    proc, url = start_server(list(paths.values()), args)
     results = []
     ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold a CUDA context
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging.config
+import socket
 import sys
 from dataclasses import dataclass, field
 
@@ -71,7 +72,7 @@ def serve_command(args: ServeArgs, echo=print) -> None:
                          device=args.device, state=args.state_pairs, threads=args.threads, graceful_timeout_s=args.graceful_timeout_s,
                          http_workers=args.http_workers)
     try:
-        sock = bind(args.host, args.port)
+        sock = bind(args.host, args.port, reuse_port=config.http_workers > 1 and hasattr(socket, "SO_REUSEPORT"))
     except OSError as err:
         raise InputError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
     port = sock.getsockname()[1]

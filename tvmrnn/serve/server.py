@@ -16,11 +16,14 @@ from .logs import logging_config
 from .workers import settle_heap
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (port 0: a free one), so the caller knows the port before the server starts."""
+def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A listening socket (port 0: a free one), so the caller knows the port before the server starts. reuse_port: more
+    sockets may listen on the port (SO_REUSEPORT), and the kernel spreads the new connections over them."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio sets TCP_NODELAY only for proto TCP
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.listen(2048)
     sock.set_inheritable(True)
