@@ -101,12 +101,13 @@ class ConvTiling:
 
 def conv_tiling(width, ob: int, lanes: int, stride: int) -> ConvTiling:
     """The tile for an output row of `width` columns (an int or symbolic) and weights packed by `ob` channels.
-    Where `ob` fills a vector the channels are the vector: OB channels x XB columns, each input value broadcast.
-    Where it does not (24 channels under AVX-512) and the stride is 1, a tile is one or two vectors of columns x OC
-    channels, each weight broadcast. The columns are padded to whole tiles (conv2d_packed) wherever the width does not
-    divide, so no tile carries a bounds check and its accumulators stay in registers."""
+    At stride 1, where the width is whole vectors or `ob` is narrower than one (24 channels under AVX-512), a tile is
+    one or two vectors of columns (loaded straight from the input row) x OC channels, each weight broadcast; otherwise
+    OB channels (a vector of the packed weights) x XB columns, each input value broadcast. The columns are padded to
+    whole tiles (_packed_conv) wherever the width does not divide, so no tile carries a bounds check."""
     static = _static(width)
-    if ob < lanes and stride == 1:
+    whole_vectors = static is not None and static % lanes == 0
+    if stride == 1 and (ob < lanes or whole_vectors):
         across = 2 * lanes if static is not None and static % (2 * lanes) == 0 else lanes
         oc = next(c for c in (16, 8, 4, 2, 1) if ob % c == 0 and c * (across // lanes) <= 16 and c * across <= TILE_FLOATS)
         return ConvTiling(oc, across, True)
