@@ -26,8 +26,9 @@ from .recurrent_common import PANEL, KernelArgs, i64, panel_count, recurrent_pri
 
 F32 = "float32"
 ROW_TILE = 4  # batch rows per load of R at batch >= ROW_TILE (8 ran no faster and compiled 6x slower)
-# units per work item in the row-tiled path: ROW_TILE x gates x units accumulators, at most ROW_TILE_ACCUMULATORS
-# floats (24 of AVX-512's 32 vector registers), the widest chunk that fits: 16 for an LSTM (4 gates), 32 for a GRU (3)
+# units per work item in the row-tiled path: rows x gates x units accumulators, at most ROW_TILE_ACCUMULATORS floats
+# (24 of AVX-512's 32 vector registers), the widest chunk that fits: at ROW_TILE rows 16 for an LSTM (4 gates), 32 for
+# a GRU (3)
 ROW_TILE_UNITS = (32, 16)
 ROW_TILE_ACCUMULATORS = 384
 
@@ -83,9 +84,9 @@ class CpuConfig:
     serpentine: int = 0
 
 
-def row_tile_units(hidden: int, gates: int) -> int:
-    """Units per work item at batch >= ROW_TILE: the widest of ROW_TILE_UNITS whose accumulators fit."""
-    widest = next(u for u in ROW_TILE_UNITS if ROW_TILE * gates * u <= ROW_TILE_ACCUMULATORS or u == ROW_TILE_UNITS[-1])
+def row_tile_units(hidden: int, gates: int, rows: int = ROW_TILE) -> int:
+    """Units per work item of `rows` batch rows: the widest of ROW_TILE_UNITS whose accumulators fit."""
+    widest = next(u for u in ROW_TILE_UNITS if rows * gates * u <= ROW_TILE_ACCUMULATORS or u == ROW_TILE_UNITS[-1])
     return chunk_size(hidden, widest)
 
 
