@@ -101,3 +101,12 @@ def test_a_fixed_batch_builds_only_the_cpu_kernel_branch_that_runs_it():
     fixed = tvmrnn.compile(case.model(), target="llvm", logs=False, input_shapes={"batch": 2}).run(feeds)
     for name, want in case.reference(feeds).items():
         assert np.abs(fixed[name] - want).max() < 1e-5
+
+
+def test_stacked_layers_of_one_shape_share_their_cpu_kernel():
+    """A kernel reads XW, not X: two stacked LSTM(64) layers (inputs 32 and 64) run one function, compiled once."""
+    from tvmrnn.frontend import to_relax
+
+    model = _stack_model()
+    mod = to_relax(model, plan_model(model, tvm.target.Target("llvm"))).mod
+    assert [gv.name_hint for gv, _ in mod.functions_items() if gv.name_hint.startswith("rnn_")] == ["rnn_lstm0"]

@@ -218,9 +218,12 @@ def _output_types(spec, cell, X) -> list:
 
 
 def _call(bb, func, name: str, args: list, outs: list) -> list:
-    """call_tir of our kernel (named rnn_<name>) and its outputs, one expression each."""
+    """call_tir of our kernel and its outputs, one expression each. The kernel is named rnn_<name> after the first
+    layer that runs it: layers whose kernels are the same function (a stack's layers above the first: the kernel reads
+    XW, not X, so the input size does not enter it) share one, built once (BlockBuilder.add_func finds it), where a
+    name of each layer's own made them three functions to compile for resemblyzer's three LSTMs."""
     name = "rnn_" + "".join(c if c.isalnum() else "_" for c in name)
-    gv = bb.add_func(func.with_attr("global_symbol", name), name)
+    gv = bb.add_func(func.without_attr("global_symbol"), name)
     res = bb.emit(relax.call_tir(gv, args, outs))
     return [bb.emit(relax.TupleGetItem(res, i)) for i in range(len(outs))]
 
