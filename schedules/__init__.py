@@ -87,9 +87,10 @@ def recurrent_kernel(spec, cell, target, choice: str = "auto", tuned: dict | Non
     return planned_kernel(spec, cell, target, plan_kernel(spec, cell, target, choice, tuned, device), device)
 
 
-def planned_kernel(spec, cell, target, plan: KernelPlan, device: Device | None = None) -> RecurrentKernel:
-    """The recurrent kernel that runs a plan (choice.plan_kernel's) made before, for the device it was made for."""
-    func, layout = _prim_func(spec, cell, target, plan.branches, device=device)
+def planned_kernel(spec, cell, target, plan: KernelPlan, device: Device | None = None, batch: int | None = None) -> RecurrentKernel:
+    """The recurrent kernel that runs a plan (choice.plan_kernel's) made before, for the device it was made for; batch:
+    the model's batch where it fixes one (the kernel then holds only the branch that runs it), else None."""
+    func, layout = _prim_func(spec, cell, target, plan.branches, batch=batch, device=device)
     # op_pattern 8 (opaque): FuseOps must not merge it with neighbours
     return RecurrentKernel(func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8}), layout, plan)
 

@@ -62,8 +62,8 @@ CUDA_DEFAULTS = (
     Default("stepwise", STEPWISE_MAX_BATCH, None, lambda f: not (f.resident or f.streams or f.tensor_cores)),
     Default("tiled", None, None, lambda f: f.wide and not (f.resident or f.streams or f.tensor_cores)),
 )
-# CPU: single rows below ROW_TILE, then row tiles
-CPU_DEFAULTS = (Default("cpu", ROW_TILE - 1, 1, _always), Default("cpu", None, None, _always))
+# CPU: single rows at batch 1, one tile of exactly the batch's rows each below ROW_TILE, then tiles of ROW_TILE rows
+CPU_DEFAULTS = tuple(Default("cpu", b, b, _always) for b in range(1, ROW_TILE)) + (Default("cpu", None, None, _always),)
 # a kind the user named runs every batch; persistent_mma's default point changes with the batch as under auto
 NAMED_DEFAULTS = (
     Default("persistent_mma", RESIDENT_SMALL_BATCH, RESIDENT_SMALL_BATCH, _always),

@@ -352,12 +352,16 @@ def block_sync():
 
 
 def batch_dispatch(a: KernelArgs, branches):
-    """Emit `if batch <= b0: e0(a) elif batch <= b1: e1(a) ... else: en(a)` over (max_batch, emit) pairs. Each branch
+    """Emit `if batch <= b0: e0(a) elif batch <= b1: e1(a) ... else: en(a)` over (max_batch, emit) pairs, or at a static
+    batch only the branch that runs it. Each branch
     starts without the operand copies an earlier one allocated (their buffers live in that branch, and a kind that
     keeps none must not write them)."""
     (limit, emit), rest = branches[0], branches[1:]
     a.mirrors, a.split_mirrors, a.operand_scale, a.published = {}, {}, None, {}
-    if limit is None or not rest:
+    if isinstance(a.batch, tirx.IntImm) and rest and (limit is None or int(a.batch) > limit):
+        batch_dispatch(a, rest)  # a static batch builds the one branch that runs it
+        return
+    if limit is None or not rest or isinstance(a.batch, tirx.IntImm):
         emit(a)
         return
     with T.If(a.batch <= tirx.IntImm(I64, limit)):

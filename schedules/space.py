@@ -14,7 +14,7 @@ from typing import Callable
 from .device import Device
 from .errors import KernelError
 
-CPU_ROWS = (1, 2, 4, 5, 8)
+CPU_ROWS = (1, 2, 3, 4, 5, 8)
 CPU_UNITS = (8, 16, 32, 64, 128, 256)
 
 
@@ -126,14 +126,18 @@ def _cpu_knobs(spec, cell, device):
 
 
 def _cpu_default(spec, cell, device, batch):
+    """Batch 1: single rows, wide items (small_batch_units). Batch 2 to ROW_TILE - 1: one tile of exactly the batch's
+    rows, so each step reads R once for all of them (a step at these batches is a pass over R from L2, its bandwidth
+    the bound: docs/decisions.md). Else tiles of ROW_TILE (or 5) rows. Row tiles take row_tile_units."""
     from .recurrent_cpu import ROW_TILE, row_tile_rows, row_tile_units, small_batch_units
 
-    small = batch is not None and batch < ROW_TILE
-    if small:
-        units = small_batch_units(spec.hidden_size, spec.num_directions, device.cpu_threads)
-    else:
-        units = row_tile_units(spec.hidden_size, cell.gates)
-    return KernelConfig.of("cpu", rows=1 if small else row_tile_rows(batch, cell.gates, units), units=units, serpentine=1)
+    if batch == 1:
+        return KernelConfig.of("cpu", rows=1, units=small_batch_units(spec.hidden_size, spec.num_directions, device.cpu_threads),
+                               serpentine=1)
+    if batch is not None and batch < ROW_TILE:
+        return KernelConfig.of("cpu", rows=batch, units=row_tile_units(spec.hidden_size, cell.gates), serpentine=1)
+    units = row_tile_units(spec.hidden_size, cell.gates)
+    return KernelConfig.of("cpu", rows=row_tile_rows(batch, cell.gates, units), units=units, serpentine=1)
 
 
 def _cpu_emit(config, spec, cell, device):

@@ -25,12 +25,14 @@ def _row_model(row, dtype="float32"):
 
 
 def test_bounded_cuda_build_captures_the_recurrent_kernels():
-    """Built through NVRTC where there is no GPU: the run is lifted into a captured function holding the layers' kernels."""
+    """Built through NVRTC where there is no GPU: the run is lifted into a captured function holding the layers' kernels
+    (the two layers' kernels are one function, named after the first: they read XW, so their input sizes do not
+    enter them)."""
     module = tvmrnn.compile(_row_model(LSTM_BI), target="cuda", max_dims=BOUNDS, logs=False)
     assert module.metadata["cuda_graph"].startswith("on: seq <= 40, batch <= 17")
     assert module.metadata["max_dims"] == BOUNDS
     text = module.executable.as_text()
-    assert {"rnn_lstm0", "rnn_lstm1"} <= set(_calls(text, "main_cuda_graph_capture"))
+    assert _calls(text, "main_cuda_graph_capture").count("rnn_lstm0") == 2
 
 
 def _calls(text: str, function: str) -> list[str]:
@@ -157,7 +159,7 @@ def test_static_model_is_captured_without_bounds():
     model = _static(_row_model(LSTM_BI), LSTM_BI.T, LSTM_BI.N)
     module = tvmrnn.compile(model, target="cuda", logs=False)
     assert module.metadata["cuda_graph"].startswith("on: static shapes") and module.metadata["max_dims"] == {}
-    assert {"rnn_lstm0", "rnn_lstm1"} <= set(_calls(module.executable.as_text(), "main_cuda_graph_capture"))
+    assert _calls(module.executable.as_text(), "main_cuda_graph_capture").count("rnn_lstm0") == 2  # one kernel, two layers
     assert tvmrnn.compile(model, target="cuda", cuda_graph=False, logs=False).metadata["cuda_graph"] == "off (cuda_graph=False)"
 
 

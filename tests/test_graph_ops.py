@@ -55,6 +55,18 @@ def test_convs_and_dense_layers_get_the_packed_kernels():
     assert not any("conv2d_nchw" in n or n.startswith("matmul") for n in names), names
 
 
+def test_a_dense_layer_takes_its_bias_along():
+    """x @ W + b over a [steps, batch, K] input (the GEMM's rows copied in and out): one function, the bias add fused
+    in (dense_packed is marked out-elementwise-fusable, as its single GEMM block would be)."""
+    from tvmrnn.graph_pipeline import fused_module
+
+    model, _ = build("dense-head")
+    target = resolve_target("llvm")
+    names = [gv.name_hint for gv, f in fused_module(_relax(model, target), target).functions_items()
+             if isinstance(f, tvm.tirx.PrimFunc) and "dense_packed" in gv.name_hint]
+    assert len(names) == 2 and all(n.startswith("fused_dense_packed") and "_add" in n for n in names), names
+
+
 def _run(func, target, arrays):
     rt = tvm.compile(tvm.IRModule({"main": func}), target=target)
     dev = tvm.cpu()

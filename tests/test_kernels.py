@@ -101,6 +101,23 @@ def test_cpu_row_tiles_take_the_widest_units_whose_accumulators_fit():
                   note=config.describe())
 
 
+@pytest.mark.parametrize("op, units", [("GRU", 32), ("LSTM", 16)])
+def test_cpu_batches_below_a_row_tile_run_one_tile_of_their_rows(op, units):
+    """Batch 1 runs single rows; batches 2 and 3 each a branch of one tile of exactly their rows (one read of R a step
+    for every row, as wide as a tile of 4 rows is); then tiles of 4. The rows=3 point against float64 with poisoned
+    outputs at batches 2 (a partial tile), 3 (a whole one) and 5."""
+    from schedules import plan_kernel
+
+    case = Case(op=op, hidden=64, input_size=5, optional=("initial_h",))
+    spec = find_rnn_layers(case.model())[0].spec
+    plan = plan_kernel(spec, cell_for(spec), target_of("llvm"))
+    assert [(b.up_to, b.config["rows"]) for b in plan.branches] == [(1, 1), (2, 2), (3, 3), (None, 4)], plan.describe()
+    three = plan.branch_at(3).config
+    assert dict(three.knobs) == {"rows": 3, "units": units, "serpentine": 1}
+    _check_kernel("llvm", case, spec, point_kernel(spec, cell_for(spec), target_of("llvm"), three), "panels",
+                  batches=(2, 3, 5), note=three.describe())
+
+
 def test_cpu_lstm_takes_five_rows_where_they_make_fewer_whole_tiles():
     """An LSTM's default row tile is 5 rows where 5 divides the batch into fewer tiles than 4 rows do (batch 20: four
     passes over each item's weights, not five), 4 elsewhere and for a GRU at 32 units (480 accumulator floats); the

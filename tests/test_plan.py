@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import tvm
 
@@ -79,3 +80,33 @@ def test_the_plan_is_made_for_the_device_kernel_device_gives(monkeypatch):
     monkeypatch.setattr(tvmrnn.plan, "kernel_device", lambda target: Device.cuda("sm_90a", sm_count=114))
     plan = plan_model(Case().model(), SM90A)
     assert plan.device.sm_count == 114 and plan.layers[0].kernel.branch_at(1).config["blocks"] == 114
+
+
+def test_a_fixed_batch_builds_only_the_cpu_kernel_branch_that_runs_it():
+    """The CPU plan has a branch per batch bucket (1, 2, 3, above); with the batch fixed (input_shapes) the kernel is
+    built for that batch alone, without the dispatch, and computes what the symbolic one does."""
+    from tvmrnn.frontend import load_onnx, to_relax
+
+    case = Case(op="GRU", hidden=16, input_size=8, optional=("B", "initial_h"))
+    target = tvm.target.Target("llvm")
+    kernels = {}
+    for shapes in (None, {"batch": 2}):
+        model = load_onnx(case.model(), shapes)
+        plan = plan_model(model, target)
+        assert [b.up_to for b in plan.layers[0].kernel.branches] == [1, 2, 3, None]
+        mod = to_relax(model, plan).mod
+        kernels[bool(shapes)] = next(f for gv, f in mod.functions_items() if gv.name_hint.startswith("rnn_"))
+    assert "batch <=" in kernels[False].script() and "batch" not in kernels[True].script()
+    feeds = case.feeds(np.random.default_rng(0), 5, 2)
+    fixed = tvmrnn.compile(case.model(), target="llvm", logs=False, input_shapes={"batch": 2}).run(feeds)
+    for name, want in case.reference(feeds).items():
+        assert np.abs(fixed[name] - want).max() < 1e-5
+
+
+def test_stacked_layers_of_one_shape_share_their_cpu_kernel():
+    """A kernel reads XW, not X: two stacked LSTM(64) layers (inputs 32 and 64) run one function, compiled once."""
+    from tvmrnn.frontend import to_relax
+
+    model = _stack_model()
+    mod = to_relax(model, plan_model(model, tvm.target.Target("llvm"))).mod
+    assert [gv.name_hint for gv, _ in mod.functions_items() if gv.name_hint.startswith("rnn_")] == ["rnn_lstm0"]

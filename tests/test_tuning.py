@@ -57,7 +57,7 @@ def test_compile_applies_the_logs_and_stays_correct(tuned, tmp_path):
     assert "lstm_node: tuned for batch buckets [1, 4]" in res.output and "[tuned" in res.output
     meta = json.loads((tmp_path / "m.json").read_text())
     layer = meta["layers"][0]
-    assert layer["tuned"] and [(b["up_to_batch"], b["tuned"]) for b in layer["schedule"]] == [(1, True), (3, False), (4, True), (None, False)]
+    assert layer["tuned"] and [(b["up_to_batch"], b["tuned"]) for b in layer["schedule"]] == [(1, True), (2, False), (3, False), (4, True), (None, False)]
     # the tuned module computes what the untuned one does, at batch sizes on both sides of the buckets
     tuned_mod = tvmrnn.load(str(tmp_path / "m.so"))
     plain = tvmrnn.compile(str(model), target="llvm", logs=False)

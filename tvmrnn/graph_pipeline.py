@@ -87,7 +87,10 @@ def _legalize_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     columns = int(w.value.shape[1])
     nb = graph_cpu.dense_block(columns, _lanes())
     wp = relax.const(graph_cpu.pack_dense_weight(w.value.numpy(), nb))
-    return bb.call_te(graph_cpu.dense_packed, x, wp, columns, _lanes(), primfunc_name_hint="dense_packed")
+    # a GEMM and the copies of its rows in and out: kOutEWiseFusable (4) as one block would be, so the bias and
+    # activation after it fuse in (TVM's analysis calls several blocks opaque)
+    return bb.call_te(graph_cpu.dense_packed, x, wp, columns, _lanes(), primfunc_name_hint="dense_packed",
+                      primfunc_attrs={"op_pattern": 4})
 
 
 def _legalize_sigmoid(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:

@@ -1,6 +1,7 @@
 """Lower one recurrent layer to Relax: the input projection as one GEMM, then our recurrent kernel.
 
-    XW  = X @ W^T + (Wb + foldable Rb)     one matmul over all steps and directions
+    XW  = X @ W^T + (Wb + foldable Rb)     one matmul over all steps and directions (or, where X is an embedding
+                                           lookup, rows of the table's own projection, a constant)
     Y, Y_h[, Y_c] = call_tir(recurrent kernel for this layer and target)
 
 Weight re-layout (stacking directions, transposing R, folding biases) is written as Relax
@@ -11,6 +12,7 @@ weights that arrive as graph inputs take the same path at run time.
 from __future__ import annotations
 
 import numpy as np
+import tvm
 from tvm import relax
 
 from schedules import planned_kernel, projection_cpu, projection_cuda, projection_mma, projection_staged, projection_wgmma, split_halves
@@ -61,6 +63,8 @@ def _projection(bb, X, w, bias, gemm, target):
     In, cols, rows, xw_dtype = gemm.in_size, gemm.cols, gemm.rows, gemm.xw_dtype
     shape = X.ty.shape
     m = shape[0] * shape[1]
+    if gemm.kind == "table":
+        return _as_xw(bb, _table_lookup(bb, X, w, bias), xw_dtype)
     w_as_x = lambda: bb.emit(op.astype(w, str(X.ty.dtype)))  # noqa: E731 - the tensor-core GEMMs read W in X's dtype
     operands = lambda x2d: [x2d, weight]  # noqa: E731 - the GEMM's inputs before bias, from X as [rows, In]
     if gemm.kind == "wgmma_f16x3":  # exact fp32 as three fp16 products of X's and W's scaled halves
@@ -98,6 +102,42 @@ def _projection(bb, X, w, bias, gemm, target):
     return _as_xw(bb, bb.emit(op.reshape(flat, [shape[0], shape[1], cols])), xw_dtype)
 
 
+def _table_lookup(bb, X, w, bias):
+    """XW where X is rows of a constant table E (the plan's "table" projection): E @ w^T + bias is a constant, which
+    FoldConstant computes at compile time, and XW takes its rows by X's own indices (in X's order of leading axes)."""
+    table, indices, axes = _embedding_lookup(bb, X)
+    projected = op.matmul(table, op.permute_dims(w))
+    if bias is not None:
+        projected = op.add(projected, bias)
+    if axes is not None:
+        indices = bb.emit(op.permute_dims(indices, axes[:-1]))
+    return bb.emit(op.take(bb.emit(projected), indices, axis=0))
+
+
+def _embedding_lookup(bb, X):
+    """(E, indices, X's permutation of the lookup's leading axes or None) of X = take(E, indices, axis=0), E a
+    constant, maybe through permute_dims: the lookup the plan found in the ONNX graph (GraphIndex.table_rows) as TVM's
+    frontend emits it (Gather -> take, Transpose -> permute_dims)."""
+    x, axes = _bound(bb, X), None
+    if _is_op(x, "relax.permute_dims"):
+        axes = [int(a) for a in x.attrs.axes]
+        x = _bound(bb, x.args[0])
+    found = _is_op(x, "relax.take") and isinstance(x.args[0], tvm.ir.expr.Constant) and int(x.attrs.axis) == 0
+    assert found and (axes is None or axes[-1] == len(axes) - 1), f"X is not the embedding lookup the plan found: {x}"
+    return x.args[0], x.args[1], axes
+
+
+def _bound(bb, x):
+    """The expression a variable of the function being built is bound to (through variables bound to variables)."""
+    while isinstance(x, relax.Var) and bb.lookup_binding(x) is not None:
+        x = bb.lookup_binding(x)
+    return x
+
+
+def _is_op(x, name: str) -> bool:
+    return isinstance(x, relax.Call) and isinstance(x.op, tvm.ir.Op) and x.op.name == name
+
+
 def _halves(bb, a, rows, K: int, fold: bool) -> list:
     """An fp32 [rows, K] operand as the f16x3 GEMM reads it (schedules.split_halves): its rows' scaled fp16 halves
     [rows, 2K] and their scales [rows]. fold (W, rows a number): plain TE in a private, opaque function, as W's TF32
@@ -125,11 +165,19 @@ def emit_rnn_layer(bb: relax.BlockBuilder, layer, inputs: list, target, device) 
     kernel. `inputs` are the node's Relax inputs in ONNX order (None where absent). Returns [Y, Y_h(, Y_c)] as Relax
     expressions."""
     spec, cell = layer.spec, cell_for(layer.spec)
-    kernel = planned_kernel(spec, cell, target, layer.kernel, device)
+    kernel = planned_kernel(spec, cell, target, layer.kernel, device, _static_batch(spec, inputs[0], target))
     assert _xw_dtype(kernel.func) == layer.projection.xw_dtype, (spec.name, layer.projection)
     args = _kernel_inputs(bb, spec, cell, inputs, target, kernel.r_layout, layer.projection)
     results = _call(bb, kernel.func, spec.name, args, _output_types(spec, cell, inputs[0]))
     return _storage_dtype(bb, spec, results)
+
+
+def _static_batch(spec, X, target) -> int | None:
+    """X's batch where the model fixes it, on CPUs (the kernel then builds only the batch branch that runs it); None
+    where it is symbolic, and on CUDA, whose kernels are built for any batch."""
+    shape = relax.BlockBuilder.current().normalize(X).ty.shape
+    batch = shape[1] if spec.layout == 0 else shape[0]
+    return int(batch) if target.kind.name != "cuda" and isinstance(batch, tvm.tirx.IntImm) else None
 
 
 def _xw_dtype(func) -> str:
@@ -170,9 +218,12 @@ def _output_types(spec, cell, X) -> list:
 
 
 def _call(bb, func, name: str, args: list, outs: list) -> list:
-    """call_tir of our kernel (named rnn_<name>) and its outputs, one expression each."""
+    """call_tir of our kernel and its outputs, one expression each. The kernel is named rnn_<name> after the first
+    layer that runs it: layers whose kernels are the same function (a stack's layers above the first: the kernel reads
+    XW, not X, so the input size does not enter it) share one, built once (BlockBuilder.add_func finds it), where a
+    name of each layer's own made them three functions to compile for resemblyzer's three LSTMs."""
     name = "rnn_" + "".join(c if c.isalnum() else "_" for c in name)
-    gv = bb.add_func(func.with_attr("global_symbol", name), name)
+    gv = bb.add_func(func.without_attr("global_symbol"), name)
     res = bb.emit(relax.call_tir(gv, args, outs))
     return [bb.emit(relax.TupleGetItem(res, i)) for i in range(len(outs))]
 

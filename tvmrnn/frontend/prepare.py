@@ -4,6 +4,7 @@ Exporters write shape arithmetic into the graph (Shape -> Gather -> Concat -> Pa
 `squeeze(dim)` into an `If` on the dim's extent. TVM's frontend needs such values as constants, so the graph is first
 specialized (the dims and inputs the user fixes), then folded by onnxslim (ONNX shape inference plus its symbolic
 shape propagation, constant folding, `If` with a constant condition inlined), repeated while the graph keeps shrinking.
+Recurrent nodes' initial states that are provably zeros are then left out (`drop_zero_states`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from schedules.layer import INPUT_NAMES
+
 from ..errors import UnsupportedModelError
+from .graph_index import GraphIndex
 
 PREPARED = "tvmrnn.prepared"  # metadata_props key: the graph is already specialized and folded
 
@@ -30,6 +34,7 @@ def prepare(model: onnx.ModelProto, input_shapes: dict | None = None, consts: di
         fix_inputs(model, consts)
     forget_output_shapes(model)
     model = fold(model)
+    drop_zero_states(model)
     model.metadata_props.add(key=PREPARED, value="1")
     return model
 
@@ -118,6 +123,20 @@ def fold(model: onnx.ModelProto, rounds: int = 4) -> onnx.ModelProto:
             break
         size = _size(model)
     return model
+
+
+def drop_zero_states(model: onnx.ModelProto):
+    """Initial states of LSTM/GRU/RNN nodes that are provably zeros (a zero constant, or ConstantOfShape(0) through
+    shape-only ops, as PyTorch exports a layer called without one) left out: ONNX's default is zeros, and the kernel
+    then starts from zeros itself instead of reading a tensor that another kernel fills with zeros every run."""
+    graph = GraphIndex(model)
+    for node in model.graph.node:
+        names = INPUT_NAMES.get(node.op_type, ())
+        for i, (name, value) in enumerate(zip(names, node.input)):
+            if name in ("initial_h", "initial_c") and value and graph.zeros(value):
+                node.input[i] = ""
+        while node.op_type in INPUT_NAMES and node.input and not node.input[-1]:
+            node.input.pop()
 
 
 def fold_static_sizes(model: onnx.ModelProto):

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from schedules.layer import INPUT_NAMES
+
+from .graph_index import GraphIndex
 
 RNN_OPS = tuple(INPUT_NAMES)
 
@@ -32,76 +32,13 @@ class StackMember:
     lengths: bool = False  # it reads sequence_lens: the same tensor as the node below it
 
 
-# ops that keep an all-zero tensor all zeros whatever their other inputs
-_ZERO_KEEPING = ("Slice", "Expand", "Reshape", "Unsqueeze", "Squeeze", "Identity", "Cast", "Tile", "Transpose")
-
-
-class _Graph:
-    """What the search reads of a model, indexed once: each tensor's producing node and the initializers."""
-
-    def __init__(self, model: onnx.ModelProto):
-        self.producers = {o: n for n in model.graph.node for o in n.output if o}
-        self.initializers = {i.name: i for i in model.graph.initializer}
-
-    def constant(self, name: str):
-        """The value of an initializer or a Constant node's output, as an array; None for anything computed."""
-        if name in self.initializers:
-            return numpy_helper.to_array(self.initializers[name])
-        node = self.producers.get(name)
-        if node is not None and node.op_type == "Constant":
-            for a in node.attribute:
-                if a.name == "value":
-                    return numpy_helper.to_array(a.t)
-                if a.name in ("value_ints", "value_int", "value_floats", "value_float"):
-                    return np.array(onnx.helper.get_attribute_value(a))
-        return None
-
-    def constant_ints(self, name: str) -> list[int] | None:
-        value = self.constant(name)
-        return None if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
-
-    def zeros(self, name: str, depth: int = 0) -> bool:
-        """Whether a tensor is provably all zeros: a zero constant, or ConstantOfShape(0) through shape-only ops."""
-        value = self.constant(name)
-        if value is not None:
-            return not np.asarray(value).any()
-        node = self.producers.get(name)
-        if node is None or depth > 8:
-            return False
-        if node.op_type == "ConstantOfShape":
-            fill = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), None)
-            return fill is None or not fill.any()
-        return node.op_type in _ZERO_KEEPING and self.zeros(node.input[0], depth + 1)
-
-    def glued_from(self, x: str) -> str | None:
-        """The Y ([T, 1, N, H]) that x is, reshaped to [T, N, H] the way exporters join layers; None if it is not one."""
-        node = self.producers.get(x)
-        if node is None:
-            return None
-        if node.op_type == "Squeeze":
-            axes = list(_attr(node, "axes", [])) or (self.constant_ints(node.input[1]) if len(node.input) > 1 else None)
-            return node.input[0] if axes in ([1], [-3]) else None
-        if node.op_type == "Reshape" and self.constant_ints(node.input[1]) == [0, 0, -1]:
-            t = self.producers.get(node.input[0])
-            if t is not None and t.op_type == "Transpose" and list(_attr(t, "perm", [])) == [0, 2, 1, 3]:
-                return t.input[0]
-        return None
-
-
-def _attr(node, name, default=None):
-    for a in node.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
-
-
 def _lengths(node) -> str:
     names = INPUT_NAMES[node.op_type]
     i = names.index("sequence_lens")
     return node.input[i] if len(node.input) > i else ""
 
 
-def _constants(graph: _Graph, node, below) -> dict | None:
+def _constants(graph: GraphIndex, node, below) -> dict | None:
     """The node's inputs besides X by ONNX name, as arrays, if each present one is a constant, its lengths are the
     node below's (left out here: the kernel reads the first node's) and the initial states are zeros (left out: the
     kernel starts from zeros); else None."""
@@ -124,7 +61,7 @@ def _constants(graph: _Graph, node, below) -> dict | None:
 
 def find_chains(model: onnx.ModelProto) -> dict[int, list[StackMember]]:
     """{index of a chain's first node among the graph's recurrent nodes: the nodes above it, in order}."""
-    graph = _Graph(model)
+    graph = GraphIndex(model)
     rnn = [n for n in model.graph.node if n.op_type in RNN_OPS]
     index = {id(n): i for i, n in enumerate(rnn)}
     above = {}  # index of a node -> the member fed by its Y

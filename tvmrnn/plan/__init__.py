@@ -22,6 +22,7 @@ from schedules.layer import INPUT_NAMES, PRECISIONS
 from ..cuda_graph import resolve as resolve_cuda_graph
 from ..errors import UnsupportedModelError
 from ..frontend import TensorInfo, index_bounds, load_onnx, model_inputs, model_opset
+from ..frontend.graph_index import GraphIndex
 from ..frontend.inspect import FoundLayer, find_rnn_layers
 from ..frontend.rnn_spec import normalize_attrs, spec_from_node
 from ..frontend.stacks import StackMember, find_chains
@@ -174,6 +175,15 @@ def _chain(opset: int, first: int, members, found, specs: dict, plan_args) -> Ch
     return ChainPlan(layers, names, tuple(chain), tuple(members), batch, kernel, why)
 
 
+def _table_rows(graph: GraphIndex, node) -> int | None:
+    """The rows of the constant table the node's X is looked up in (GraphIndex.table_rows), where its W and B are
+    constants too (the table's projection can then be computed at compile time); else None."""
+    weights = [x for name, x in zip(INPUT_NAMES[node.op_type], node.input) if name in ("W", "B") and x]
+    if any(graph.constant_shape(x) is None for x in weights):
+        return None
+    return graph.table_rows(node.input[0])
+
+
 def _graph_plan(model, target, options: PlanOptions) -> GraphPlan:
     bounds, note = resolve_cuda_graph(model_inputs(model), target, options.max_dims, options.cuda_graph)
     return GraphPlan(bounds, note, dict(bounds if bounds is not None else options.max_dims or {}))
@@ -209,6 +219,7 @@ def _layers(model, found, specs: dict, chains: list[ChainPlan], plan_args) -> li
     nodes = [n for n in model.graph.node if n.op_type in INPUT_NAMES]
     outputs = {o.name for o in model.graph.output}
     graph_inputs = {i.name for i in model_inputs(model)}
+    index = GraphIndex(model)
     stacked = {i: c for c in chains if c.kernel is not None for i in c.layers}
     layers = []
     for i, spec in specs.items():
@@ -219,7 +230,8 @@ def _layers(model, found, specs: dict, chains: list[ChainPlan], plan_args) -> li
             spec, kernel = chain.specs[at], chain.kernel.plans[at]
         else:
             kernel = _layer_kernel(spec, target, options.kernel, tuned(spec), device)
-        projection = None if above_first else plan_projection(spec, target, _rows(spec, found[i].x_shape))
+        projection = None if above_first else plan_projection(spec, target, _rows(spec, found[i].x_shape),
+                                                              _table_rows(index, node))
         layers.append(LayerPlan(
             i, spec, found[i].x_shape, replace(kernel, projection=projection.label if projection else IN_THE_WAVEFRONT),
             projection, converts=options.storage is not None and found[i].spec.dtype == "float32",

@@ -6,6 +6,10 @@ count where the model does not fix them); otherwise with tensor cores the staged
 both in the layer's mode (fp16/bf16, TF32 with precision="tf32", 3xTF32 for exact fp32); else projection_mma / the
 exact-fp32 SIMT GEMM (projection_cuda) where it does not apply; TVM's matmul for shapes none covers. Our
 register-blocked GEMM on CPUs.
+
+On every target, where X is an embedding lookup (rows of a constant table) and the layer's W and B are constants, no
+GEMM runs: the table's own projection E @ W^T + bias is a constant, computed at compile time, and XW gathers its rows
+by the same indices (the "table" kind), as long as computing it stays small (TABLE_MAX_MACS).
 """
 
 from __future__ import annotations
@@ -18,13 +22,16 @@ from schedules.recurrent_cuda import xw_dtype as cuda_xw_dtype
 from schedules.space import rounding_mode, tensor_cores
 
 F32 = "float32"
+# the most multiply-adds of an embedding table's projection (rows x In x D*G*H) computed at compile time: TVM's constant
+# folding runs a plain loop nest (a quarter of a billion: seconds), and the table it keeps is as large as rows x cols
+TABLE_MAX_MACS = 1 << 28
 
 
 @dataclass(frozen=True)
 class Projection:
     """Which GEMM computes a layer's XW, and how."""
 
-    kind: str  # wgmma_f16x3 | wgmma | staged | mma | simt | matmul | cpu
+    kind: str  # wgmma_f16x3 | wgmma | staged | mma | simt | matmul | cpu | table
     mode: str | None  # the tensor-core mode the GEMM runs in (projection_*.MODES), where it has one
     rows: int | None  # seq * batch where the model fixes both (a function of its own with tiles for them), else None
     in_size: int
@@ -66,9 +73,13 @@ def _cuda_gemm(spec, target, rows, In: int, cols: int, xw: str) -> tuple[str, st
     return "matmul", None, "TVM matmul"
 
 
-def plan_projection(spec, target, rows: int | None) -> Projection:
-    """The GEMM of a layer (as compiled: its X in spec.dtype) on `target`; rows: seq * batch where the model fixes both."""
+def plan_projection(spec, target, rows: int | None, table_rows: int | None = None) -> Projection:
+    """The GEMM of a layer (as compiled: its X in spec.dtype) on `target`; rows: seq * batch where the model fixes both;
+    table_rows: the rows of the constant table X is looked up in, where it is one and W and B are constants."""
     In, cols, xw = spec.input_size, spec.num_directions * spec.gates * spec.hidden_size, xw_dtype(spec, target)
+    if table_rows is not None and spec.dtype == xw == F32 and table_rows * In * cols <= TABLE_MAX_MACS:
+        return Projection("table", None, rows, In, cols, xw,
+                          f"none: rows of the {table_rows}-row embedding's projection, computed at compile time")
     if target.kind.name == "cuda":
         kind, mode, label = _cuda_gemm(spec, target, rows, In, cols, xw)
     else:
