@@ -89,8 +89,15 @@ def test_zoo_model_builds_for_cuda(name, tmp_path):
     assert os.path.getsize(exported) > 0 and module.metadata["target_kind"] == "cuda"
 
 
+# DeepFilterNet3's ERB decoder computes wrong values on CUDA from its first Conv after the GRUs on (a 1x1 conv of 64
+# groups: relative error 0.1 there, 1.6 at the output; each Conv's output made a graph output and compared on an H200,
+# 2026-11-26); its llvm build matches. Strict: the test says so once it is fixed.
+WRONG_ON_CUDA = {"deepfilternet3_erb_dec": "grouped 1x1 Conv wrong on CUDA"}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=WRONG_ON_CUDA[n]))
+                                  if n in WRONG_ON_CUDA else n for n in NAMES])
 def test_zoo_model_on_gpu_matches_onnxruntime(name):
     path, model = _model(name), zoo.MODELS[name]
     module = tvmrnn.compile(path, target="cuda", logs=False, **model.compile_options("cuda"))
