@@ -56,6 +56,7 @@ class KernelArgs:
     cell: Cell
     seq: tirx.Var = field(default_factory=lambda: tirx.Var("seq", I64))
     batch: tirx.Var = field(default_factory=lambda: tirx.Var("batch", I64))
+    max_batch: int | None = None  # the largest batch the branch being emitted runs (batch_dispatch), None: any
     # operand name ("h" or a stored value) -> its copy in half precision (half_operands), written beside the fp32 one
     mirrors: dict = field(default_factory=dict)
     # f16x3 (split_operands): operand name -> the low fp16 halves of its values times operand_scale, whose high halves
@@ -358,6 +359,7 @@ def batch_dispatch(a: KernelArgs, branches):
     keeps none must not write them)."""
     (limit, emit), rest = branches[0], branches[1:]
     a.mirrors, a.split_mirrors, a.operand_scale, a.published = {}, {}, None, {}
+    a.max_batch = limit if rest else None
     if isinstance(a.batch, tirx.IntImm) and rest and (limit is None or int(a.batch) > limit):
         batch_dispatch(a, rest)  # a static batch builds the one branch that runs it
         return

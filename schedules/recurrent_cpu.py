@@ -189,6 +189,9 @@ def cpu_steps(a: KernelArgs, cfg: CpuConfig, threads: int):
     if single or batch is not None:
         time_loop(not single and parallel_pays(step_work * batch))
         return
+    if a.max_batch is not None and not parallel_pays(step_work * a.max_batch):
+        time_loop(False)  # no batch of this branch pays for the pool: no parallel copy of the loop to build
+        return
     with T.If(a.batch * i64(step_work) >= i64(MIN_PARALLEL_WORK)):
         with T.Then():
             time_loop(True)

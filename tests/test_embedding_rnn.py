@@ -35,8 +35,9 @@ def _token_model(tmp_path, op: str, bidirectional: bool, name: str = "tokens"):
             return self.fc(y)
 
     torch.manual_seed(0)
-    path = export(Tokens().eval(), (torch.randint(0, VOCAB, (2, 5)),), tmp_path / f"{name}.onnx", "legacy", ["ids"],
-                  ["logits"], {"ids": {0: "batch", 1: "steps"}})
+    path = tmp_path / f"{name}.onnx"
+    export(Tokens().eval(), (torch.randint(0, VOCAB, (2, 5)),), path, "legacy", ["ids"], ["logits"],
+           {"ids": {0: "batch", 1: "steps"}})
     return onnx.load(str(path))
 
 

@@ -84,7 +84,8 @@ def test_the_plan_is_made_for_the_device_kernel_device_gives(monkeypatch):
 
 def test_a_fixed_batch_builds_only_the_cpu_kernel_branch_that_runs_it():
     """The CPU plan has a branch per batch bucket (1, 2, 3, above); with the batch fixed (input_shapes) the kernel is
-    built for that batch alone, without the dispatch, and computes what the symbolic one does."""
+    built for that batch alone, without the dispatch, and computes what the symbolic one does. A branch whose batches
+    are all too small for the thread pool builds no parallel copy of its time loop."""
     from tvmrnn.frontend import load_onnx, to_relax
 
     case = Case(op="GRU", hidden=16, input_size=8, optional=("B", "initial_h"))
@@ -97,6 +98,9 @@ def test_a_fixed_batch_builds_only_the_cpu_kernel_branch_that_runs_it():
         mod = to_relax(model, plan).mod
         kernels[bool(shapes)] = next(f for gv, f in mod.functions_items() if gv.name_hint.startswith("rnn_"))
     assert "batch <=" in kernels[False].script() and "batch" not in kernels[True].script()
+    # a step of GRU(16) pays for the pool only at a large batch: only the last branch, any batch from 4, builds a
+    # parallel copy of the time loop beside the serial one
+    assert kernels[False].script().count("pragma_parallel_launch_point") == 1
     feeds = case.feeds(np.random.default_rng(0), 5, 2)
     fixed = tvmrnn.compile(case.model(), target="llvm", logs=False, input_shapes={"batch": 2}).run(feeds)
     for name, want in case.reference(feeds).items():
