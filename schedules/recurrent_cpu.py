@@ -192,6 +192,11 @@ def cpu_steps(a: KernelArgs, cfg: CpuConfig, threads: int):
     if a.max_batch is not None and not parallel_pays(step_work * a.max_batch):
         time_loop(False)  # no batch of this branch pays for the pool: no parallel copy of the loop to build
         return
+    if parallel_pays(step_work):
+        # one row's step pays already, so every batch does; a test's serial branch, taken at batch 0 alone, made TVM
+        # fold a division by zero (ddddocr's bidirectional LSTM(512) did not build)
+        time_loop(True)
+        return
     with T.If(a.batch * i64(step_work) >= i64(MIN_PARALLEL_WORK)):
         with T.Then():
             time_loop(True)
