@@ -51,9 +51,10 @@ MODELS = {m.name: m for m in [
     _silero("silero_vad_op18_ifless", {"batch": 1, "sequence": _WINDOW}, _SR),
     _silero("silero_vad_openvino_16k", {}),
     _silero("silero_vad_16k_sequence", {}, feeds=silero_vad.sequence_feeds, carry={"hn": "h", "cn": "c"}),
-    # on CUDA a symbolic image width stops TVM's lowering ("Can only handle constant size stack allocation")
+    # on CUDA a symbolic image width stops TVM's lowering ("Can only handle constant size stack allocation"): dlight's
+    # Matmul tiles compact their accumulators to min((width - 1) // 256 * 32 + 32, 4) rows, not provably 4 (width >= 1)
     ZooModel("ddddocr", ddddocr.PACKAGE, ddddocr.VERSION, "shipped", ddddocr.build, ddddocr.feeds,
-             cuda_shapes={"image_width": ddddocr.WIDTH}, slow=True),  # 76 MB wheel, 80 s to compile on 2 cores
+             cuda_shapes={"image_width": ddddocr.WIDTH}, slow=True),  # a 76 MB wheel; compiled in 15-40 s on 2 cores
     *[ZooModel(f"resemblyzer_{e}", resemblyzer.PACKAGE, resemblyzer.VERSION, e, partial(resemblyzer.build, e),
                resemblyzer.feeds) for e in ("legacy", "dynamo")],
     ZooModel("g2p_en_legacy", g2p_en.PACKAGE, g2p_en.VERSION, "legacy", partial(g2p_en.build, "legacy"), g2p_en.feeds),
