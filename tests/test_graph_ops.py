@@ -129,6 +129,22 @@ def test_packed_conv1d_with_epilogue_matches_numpy(c, o, w, k, stride, pad, symb
     assert _rel_err(got, ref) < 1e-5
 
 
+def test_symbolic_work_that_pays_at_its_smallest_has_no_run_time_test():
+    """A conv whose work pays for the pool even at a symbolic width of 1 (ddddocr's 48->192 3x3 over 16 rows: 1.3M
+    multiply-adds a column) keeps one parallel schedule, not a copy under a test that can only pass."""
+    from schedules.device import MIN_PARALLEL_WORK
+
+    target = resolve_target("llvm")
+    lanes = graph_cpu.vector_lanes(target)
+    ob = graph_cpu.channel_block(192, lanes)
+    x, wp = te.placeholder(_i64(1, 48, 16, "w")), te.placeholder(_i64(192 // ob, 48, 3, 3, ob))
+    func = te.create_prim_func([x, wp, graph_cpu.conv2d_packed(x, wp, [1, 1], [1] * 4, [1, 1], lanes)])
+    with target:
+        sch = graph_cpu.ConvPacked().apply(func, target, False)
+        text = graph_cpu.run_time_parallel(func, sch).script()
+    assert "T.parallel" in text and str(MIN_PARALLEL_WORK) not in text
+
+
 def test_symbolic_work_takes_the_thread_pool_only_where_it_pays():
     """A conv over a symbolic batch: its schedule twice under a run-time test of the work (MIN_PARALLEL_WORK), the
     pool's and the calling thread's, both correct (2 rows: 0.4M multiply-adds, 8 rows: 1.6M)."""
