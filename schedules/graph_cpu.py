@@ -4,7 +4,9 @@ parallel and vectorized.
 TVM 0.27 schedules nothing on LLVM targets by default (dlight's CPU rules cover GEMV and row reductions), so a
 legalized conv2d or matmul runs as naive single-threaded loops. Here:
 - `conv2d_packed` / `dense_packed` are TE computes over weights packed at compile time so that a vector of
-  output channels (conv) or columns (dense) is contiguous: W[O/OB, I, KH, KW, OB] and W[N/NB, K, NB];
+  output channels (conv) or columns (dense) is contiguous: W[O/OB, I, KH, KW, OB] and W[N/NB, K, NB]; grouped convs
+  (depthwise ones: OB = 1) take blocks of one group's channels, a transposed conv is conv2d_packed over its input
+  spread by the strides, and a grouped linear layer (an einsum) is dense_packed with one group's B per column tile;
 - the rules `ConvPacked` and `DensePacked` schedule them (and the pointwise ops FuseOps fused after them) as a
   register tile of accumulators (OB channels x XB output columns, or MR rows x NB columns) that stays in registers
   while the reduction streams, the tiles spread over TVM's thread pool, the epilogue applied per tile. The computes
@@ -79,7 +81,10 @@ def pack_conv1d_weight(w: np.ndarray, ob: int) -> np.ndarray:
 
 
 def pack_dense_weight(w: np.ndarray, nb: int) -> np.ndarray:
-    """B [K, N] of x @ B -> [ceil(N/nb), K, nb], zero columns past N."""
+    """B [K, N] of x @ B -> [ceil(N/nb), K, nb], zero columns past N; a grouped B [G, K, N] -> each group's packed in
+    turn, [G * ceil(N/nb), K, nb]."""
+    if w.ndim == 3:
+        return np.concatenate([pack_dense_weight(g, nb) for g in w])
     k, n = w.shape
     padded = np.zeros((k, -(-n // nb) * nb), w.dtype)
     padded[:, :n] = w
@@ -137,12 +142,14 @@ def _whole_tiles(extent, tile: int):
     return tvm.sym.Analyzer().simplify((extent + tile - 1) // tile * tile)
 
 
-def _packed_conv(x, wp, strides, pads_before, pads_after, dilation, lanes, channels=None):
+def _packed_conv(x, wp, strides, pads_before, pads_after, dilation, lanes, channels=None, groups: int = 1):
     """The conv over packed weights with as many spatial axes as x has after (n, c): the padded input, the
     accumulation over whole column tiles, and the output cropped to its true width where the tiles overhang it, and to
-    `channels` where the packed weight ends in zero channels."""
-    n, c, *size = x.shape
-    ob_count, _, *kernel, ob = wp.shape
+    `channels` where the packed weight ends in zero channels. With groups, wp's input channels are a group's and OB
+    divides a group's output channels, so a tile of OB channels reads one group's inputs (depthwise: OB = 1)."""
+    n, _, *size = x.shape
+    ob_count, c, *kernel, ob = wp.shape
+    channel = _group_channel(ob_count, c, ob, groups)
     simplify = tvm.sym.Analyzer().simplify
     out = [simplify((s + b + a - (k - 1) * d - 1) // st + 1)
            for s, b, a, k, d, st in zip(size, pads_before, pads_after, kernel, dilation, strides)]
@@ -154,7 +161,7 @@ def _packed_conv(x, wp, strides, pads_before, pads_after, dilation, lanes, chann
 
     def body(b, o, *pos):
         at = [p * st + r * d for p, st, r, d in zip(pos, strides, reduce[1:], dilation)]
-        return te.sum(padded[(b, reduce[0], *at)] * wp[(o // ob, reduce[0], *reduce[1:], o % ob)], axis=reduce)
+        return te.sum(padded[(b, channel(o, reduce[0]), *at)] * wp[(o // ob, reduce[0], *reduce[1:], o % ob)], axis=reduce)
 
     conv = te.compute((n, ob_count * ob, *out[:-1], width), body, name=CONV_BLOCK, attrs=tiling.attrs())
     channels = ob_count * ob if channels is None else tirx.const(int(channels), str(ob_count.ty))  # int64 from Relax
@@ -178,10 +185,53 @@ def _padded_input(x, before, extents):
     return te.compute((*x.shape[:2], *extents), value, name="pad_temp")
 
 
-def conv2d_packed(x: te.Tensor, wp: te.Tensor, strides, padding, dilation, lanes: int) -> te.Tensor:
-    """NCHW conv2d over packed weights (groups 1): out[n, o, y, x] = sum_{c,ry,rx} pad(x)[n, c, y*sh+ry*dh, x*sw+rx*dw] * wp[o/OB, c, ry, rx, o%OB]."""
+def _group_channel(ob_count, group_channels, ob, groups: int):
+    """(output channel o, a group's input channel c) -> the input channel read: c for one group, else c of o's group,
+    found from o's channel block (o // OB, the index the packed weight is read by) so that it stays one value across
+    the OB channels of a tile."""
+    if groups == 1:
+        return lambda o, c: c
+    blocks_per_group = int(ob_count) // groups
+    return lambda o, c: o // ob // blocks_per_group * group_channels + c
+
+
+def conv2d_packed(x: te.Tensor, wp: te.Tensor, strides, padding, dilation, lanes: int, groups: int = 1) -> te.Tensor:
+    """NCHW conv2d over packed weights: out[n, o, y, x] = sum_{c,ry,rx} pad(x)[n, g(o)*C + c, y*sh+ry*dh, x*sw+rx*dw] *
+    wp[o/OB, c, ry, rx, o%OB], C a group's input channels (all of them in one group), g(o) output channel o's group."""
     pt, pl, pb, pr = padding
-    return _packed_conv(x, wp, strides, [pt, pl], [pb, pr], dilation, lanes)
+    return _packed_conv(x, wp, strides, [pt, pl], [pb, pr], dilation, lanes, groups=groups)
+
+
+def transposed_conv_weight(w: np.ndarray, groups: int) -> np.ndarray:
+    """A transposed conv's weight [I, O/groups, KH, KW] as the equivalent conv's over the spread input: OIHW
+    [O, I/groups, KH, KW], each group's in and out channels swapped and the window flipped."""
+    i, og, kh, kw = w.shape
+    ig = i // groups
+    per_group = w.reshape(groups, ig, og, kh, kw).transpose(0, 2, 1, 3, 4)[..., ::-1, ::-1]
+    return np.ascontiguousarray(per_group.reshape(groups * og, ig, kh, kw))
+
+
+def conv2d_transpose_packed(x: te.Tensor, wp: te.Tensor, strides, padding, output_padding, dilation, lanes: int,
+                            groups: int) -> te.Tensor:
+    """NCHW conv2d_transpose as conv2d_packed over its input spread by the strides (zeros between the values) and
+    padded by dilation * (K - 1) - padding on each side (plus output_padding after), with the weight of
+    transposed_conv_weight, packed. Every pad must come out >= 0 (padding <= dilation * (K - 1))."""
+    n, c, h, w = x.shape
+    (sh, sw), (dh, dw) = strides, dilation
+    kh, kw = int(wp.shape[2]), int(wp.shape[3])
+    pt, pl, pb, pr = padding
+    top, left = dh * (kh - 1) - pt, dw * (kw - 1) - pl
+    bottom, right = dh * (kh - 1) - pb + output_padding[0], dw * (kw - 1) - pr + output_padding[1]
+    assert min(top, left, bottom, right) >= 0, (padding, dilation, (kh, kw))
+
+    def spread(b, ch, y, xx):
+        iy, ix = y - top, xx - left
+        inside = tirx.all(iy >= 0, ix >= 0, iy % sh == 0, ix % sw == 0, iy // sh < h, ix // sw < w)
+        return tirx.if_then_else(inside, x[b, ch, tirx.max(iy, 0) // sh, tirx.max(ix, 0) // sw], tirx.const(0.0, x.dtype))
+
+    spread_shape = (n, c, (h - 1) * sh + 1 + top + bottom, (w - 1) * sw + 1 + left + right)
+    return _packed_conv(te.compute(spread_shape, spread, name="spread_input"), wp, [1, 1], [0, 0], [0, 0], dilation,
+                        lanes, groups=groups)
 
 
 def conv1d_packed(x: te.Tensor, wp: te.Tensor, stride: int, padding, dilation: int, lanes: int, channels=None) -> te.Tensor:
@@ -197,12 +247,15 @@ def dense_row_tile(rows, nb: int, lanes: int) -> int:
     return most if _static(rows) is None else _balanced_tile(_static(rows), most)
 
 
-def dense_packed(x: te.Tensor, wp: te.Tensor, columns: int, lanes: int) -> te.Tensor:
+def dense_packed(x: te.Tensor, wp: te.Tensor, columns: int, lanes: int, groups: int = 1) -> te.Tensor:
     """x [..., K] @ B [K, columns], B packed [N/NB, K, NB] (padded): one GEMM over the rows of all leading dims and
     every packed column (a 2-D block the rule tiles in whole tiles of MR rows: the rows are padded with zeros where
-    they do not divide), then the output's shape and columns."""
+    they do not divide), then the output's shape and columns. With groups (a grouped linear layer, out[..., g, :] =
+    x[..., g, :] @ B[g]): x [..., G, K], B [G, K, columns] packed group after group, out [..., G, columns]; a column
+    tile lies in one group, whose row of x it reads."""
     nb_count, k_dim, nb = wp.shape
-    lead = tuple(x.shape[:-1])
+    lead = tuple(x.shape[:-1] if groups == 1 else x.shape[:-2])
+    per_group = int(nb_count) // groups
     rows = 1
     for d in lead:
         rows = rows * d
@@ -222,23 +275,28 @@ def dense_packed(x: te.Tensor, wp: te.Tensor, columns: int, lanes: int) -> te.Te
             m = m // d
         return (m, *reversed(idx))
 
+    inner = (groups, k_dim) if groups > 1 else (k_dim,)  # a row of the GEMM's input: a group's K values each
     if padded_rows is rows:
-        a = te.compute((rows, k_dim), lambda m, kk: x[row_of(m) + (kk,)], name="dense_input") if len(lead) > 1 else x
+        a = te.compute((rows, *inner), lambda m, *kk: x[row_of(m) + kk], name="dense_input") if len(lead) > 1 else x
     else:
-        a = te.compute((padded_rows, k_dim), lambda m, kk: tirx.if_then_else(m < rows, x[row_of(m) + (kk,)], tirx.const(0.0, x.dtype)),
+        a = te.compute((padded_rows, *inner), lambda m, *kk: tirx.if_then_else(m < rows, x[row_of(m) + kk], tirx.const(0.0, x.dtype)),
                        name="dense_input")
-    gemm = te.compute((padded_rows, nb_count * nb), lambda m, n: te.sum(a[m, k] * wp[n // nb, k, n % nb], axis=k),
+
+    def a_at(m, n):
+        return a[m, k] if groups == 1 else a[m, n // nb // per_group, k]
+
+    gemm = te.compute((padded_rows, nb_count * nb), lambda m, n: te.sum(a_at(m, n) * wp[n // nb, k, n % nb], axis=k),
                       name=DENSE_BLOCK, attrs={"tile_rows": mr})
-    if len(lead) == 1 and padded_rows is rows and int(nb_count) * int(nb) == columns:
+    if groups == 1 and len(lead) == 1 and padded_rows is rows and int(nb_count) * int(nb) == columns:
         return gemm
 
     def back(*i):
         m = 0
-        for d, v in zip(lead, i[:-1]):
+        for d, v in zip(lead, i[:len(lead)]):
             m = m * d + v
-        return gemm[m, i[-1]]
+        return gemm[m, (i[-2] * (per_group * nb) if groups > 1 else 0) + i[-1]]
 
-    return te.compute(lead + (columns,), back, name="dense_rows")
+    return te.compute(lead + ((groups,) if groups > 1 else ()) + (columns,), back, name="dense_rows")
 
 
 def _main_and_epilogue(sch: s_tir.Schedule, name: str):

@@ -105,7 +105,34 @@ def dense_head(torch, steps=200, batch=4, features=64, hidden=256):
     return Net(), (steps, batch, features), True
 
 
-CASES = {"vgg-crnn": vgg_crnn, "captcha-crnn": captcha_crnn, "lstm150-b1": small_lstm, "dense-head": dense_head}
+def separable_gru(torch, frames=20, bins=32):
+    """DeepFilterNet's kinds of layers: a grouped conv, a depthwise conv striding the frequency axis and a pointwise one,
+    a depthwise transposed conv back up, a grouped linear layer (einsum), a GRU over the frames and a tanh head."""
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv0 = nn.Conv2d(2, 16, 3, padding=1, groups=2)
+            self.down = nn.Sequential(nn.Conv2d(16, 16, (1, 3), stride=(1, 2), padding=(0, 1), groups=16),
+                                      nn.Conv2d(16, 16, 1), nn.ReLU())
+            self.up = nn.ConvTranspose2d(16, 16, (1, 3), stride=(1, 2), padding=(0, 1), output_padding=(0, 1), groups=16)
+            self.grouped = nn.Parameter(torch.randn(4, 128, 32) / 12)
+            self.gru = nn.GRU(128, 64, batch_first=True)
+            self.out = nn.Linear(64, 8)
+
+        def forward(self, x):
+            a = self.conv0(x).relu()
+            c = self.up(self.down(a)).relu() + a
+            seq = c.permute(0, 2, 1, 3).reshape(1, frames, 4, 128)
+            y, _ = self.gru(torch.einsum("btgi,gih->btgh", seq, self.grouped).reshape(1, frames, 128))
+            return self.out(y).tanh()
+
+    return Net(), (1, 2, frames, bins), True
+
+
+CASES = {"vgg-crnn": vgg_crnn, "captcha-crnn": captcha_crnn, "lstm150-b1": small_lstm, "dense-head": dense_head,
+         "separable-gru": separable_gru}
 
 
 def _export(torch, net, shape, fold_bn):

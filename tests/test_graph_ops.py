@@ -32,7 +32,7 @@ def _ort(model, feeds):
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
-@pytest.mark.parametrize("name", ["captcha-crnn", "dense-head", "lstm150-b1", "vgg-crnn"])
+@pytest.mark.parametrize("name", ["captcha-crnn", "dense-head", "lstm150-b1", "vgg-crnn", "separable-gru"])
 def test_model_matches_onnxruntime_on_llvm(name):
     model, feeds = build(name)
     ours = tvmrnn.compile(model, target="llvm", logs=False).run(feeds)
@@ -197,6 +197,107 @@ def test_packed_dense_matches_numpy(lead, k, n):
     assert sch is not None
     got = _run(sch.mod["main"], target, [x_np, graph_cpu.pack_dense_weight(w_np, nb), np.zeros(shape + (n,), "f4")])
     assert _rel_err(got, 2 * x_np.astype("f8") @ w_np) < 1e-5
+
+
+def test_grouped_and_transposed_convs_and_einsums_get_the_packed_kernels():
+    """Grouped, depthwise and transposed convs and a grouped linear einsum: no function of TVM's default legalization
+    (conv2d / group_conv2d / conv2d_transpose / einsum: naive single-threaded loops) is left."""
+    from tvmrnn.graph_pipeline import fused_module
+
+    model, _ = build("separable-gru")
+    target = resolve_target("llvm")
+    names = [gv.name_hint for gv, f in fused_module(_relax(model, target), target).functions_items()
+             if isinstance(f, tvm.tirx.PrimFunc)]
+    assert sum("conv2d_packed" in n for n in names) == 4, names
+    assert any("dense_packed" in n for n in names), names
+    assert not any(k in n for n in names for k in ("einsum", "conv2d_transpose", "conv2d_nchw", "group_conv2d")), names
+
+
+def _torch_conv(x, w, b, stride, pad, groups):
+    import torch
+
+    x = np.pad(x, [(0, 0), (0, 0), (pad[0], pad[2]), (pad[1], pad[3])])
+    return torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b), stride,
+                                      groups=groups).relu().numpy()
+
+
+def _packed_conv_with_relu(x_shape, w_shape, out_channels, groups, conv):
+    """conv(x, wp, lanes) -> the conv2d_packed compute; its packed weight in channel blocks of one group's outputs, a
+    bias + relu epilogue, scheduled by ConvPacked. Returns (PrimFunc, channel block)."""
+    target = resolve_target("llvm")
+    lanes = graph_cpu.vector_lanes(target)
+    ob = graph_cpu.channel_block(out_channels // groups, lanes)
+    x, b = te.placeholder(_i64(*x_shape)), te.placeholder(_i64(out_channels))
+    wp = te.placeholder(_i64(out_channels // ob, *w_shape[1:], ob))
+    y = conv(x, wp, lanes)
+    out = te.compute(y.shape, lambda n, k, i, j: te.max(y[n, k, i, j] + b[k], 0.0), name="relu")
+    sch = graph_cpu.ConvPacked().apply(te.create_prim_func([x, wp, b, out]), target, False)
+    assert sch is not None
+    return sch.mod["main"], ob
+
+
+@pytest.mark.parametrize("c,o,h,w,k,stride,pad,groups", [
+    (2, 64, 6, 20, (3, 3), (1, 1), (1, 1, 1, 1), 2),  # two groups of 32 channels
+    (16, 16, 5, 32, (1, 3), (1, 2), (0, 1, 0, 1), 16),  # depthwise, striding the width
+    (16, 32, 4, 17, (3, 3), (2, 1), (1, 0, 1, 2), 16),  # depthwise with a multiplier of 2, an odd width
+    (64, 10, 8, 24, (5, 1), (1, 1), (4, 0, 0, 0), 2)])  # groups of 5 output channels (blocks of one)
+def test_grouped_conv_matches_torch(c, o, h, w, k, stride, pad, groups):
+    rng = np.random.default_rng(3)
+    x_np, w_np, b_np = (rng.standard_normal(s).astype("f4") for s in ((1, c, h, w), (o, c // groups) + k, (o,)))
+    ref = _torch_conv(x_np, w_np, b_np, stride, pad, groups)
+    func, ob = _packed_conv_with_relu((1, c, h, w), w_np.shape, o, groups, lambda x, wp, lanes: graph_cpu.conv2d_packed(
+        x, wp, list(stride), list(pad), [1, 1], lanes, groups))
+    got = _run(func, resolve_target("llvm"), [x_np, graph_cpu.pack_conv_weight(w_np, ob), b_np, np.zeros(ref.shape, "f4")])
+    assert _rel_err(got, ref) < 1e-5
+
+
+@pytest.mark.parametrize("c,o,h,w,k,stride,pad,out_pad,dilation,groups", [
+    (16, 16, 5, 8, (1, 3), (1, 2), (0, 1, 0, 1), (0, 1), (1, 1), 16),  # DeepFilterNet's: depthwise, doubling the width
+    (6, 8, 5, 7, (3, 3), (2, 2), (1, 1, 1, 1), (1, 0), (1, 1), 1),
+    (4, 6, 4, 6, (3, 2), (2, 3), (2, 0, 1, 1), (0, 2), (2, 1), 2)])
+def test_transposed_conv_matches_torch(c, o, h, w, k, stride, pad, out_pad, dilation, groups):
+    import torch
+
+    rng = np.random.default_rng(4)
+    x_np, w_np, b_np = (rng.standard_normal(s).astype("f4") for s in ((1, c, h, w), (c, o // groups) + k, (o,)))
+    # torch pads both sides alike, ONNX each side its own: the reference is torch's unpadded output, extended by
+    # output_padding and cropped by the pads
+    full = torch.nn.functional.conv_transpose2d(torch.from_numpy(x_np), torch.from_numpy(w_np), None, stride, 0, 0,
+                                                groups, dilation).numpy()
+    full = np.pad(full, [(0, 0), (0, 0), (0, out_pad[0]), (0, out_pad[1])])
+    top, left, bottom, right = pad
+    ref = np.maximum(full[:, :, top:full.shape[2] - bottom, left:full.shape[3] - right] + b_np[:, None, None], 0)
+    weight = graph_cpu.transposed_conv_weight(w_np, groups)
+    func, ob = _packed_conv_with_relu((1, c, h, w), weight.shape, o, groups, lambda x, wp, lanes: graph_cpu.conv2d_transpose_packed(
+        x, wp, list(stride), list(pad), list(out_pad), list(dilation), lanes, groups))
+    got = _run(func, resolve_target("llvm"), [x_np, graph_cpu.pack_conv_weight(weight, ob), b_np, np.zeros(ref.shape, "f4")])
+    assert _rel_err(got, ref) < 1e-5
+
+
+@pytest.mark.parametrize("rows", [7, "rows"])
+def test_grouped_dense_matches_numpy(rows):
+    """out[..., g, :] = x[..., g, :] @ B[g]: 16 groups of 32 -> 60 columns (padded to whole tiles), static and symbolic
+    rows."""
+    target = resolve_target("llvm")
+    lanes = graph_cpu.vector_lanes(target)
+    rng = np.random.default_rng(5)
+    x_np, w_np = rng.standard_normal((1, 7, 16, 32)).astype("f4"), rng.standard_normal((16, 32, 60)).astype("f4")
+    nb = graph_cpu.dense_block(60, lanes)
+    x, wp = te.placeholder(_i64(1, rows, 16, 32)), te.placeholder(_i64(16 * -(-60 // nb), 32, nb))
+    y = graph_cpu.dense_packed(x, wp, 60, lanes, groups=16)
+    sch = graph_cpu.DensePacked().apply(te.create_prim_func([x, wp, y]), target, False)
+    assert sch is not None
+    got = _run(sch.mod["main"], target, [x_np, graph_cpu.pack_dense_weight(w_np, nb), np.zeros((1, 7, 16, 60), "f4")])
+    assert _rel_err(got, np.einsum("btgi,gih->btgh", x_np.astype("f8"), w_np)) < 1e-5
+
+
+@pytest.mark.parametrize("equation,order", [("btgi,gih->btgh", [0, 1, 2]), ("btgi,ghi->btgh", [0, 2, 1]),
+                                            ("bti,ih->bth", [0, 1]), ("bi,hi->bh", [1, 0]), ("btgi,gih->bthg", None),
+                                            ("bij,jk->bki", None), ("...i,ih->...h", None), ("bii,ih->bih", None)])
+def test_einsums_that_are_linear_layers(equation, order):
+    from tvmrnn.graph_pipeline import _grouped_linear_order
+
+    assert _grouped_linear_order(equation) == order
 
 
 def _lowered(func, target) -> str:

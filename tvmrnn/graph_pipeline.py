@@ -2,9 +2,11 @@
 target, with the layers around the recurrent kernels scheduled.
 
     decompose   batch norms into pointwise ops over folded constants (they then fuse into the conv before them)
-    legalize    ops to TIR; on LLVM conv2d and matmul with constant weights as our packed-weight computes
-                (schedules.graph_cpu), their weights packed here, at compile time; on every target x ** n for a
-                constant whole n as products (CUDA's fast-math powf is NaN for negative x)
+    legalize    ops to TIR; on LLVM conv2d (grouped and depthwise too), conv2d_transpose (a conv over the input
+                spread by its strides), conv1d, matmul and linear-layer einsums with constant weights as our
+                packed-weight computes (schedules.graph_cpu), their weights packed here, at compile time, and sigmoid
+                and tanh through TVM's vectorizable approximations; on every target x ** n for a constant whole n as
+                products (CUDA's fast-math powf is NaN for negative x)
     fuse        FuseOps + FuseTIR: pointwise ops into the conv/matmul/reduction before them
     schedule    tuning records where given (MetaSchedule's database), then dlight's rules: on LLVM ours for the packed
                 convs and GEMMs, dlight's CPU GEMV and row reductions (softmax, layer norm) and a parallel fallback,
@@ -17,6 +19,7 @@ Our recurrent kernels arrive scheduled (`tirx.is_scheduled`) and pass through un
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -29,12 +32,12 @@ def _const_f32(expr, ndim):
     return isinstance(expr, tvm.ir.expr.Constant) and str(expr.value.dtype) == "float32" and len(expr.value.shape) == ndim
 
 
-def _plain_conv(call: relax.Call, data_layout: str, kernel_layout: str) -> bool:
-    """One group, fp32, the plain layouts, a constant weight: what our packed convs take."""
+def _plain_conv(call: relax.Call, data_layout: str, kernel_layout: str, grouped: bool = False) -> bool:
+    """fp32, the plain layouts, a constant weight, one group (or any where `grouped`): what our packed convs take."""
     a = call.attrs
     x, w = call.args
     return (a.data_layout == data_layout and a.kernel_layout == kernel_layout and a.out_layout == data_layout
-            and int(a.groups) == 1 and str(x.ty.dtype) == "float32"
+            and (grouped or int(a.groups) == 1) and str(x.ty.dtype) == "float32"
             and str(a.out_dtype) in ("", "None", "void", "float32") and _const_f32(w, len(kernel_layout)))
 
 
@@ -44,24 +47,44 @@ def _lanes() -> int:
     return graph_cpu.vector_lanes(tvm.target.Target.current())
 
 
-def _out_channel_block(w, padded=False) -> int:
+def _out_channel_block(out_channels: int, padded=False, groups: int = 1) -> int:
+    """Output channels per conv tile: a block of one group's."""
     from schedules import graph_cpu
 
     block = graph_cpu.padded_channel_block if padded else graph_cpu.channel_block
-    return block(int(w.value.shape[0]), _lanes())
+    return block(out_channels // groups, _lanes())
 
 
 def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-    """conv2d (NCHW, OIHW, one group, fp32) over a constant weight: our packed-weight compute; others TVM's."""
+    """conv2d (NCHW, OIHW, fp32, any groups: depthwise too) over a constant weight: our packed-weight compute; others
+    TVM's."""
     from schedules import graph_cpu
 
-    if not _plain_conv(call, "NCHW", "OIHW"):
+    if not _plain_conv(call, "NCHW", "OIHW", grouped=True):
         return _default_legalize("relax.nn.conv2d")(bb, call)
     a, (x, w) = call.attrs, call.args
-    wp = relax.const(graph_cpu.pack_conv_weight(w.value.numpy(), _out_channel_block(w)))
+    groups = int(a.groups)
+    wp = relax.const(graph_cpu.pack_conv_weight(w.value.numpy(), _out_channel_block(int(w.value.shape[0]), groups=groups)))
     ints = lambda v: [int(i) for i in v]  # noqa: E731
     return bb.call_te(graph_cpu.conv2d_packed, x, wp, ints(a.strides), ints(a.padding), ints(a.dilation),
-                      _lanes(), primfunc_name_hint="conv2d_packed")
+                      _lanes(), groups, primfunc_name_hint="conv2d_packed")
+
+
+def _legalize_conv2d_transpose(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """conv2d_transpose (NCHW, IOHW, fp32, any groups) over a constant weight, its pads no wider than its windows:
+    our packed conv over the input spread by the strides (graph_cpu.conv2d_transpose_packed); others TVM's."""
+    from schedules import graph_cpu
+
+    a, (x, w) = call.attrs, call.args
+    ints = lambda v: [int(i) for i in v]  # noqa: E731
+    groups, padding, dilation = int(a.groups), ints(a.padding), ints(a.dilation)
+    if not _plain_conv(call, "NCHW", "IOHW", grouped=True) or any(
+            p > d * (k - 1) for p, d, k in zip(padding, dilation * 2, [int(k) for k in w.value.shape[2:]] * 2)):
+        return _default_legalize("relax.nn.conv2d_transpose")(bb, call)
+    weight = graph_cpu.transposed_conv_weight(w.value.numpy(), groups)
+    wp = relax.const(graph_cpu.pack_conv_weight(weight, _out_channel_block(weight.shape[0], groups=groups)))
+    return bb.call_te(graph_cpu.conv2d_transpose_packed, x, wp, ints(a.strides), padding, ints(a.output_padding),
+                      dilation, _lanes(), groups, primfunc_name_hint="conv2d_packed")
 
 
 def _legalize_conv1d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -72,7 +95,7 @@ def _legalize_conv1d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     if not _plain_conv(call, "NCW", "OIW"):
         return _default_legalize("relax.nn.conv1d")(bb, call)
     a, (x, w) = call.attrs, call.args
-    wp = relax.const(graph_cpu.pack_conv1d_weight(w.value.numpy(), _out_channel_block(w, padded=True)))
+    wp = relax.const(graph_cpu.pack_conv1d_weight(w.value.numpy(), _out_channel_block(int(w.value.shape[0]), padded=True)))
     return bb.call_te(graph_cpu.conv1d_packed, x, wp, int(a.strides[0]), [int(p) for p in a.padding], int(a.dilation[0]),
                       _lanes(), int(w.value.shape[0]), primfunc_name_hint="conv1d_packed")
 
@@ -93,6 +116,40 @@ def _legalize_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
                       primfunc_attrs={"op_pattern": 4})
 
 
+def _grouped_linear_order(subscripts: str):
+    """For an einsum x, B -> y that is a linear layer over x's last axis, grouped or not ("btgi,gih->btgh": each group
+    g of x's rows times its own B[g]; "bti,ih->bth"), the axes of B in (g, i, h) or (i, h) order; else None."""
+    inputs, arrow, out = subscripts.replace(" ", "").partition("->")
+    x, _, w = inputs.partition(",")
+    if not arrow or "." in subscripts or len(set(x)) != len(x) or len(set(w)) != len(w) or len(w) not in (2, 3):
+        return None
+    *lead, i = x
+    group = lead[-1:] if len(w) == 3 else []
+    h = [c for c in w if c not in x]
+    if len(h) != 1 or set(w) != set(group + [i] + h) or out != "".join(lead + h):
+        return None
+    return [w.index(c) for c in group + [i] + h]
+
+
+def _legalize_einsum(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """An einsum that is a (grouped) linear layer over a constant fp32 B (DeepFilterNet's GroupedLinearEinsum): our
+    packed-weight GEMM, B laid out at compile time; others TVM's."""
+    from schedules import graph_cpu
+
+    operands = call.args[0]
+    order = _grouped_linear_order(str(call.attrs.subscripts))
+    if (order is None or not isinstance(operands, relax.Tuple) or len(operands.fields) != 2
+            or str(operands.fields[0].ty.dtype) != "float32" or not _const_f32(operands.fields[1], len(order))):
+        return _default_legalize("relax.einsum")(bb, call)
+    x, w = operands.fields
+    weight = np.ascontiguousarray(w.value.numpy().transpose(order))
+    groups, columns = (weight.shape[0] if weight.ndim == 3 else 1), weight.shape[-1]
+    nb = graph_cpu.dense_block(columns, _lanes())
+    wp = relax.const(graph_cpu.pack_dense_weight(weight, nb))
+    return bb.call_te(graph_cpu.dense_packed, x, wp, columns, _lanes(), groups, primfunc_name_hint="dense_packed",
+                      primfunc_attrs={"op_pattern": 4})  # as _legalize_matmul's
+
+
 def _legalize_sigmoid(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """fp32 sigmoid through TVM's polynomial exp (topi.fast_exp, vectorizable; relative error near 1e-7): the exact
     one is a libm call per element (the captcha CRNN's SiLUs took 7 of its 15 ms)."""
@@ -102,6 +159,16 @@ def _legalize_sigmoid(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 
     return bb.call_te(lambda x: topi.divide(1.0, topi.add(1.0, topi.fast_exp(topi.negative(x)))), call.args[0],
                       primfunc_name_hint="sigmoid")
+
+
+def _legalize_tanh(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """fp32 tanh through TVM's rational approximation (topi.fast_tanh: vectorizable, within 3e-7 of float64's over
+    [-12, 12], where TVM's exact one was 2.5e-5 relative and a libm call per element, 35x slower)."""
+    if str(call.args[0].ty.dtype) != "float32":
+        return _default_legalize("relax.tanh")(bb, call)
+    from tvm import topi
+
+    return bb.call_te(topi.fast_tanh, call.args[0], primfunc_name_hint="tanh")
 
 
 def _whole_exponent(call: relax.Call):
@@ -134,8 +201,9 @@ def _legalize_power(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 
 
 LEGALIZE = {"relax.power": _legalize_power}
-CPU_LEGALIZE = {**LEGALIZE, "relax.nn.conv2d": _legalize_conv2d, "relax.nn.conv1d": _legalize_conv1d,
-                "relax.matmul": _legalize_matmul, "relax.sigmoid": _legalize_sigmoid}
+CPU_LEGALIZE = {**LEGALIZE, "relax.nn.conv2d": _legalize_conv2d, "relax.nn.conv2d_transpose": _legalize_conv2d_transpose,
+                "relax.nn.conv1d": _legalize_conv1d, "relax.matmul": _legalize_matmul, "relax.einsum": _legalize_einsum,
+                "relax.sigmoid": _legalize_sigmoid, "relax.tanh": _legalize_tanh}
 
 
 def _schedule_rules(target):

@@ -80,8 +80,17 @@ def _whole_axis_backwards(start, end):
     return (start == -1 or start >= _FULL) and end <= -_FULL
 
 
+class Einsum(OnnxOpConverter):
+    """As Relax's einsum op, legalized by the pipeline for the target (graph_pipeline: a linear layer over a constant,
+    grouped or not, becomes our packed GEMM on CPUs); TVM's converter emits TE's generic einsum at import, naive loops."""
+
+    @classmethod
+    def _impl_v12(cls, bb, inputs, attr, params):
+        return bb.normalize(relax.op.einsum(list(inputs), attr["equation"].decode("utf-8")))
+
+
 def _ints(x):
     return [int(v) for v in x.value.numpy().reshape(-1)] if isinstance(x, tvm.ir.GenericConst) else None
 
 
-OP_CONVERTERS = {"Squeeze": Squeeze, "Slice": Slice}
+OP_CONVERTERS = {"Squeeze": Squeeze, "Slice": Slice, "Einsum": Einsum}
