@@ -26,12 +26,19 @@ ZEN_TILE, WIDE_TILES = (8, 32), ((6, 64), (8, 48))
 
 def tile(Ncols: int, mcpu: str = "", rows: int | None = None) -> tuple[int, int]:
     """(rows, columns) per work item for a GEMM of Ncols columns on the LLVM target's mcpu: the first of the CPU's tiles
-    whose columns divide Ncols, else 8 rows of the widest power of two columns that does (W's panels are whole); no
+    whose columns divide Ncols, else 8 rows of 16 or 8 columns where they divide, else of 16 (8 up to 8 columns) with
+    W's last panel padded (madmom's RNN of 25 units took panels of 1 column: scalar code, 13 us for 10 rows); no
     more rows than a GEMM of `rows` rows has, where the model fixes them (the tail's rows are computed, never stored:
     one LSTM step at batch 1 did 8 rows' multiply-adds)."""
+    narrow = (ZEN_TILE[0], next((c for c in (16, 8) if Ncols % c == 0), 8 if Ncols <= 8 else 16))
     mr, nr = next(((mr, nr) for mr, nr in ((ZEN_TILE,) if mcpu.startswith("znver") else WIDE_TILES + (ZEN_TILE,))
-                   if Ncols % nr == 0), (ZEN_TILE[0], next(c for c in (16, 8, 4, 2, 1) if Ncols % c == 0)))
+                   if Ncols % nr == 0), narrow)
     return (min(mr, rows) if rows else mr), nr
+
+
+def w_panels(Ncols: int, nr: int) -> int:
+    """W's panels of nr columns: the last one padded with zero columns where nr does not divide Ncols."""
+    return -(-Ncols // nr)
 
 
 def panel_width(Ncols: int, mcpu: str = "") -> int:
@@ -41,10 +48,11 @@ def panel_width(Ncols: int, mcpu: str = "") -> int:
 
 def projection_cpu(K: int, Ncols: int, mcpu: str = "", tile_shape: tuple[int, int] | None = None,
                    rows: int | None = None) -> tirx.PrimFunc:
-    """PrimFunc(X [M, K], WP [Ncols / nr, K, nr] (W packed in panels), bias [Ncols], XW [M, Ncols]), M symbolic; the
-    tile (MR rows x nr columns) is tile(Ncols, mcpu) unless given; `rows`: M where the model fixes it."""
+    """PrimFunc(X [M, K], WP [ceil(Ncols / nr), K, nr] (W packed in panels, the last padded), bias [Ncols], XW [M,
+    Ncols]), M symbolic; the tile (MR rows x nr columns) is tile(Ncols, mcpu) unless given; `rows`: M where the model
+    fixes it."""
     MR, nr = tile_shape or tile(Ncols, mcpu)
-    assert Ncols % nr == 0, (Ncols, nr)
+    col_tiles, tail = w_panels(Ncols, nr), Ncols % nr
 
     # the pool only where the GEMM pays for its launch: known where the model fixes the rows. (Both loops behind a
     # run-time test of M built a parallel branch 36x slower: its tile no longer stayed in registers.)
@@ -54,7 +62,6 @@ def projection_cpu(K: int, Ncols: int, mcpu: str = "", tile_shape: tuple[int, in
         tiles(loop, X, WP, bias, XW, M)
 
     def tiles(loop, X, WP, bias, XW, M):
-        col_tiles = Ncols // nr
         lanes = nr if nr & (nr - 1) == 0 else 16  # LLVM vectorizes powers of two whole; 48 lanes ran 36x slower unsplit
         row_tiles = tirx.ceildiv(M, i64(MR))
         # rows vary fastest: a thread's consecutive items reuse one K x nr panel of W from its L2
@@ -63,8 +70,8 @@ def projection_cpu(K: int, Ncols: int, mcpu: str = "", tile_shape: tuple[int, in
             j0 = jt * i64(nr)
             acc = T.alloc_buffer((MR, nr), F32, scope="local")
             for r in range(MR):
-                with T.vectorized(0, i64(nr)) as v:
-                    T.buffer_store(acc, bias[j0 + v], [i64(r), v])
+                with T.vectorized(0, i64(nr)) as v:  # a padded column's sum starts from the last bias, never stored
+                    T.buffer_store(acc, bias[tirx.min(j0 + v, i64(Ncols - 1)) if tail else j0 + v], [i64(r), v])
             with T.serial(0, i64(K)) as k:
                 for r in range(MR):
                     xv = X[tirx.min(m0 + i64(r), M - i64(1)), k]  # the M tail recomputes the last row, never stored
@@ -75,7 +82,21 @@ def projection_cpu(K: int, Ncols: int, mcpu: str = "", tile_shape: tuple[int, in
             for r in range(MR):
                 with T.If(m0 + i64(r) < M):
                     with T.Then():
-                        with T.vectorized(0, i64(nr)) as v:
-                            T.buffer_store(XW, acc[i64(r), v], [m0 + i64(r), j0 + v])
+                        store_row(XW, acc, m0 + i64(r), r, jt, j0)
 
-    return projection_prim_func("projection", F32, K, Ncols, (Ncols // nr, K, nr), body)
+    def store_row(XW, acc, m, r, jt, j0):
+        """Row r of the tile's sums into XW's row m: of the last panel, where it is padded, the columns that exist."""
+        def store(width):
+            with T.vectorized(0, i64(width)) as v:
+                T.buffer_store(XW, acc[i64(r), v], [m, j0 + v])
+
+        if not tail:
+            store(nr)
+            return
+        with T.If(jt < i64(col_tiles - 1)):
+            with T.Then():
+                store(nr)
+            with T.Else():
+                store(tail)
+
+    return projection_prim_func("projection", F32, K, Ncols, (col_tiles, K, nr), body)

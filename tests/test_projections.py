@@ -35,20 +35,22 @@ def test_projection_cuda_matches_float64(M, K, cols):
 
 @pytest.mark.parametrize("mcpu, cols, expected", [("rocketlake", 256, (6, 64)), ("znver5", 256, (8, 32)), ("", 240, (8, 48)),
                                                    ("znver5", 240, (8, 16)), ("rocketlake", 96, (8, 48)), ("", 160, (8, 32)),
-                                                   ("rocketlake", 24, (8, 8)), ("znver5", 6, (8, 2))])
+                                                   ("rocketlake", 24, (8, 8)), ("znver5", 6, (8, 8)),
+                                                   ("znver5", 25, (8, 16)), ("rocketlake", 36, (8, 16))])
 def test_cpu_projection_tile_by_cpu_against_float64(mcpu, cols, expected):
     """The CPU GEMM's tile: 6 x 64 where 64 columns divide the gates, else 8 x 48 (three 16-lane vectors: LLVM does not
-    vectorize 48 lanes whole), else 8 x 32 (on AMD's Zen always 8 x 32, where it ran faster), narrower panels where 32
-    does not divide; each against float64 with the output poisoned, M = 1, 7 and 13 (partial row tiles), W packed in
-    the tile's panels as compile packs it."""
-    from schedules.projection_cpu import panel_width, projection_cpu, tile
+    vectorize 48 lanes whole), else 8 x 32 (on AMD's Zen always 8 x 32, where it ran faster), 16 or 8 columns where 32
+    does not divide, else 16 (8 up to 8 columns) with W's last panel padded; each against float64 with the output
+    poisoned, M = 1, 7 and 13 (partial row tiles), W packed in the tile's panels as compile packs it."""
+    from schedules.projection_cpu import panel_width, projection_cpu, tile, w_panels
 
     assert tile(cols, mcpu) == expected and panel_width(cols, mcpu) == expected[1]
     K, nr = 40, expected[1]
     lib = tvm.compile(tvm.IRModule({"main": projection_cpu(K, cols, mcpu)}), target=target_of("llvm"))
     rng = np.random.default_rng(cols)
     w, b = rng.standard_normal((cols, K)).astype("f4"), rng.standard_normal(cols).astype("f4")
-    panels = np.ascontiguousarray(w.reshape(cols // nr, nr, K).transpose(0, 2, 1))
+    padded = np.concatenate([w, np.zeros((w_panels(cols, nr) * nr - cols, K), "f4")])
+    panels = np.ascontiguousarray(padded.reshape(-1, nr, K).transpose(0, 2, 1))
     for M in (1, 7, 13):
         x = rng.standard_normal((M, K)).astype("f4")
         out = tvm.runtime.tensor(np.full((M, cols), np.nan, "f4"))

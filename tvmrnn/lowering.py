@@ -91,7 +91,9 @@ def _projection(bb, X, w, bias, gemm, target):
     else:
         mcpu = str((target.attrs or {}).get("mcpu", ""))
         X, (mr, nr) = _f32(X), projection_cpu.tile(cols, mcpu, rows)
-        panels = op.permute_dims(op.reshape(_f32(w), [cols // nr, nr, In]), [0, 2, 1])  # [cols/nr, In, nr]
+        padded = projection_cpu.w_panels(cols, nr) * nr
+        w = _f32(w) if padded == cols else op.concat([_f32(w), relax.const(np.zeros((padded - cols, In), "float32"))])
+        panels = op.permute_dims(op.reshape(w, [padded // nr, nr, In]), [0, 2, 1])  # [cols/nr, In, nr], the last padded
         func, weight, name = projection_cpu.projection_cpu(In, cols, mcpu, (mr, nr), rows), bb.emit(panels), f"projection_{mr}x{nr}"
     if bias is None:
         bias = relax.const(np.zeros(cols, "float32"))
