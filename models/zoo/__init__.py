@@ -62,7 +62,10 @@ MODELS = {m.name: m for m in [
              power_forecast.feeds),
     ZooModel("power_forecast_legacy", power_forecast.PACKAGE, power_forecast.VERSION, "legacy",
              power_forecast.build_legacy, power_forecast.feeds),
+    # compiled for the streamed chunk (batch 1, CHUNK frames), as silero for its window: with the dims symbolic a chunk
+    # of 10 frames took more shape arithmetic and allocation than kernel work (docs/decisions.md)
     *[ZooModel(f"madmom_onsets_{e}", madmom.PACKAGE, madmom.VERSION, e, partial(madmom.build, e), madmom.feeds,
+               {"frames": [1, madmom.CHUNK, madmom.FEATURES], "state": [madmom.LAYERS, 1, madmom.HIDDEN]},
                carry={"state_out": "state"}) for e in ("legacy", "dynamo")],
     *[ZooModel(f"deepfilternet3_{part}", deepfilternet.PACKAGE, deepfilternet.VERSION, "shipped",
                partial(deepfilternet.build, part), partial(deepfilternet.feeds, part)) for part in deepfilternet.PARTS],
