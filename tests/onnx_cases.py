@@ -68,12 +68,14 @@ class Case:
             a["linear_before_reset"] = 1
         return a
 
+    def _weight_shapes(self) -> dict:
+        G, H, D, I = GATES[self.op], self.hidden, self.D, self.input_size
+        return {"W": (D, G * H, I), "R": (D, G * H, H), "B": (D, 2 * G * H), "P": (D, 3 * H)}
+
     def weights(self) -> dict:
         rng = np.random.default_rng(self.seed)
-        G, H, D, I = GATES[self.op], self.hidden, self.D, self.input_size
-        s = 1 / np.sqrt(H)
-        w = {"W": rng.uniform(-s, s, (D, G * H, I)), "R": rng.uniform(-s, s, (D, G * H, H)),
-             "B": rng.uniform(-s, s, (D, 2 * G * H)), "P": rng.uniform(-s, s, (D, 3 * H))}
+        s = 1 / np.sqrt(self.hidden)
+        w = {k: rng.uniform(-s, s, shape) for k, shape in self._weight_shapes().items()}  # all four drawn, in this order
         return {k: v.astype(self.dtype) for k, v in w.items() if k in ("W", "R") or k in self.optional}
 
     def _shape(self, name):
@@ -83,17 +85,24 @@ class Case:
         return {"X": seq_batch + [I], "sequence_lens": ["batch"], "initial_h": state, "initial_c": state}[name]
 
     def model(self) -> onnx.ModelProto:
-        weights = self.weights()
+        shapes = {k: v for k, v in self._weight_shapes().items() if k in ("W", "R") or k in self.optional}
         elem = ONNX_DTYPE[self.dtype]
-        inits = [] if self.weights_as_inputs else [onnx.numpy_helper.from_array(v, k) for k, v in weights.items()]
-        graph_inputs = [n for n in self.input_names if n and (n not in weights or self.weights_as_inputs)]
+        inits = [] if self.weights_as_inputs else [onnx.numpy_helper.from_array(v, k) for k, v in self.weights().items()]
+        graph_inputs = [n for n in self.input_names if n and (n not in shapes or self.weights_as_inputs)]
         vi = [helper.make_tensor_value_info(n, TensorProto.INT32 if n == "sequence_lens" else elem,
-                                            list(weights[n].shape) if n in weights else self._shape(n)) for n in graph_inputs]
+                                            list(shapes[n]) if n in shapes else self._shape(n)) for n in graph_inputs]
         outs = [helper.make_tensor_value_info(o, elem, None) for o in self.output_names if o]
         node = helper.make_node(self.op, self.input_names, list(self.output_names), name=f"{self.op.lower()}_node", **self.attrs())
         graph = helper.make_graph([node], "case", vi, outs, inits)
         # IR 10: what ONNX Runtime 1.30 (on the GPU machine) still reads
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)], ir_version=10)
+
+    def spec(self):
+        """The node's RNNLayerSpec as the import reads it, from the model with its weights as graph inputs: no values
+        drawn (a layer of H=4096 has 0.5 GB of them), and the spec holds shapes only."""
+        from tvmrnn.frontend.inspect import find_rnn_layers
+
+        return find_rnn_layers(dataclasses.replace(self, weights_as_inputs=True).model())[0].spec
 
     def feeds(self, rng, T, N) -> dict:
         H, D, I = self.hidden, self.D, self.input_size

@@ -51,7 +51,7 @@ def _lay_out_r(R, layout, gates):
 def test_kernel_writes_every_element(kind, case):
     kind, choice = kind
     target = target_of(kind)
-    spec = find_rnn_layers(case.model())[0].spec
+    spec = case.spec()
     kernel = recurrent_kernel(spec, cell_for(spec), target, choice)
     # batches 3 and 5/40 take auto's persistent and stepwise branches (these layers are below TILED_MIN_HIDDEN; cuda-tiled runs tiled)
     _check_kernel(kind, case, spec, kernel.func, kernel.r_layout, batches=(5, 40, 3))
@@ -80,7 +80,7 @@ def test_cpu_kernel_reads_r_in_panels(units, rows, hidden):
     from schedules.recurrent_cpu import r_layout
 
     case = Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h"), hidden=hidden, input_size=5)
-    spec = find_rnn_layers(case.model())[0].spec
+    spec = case.spec()
     assert r_layout(spec) == "panels"
     func = point_kernel(spec, cell_for(spec), target_of("llvm"), KernelConfig.of("cpu", rows=rows, units=units))
     _check_kernel("llvm", case, spec, func, "panels", batches=(3, 5), note=f"units={units} rows={rows}")
@@ -94,7 +94,7 @@ def test_cpu_row_tiles_take_the_widest_units_whose_accumulators_fit():
 
     assert (row_tile_units(800, 4), row_tile_units(800, 3), row_tile_units(800, 1), row_tile_units(48, 3)) == (16, 32, 32, 16)
     case = Case(op="GRU", hidden=64, input_size=5, optional=("initial_h",))
-    spec = find_rnn_layers(case.model())[0].spec
+    spec = case.spec()
     config = default_config("cpu", spec, cell_for(spec), target_of("llvm"), batch=20)
     assert dict(config.knobs) == {"rows": 4, "units": 32, "serpentine": 1}
     _check_kernel("llvm", case, spec, point_kernel(spec, cell_for(spec), target_of("llvm"), config), "panels", batches=(6, 9),
@@ -127,7 +127,7 @@ def test_cpu_lstm_takes_five_rows_where_they_make_fewer_whole_tiles():
     assert [row_tile_rows(b, 4, 16) for b in (20, 10, 15, 8, 16, 40, None)] == [5, 5, 5, 4, 4, 5, 4]
     assert row_tile_rows(20, 3, 32) == 4 and row_tile_rows(20, 4, 8) == 5
     case = Case(op="LSTM", hidden=64, input_size=5, optional=("initial_h", "initial_c"))
-    spec = find_rnn_layers(case.model())[0].spec
+    spec = case.spec()
     config = default_config("cpu", spec, cell_for(spec), target_of("llvm"), batch=20)
     assert dict(config.knobs) == {"rows": 5, "units": 16, "serpentine": 1}
     _check_kernel("llvm", case, spec, point_kernel(spec, cell_for(spec), target_of("llvm"), config), "panels", batches=(10, 7),
@@ -141,7 +141,7 @@ def test_cpu_serpentine_order_is_correct_whatever_the_pool(monkeypatch, build_th
     float64 with poisoned outputs over 9 steps (odd and even), a bidirectional layer with lengths (padded steps)."""
     monkeypatch.setenv("TVM_NUM_THREADS", str(build_threads))
     case = Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h"), hidden=64, input_size=5)
-    spec = find_rnn_layers(case.model())[0].spec
+    spec = case.spec()
     func = point_kernel(spec, cell_for(spec), target_of("llvm"), KernelConfig.of("cpu", rows=2, units=16, serpentine=1))
     assert "if_then_else" in func.script() or "T.if_then_else" in func.script()
     _check_kernel("llvm", case, spec, func, "panels", batches=(3, 5), note=f"serpentine, built for {build_threads} threads")
@@ -151,7 +151,7 @@ def test_cpu_kernel_with_one_work_item_runs_on_the_calling_thread():
     """A static-shape point whose phases have one work item (batch 1 in a 4-row tile, all 32 units in one chunk: a tuner
     sample) has no parallel loop once TVM simplifies it; it builds without the thread-pool launch and stays correct."""
     case = Case(op="LSTM", hidden=32, input_size=8, optional=("sequence_lens",))
-    spec = find_rnn_layers(case.model())[0].spec
+    spec = case.spec()
     func = point_kernel(spec, cell_for(spec), target_of("llvm"), KernelConfig.of("cpu", rows=4, units=32), seq=9, batch=1)
     _check_kernel("llvm", case, spec, func, "panels", batches=(1,))
 
@@ -193,7 +193,7 @@ def test_cpu_kernel_reads_half_r_exactly(op, hidden):
     from schedules.recurrent_cpu import r_layout
 
     case = Case(op=op, direction="bidirectional", optional=("sequence_lens", "initial_h"), hidden=hidden, input_size=5, dtype="float16")
-    spec = find_rnn_layers(case.model())[0].spec
+    spec = case.spec()
     assert spec.dtype == "float16"
     kernel = recurrent_kernel(spec, cell_for(spec), target_of("llvm"))
     assert "float16" in kernel.func.script()  # R's argument in the storage dtype
@@ -206,7 +206,7 @@ def test_cpu_kernel_reads_half_r_exactly(op, hidden):
 def test_sampled_points_are_correct(kind, case):
     """Every point of a space must be a correct kernel (the tuner may pick any): three per kind, fixed seed."""
     target = target_of("cuda")
-    kind, spec = _kind_and_spec(kind, find_rnn_layers(case.model())[0].spec)
+    kind, spec = _kind_and_spec(kind, case.spec())
     case = dataclasses.replace(case, dtype=spec.dtype)
     cell = cell_for(spec)
     space = knob_space(kind, spec, cell, target)
@@ -226,7 +226,7 @@ def test_cuda_points_build_without_a_gpu(case):
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     rng = np.random.default_rng(11)
     for kind in ["stepwise", "persistent", "tiled"] + TENSOR_KINDS:
-        kind, spec = _kind_and_spec(kind, find_rnn_layers(case.model())[0].spec)
+        kind, spec = _kind_and_spec(kind, case.spec())
         cell = cell_for(spec)
         space = knob_space(kind, spec, cell, target)
         configs = [default_config(kind, spec, cell, target, 6)]
@@ -243,7 +243,7 @@ def test_streaming_points_build_without_a_gpu(dtype):
     """blog-a's layer (H=2560, R larger than the H100's shared memory): the default at batch 64 and two sampled points
     of the streaming space compile through NVRTC as cooperative kernels that read part of R from global memory."""
     case = Case(op="LSTM", hidden=2560, input_size=8, dtype=dtype)
-    spec = find_rnn_layers(case.model())[0].spec
+    spec = case.spec()
     cell, target, rng = cell_for(spec), tvm.target.Target({"kind": "cuda", "arch": "sm_90"}), np.random.default_rng(5)
     space = knob_space("persistent_mma", spec, cell, target)
     configs = [default_config("persistent_mma", spec, cell, target, 64)]
@@ -347,7 +347,7 @@ def test_tf32_is_opt_in():
 def _with_knobs(case, dtype, **knobs):
     """persistent_mma's default point for the case's layer in `dtype`, and the same point with `knobs` set."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    spec = dataclasses.replace(find_rnn_layers(case.model())[0].spec, dtype=dtype)
+    spec = dataclasses.replace(case.spec(), dtype=dtype)
     base = default_config("persistent_mma", spec, cell_for(spec), target, 16)
     if knobs.get("streamed"):  # f16x3 steps (the exact-fp32 default's halves) keep all of R resident
         knobs = {"halves": 0, **knobs}
@@ -376,7 +376,7 @@ def test_persistent_prefetch_loads_xw_before_the_warp_sums(case):
     """The SIMT persistent kernel's prefetch knob: XW is read before the warp's shuffle reduction (else after it), the
     kernel builds through NVRTC, and a logged point without the knob (logs older than it) is the prefetch=0 point."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    spec = find_rnn_layers(case.model())[0].spec
+    spec = case.spec()
     base = default_config("persistent", spec, cell_for(spec), target)
     order = []
     for p in (0, 1):
@@ -397,7 +397,7 @@ def test_persistent_prefetch_is_correct(case, dtype, knobs):
     """prefetch against float64 on poisoned outputs, at batches that leave tiles partly empty (6, 37 rows in tiles of
     1, 2, 4) and with reversed, shortened sequences (the clamped loads of padded steps must never be used)."""
     target = target_of("cuda")
-    spec = dataclasses.replace(find_rnn_layers(case.model())[0].spec, dtype=dtype)
+    spec = dataclasses.replace(case.spec(), dtype=dtype)
     cell = cell_for(spec)
     point = KernelConfig.of("persistent", **{**dict(default_config("persistent", spec, cell, target).knobs), **knobs})
     _check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec, point_kernel(spec, cell, target, point), "rows",
@@ -410,7 +410,7 @@ def test_exact_fp32_epilogue_calls_no_fast_math_function(dtype):
     exact-fp32 epilogue computes sigmoid and tanh itself (floorf of the exp range reduction shows it), fp16 keeps the
     library calls, and each builds through NVRTC."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    spec = dataclasses.replace(find_rnn_layers(CASES[0].model())[0].spec, dtype=dtype)
+    spec = dataclasses.replace(CASES[0].spec(), dtype=dtype)
     for kind in ["stepwise", "persistent", "tiled", "mma", "persistent_mma"]:
         src = _source(target, spec, default_config(kind, spec, cell_for(spec), target, 6))
         body = src[src.index("{", src.index("__global__")):]
@@ -504,7 +504,7 @@ def test_units_not_a_multiple_of_8_need_whole_groups_and_the_ring():
     assert cfg.units == 20 and fits(spec, cell_for(spec), Device.cuda("sm_90"), cfg)
     assert "cp.async.cg.shared.global" in _source(target, spec, point)
     assert not fits(spec, cell_for(spec), Device.cuda("sm_90"), dataclasses.replace(cfg, ring=0, ring_h=0))
-    gru = find_rnn_layers(Case(op="GRU", hidden=160, input_size=7, dtype=dtype).model())[0].spec
+    gru = Case(op="GRU", hidden=160, input_size=7, dtype=dtype).spec()
     assert not fits(gru, cell_for(gru), Device.cuda("sm_90"), cfg)
     assert fits(gru, cell_for(gru), Device.cuda("sm_90"), dataclasses.replace(cfg, units=24))
 
@@ -542,9 +542,9 @@ def test_streamed_ring_copies_with_cp_async():
     assert ring_bytes(spec, cell, h_cfg) - ring_bytes(spec, cell, cfg) == 2 * cfg.k_warps * cfg.depth * cfg.rows * 32 * 2  # two buffers, fp16
     for bad in (dict(ring=1), dict(streamed=0), dict(ring=0, ring_h=1)):
         assert not fits(spec, cell, Device.cuda("sm_90"), dataclasses.replace(cfg, **bad)), bad
-    odd = find_rnn_layers(Case(op="LSTM", hidden=72, input_size=8, dtype=dtype).model())[0].spec
+    odd = Case(op="LSTM", hidden=72, input_size=8, dtype=dtype).spec()
     assert not fits(odd, cell_for(odd), Device.cuda("sm_90"), cfg)  # a partial last chunk
-    big = find_rnn_layers(Case(op="LSTM", hidden=2560, input_size=8, dtype=dtype).model())[0].spec
+    big = Case(op="LSTM", hidden=2560, input_size=8, dtype=dtype).spec()
     wide = MmaConfig(units=24, n_tiles=4, n_warps=2, k_warps=4, depth=1, prefetch=1)
     # with h's chunks too the ring outgrows the partial sums it now holds (sums_in_ring)
     assert fewest_streamed(big, cell_for(big), Device.cuda("sm_90"), dataclasses.replace(wide, ring=2, ring_h=1)) > fewest_streamed(big, cell_for(big), Device.cuda("sm_90"), wide)
@@ -570,13 +570,13 @@ def test_streaming_default_takes_the_fewest_units_that_make_one_wave(dtype):
 
     expected = {("LSTM", 2560): (20, 2), ("GRU", 2560): (24, 2), ("LSTM", 3000): (24, 0), ("GRU", 3000): (24, 0)}
     for (op, hidden), (units, ring) in expected.items():
-        spec = find_rnn_layers(Case(op=op, hidden=hidden, input_size=8, dtype=dtype).model())[0].spec
+        spec = Case(op=op, hidden=hidden, input_size=8, dtype=dtype).spec()
         cell = cell_for(spec)
         cfg = streaming_config(spec, cell, Device.cuda("sm_90"))
         assert (cfg.units, cfg.ring) == (units, ring) and fits(spec, cell, Device.cuda("sm_90"), cfg), (op, hidden, cfg)
         assert cfg.prefetch == int(len(cell.phases) > 1) and blocks(spec, cfg.units) <= 132
         assert not any(fits(spec, cell, Device.cuda("sm_90"), dataclasses.replace(cfg, units=u)) for u in range(8, units))
-    small = find_rnn_layers(Case(op="LSTM", hidden=1024, input_size=8, dtype=dtype).model())[0].spec
+    small = Case(op="LSTM", hidden=1024, input_size=8, dtype=dtype).spec()
     assert streaming_config(small, cell_for(small), Device.cuda("sm_90")) is None  # R fits on chip: nothing streams
 
 
@@ -587,7 +587,7 @@ def test_partial_sums_share_the_ring():
     from schedules import recurrent_persistent_mma as rpm
 
     def default(dtype):
-        spec = find_rnn_layers(Case(op="LSTM", hidden=2560, input_size=8, dtype=dtype).model())[0].spec
+        spec = Case(op="LSTM", hidden=2560, input_size=8, dtype=dtype).spec()
         cell = cell_for(spec)
         cfg = rpm.streaming_config(spec, cell, Device.cuda("sm_90"))
         assert rpm.fits(spec, cell, Device.cuda("sm_90"), cfg), cfg
@@ -605,14 +605,14 @@ def test_streamed_chunks_read_r_from_global_memory(dtype):
     from schedules.recurrent_persistent_mma import fewest_streamed, fits, resident_chunks
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    big = find_rnn_layers(Case(op="LSTM", hidden=2560, input_size=8, dtype=dtype).model())[0].spec
+    big = Case(op="LSTM", hidden=2560, input_size=8, dtype=dtype).spec()
     cfg = MmaConfig(units=24, n_tiles=2, n_warps=2, k_warps=4, depth=1)
     assert not fits(big, cell_for(big), Device.cuda("sm_90"), cfg)
     n = fewest_streamed(big, cell_for(big), Device.cuda("sm_90"), cfg)
     assert 0 < n < 80 and fits(big, cell_for(big), Device.cuda("sm_90"), dataclasses.replace(cfg, streamed=n))
     assert not fits(big, cell_for(big), Device.cuda("sm_90"), dataclasses.replace(cfg, streamed=n - 1))
     assert fewest_streamed(big, cell_for(big), Device.cuda("sm_90"), dataclasses.replace(cfg, units=8)) is None  # 320 blocks: no wave
-    spec = find_rnn_layers(Case(op="LSTM", hidden=72, input_size=8, dtype=dtype).model())[0].spec  # 3 chunks, the last partial
+    spec = Case(op="LSTM", hidden=72, input_size=8, dtype=dtype).spec()  # 3 chunks, the last partial
     sources = {}
     for streamed in (0, 1, 3):
         config = KernelConfig.of("persistent_mma", units=8, n_tiles=2, n_warps=2, k_warps=4, depth=1, streamed=streamed)
@@ -631,7 +631,7 @@ def test_half_operand_reads_a_half_copy_of_b(op, kind):
     """half_operand (fp16/bf16 on tensor cores): B (h; GRU's r*h too) loads 8 halves at a time from a half-precision
     copy, not 4 floats at a time from the fp32 state; the knob is only offered where the mma rounds B to half anyway."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    spec = find_rnn_layers(Case(op=op, hidden=64, input_size=8, dtype="float16").model())[0].spec  # whole chunks: vector loads
+    spec = Case(op=op, hidden=64, input_size=8, dtype="float16").spec()  # whole chunks: vector loads
     cell = cell_for(spec)
     base = default_config(kind, spec, cell, target, 16)
     assert base["half_operand"] == 1
@@ -649,7 +649,7 @@ def test_half_operand_reads_a_half_copy_of_b(op, kind):
 def test_half_operand_gives_the_same_bits(case, kind):
     """B from the half copy or rounded from the fp32 state: both correct against float64, and bit-identical."""
     target = target_of("cuda")
-    spec = dataclasses.replace(find_rnn_layers(case.model())[0].spec, dtype="float16")
+    spec = dataclasses.replace(case.spec(), dtype="float16")
     case = dataclasses.replace(case, dtype="float16")
     base = default_config(kind, spec, cell_for(spec), target, 16)
     outs = [_check_kernel("cuda", case, spec, point_kernel(spec, cell_for(spec), target, c), "rows", batches=(6, 37), note=c.describe())
@@ -665,7 +665,7 @@ def test_exact_fp32_issues_three_tf32_mmas_per_tile(kind):
     three times the TF32 mma's of precision='tf32' (high x high, and both high x low cross terms), never a single rounded
     product."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    spec = find_rnn_layers(Case(op="LSTM", hidden=64, input_size=8).model())[0].spec
+    spec = Case(op="LSTM", hidden=64, input_size=8).spec()
     counts = {}
     config = default_config(kind, spec, cell_for(spec), target, 16)  # one point for both (their defaults differ)
     if kind == "persistent_mma":
@@ -686,7 +686,7 @@ def test_every_point_fits_a_block(kind):
     from schedules.recurrent_tiled import TiledConfig
 
     case = Case(op="LSTM", hidden=64, input_size=8, dtype="float16" if kind == "mma" else "float32")
-    spec = find_rnn_layers(case.model())[0].spec
+    spec = case.spec()
     space = knob_space(kind, spec, cell_for(spec), tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
     for values in itertools.product(*space.values()):
         knobs = dict(zip(space, values))
@@ -713,7 +713,7 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
     from schedules.recurrent_persistent_mma import blocks, smem_bytes
 
     case = Case(op=op, hidden=hidden, input_size=8, dtype=dtype, direction="bidirectional" if directions == 2 else "forward")
-    spec = find_rnn_layers(case.model())[0].spec
+    spec = case.spec()
     cell = cell_for(spec)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     space = knob_space("persistent_mma", spec, cell, target)
@@ -750,7 +750,7 @@ def test_default_kernel_per_batch(dtype, hidden, directions, arch, plan):
     from schedules import KernelError, plan_kernel
 
     case = Case(op="LSTM", hidden=hidden, input_size=8, dtype=dtype, direction="bidirectional" if directions == 2 else "forward")
-    spec = find_rnn_layers(case.model())[0].spec
+    spec = case.spec()
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
     got = plan_kernel(spec, cell_for(spec), target)
     assert [(b.config.kind, b.up_to) for b in got.branches] == plan, got.describe()

@@ -59,9 +59,8 @@ def test_local_gpu_sm_count_sizes_the_persistent_grids(monkeypatch):
     from schedules import plan_kernel
     from schedules.cells import cell_for
     from tvmrnn import runtime
-    from tvmrnn.frontend.inspect import find_rnn_layers
 
-    spec = find_rnn_layers(Case(op="LSTM", hidden=1024, input_size=16).model())[0].spec
+    spec = Case(op="LSTM", hidden=1024, input_size=16).spec()
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     monkeypatch.setattr(runtime, "local_sm_count", lambda arch: 114 if arch == "sm_90" else None)
     plan = plan_kernel(spec, cell_for(spec), target, device=runtime.kernel_device(target))

@@ -18,13 +18,12 @@ from schedules.recurrent_mma import MmaConfig
 from schedules.recurrent_persistent_mma import fits
 from schedules.space import KernelConfig, default_config, knob_space
 from test_kernels import _check_kernel, _source
-from tvmrnn.frontend.inspect import find_rnn_layers
 
 SM90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 
 
 def _spec(case, **changes):
-    return dataclasses.replace(find_rnn_layers(case.model())[0].spec, **changes)
+    return dataclasses.replace(case.spec(), **changes)
 
 
 @pytest.mark.parametrize("op, activations, alpha, bound", [
@@ -146,7 +145,7 @@ def test_f16x3_steps_keep_fp32_accuracy_across_magnitudes(case):
     """f16x3 steps against float64 on poisoned outputs: rows of R 2^13 apart in magnitude (each scaled on its own) and h0
     far above the cell's bound (the launch's scale of h comes from max |h0|), at batches under and over one pass; every
     output within 1e-5 of the largest reference element, as the 3xTF32 steps on the same inputs."""
-    spec = find_rnn_layers(case.model())[0].spec
+    spec = case.spec()
     cell, target = cell_for(spec), target_of("cuda")
     base = default_config("persistent_mma", spec, cell, target, 16)
     assert base["halves"] == 1
@@ -205,7 +204,7 @@ def test_streamed_f16x3_points_build_without_a_gpu():
 def test_streamed_f16x3_steps_are_fp32_accurate(case, knobs):
     """Streamed chunks in f16x3 against float64 on poisoned outputs, within 1e-5 of the largest reference element and 4x
     the 3xTF32 steps' error on the same inputs, at a batch under one pass and one over it."""
-    spec = find_rnn_layers(case.model())[0].spec
+    spec = case.spec()
     cell, target = cell_for(spec), target_of("cuda")
     errors = {}
     for halves in (1, 0):

@@ -23,7 +23,6 @@ from schedules.recurrent_common import i64
 from schedules.space import KernelConfig, default_config, knob_space
 from test_kernels import _check_kernel
 from schedules.cells import cell_for
-from tvmrnn.frontend.inspect import find_rnn_layers
 
 SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
 
@@ -34,7 +33,7 @@ def _layer(op, hidden, direction="bidirectional", dtype="float32", lbr=0, lens=T
     fp16."""
     optional = ("B",) * bool(lbr) + ("sequence_lens",) * lens + ("initial_h",) + (("initial_c",) if op == "LSTM" else ())
     case = Case(op=op, direction=direction, optional=optional, hidden=hidden, input_size=16, linear_before_reset=lbr)
-    spec = dataclasses.replace(find_rnn_layers(case.model())[0].spec, dtype=dtype)
+    spec = dataclasses.replace(case.spec(), dtype=dtype)
     if dtype == "float32" and op == "LSTM" and hidden == 1024 and direction == "bidirectional":
         spec = dataclasses.replace(spec, dtype="float16")
     return dataclasses.replace(case, dtype=spec.dtype), spec

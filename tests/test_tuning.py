@@ -119,9 +119,8 @@ def test_tuned_point_needs_the_default_measured_beside_it():
     from schedules import TUNED_MARGIN, plan_kernel
     from schedules.cells import cell_for
     from schedules.space import KernelConfig, default_config
-    from tvmrnn.frontend.inspect import find_rnn_layers
 
-    spec = find_rnn_layers(CASE.model())[0].spec
+    spec = CASE.spec()
     cell, target = cell_for(spec), tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     default = plan_kernel(spec, cell, target).branches[-1].config  # what batch 64 runs untuned
     other = KernelConfig.of("stepwise", warps=8, units_per_warp=2, batch_tile=4)
@@ -146,9 +145,8 @@ def test_tuned_bucket_leaves_smaller_batches_their_default():
     from schedules import plan_kernel
     from schedules.cells import cell_for
     from schedules.space import KernelConfig
-    from tvmrnn.frontend.inspect import find_rnn_layers
 
-    spec = find_rnn_layers(Case(op="LSTM", hidden=1024, input_size=1024).model())[0].spec
+    spec = Case(op="LSTM", hidden=1024, input_size=1024).spec()
     cell, target = cell_for(spec), tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     untuned = plan_kernel(spec, cell, target)
     default8 = next(b.config for b in untuned.branches if b.up_to is not None and b.up_to >= 8)
@@ -169,11 +167,10 @@ def test_every_cuda_default_is_a_point_of_its_space_trace():
     from tvm.s_tir import Schedule
 
     from schedules.space import default_config, in_space
-    from tvmrnn.frontend.inspect import find_rnn_layers
     from tvmrnn.tuning import search
     from tvmrnn.tuning.tasks import RecurrentTask
 
-    spec = find_rnn_layers(Case(op="LSTM", hidden=64, input_size=8).model())[0].spec
+    spec = Case(op="LSTM", hidden=64, input_size=8).spec()
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     task = RecurrentTask(spec, seq=10, batch=1)
     workload = task.template(target)
@@ -202,13 +199,12 @@ def test_default_outside_the_space_is_logged_and_read_back(tmp_path):
     from schedules import plan_kernel
     from schedules.cells import cell_for
     from schedules.space import default_config, in_space
-    from tvmrnn.frontend.inspect import find_rnn_layers
     from tvmrnn.tuning import search
     from tvmrnn.tuning.logs import open_database, target_dir
     from tvmrnn.tuning.tasks import RecurrentTask
 
     case = Case(op="LSTM", hidden=800, input_size=8, direction="bidirectional")
-    spec = find_rnn_layers(case.model())[0].spec
+    spec = case.spec()
     cell, target = cell_for(spec), tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     task = RecurrentTask(spec, seq=10, batch=20)
     default = default_config("persistent_mma", spec, cell, target, 20)
