@@ -13,9 +13,19 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
-    """`pytest -q` still names each test file as it goes, with the share done: a run of minutes shows where it is."""
+    """`pytest -q` still shows its progress line with the share done (in one process also each test file's name): a run
+    of minutes shows where it is."""
     if config.option.verbose < 0 and not config.option.collectonly:  # `--collect-only -q` keeps listing bare test ids
         config.option.verbose = 0
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per physical core this process may use (xdist's own count ignores CPU affinity and
+    container limits)."""
+    import psutil
+
+    usable = len(os.sched_getaffinity(0))
+    return min(usable, psutil.cpu_count(logical=False) or usable)
 
 
 def _gpu_present() -> bool:
