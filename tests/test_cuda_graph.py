@@ -24,11 +24,17 @@ def _row_model(row, dtype="float32"):
     return bench.onnx_model(bench.torch_module(row), row, dtype)
 
 
-def test_bounded_cuda_build_captures_the_recurrent_kernels():
+@pytest.fixture(scope="module")
+def bounded_stack():
+    """The stacked LSTM built for CUDA with seq and batch bounded (through NVRTC where there is no GPU)."""
+    return tvmrnn.compile(_row_model(LSTM_BI), target="cuda", max_dims=BOUNDS, logs=False)
+
+
+def test_bounded_cuda_build_captures_the_recurrent_kernels(bounded_stack):
     """Built through NVRTC where there is no GPU: the run is lifted into a captured function holding the layers' kernels
     (the two layers' kernels are one function, named after the first: they read XW, so their input sizes do not
     enter them)."""
-    module = tvmrnn.compile(_row_model(LSTM_BI), target="cuda", max_dims=BOUNDS, logs=False)
+    module = bounded_stack
     assert module.metadata["cuda_graph"].startswith("on: seq <= 40, batch <= 17")
     assert module.metadata["max_dims"] == BOUNDS
     text = module.executable.as_text()
@@ -41,7 +47,7 @@ def _calls(text: str, function: str) -> list[str]:
     return [line.split()[1] for line in body.splitlines() if line.strip().startswith("call") and "builtin" not in line]
 
 
-def test_a_lone_node_is_captured_through_copies():
+def test_a_lone_node_is_captured_through_copies(bounded_stack):
     """A lone node's kernel reads the model's inputs (lengths, states) and writes its outputs, which TVM allocates per call:
     with a graph they pass through copy kernels, and the recurrent kernel is captured. A stack whose results feed other
     ops gets no copy (bench rows: the same captured kernels as before the copies existed)."""
@@ -49,7 +55,7 @@ def test_a_lone_node_is_captured_through_copies():
     assert _calls(text, "main_cuda_graph_capture") == ["rnn_lstm_node"]
     copies = [c for c in _calls(text, "main") if c.startswith("copy_")]
     assert copies.count("copy_int32_1d") == 1 and len(copies) == 6  # sequence_lens, h0, c0 in; Y, Y_h, Y_c out
-    stacked = tvmrnn.compile(_row_model(LSTM_BI), target="cuda", max_dims=BOUNDS, logs=False).executable.as_text()
+    stacked = bounded_stack.executable.as_text()
     assert not any(c.startswith("copy_") for c in _calls(stacked, "main") + _calls(stacked, "main_cuda_graph_capture"))
 
 
