@@ -20,7 +20,7 @@ mkdir -p "$OUT"
 quiet() { grep -v "Warning"; }  # TVM's scope warnings, one per kernel built
 
 pytest_ids() {  # pytest_ids FILE SECONDS LOG: pytest -m gpu on the node ids in FILE (one per line; ids hold spaces)
-  timeout "$2" python3 -c 'import sys, pytest; sys.exit(pytest.main(["-m", "gpu", "-v", "-rfE", "-p", "no:cacheprovider"] + open(sys.argv[1]).read().splitlines()))' \
+  timeout "$2" python3 -c 'import sys, pytest; sys.exit(pytest.main(["-m", "gpu", "-n", "0", "-v", "-rfE", "-p", "no:cacheprovider"] + open(sys.argv[1]).read().splitlines()))' \
     "$1" 2>&1 | quiet > "$3"
 }
 

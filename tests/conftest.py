@@ -19,13 +19,17 @@ def pytest_configure(config):
         config.option.verbose = 0
 
 
+GPU_WORKERS = 4  # processes sharing one GPU: each holds its own CUDA context and kernel caches
+
+
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker per physical core this process may use (xdist's own count ignores CPU affinity and
-    container limits)."""
+    container limits), at most GPU_WORKERS where the GPU tests run too."""
     import psutil
 
     usable = len(os.sched_getaffinity(0))
-    return min(usable, psutil.cpu_count(logical=False) or usable)
+    cores = min(usable, psutil.cpu_count(logical=False) or usable)
+    return min(cores, GPU_WORKERS) if _gpu_present() else cores
 
 
 def _gpu_present() -> bool:
