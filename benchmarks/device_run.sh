@@ -28,7 +28,7 @@ pytest_gpu() {  # pytest_gpu [N] [PYTEST ARGS]
   local shards=4; [[ ${1:-} =~ ^[0-9]+$ ]] && { shards=$1; shift; }
   [ $# -eq 0 ] && set -- tests/
   local ids; ids=$(mktemp -d)
-  python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep "^tests/.*::" > "$ids/all"
+  python3 -m pytest -m gpu -n 0 --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep "^tests/.*::" > "$ids/all"
   split -n "r/$shards" -d "$ids/all" "$ids/shard."
   echo "$(wc -l < "$ids/all") GPU tests in $shards processes"
   for f in "$ids"/shard.*; do  # 4 processes take the suite in ~450 s on 16 cores; 6 contend and take longer
