@@ -518,3 +518,33 @@ def _calls(func):
     found = []
     tvm.relax.analysis.post_order_visit(func, lambda e: found.append(e) if isinstance(e, tvm.relax.Call) else None)
     return found
+
+
+def _depthwise_1x1_model(channels=64, multiplier=2, stride=(1, 2)):
+    """x [1, C, S, 8] -> Conv(1x1, group C, C x multiplier outputs, bias): DeepFilterNet3's ERB decoder's pointwise convs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    out = channels * multiplier
+    w = numpy_helper.from_array(rng.standard_normal((out, 1, 1, 1)).astype("f4"), "w")
+    b = numpy_helper.from_array(rng.standard_normal(out).astype("f4"), "b")
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=channels, kernel_shape=[1, 1], strides=list(stride))
+    graph = helper.make_graph([conv], "pointwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, "S", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, b])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_pointwise_convs_are_products_without_a_reduction_on_cuda():
+    """A depthwise 1x1 conv lowers to a broadcast product on CUDA: TVM's unit-extent reduction with the bias inlined by
+    dlight's fallback added the bias twice."""
+    source = cuda_sources(tvmrnn.compile(_depthwise_1x1_model(), target="nvidia/nvidia-h100", logs=False))
+    assert "pointwise_conv2d" in source and "group_conv2d" not in source
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("multiplier,stride", [(1, (1, 1)), (2, (1, 2))])
+def test_pointwise_convs_match_onnxruntime_on_cuda(multiplier, stride):
+    model = _depthwise_1x1_model(multiplier=multiplier, stride=stride)
+    feeds = {"x": np.random.default_rng(6).standard_normal((1, 64, 5, 8)).astype(np.float32)}
+    (got,) = tvmrnn.compile(model, target="cuda", logs=False).run(feeds).values()
+    assert _rel_err(got, _ort(model, feeds)[0]) < 1e-6

@@ -89,10 +89,8 @@ def test_zoo_model_builds_for_cuda(name, tmp_path):
     assert os.path.getsize(exported) > 0 and module.metadata["target_kind"] == "cuda"
 
 
-# DeepFilterNet3's ERB decoder computes wrong values on CUDA from its first Conv after the GRUs on (a 1x1 conv of 64
-# groups: relative error 0.1 there, 1.6 at the output; each Conv's output made a graph output and compared on an H200,
-# 2026-11-26); its llvm build matches. Strict: the test says so once it is fixed.
-WRONG_ON_CUDA = {"deepfilternet3_erb_dec": "grouped 1x1 Conv wrong on CUDA"}
+# zoo models known to compute wrong values on CUDA (name: reason), strict xfails: the test says so once fixed
+WRONG_ON_CUDA: dict[str, str] = {}
 
 
 @pytest.mark.gpu

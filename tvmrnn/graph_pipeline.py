@@ -200,7 +200,37 @@ def _legalize_power(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     return bb.call_te(whole_power, call.args[0], primfunc_name_hint="power")
 
 
-LEGALIZE = {"relax.power": _legalize_power}
+def _pointwise_conv2d(call: relax.Call) -> bool:
+    """A conv2d whose every output sums one product: one input channel per group, a 1x1 window, no padding (NCHW,
+    OIHW, a constant weight)."""
+    a, (x, w) = call.attrs, call.args
+    return (a.data_layout == "NCHW" and a.kernel_layout == "OIHW" and a.out_layout == "NCHW"
+            and isinstance(w, tvm.ir.expr.Constant) and tuple(int(d) for d in w.value.shape[1:]) == (1, 1, 1)
+            and all(int(p) == 0 for p in a.padding) and str(a.out_dtype) in ("", "None", "void", str(x.ty.dtype)))
+
+
+def _legalize_pointwise_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """A conv2d with one product per output (`_pointwise_conv2d`: depthwise 1x1 convs) as a broadcast product, no
+    reduction. TVM's legalization makes a reduction over unit extents, and dlight's GPU fallback inlines a bias add
+    after it into both the reduction's init and its update, adding the bias twice (DeepFilterNet3's ERB decoder)."""
+    if not _pointwise_conv2d(call):
+        return _default_legalize("relax.nn.conv2d")(bb, call)
+    from tvm import te
+
+    a, (x, w) = call.attrs, call.args
+    per_group = int(w.value.shape[0]) // int(a.groups)
+    sh, sw = (int(s) for s in a.strides)
+
+    def product(data, weight):
+        n, _, h, wd = data.shape
+        shape = (n, weight.shape[0], h if sh == 1 else (h - 1) // sh + 1, wd if sw == 1 else (wd - 1) // sw + 1)
+        return te.compute(shape, lambda b, o, i, j: data[b, o // per_group, i * sh, j * sw] * weight[o, 0, 0, 0],
+                          name="pointwise_conv2d")
+
+    return bb.call_te(product, x, w, primfunc_name_hint="pointwise_conv2d")
+
+
+LEGALIZE = {"relax.power": _legalize_power, "relax.nn.conv2d": _legalize_pointwise_conv2d}
 CPU_LEGALIZE = {**LEGALIZE, "relax.nn.conv2d": _legalize_conv2d, "relax.nn.conv2d_transpose": _legalize_conv2d_transpose,
                 "relax.nn.conv1d": _legalize_conv1d, "relax.matmul": _legalize_matmul, "relax.einsum": _legalize_einsum,
                 "relax.sigmoid": _legalize_sigmoid, "relax.tanh": _legalize_tanh}
