@@ -534,17 +534,38 @@ def _depthwise_1x1_model(channels=64, multiplier=2, stride=(1, 2)):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
 
-def test_pointwise_convs_are_products_without_a_reduction_on_cuda():
-    """A depthwise 1x1 conv lowers to a broadcast product on CUDA: TVM's unit-extent reduction with the bias inlined by
-    dlight's fallback added the bias twice."""
-    source = cuda_sources(tvmrnn.compile(_depthwise_1x1_model(), target="nvidia/nvidia-h100", logs=False))
-    assert "pointwise_conv2d" in source and "group_conv2d" not in source
+def _one_feature_linear_model():
+    """x [S, 1] @ W [1, 16] + b: a linear layer of one input feature (a forecaster's first layer)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    w, b = (numpy_helper.from_array(rng.standard_normal(s).astype("f4"), n) for s, n in (((1, 16), "w"), ((16,), "b")))
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "linear1", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["S", 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, b])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+UNIT_REDUCTIONS = {"depthwise 1x1 conv": (_depthwise_1x1_model, (1, 64, 5, 8), "pointwise_conv2d", "group_conv2d"),
+                   "depthwise 1x1 conv, x2 strided": (lambda: _depthwise_1x1_model(multiplier=2, stride=(1, 2)),
+                                                      (1, 64, 5, 8), "pointwise_conv2d", "group_conv2d"),
+                   "one-feature linear": (_one_feature_linear_model, (9, 1), "outer_matmul", "matmul")}
+
+
+@pytest.mark.parametrize("case", ["depthwise 1x1 conv", "one-feature linear"])
+def test_unit_reductions_are_products_on_cuda(case):
+    """A depthwise 1x1 conv and a matmul over one feature lower to broadcast products on CUDA: TVM's reduction over
+    unit extents, its bias inlined by dlight's fallback into both its init and its update, added the bias twice."""
+    build_model, _, ours, theirs = UNIT_REDUCTIONS[case]
+    source = cuda_sources(tvmrnn.compile(build_model(), target="nvidia/nvidia-h100", logs=False))
+    assert ours in source and f"{theirs}_" not in source.replace(ours, "")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("multiplier,stride", [(1, (1, 1)), (2, (1, 2))])
-def test_pointwise_convs_match_onnxruntime_on_cuda(multiplier, stride):
-    model = _depthwise_1x1_model(multiplier=multiplier, stride=stride)
-    feeds = {"x": np.random.default_rng(6).standard_normal((1, 64, 5, 8)).astype(np.float32)}
+@pytest.mark.parametrize("case", list(UNIT_REDUCTIONS))
+def test_unit_reductions_match_onnxruntime_on_cuda(case):
+    build_model, shape, _, _ = UNIT_REDUCTIONS[case]
+    model = build_model()
+    feeds = {"x": np.random.default_rng(6).standard_normal(shape).astype(np.float32)}
     (got,) = tvmrnn.compile(model, target="cuda", logs=False).run(feeds).values()
     assert _rel_err(got, _ort(model, feeds)[0]) < 1e-6

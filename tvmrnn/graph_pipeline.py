@@ -230,7 +230,21 @@ def _legalize_pointwise_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> rela
     return bb.call_te(product, x, w, primfunc_name_hint="pointwise_conv2d")
 
 
-LEGALIZE = {"relax.power": _legalize_power, "relax.nn.conv2d": _legalize_pointwise_conv2d}
+def _legalize_outer_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """a [..., M, 1] @ b [..., 1, N] (a linear layer of one input feature) as the broadcast product it is, for the
+    reason `_legalize_pointwise_conv2d` gives; other matmuls TVM's."""
+    a, b = call.args
+    k = a.ty.shape[-1] if a.ty.ndim >= 2 and b.ty.ndim >= 2 and a.ty.shape is not None else None
+    same_dtype = str(a.ty.dtype) == str(b.ty.dtype) and str(call.attrs.out_dtype) in ("", "None", "void", str(a.ty.dtype))
+    if not (isinstance(k, tvm.tirx.IntImm) and int(k) == 1 and same_dtype):
+        return _default_legalize("relax.matmul")(bb, call)
+    from tvm import topi
+
+    return bb.call_te(topi.multiply, a, b, primfunc_name_hint="outer_matmul")
+
+
+LEGALIZE = {"relax.power": _legalize_power, "relax.nn.conv2d": _legalize_pointwise_conv2d,
+            "relax.matmul": _legalize_outer_matmul}
 CPU_LEGALIZE = {**LEGALIZE, "relax.nn.conv2d": _legalize_conv2d, "relax.nn.conv2d_transpose": _legalize_conv2d_transpose,
                 "relax.nn.conv1d": _legalize_conv1d, "relax.matmul": _legalize_matmul, "relax.einsum": _legalize_einsum,
                 "relax.sigmoid": _legalize_sigmoid, "relax.tanh": _legalize_tanh}
