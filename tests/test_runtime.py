@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import psutil
+import pytest
 
 PROBE = "import os, tvmrnn.runtime; print(os.environ.get('TVM_NUM_THREADS'))"
 
@@ -105,3 +106,25 @@ def test_cpu_run_outputs_belong_to_the_caller():
         np.testing.assert_allclose(got["Y"], y, rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(got["Xout"], feed["X"])
     assert not np.shares_memory(results[0]["Y"], results[1]["Y"])
+
+
+@pytest.mark.gpu
+def test_cuda_run_reuses_its_device_inputs_and_answers_each_call():
+    """run() on a GPU copies inputs into device tensors kept per shape: calls of one shape reuse them, another shape
+    gets its own, and every call's outputs match ONNX Runtime."""
+    import onnxruntime as ort
+
+    import tvmrnn
+
+    model = _lstm_with_pass_through()
+    module = tvmrnn.compile(model, target="cuda", logs=False)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(2)
+    addresses = []
+    for _ in range(3):
+        feed = {"X": rng.standard_normal((6, 2, 5)).astype(np.float32)}
+        got = module.run(feed)
+        addresses.append(module._on_device[0].data_ptr())
+        np.testing.assert_allclose(got["Y"], sess.run(None, feed)[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(got["Xout"], feed["X"])
+    assert len(set(addresses)) == 1

@@ -249,6 +249,7 @@ class Module(ModuleInputs):
         self._lock = threading.Lock()
         self._on_cpu = kind == "cpu"
         self._staged: dict[int, tuple] = {}  # input position -> (tensor, numpy view, address), for run() on the CPU
+        self._on_device: dict[int, tvm.runtime.Tensor] = {}  # input position -> device tensor, for run() on a GPU
 
     def to_device(self, feeds: Mapping[str, object]) -> list:
         """Checked inputs as device tensors, in the module's input order (for `invoke`)."""
@@ -272,7 +273,7 @@ class Module(ModuleInputs):
         with self._lock:
             if self._on_cpu:
                 return dict(zip(self.output_names, self._run_on_cpu(arrays)))
-            outs = self._execute([tvm.runtime.tensor(a, self.device) for a in arrays])
+            outs = self._execute([self._device_input(i, a) for i, a in enumerate(arrays)])
             return {name: o.numpy() for name, o in zip(self.output_names, outs)}
 
     def _run_on_cpu(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -282,6 +283,15 @@ class Module(ModuleInputs):
         outs = self._execute([tensor for tensor, _, _ in staged])
         inputs_at = {address for _, _, address in staged}
         return [np.from_dlpack(o).copy() if o.data_ptr() in inputs_at else np.from_dlpack(o) for o in outs]
+
+    def _device_input(self, index: int, array: np.ndarray):
+        """Input `index` copied into a device tensor kept per shape: a fresh one each call cost a device allocation and
+        a free that waits for the GPU. Outputs are copied back before run() returns, so none can outlive it."""
+        tensor = self._on_device.get(index)
+        if tensor is None or tuple(tensor.shape) != array.shape or tensor.dtype != str(array.dtype):
+            tensor = self._on_device[index] = tvm.runtime.empty(array.shape, str(array.dtype), self.device)
+        tensor.copyfrom(np.ascontiguousarray(array))
+        return tensor
 
     def _staged_input(self, index: int, array: np.ndarray):
         """(tensor, numpy view of it, its address) for input `index`, holding `array`."""
