@@ -8,6 +8,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 
 import click
 
@@ -79,8 +80,10 @@ def _writable_output(path: str) -> str:
         os.makedirs(folder, exist_ok=True)
     except OSError as err:
         raise InputError(f"-o {path}: cannot create the folder {folder} ({err.strerror}); give a path you can write to") from None
-    if not os.access(folder, os.W_OK):
-        raise InputError(f"-o {path}: the folder {folder} is not writable; give a path you can write to")
+    try:  # a file made and removed: os.access says yes to root where the file system still refuses (read-only, /sys)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as err:
+        raise InputError(f"-o {path}: cannot write into the folder {folder} ({err.strerror}); give a path you can write to") from None
     return path
 
 
