@@ -131,14 +131,17 @@ def _gpu_present():
 def test_a_cuda_module_on_a_host_without_a_gpu_says_what_to_do(cuda_module):
     res = CliRunner().invoke(main, ["run", str(cuda_module), "--random"])
     _one_line_error(res, 2, "built for CUDA sm_90a; this host has no CUDA GPU: compile with --target llvm")
-    res = CliRunner().invoke(main, ["serve", str(cuda_module), "--port", "0", "--isolation", "thread"])
-    _one_line_error(res, 2, "built for CUDA sm_90a; this host has no CUDA GPU: compile with --target llvm")
+    for how in (["--isolation", "thread"], ["--isolation", "process"], ["--http-workers", "2"]):  # said before anything starts
+        res = CliRunner().invoke(main, ["serve", str(cuda_module), "--port", "0", *how])
+        _one_line_error(res, 2, "built for CUDA sm_90a; this host has no CUDA GPU: compile with --target llvm")
+        assert "tvmrnn serve" not in res.output, res.output
 
 
 def test_bench_without_cpu_on_a_cpu_host_points_at_cpu():
     if _gpu_present():
         pytest.skip("this host has a CUDA GPU")
     _one_line_error(CliRunner().invoke(main, ["bench", "--row", "ds2-gru"]), 2, "no CUDA GPU", "tvmrnn bench --cpu")
+    _one_line_error(CliRunner().invoke(main, ["bench", "--model", MODEL]), 2, "no CUDA GPU", "tvmrnn bench --cpu --model")
 
 
 def _string_model():
@@ -181,6 +184,9 @@ def test_bad_models_and_paths_are_one_line_errors(tmp_path):
     (tmp_path / "a_file").write_text("")
     _one_line_error(runner.invoke(main, ["compile", MODEL, "-o", str(tmp_path / "a_file" / "m.so"), "--target", "llvm"]), 2,
                     "-o ", "cannot create the folder", "give a path you can write to")
+    # a folder that exists and refuses files even to root (os.access says yes there): refused before the compile
+    _one_line_error(runner.invoke(main, ["compile", MODEL, "-o", "/proc/m.so", "--target", "llvm"]), 2,
+                    "-o /proc/m.so: cannot write into the folder /proc", "give a path you can write to")
     onnx.save(_relu_model(), tmp_path / "relu.onnx")
     _one_line_error(runner.invoke(main, ["tune", str(tmp_path / "relu.onnx"), "--target", "llvm", "--trials", "2",
                                          "--logs", str(tmp_path / "logs")]), 2, "no LSTM, GRU or RNN layer", "nothing to tune")
@@ -197,6 +203,14 @@ def test_run_says_the_dims_it_picked_and_refuses_a_zero(kws_llvm):
     assert res.exit_code == 2 and "'batch=0': a size is a positive integer" in res.output
     _one_line_error(runner.invoke(main, ["run", str(kws_llvm), "--random", "--dim", "frames=3"]), 2,
                     "--dim frames", "['batch', 'time']")
+
+
+def test_run_names_a_wrong_input_before_its_size(kws_llvm, tmp_path):
+    np.save(tmp_path / "three.npy", np.zeros(3, np.float32))  # a wrong name and a wrong element count: the name is said
+    for extra in ([], ["--random"]):
+        _one_line_error(CliRunner().invoke(main, ["run", str(kws_llvm), "--input", f"features={tmp_path / 'three.npy'}", *extra]),
+                        2, "--input features: the module has no input of that name", "['mfcc']")
+    _one_line_error(CliRunner().invoke(main, ["run", str(kws_llvm), "--input", f"mfcc={MODEL}"]), 2, "not a NumPy .npy file")
 
 
 def test_output_reads_as_key_value_lines_within_120_columns(kws_llvm, tmp_path):
