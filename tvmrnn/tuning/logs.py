@@ -145,10 +145,10 @@ class TuningLogs:
         templates: dict = {}
         if logs.folder.is_dir():
             logs._read_folder(logs.folder, templates, bundled=False)
-            logs._drop_buckets_the_default_won()
         if bundled is not None and Path(logs_dir).resolve() == default_logs_dir().resolve() and target_dir(bundled, target).is_dir():
             logs.also_read.append(target_dir(bundled, target))
             logs._read_folder(target_dir(bundled, target), templates, bundled=True)
+        logs._drop_buckets_the_default_won()  # after the bundled points too: the one that lost may have been one of theirs
         return logs
 
     def _drop_buckets_the_default_won(self) -> None:
