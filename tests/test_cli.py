@@ -168,6 +168,15 @@ def _hidden_size_model():
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def _bad_reshape_model():
+    """A Reshape of 9 elements into 16: TVM's importer fails inside a block."""
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 3])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                          [helper.make_tensor("s", onnx.TensorProto.INT64, [2], [4, 4])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def test_bad_models_and_paths_are_one_line_errors(tmp_path):
     runner = CliRunner()
     empty = tmp_path / "empty.onnx"
@@ -175,6 +184,11 @@ def test_bad_models_and_paths_are_one_line_errors(tmp_path):
     _one_line_error(runner.invoke(main, ["compile", str(empty), "-o", str(tmp_path / "e.so"), "--target", "llvm"]), 2,
                     "empty or not an ONNX model")
     _one_line_error(runner.invoke(main, ["inspect", str(empty)]), 2, "empty or not an ONNX model")
+    (tmp_path / "junk.onnx").write_bytes(b"\x00not a model")
+    _one_line_error(runner.invoke(main, ["inspect", str(tmp_path / "junk.onnx")]), 2, "not a readable ONNX model")
+    (tmp_path / "junk.so").write_bytes(b"x")
+    (tmp_path / "junk.json").write_text('{"format": 1')
+    _one_line_error(runner.invoke(main, ["inspect", str(tmp_path / "junk.so")]), 2, "junk.json' is not readable tvmrnn module metadata")
     onnx.save(_string_model(), tmp_path / "text.onnx")
     _one_line_error(runner.invoke(main, ["compile", str(tmp_path / "text.onnx"), "-o", str(tmp_path / "t.so"), "--target", "llvm"]),
                     2, "tensor 's' holds strings", "numeric tensors only")
@@ -260,6 +274,12 @@ def test_no_tvm_log_lines_without_v(tmp_path):
         assert not TVM_LOG_LINE.search(proc.stdout + proc.stderr), proc.stdout + proc.stderr
     loud = _tvmrnn("run", str(out), "--random", "-v")
     assert loud.returncode == 0 and "Scope Loaded" in loud.stderr, loud.stderr
+    onnx.save(_bad_reshape_model(), tmp_path / "reshape.onnx")  # an import error: TVM's BlockBuilder complains on its way out
+    for flags in ([], ["-v"]):
+        proc = _tvmrnn("compile", str(tmp_path / "reshape.onnx"), "-o", str(tmp_path / "r.so"), "--target", "llvm", *flags)
+        assert proc.returncode == 2 and "error: an unnamed Reshape node: " in proc.stderr, proc.stderr
+        assert ("BlockBuilder destroyed" in proc.stderr) == bool(flags), proc.stderr
+        assert bool(TVM_LOG_LINE.search(proc.stdout + proc.stderr)) == bool(flags), proc.stderr
     for flags in ([], ["-v"]):
         proc = subprocess.Popen([sys.executable, "-m", "tvmrnn", "serve", str(out), "--port", "0", *flags], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": os.path.abspath(REPO)})
