@@ -305,3 +305,39 @@ def test_a_verdict_against_a_bundled_point_keeps_the_default(monkeypatch, tmp_pa
     target_dir(default_logs_dir(), target).mkdir(parents=True)
     (target_dir(default_logs_dir(), target) / VERDICTS).write_text(json.dumps(lost) + "\n")
     assert batch not in TuningLogs.load(default_logs_dir(), target).points.get(key, {})
+
+
+def test_tune_without_logs_writes_to_the_user_cache(monkeypatch, tmp_path):
+    """`tvmrnn tune MODEL` (no --logs) writes into ~/.cache/tvmrnn/tuning_logs ($XDG_CACHE_HOME), never the package."""
+    from tvmrnn.interface import tune as tune_verb
+
+    seen = []
+    monkeypatch.setattr(tune_verb, "tune_command", lambda args, echo: seen.append(args.logs))
+    monkeypatch.delenv("TVMRNN_TUNING_LOGS", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model = tmp_path / "small.onnx"
+    onnx.save(CASE.model(), model)
+    res = CliRunner().invoke(main, ["tune", str(model), "--trials", "1"])
+    assert res.exit_code == 0 and seen == [str(tmp_path / "tvmrnn" / "tuning_logs")], (res.output, seen)
+    assert CliRunner().invoke(main, ["tune", str(model), "--logs", str(tmp_path / "mine")]).exit_code == 0
+    assert seen[-1] == str(tmp_path / "mine")
+
+
+def test_stale_bundled_records_are_a_count_at_v_only(monkeypatch, tmp_path):
+    """Bundled records timed on kernels that have changed since (R's layout here) go without a word; -v (which sets
+    TVMRNN_VERBOSE) reports them once, as a count."""
+    from schedules import recurrent_cpu
+    from tvmrnn.tuning.logs import bundled_logs_dir, default_logs_dir
+
+    monkeypatch.delenv("TVMRNN_TUNING_LOGS", raising=False)
+    monkeypatch.delenv("TVMRNN_VERBOSE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    target = resolve_target("llvm")
+    if bundled_logs_dir() is None or not TuningLogs.load(default_logs_dir(), target).records:
+        pytest.skip("no bundled log for this CPU")
+    monkeypatch.setattr(recurrent_cpu, "r_layout", lambda spec: "transposed")
+    quiet = TuningLogs.load(default_logs_dir(), target)
+    assert quiet.records == 0 and quiet.problems == []
+    monkeypatch.setenv("TVMRNN_VERBOSE", "1")
+    loud = TuningLogs.load(default_logs_dir(), target).problems
+    assert len(loud) == 1 and re.search(r": \d+ record\(s\) skipped, timed on kernels whose arguments have changed", loud[0]), loud
