@@ -269,7 +269,8 @@ def test_tune_times_the_whole_module_and_keeps_the_default_where_it_wins(tuned, 
     best = min(buckets[batch], key=lambda p: p[0])[1]
     lost = {"batch": batch, "default_ms": 1.0, "tuned_ms": 1.2, "kept_default": True, "points": {key: best.as_dict()}}
     (copy / target_name(target) / "verdicts.jsonl").write_text(json.dumps(lost) + "\n")
-    assert batch not in TuningLogs.load(copy, target).points[key]
+    kept = TuningLogs.load(copy, target)
+    assert batch not in kept.points[key] and kept.defaults_won == 1
 
 
 def test_tune_writes_to_the_user_cache_and_compile_reads_the_bundled_logs_too(monkeypatch, tmp_path):
@@ -304,7 +305,8 @@ def test_a_verdict_against_a_bundled_point_keeps_the_default(monkeypatch, tmp_pa
     lost = {"batch": batch, "default_ms": 1.0, "tuned_ms": 1.2, "kept_default": True, "points": {key: best.as_dict()}}
     target_dir(default_logs_dir(), target).mkdir(parents=True)
     (target_dir(default_logs_dir(), target) / VERDICTS).write_text(json.dumps(lost) + "\n")
-    assert batch not in TuningLogs.load(default_logs_dir(), target).points.get(key, {})
+    kept = TuningLogs.load(default_logs_dir(), target)
+    assert batch not in kept.points.get(key, {}) and kept.defaults_won == 1
 
 
 def test_tune_without_logs_writes_to_the_user_cache(monkeypatch, tmp_path):
