@@ -247,6 +247,21 @@ def test_inspect_targets_what_compile_would_here():
     assert f"kernels as chosen for {here}" in res.output and f"kernel: {'cuda' if here == 'cuda' else 'cpu'}: " in res.output
 
 
+def test_bench_prints_its_arguments_and_rows_for_people(monkeypatch, tmp_path):
+    """bench --cpu's output (the row's timing stubbed: its numbers are tests/test_bench.py's): key: value lines, a
+    row's results as key=value, no dataclass reprs, no line over 120 columns."""
+    from tvmrnn import bench
+
+    monkeypatch.setattr(bench, "bench_cpu_row", lambda row, repeats: {"row": row.name, "dtype": "float32", "ours_ms": 1.5,
+                                                                      "onnxruntime_ms": 2.0, "speedup_vs_ort": 4 / 3})
+    res = CliRunner().invoke(main, ["bench", "--cpu", "--row", "ds2-gru", "--repeats", "1", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "tvmrnn bench\n  device: cpu\n  rows: ds2-gru\n  repeats: 1\n" in res.output, res.output
+    assert "    row=ds2-gru, dtype=float32, ours_ms=1.5, onnxruntime_ms=2, speedup_vs_ort=1.333" in res.output, res.output
+    assert max(len(line) for line in res.output.splitlines()) <= 120, res.output
+    assert " None" not in res.output and "Args(" not in res.output and "Row(" not in res.output, res.output
+
+
 def test_bench_help_lists_its_rows():
     from tvmrnn import bench, cli
 
@@ -292,3 +307,11 @@ def test_no_tvm_log_lines_without_v(tmp_path):
         assert not TVM_LOG_LINE.search(err), err
         assert all(json.loads(line) for line in err.splitlines() if line.strip()), err  # JSON lines, TVM's too at -v
         assert ('"logger": "tvm"' in err) == bool(flags), err
+
+
+def test_pytest_q_shows_progress():
+    """The README's `pytest -q` shows where a run of minutes is: the share done, and in one process each file's name."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "tests/test_cli.py", "-k",
+                           "kernel_choices_match"], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": os.path.abspath(REPO)})
+    assert proc.returncode == 0 and re.search(r"^tests/test_cli.py \. +\[100%\]$", proc.stdout, re.M), proc.stdout + proc.stderr
