@@ -215,6 +215,9 @@ def test_run_says_the_dims_it_picked_and_refuses_a_zero(kws_llvm):
     assert "batch=2" in res.output and "time=8 (default; set with --dim)" in res.output and "[2, 8, 40]" in res.output
     res = runner.invoke(main, ["run", str(kws_llvm), "--random", "--dim", "batch=0"])
     assert res.exit_code == 2 and "'batch=0': a size is a positive integer" in res.output
+    for dim in ("batch=0", "mfcc=0,5,40"):  # compile's --dim too, a dim's size or an input's shape, refused as given
+        res = runner.invoke(main, ["compile", MODEL, "-o", str(kws_llvm.parent / "z.so"), "--target", "llvm", "--dim", dim])
+        assert res.exit_code == 2 and f"--dim: '{dim}': sizes are positive integers" in res.output, res.output
     _one_line_error(runner.invoke(main, ["run", str(kws_llvm), "--random", "--dim", "frames=3"]), 2,
                     "--dim frames", "['batch', 'time']")
 

@@ -114,6 +114,15 @@ def _numbers(values, what, parse) -> dict:
         raise click.BadParameter(f"{err}: values are numbers (a shape: N,N,...)", param_hint=what) from err
 
 
+def _shapes(values, what) -> dict:
+    """NAME=N (a dim's size) or NAME=N,N,... (an input's shape) pairs of positive sizes."""
+    shapes = _numbers(values, what, int)
+    bad = next((f"{k}={text}" for k, text in _pairs(values, what).items() if min(shapes[k] if isinstance(shapes[k], list) else [shapes[k]]) < 1), None)
+    if bad:
+        raise click.BadParameter(f"{bad!r}: sizes are positive integers", param_hint=what)
+    return shapes
+
+
 @click.group()
 @click.version_option(package_name="tvmrnn")
 def main():
@@ -141,7 +150,7 @@ def main():
                    "are refused, and with every dim bounded a CUDA module replays each run as one CUDA graph")
 @click.option("--cuda-graph/--no-cuda-graph", default=None,
               help="require / turn off the CUDA graph (default: on wherever every symbolic dim has a --max-dim)")
-@click.option("--dim", "dims", multiple=True, metavar="NAME=N", callback=lambda _c, _p, v: _numbers(v, "--dim", int),
+@click.option("--dim", "dims", multiple=True, metavar="NAME=N", callback=lambda _c, _p, v: _shapes(v, "--dim"),
               help="fix a symbolic dim (--dim sequence=512) or an input's whole shape (--dim input=1,512)")
 @click.option("--const", "consts", multiple=True, metavar="INPUT=V", callback=lambda _c, _p, v: _numbers(v, "--const", float),
               help="specialize the model for this value of an input, which leaves the module (--const sr=16000)")
