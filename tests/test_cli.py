@@ -137,6 +137,18 @@ def test_a_cuda_module_on_a_host_without_a_gpu_says_what_to_do(cuda_module):
         assert "tvmrnn serve" not in res.output, res.output
 
 
+def test_a_model_worker_reports_our_error_as_it_reads(cuda_module):
+    """A model worker whose module will not load sends the server our message as it is (no class name before it)."""
+    from multiprocessing import Pipe
+
+    from tvmrnn.serve.workers import _worker_main
+
+    ours, theirs = Pipe()
+    _worker_main(str(cuda_module), None, theirs)
+    kind, message = ours.recv()
+    assert kind == "error" and message.startswith("this module was built for CUDA sm_90a; this host has no CUDA GPU"), message
+
+
 def test_bench_without_cpu_on_a_cpu_host_points_at_cpu():
     if _gpu_present():
         pytest.skip("this host has a CUDA GPU")
