@@ -277,6 +277,15 @@ def test_bench_prints_its_arguments_and_rows_for_people(monkeypatch, tmp_path):
     assert " None" not in res.output and "Args(" not in res.output and "Row(" not in res.output, res.output
 
 
+def test_an_unexpected_error_says_its_gist_in_one_line():
+    from tvmrnn.cli import _gist
+
+    linker = RuntimeError("Compilation error:\n/usr/bin/ld: cannot open output file /x.so: Permission denied\n"
+                          "collect2: error: ld returned 1 exit status\n\nCommand line: /usr/bin/g++ -shared")
+    assert _gist(linker) == "Compilation error: /usr/bin/ld: cannot open output file /x.so: Permission denied"
+    assert _gist(ValueError("bad\nsecond")) == "bad" and _gist(KeyError()) == ""
+
+
 def test_bench_help_lists_its_rows():
     from tvmrnn import bench, cli
 

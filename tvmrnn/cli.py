@@ -39,6 +39,14 @@ def _our_errors() -> tuple:
     return (UnsupportedModelError, InputError) + ((kernels.KernelError,) if kernels else ())
 
 
+def _gist(err: Exception) -> str:
+    """An unexpected error's message in one line: its first, with the next where the first only announces it
+    ("Compilation error:" before the linker's complaint)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [""]
+    gist = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return gist[:300]
+
+
 def _for_people(json_logs: bool = False):
     """A command's output is for people: TVM's own log lines hidden (`-v` shows them; as JSON lines where the command
     logs JSON), our errors as one line and exit status 2, anything unexpected as one line and exit status 1 (`-v`:
@@ -61,8 +69,7 @@ def _for_people(json_logs: bool = False):
                 except Exception as err:
                     if verbose:
                         raise
-                    first = (str(err).strip().splitlines() or [""])[0][:300]
-                    status, message = 1, f"error: {type(err).__name__}: {first} (unexpected; rerun with -v for the traceback)"
+                    status, message = 1, f"error: {type(err).__name__}: {_gist(err)} (unexpected; rerun with -v for the traceback)"
                 gc.collect()  # the failed import's objects go now, while TVM's farewells (BlockBuilder ...) are still hidden
             click.echo(message, err=True)
             sys.exit(status)
