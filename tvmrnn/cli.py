@@ -124,7 +124,8 @@ def _numbers(values, what, parse) -> dict:
 def _shapes(values, what) -> dict:
     """NAME=N (a dim's size) or NAME=N,N,... (an input's shape) pairs of positive sizes."""
     shapes = _numbers(values, what, int)
-    bad = next((f"{k}={text}" for k, text in _pairs(values, what).items() if min(shapes[k] if isinstance(shapes[k], list) else [shapes[k]]) < 1), None)
+    sizes = {k: v if isinstance(v, list) else [v] for k, v in shapes.items()}
+    bad = next((f"{k}={text}" for k, text in _pairs(values, what).items() if min(sizes[k]) < 1), None)
     if bad:
         raise click.BadParameter(f"{bad!r}: sizes are positive integers", param_hint=what)
     return shapes
