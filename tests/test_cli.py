@@ -131,14 +131,29 @@ def _gpu_present():
 def test_a_cuda_module_on_a_host_without_a_gpu_says_what_to_do(cuda_module):
     res = CliRunner().invoke(main, ["run", str(cuda_module), "--random"])
     _one_line_error(res, 2, "built for CUDA sm_90a; this host has no CUDA GPU: compile with --target llvm")
-    res = CliRunner().invoke(main, ["serve", str(cuda_module), "--port", "0", "--isolation", "thread"])
-    _one_line_error(res, 2, "built for CUDA sm_90a; this host has no CUDA GPU: compile with --target llvm")
+    for how in (["--isolation", "thread"], ["--isolation", "process"], ["--http-workers", "2"]):  # said before anything starts
+        res = CliRunner().invoke(main, ["serve", str(cuda_module), "--port", "0", *how])
+        _one_line_error(res, 2, "built for CUDA sm_90a; this host has no CUDA GPU: compile with --target llvm")
+        assert "tvmrnn serve" not in res.output, res.output
+
+
+def test_a_model_worker_reports_our_error_as_it_reads(cuda_module):
+    """A model worker whose module will not load sends the server our message as it is (no class name before it)."""
+    from multiprocessing import Pipe
+
+    from tvmrnn.serve.workers import _worker_main
+
+    ours, theirs = Pipe()
+    _worker_main(str(cuda_module), None, theirs)
+    kind, message = ours.recv()
+    assert kind == "error" and message.startswith("this module was built for CUDA sm_90a; this host has no CUDA GPU"), message
 
 
 def test_bench_without_cpu_on_a_cpu_host_points_at_cpu():
     if _gpu_present():
         pytest.skip("this host has a CUDA GPU")
     _one_line_error(CliRunner().invoke(main, ["bench", "--row", "ds2-gru"]), 2, "no CUDA GPU", "tvmrnn bench --cpu")
+    _one_line_error(CliRunner().invoke(main, ["bench", "--model", MODEL]), 2, "no CUDA GPU", "tvmrnn bench --cpu --model")
 
 
 def _string_model():
@@ -165,6 +180,15 @@ def _hidden_size_model():
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def _bad_reshape_model():
+    """A Reshape of 9 elements into 16: TVM's importer fails inside a block."""
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 3])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                          [helper.make_tensor("s", onnx.TensorProto.INT64, [2], [4, 4])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def test_bad_models_and_paths_are_one_line_errors(tmp_path):
     runner = CliRunner()
     empty = tmp_path / "empty.onnx"
@@ -172,6 +196,11 @@ def test_bad_models_and_paths_are_one_line_errors(tmp_path):
     _one_line_error(runner.invoke(main, ["compile", str(empty), "-o", str(tmp_path / "e.so"), "--target", "llvm"]), 2,
                     "empty or not an ONNX model")
     _one_line_error(runner.invoke(main, ["inspect", str(empty)]), 2, "empty or not an ONNX model")
+    (tmp_path / "junk.onnx").write_bytes(b"\x00not a model")
+    _one_line_error(runner.invoke(main, ["inspect", str(tmp_path / "junk.onnx")]), 2, "not a readable ONNX model")
+    (tmp_path / "junk.so").write_bytes(b"x")
+    (tmp_path / "junk.json").write_text('{"format": 1')
+    _one_line_error(runner.invoke(main, ["inspect", str(tmp_path / "junk.so")]), 2, "junk.json' is not readable tvmrnn module metadata")
     onnx.save(_string_model(), tmp_path / "text.onnx")
     _one_line_error(runner.invoke(main, ["compile", str(tmp_path / "text.onnx"), "-o", str(tmp_path / "t.so"), "--target", "llvm"]),
                     2, "tensor 's' holds strings", "numeric tensors only")
@@ -181,6 +210,9 @@ def test_bad_models_and_paths_are_one_line_errors(tmp_path):
     (tmp_path / "a_file").write_text("")
     _one_line_error(runner.invoke(main, ["compile", MODEL, "-o", str(tmp_path / "a_file" / "m.so"), "--target", "llvm"]), 2,
                     "-o ", "cannot create the folder", "give a path you can write to")
+    # a folder that exists and refuses files even to root (os.access says yes there): refused before the compile
+    _one_line_error(runner.invoke(main, ["compile", MODEL, "-o", "/proc/m.so", "--target", "llvm"]), 2,
+                    "-o /proc/m.so: cannot write into the folder /proc", "give a path you can write to")
     onnx.save(_relu_model(), tmp_path / "relu.onnx")
     _one_line_error(runner.invoke(main, ["tune", str(tmp_path / "relu.onnx"), "--target", "llvm", "--trials", "2",
                                          "--logs", str(tmp_path / "logs")]), 2, "no LSTM, GRU or RNN layer", "nothing to tune")
@@ -195,8 +227,19 @@ def test_run_says_the_dims_it_picked_and_refuses_a_zero(kws_llvm):
     assert "batch=2" in res.output and "time=8 (default; set with --dim)" in res.output and "[2, 8, 40]" in res.output
     res = runner.invoke(main, ["run", str(kws_llvm), "--random", "--dim", "batch=0"])
     assert res.exit_code == 2 and "'batch=0': a size is a positive integer" in res.output
+    for dim in ("batch=0", "mfcc=0,5,40"):  # compile's --dim too, a dim's size or an input's shape, refused as given
+        res = runner.invoke(main, ["compile", MODEL, "-o", str(kws_llvm.parent / "z.so"), "--target", "llvm", "--dim", dim])
+        assert res.exit_code == 2 and f"--dim: '{dim}': sizes are positive integers" in res.output, res.output
     _one_line_error(runner.invoke(main, ["run", str(kws_llvm), "--random", "--dim", "frames=3"]), 2,
                     "--dim frames", "['batch', 'time']")
+
+
+def test_run_names_a_wrong_input_before_its_size(kws_llvm, tmp_path):
+    np.save(tmp_path / "three.npy", np.zeros(3, np.float32))  # a wrong name and a wrong element count: the name is said
+    for extra in ([], ["--random"]):
+        _one_line_error(CliRunner().invoke(main, ["run", str(kws_llvm), "--input", f"features={tmp_path / 'three.npy'}", *extra]),
+                        2, "--input features: the module has no input of that name", "['mfcc']")
+    _one_line_error(CliRunner().invoke(main, ["run", str(kws_llvm), "--input", f"mfcc={MODEL}"]), 2, "not a NumPy .npy file")
 
 
 def test_output_reads_as_key_value_lines_within_120_columns(kws_llvm, tmp_path):
@@ -217,6 +260,30 @@ def test_inspect_targets_what_compile_would_here():
     assert res.exit_code == 0, res.output
     here = "cuda" if _gpu_present() else "llvm"
     assert f"kernels as chosen for {here}" in res.output and f"kernel: {'cuda' if here == 'cuda' else 'cpu'}: " in res.output
+
+
+def test_bench_prints_its_arguments_and_rows_for_people(monkeypatch, tmp_path):
+    """bench --cpu's output (the row's timing stubbed: its numbers are tests/test_bench.py's): key: value lines, a
+    row's results as key=value, no dataclass reprs, no line over 120 columns."""
+    from tvmrnn import bench
+
+    monkeypatch.setattr(bench, "bench_cpu_row", lambda row, repeats: {"row": row.name, "dtype": "float32", "ours_ms": 1.5,
+                                                                      "onnxruntime_ms": 2.0, "speedup_vs_ort": 4 / 3})
+    res = CliRunner().invoke(main, ["bench", "--cpu", "--row", "ds2-gru", "--repeats", "1", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "tvmrnn bench\n  device: cpu\n  rows: ds2-gru\n  repeats: 1\n" in res.output, res.output
+    assert "    row=ds2-gru, dtype=float32, ours_ms=1.5, onnxruntime_ms=2, speedup_vs_ort=1.333" in res.output, res.output
+    assert max(len(line) for line in res.output.splitlines()) <= 120, res.output
+    assert " None" not in res.output and "Args(" not in res.output and "Row(" not in res.output, res.output
+
+
+def test_an_unexpected_error_says_its_gist_in_one_line():
+    from tvmrnn.cli import _gist
+
+    linker = RuntimeError("Compilation error:\n/usr/bin/ld: cannot open output file /x.so: Permission denied\n"
+                          "collect2: error: ld returned 1 exit status\n\nCommand line: /usr/bin/g++ -shared")
+    assert _gist(linker) == "Compilation error: /usr/bin/ld: cannot open output file /x.so: Permission denied"
+    assert _gist(ValueError("bad\nsecond")) == "bad" and _gist(KeyError()) == ""
 
 
 def test_bench_help_lists_its_rows():
@@ -246,6 +313,12 @@ def test_no_tvm_log_lines_without_v(tmp_path):
         assert not TVM_LOG_LINE.search(proc.stdout + proc.stderr), proc.stdout + proc.stderr
     loud = _tvmrnn("run", str(out), "--random", "-v")
     assert loud.returncode == 0 and "Scope Loaded" in loud.stderr, loud.stderr
+    onnx.save(_bad_reshape_model(), tmp_path / "reshape.onnx")  # an import error: TVM's BlockBuilder complains on its way out
+    for flags in ([], ["-v"]):
+        proc = _tvmrnn("compile", str(tmp_path / "reshape.onnx"), "-o", str(tmp_path / "r.so"), "--target", "llvm", *flags)
+        assert proc.returncode == 2 and "error: an unnamed Reshape node: " in proc.stderr, proc.stderr
+        assert ("BlockBuilder destroyed" in proc.stderr) == bool(flags), proc.stderr
+        assert bool(TVM_LOG_LINE.search(proc.stdout + proc.stderr)) == bool(flags), proc.stderr
     for flags in ([], ["-v"]):
         proc = subprocess.Popen([sys.executable, "-m", "tvmrnn", "serve", str(out), "--port", "0", *flags], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": os.path.abspath(REPO)})
@@ -258,3 +331,11 @@ def test_no_tvm_log_lines_without_v(tmp_path):
         assert not TVM_LOG_LINE.search(err), err
         assert all(json.loads(line) for line in err.splitlines() if line.strip()), err  # JSON lines, TVM's too at -v
         assert ('"logger": "tvm"' in err) == bool(flags), err
+
+
+def test_pytest_q_shows_progress():
+    """The README's `pytest -q` shows where a run of minutes is: the share done, and in one process each file's name."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "tests/test_cli.py", "-k",
+                           "kernel_choices_match"], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": os.path.abspath(REPO)})
+    assert proc.returncode == 0 and re.search(r"^tests/test_cli.py \. +\[100%\]$", proc.stdout, re.M), proc.stdout + proc.stderr

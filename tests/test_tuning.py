@@ -7,6 +7,7 @@ import alone costs tens of seconds on a CI machine.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -44,6 +45,15 @@ def test_tune_writes_a_database(tuned):
     run = json.loads((folder / "runs.jsonl").read_text().splitlines()[-1])
     assert run["trials_run"] == len(records) and set(run["best"]) == {"LSTM-h32-i8-for-float32-b1-s20", "LSTM-h32-i8-for-float32-b4-s20"}
     assert "[1/3] 2 task(s)" in output and "[3/3] done" in output and "best" in output
+    # one count throughout: each round's line counts on from the default points to the summary's number, the summary's
+    # add up to --trials, and no line calls a point slower than the default the best
+    rounds, summary = output.split("[3/3] done")
+    final = {name: int(n) for name, n in re.findall(r"\[\d/2\] (\S+): (\d+) trials", summary)}
+    assert sum(final.values()) == 6 == len(records), output
+    for name, last in final.items():
+        counts = [int(n) for n in re.findall(rf"\[\d/2\] {re.escape(name)}: (\d+) trials", rounds)]
+        assert counts == sorted(counts) and counts[0] >= 1 and counts[-1] == last, (name, counts, last)
+    assert "kernel alone: 0." not in output, output
 
 
 @pytest.mark.slow  # the tuned fixture tunes for minutes on 2 cores
@@ -246,7 +256,8 @@ def test_tune_times_the_whole_module_and_keeps_the_default_where_it_wins(tuned, 
     module was no faster runs the default at compile."""
     _, logs, output = tuned
     assert "whole module at batch 1, 20 steps: default" in output and "whole module at batch 4, 20 steps: default" in output
-    assert "trials/s" not in output or "6/6" in output  # the bar counts toward --trials, never past it
+    bar = [int(n) for n in re.findall(r"(\d+)/6 \[", output)]
+    assert all(n <= 6 for n in bar) and (not bar or max(bar) == 6), bar  # the bar counts toward --trials, never past it
     target = resolve_target("llvm")
     folder = logs / target_name(target)
     assert {json.loads(line)["batch"] for line in (folder / "verdicts.jsonl").read_text().splitlines()} == {1, 4}
@@ -259,7 +270,8 @@ def test_tune_times_the_whole_module_and_keeps_the_default_where_it_wins(tuned, 
     best = min(buckets[batch], key=lambda p: p[0])[1]
     lost = {"batch": batch, "default_ms": 1.0, "tuned_ms": 1.2, "kept_default": True, "points": {key: best.as_dict()}}
     (copy / target_name(target) / "verdicts.jsonl").write_text(json.dumps(lost) + "\n")
-    assert batch not in TuningLogs.load(copy, target).points[key]
+    kept = TuningLogs.load(copy, target)
+    assert batch not in kept.points[key] and kept.defaults_won == 1
 
 
 def test_tune_writes_to_the_user_cache_and_compile_reads_the_bundled_logs_too(monkeypatch, tmp_path):
@@ -275,3 +287,60 @@ def test_tune_writes_to_the_user_cache_and_compile_reads_the_bundled_logs_too(mo
     assert found.also_read == [bundled / target_name(resolve_target("llvm"))] and found.records > 0
     assert not [p for p in found.problems if "changed since" in p]  # stale bundled records go without a word
     assert TuningLogs.load(tmp_path / "elsewhere", resolve_target("llvm")).records == 0  # --logs DIR reads DIR only
+
+
+def test_a_verdict_against_a_bundled_point_keeps_the_default(monkeypatch, tmp_path):
+    """tune's whole-module check found the tuned module no faster where the point it ran came from the bundled logs:
+    compile runs the default there, not the bundled point."""
+    from tvmrnn.tuning.logs import VERDICTS, bundled_logs_dir, default_logs_dir, target_dir
+
+    monkeypatch.delenv("TVMRNN_TUNING_LOGS", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    target = resolve_target("llvm")
+    found = TuningLogs.load(default_logs_dir(), target)
+    if bundled_logs_dir() is None or not found.points:
+        pytest.skip("no bundled log for this CPU")
+    key, buckets = next(iter(found.points.items()))
+    batch, points = next(iter(buckets.items()))
+    best = min(points, key=lambda p: p[0])[1]
+    lost = {"batch": batch, "default_ms": 1.0, "tuned_ms": 1.2, "kept_default": True, "points": {key: best.as_dict()}}
+    target_dir(default_logs_dir(), target).mkdir(parents=True)
+    (target_dir(default_logs_dir(), target) / VERDICTS).write_text(json.dumps(lost) + "\n")
+    kept = TuningLogs.load(default_logs_dir(), target)
+    assert batch not in kept.points.get(key, {}) and kept.defaults_won == 1
+
+
+def test_tune_without_logs_writes_to_the_user_cache(monkeypatch, tmp_path):
+    """`tvmrnn tune MODEL` (no --logs) writes into ~/.cache/tvmrnn/tuning_logs ($XDG_CACHE_HOME), never the package."""
+    from tvmrnn.interface import tune as tune_verb
+
+    seen = []
+    monkeypatch.setattr(tune_verb, "tune_command", lambda args, echo: seen.append(args.logs))
+    monkeypatch.delenv("TVMRNN_TUNING_LOGS", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model = tmp_path / "small.onnx"
+    onnx.save(CASE.model(), model)
+    res = CliRunner().invoke(main, ["tune", str(model), "--trials", "1"])
+    assert res.exit_code == 0 and seen == [str(tmp_path / "tvmrnn" / "tuning_logs")], (res.output, seen)
+    assert CliRunner().invoke(main, ["tune", str(model), "--logs", str(tmp_path / "mine")]).exit_code == 0
+    assert seen[-1] == str(tmp_path / "mine")
+
+
+def test_stale_bundled_records_are_a_count_at_v_only(monkeypatch, tmp_path):
+    """Bundled records timed on kernels that have changed since (R's layout here) go without a word; -v (which sets
+    TVMRNN_VERBOSE) reports them once, as a count."""
+    from schedules import recurrent_cpu
+    from tvmrnn.tuning.logs import bundled_logs_dir, default_logs_dir
+
+    monkeypatch.delenv("TVMRNN_TUNING_LOGS", raising=False)
+    monkeypatch.delenv("TVMRNN_VERBOSE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    target = resolve_target("llvm")
+    if bundled_logs_dir() is None or not TuningLogs.load(default_logs_dir(), target).records:
+        pytest.skip("no bundled log for this CPU")
+    monkeypatch.setattr(recurrent_cpu, "r_layout", lambda spec: "transposed")
+    quiet = TuningLogs.load(default_logs_dir(), target)
+    assert quiet.records == 0 and quiet.problems == []
+    monkeypatch.setenv("TVMRNN_VERBOSE", "1")
+    loud = TuningLogs.load(default_logs_dir(), target).problems
+    assert len(loud) == 1 and re.search(r": \d+ record\(s\) skipped, timed on kernels whose arguments have changed", loud[0]), loud

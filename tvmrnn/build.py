@@ -121,6 +121,8 @@ def _tuning_logs(logs, target, log):
     for problem in found.problems:
         log(f"      warning: {problem}")
     log(f"      tuning logs: {found.records} record(s) in {found.where}" if found.records else f"      tuning logs: none for this target in {found.where}")
+    if found.defaults_won:
+        log(f"      the default kept for {found.defaults_won} layer batch bucket(s): tune timed the tuned module no faster there")
     return found
 
 

@@ -8,6 +8,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 
 import click
 
@@ -38,6 +39,14 @@ def _our_errors() -> tuple:
     return (UnsupportedModelError, InputError) + ((kernels.KernelError,) if kernels else ())
 
 
+def _gist(err: Exception) -> str:
+    """An unexpected error's message in one line: its first, with the next where the first only announces it
+    ("Compilation error:" before the linker's complaint)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [""]
+    gist = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return gist[:300]
+
+
 def _for_people(json_logs: bool = False):
     """A command's output is for people: TVM's own log lines hidden (`-v` shows them; as JSON lines where the command
     logs JSON), our errors as one line and exit status 2, anything unexpected as one line and exit status 1 (`-v`:
@@ -60,8 +69,7 @@ def _for_people(json_logs: bool = False):
                 except Exception as err:
                     if verbose:
                         raise
-                    first = (str(err).strip().splitlines() or [""])[0][:300]
-                    status, message = 1, f"error: {type(err).__name__}: {first} (unexpected; rerun with -v for the traceback)"
+                    status, message = 1, f"error: {type(err).__name__}: {_gist(err)} (unexpected; rerun with -v for the traceback)"
                 gc.collect()  # the failed import's objects go now, while TVM's farewells (BlockBuilder ...) are still hidden
             click.echo(message, err=True)
             sys.exit(status)
@@ -79,8 +87,10 @@ def _writable_output(path: str) -> str:
         os.makedirs(folder, exist_ok=True)
     except OSError as err:
         raise InputError(f"-o {path}: cannot create the folder {folder} ({err.strerror}); give a path you can write to") from None
-    if not os.access(folder, os.W_OK):
-        raise InputError(f"-o {path}: the folder {folder} is not writable; give a path you can write to")
+    try:  # a file made and removed: os.access says yes to root where the file system still refuses (read-only, /sys)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as err:
+        raise InputError(f"-o {path}: cannot write into the folder {folder} ({err.strerror}); give a path you can write to") from None
     return path
 
 
@@ -111,6 +121,16 @@ def _numbers(values, what, parse) -> dict:
         raise click.BadParameter(f"{err}: values are numbers (a shape: N,N,...)", param_hint=what) from err
 
 
+def _shapes(values, what) -> dict:
+    """NAME=N (a dim's size) or NAME=N,N,... (an input's shape) pairs of positive sizes."""
+    shapes = _numbers(values, what, int)
+    sizes = {k: v if isinstance(v, list) else [v] for k, v in shapes.items()}
+    bad = next((f"{k}={text}" for k, text in _pairs(values, what).items() if min(sizes[k]) < 1), None)
+    if bad:
+        raise click.BadParameter(f"{bad!r}: sizes are positive integers", param_hint=what)
+    return shapes
+
+
 @click.group()
 @click.version_option(package_name="tvmrnn")
 def main():
@@ -138,7 +158,7 @@ def main():
                    "are refused, and with every dim bounded a CUDA module replays each run as one CUDA graph")
 @click.option("--cuda-graph/--no-cuda-graph", default=None,
               help="require / turn off the CUDA graph (default: on wherever every symbolic dim has a --max-dim)")
-@click.option("--dim", "dims", multiple=True, metavar="NAME=N", callback=lambda _c, _p, v: _numbers(v, "--dim", int),
+@click.option("--dim", "dims", multiple=True, metavar="NAME=N", callback=lambda _c, _p, v: _shapes(v, "--dim"),
               help="fix a symbolic dim (--dim sequence=512) or an input's whole shape (--dim input=1,512)")
 @click.option("--const", "consts", multiple=True, metavar="INPUT=V", callback=lambda _c, _p, v: _numbers(v, "--const", float),
               help="specialize the model for this value of an input, which leaves the module (--const sr=16000)")

@@ -324,7 +324,7 @@ def read_metadata(path) -> dict:
     return metadata
 
 
-def _check_cuda_here(metadata: dict) -> None:
+def check_cuda_here(metadata: dict) -> None:
     """A CUDA module loads only where there is a CUDA GPU (TVM registers its CUDA loader there): say so, and what to do."""
     if metadata.get("target_kind") != "cuda":
         return
@@ -344,7 +344,7 @@ def _check_cuda_here(metadata: dict) -> None:
 def load_module(path, device=None) -> Module:
     path = os.fspath(path)
     metadata = read_metadata(path)
-    _check_cuda_here(metadata)
+    check_cuda_here(metadata)
     return Module(tvm.runtime.load_module(path), metadata, device)
 
 

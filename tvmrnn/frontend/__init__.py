@@ -103,8 +103,9 @@ def _our_converters(plan):
         except UnsupportedModelError:
             raise
         except Exception as err:  # TVM's converters raise anything from TypeError to InternalError
-            node = attrs.get("tvm_custom", {}).get("name") or "?"
-            raise UnsupportedModelError(f"node '{node}' ({op_name}): {_reason(err)}") from err
+            name = attrs.get("tvm_custom", {}).get("name")
+            node = f"node '{name}' ({op_name})" if name else f"an unnamed {op_name} node"
+            raise UnsupportedModelError(f"{node}: {_reason(err)}") from err
 
     onnx_frontend._get_convert_map = convert_map
     importer._convert_operator = convert_naming_the_node

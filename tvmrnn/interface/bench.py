@@ -34,16 +34,17 @@ class BenchArgs:
 
 
 def bench_command(args: BenchArgs, echo=print) -> list[dict]:
+    gpu = args.device == "gpu"
+    if gpu and not _cuda_available():
+        raise InputError("the GPU table times our CUDA modules against cuDNN or ONNX Runtime, and this host has no CUDA "
+                         "GPU (or torch has no CUDA): run `tvmrnn bench --cpu" + (" --model ...`" if args.models else "`")
+                         + " to time on the CPU")
     if args.models:
         return _bench_models(args, echo)
     known = {r.name: r for r in bench.ROWS + bench.STEP_ROWS}
     unknown = [r for r in args.rows if r not in known]
     if unknown:
         raise InputError(f"unknown benchmark row(s) {unknown}; rows are {list(known)}")
-    gpu = args.device == "gpu"
-    if gpu and not _cuda_available():
-        raise InputError("the GPU table times cuDNN and our CUDA modules, and this host has no CUDA GPU (or torch has no "
-                         "CUDA): run `tvmrnn bench --cpu` for the CPU table")
     echo(f"tvmrnn bench\n{show_args(args, skip=() if gpu else ('kernels', 'dtypes'))}")
     rows = [known[r] for r in (args.rows or ([r.name for r in bench.ROWS] if gpu else bench.CPU_ROWS))]
     jobs = [(row, dtype) for row in rows for dtype in (args.dtypes if gpu else ("float32",))]

@@ -50,7 +50,7 @@ def compile_command(args: CompileArgs, echo=print) -> CompileArgs:
         kept = [b["up_to_batch"] for b in layer["schedule"] if b.get("kept_default")]
         note = f" (default kept for {kept}: no point {TUNED_MARGIN:.0%} faster)" if kept else ""
         echo(f"      {layer['name']}: " + (f"tuned for batch buckets {tuned}{note}; larger batches: default" if tuned
-                                             else "default schedule (no tuning log for this shape)"))
+                                             else "default schedule (no tuned point for this shape, or none faster)"))
     path = module.export(args.output)
     echo(f"[4/4] exported {path} ({os.path.getsize(path) / 1e6:.1f} MB) and its metadata {os.path.splitext(path)[0]}.json")
     return args

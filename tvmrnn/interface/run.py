@@ -28,11 +28,17 @@ def symbolic_dims(module) -> list[str]:
 
 def run_command(args: RunArgs, echo=print) -> dict:
     module = load_module(args.module)
+    unknown = [n for n in args.inputs if n not in module.input_names]
+    if unknown:
+        raise InputError(f"--input {unknown[0]}: the module has no input of that name; its inputs are {module.input_names}")
     given = {}
     for name, path in args.inputs.items():
         if not os.path.exists(path):
             raise InputError(f"--input {name}={path}: file does not exist")
-        given[name] = np.load(path)
+        try:
+            given[name] = np.load(path)
+        except (OSError, ValueError, EOFError):
+            raise InputError(f"--input {name}={path}: not a NumPy .npy file; save the array with numpy.save") from None
     missing = [n for n in module.input_names if n not in given]
     if missing and not args.random:
         raise InputError(f"no value for input(s) {missing}; pass --input NAME=FILE.npy or --random")

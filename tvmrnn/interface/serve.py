@@ -51,10 +51,10 @@ def resolve(args: ServeArgs) -> ServeArgs:
         raise InputError(f"--http-workers is {args.http_workers}; it must be at least 1")
     if args.port > 65535:
         raise InputError(f"--port is {args.port}; it must be at most 65535")
-    from ..runtime import read_metadata
+    from ..runtime import check_cuda_here, read_metadata
 
-    for path in args.modules:  # an ONNX file, a missing .json or a foreign one: said before anything starts
-        read_metadata(path)
+    for path in args.modules:  # an ONNX file, a missing .json, a foreign one or a GPU-less host: said before anything starts
+        check_cuda_here(read_metadata(path))
     args.state_pairs = parse_state_option(args.state)
     return args
 

@@ -206,6 +206,7 @@ def config_from_json(text: str):
 def main(socket_path: str, module_path: str, config_json: str, log_level: str) -> None:
     import logging.config
 
+    from ..errors import InputError, UnsupportedModelError
     from .logs import logging_config
     from .repository import load_models
     from .workers import settle_heap
@@ -214,7 +215,11 @@ def main(socket_path: str, module_path: str, config_json: str, log_level: str) -
         signal.signal(sig, signal.SIG_IGN)
     logging.config.dictConfig(logging_config(log_level))
     config = config_from_json(config_json)
-    (served,) = load_models([module_path], config).values()
+    try:
+        (served,) = load_models([module_path], config).values()
+    except (InputError, UnsupportedModelError) as err:  # one line, which the supervisor points at
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
     settle_heap()
     try:
         import uvloop

@@ -28,7 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, UnsupportedModelError
 from .frames import decode_frame, decode_tensors, encode_frame
 
 _START_TIMEOUT_S = 300.0
@@ -151,7 +151,8 @@ def _worker_main(path: str, device: str | None, conn) -> None:
     try:
         runner = InProcessRunner(path, device)
     except Exception as err:  # noqa: BLE001 - reported to the parent, which refuses to start
-        conn.send(("error", f"{type(err).__name__}: {err}"))
+        ours = isinstance(err, (InputError, UnsupportedModelError))  # said for people already: no class name
+        conn.send(("error", str(err) if ours else f"{type(err).__name__}: {err}"))
         return
     settle_heap()
     conn.send(("ready", runner.metadata))

@@ -131,6 +131,7 @@ class TuningLogs:
     # layer key (JSON) -> batch -> [(seconds per step, KernelConfig)]
     points: dict = field(default_factory=dict)
     also_read: list = field(default_factory=list)  # the bundled folder, where it was read too
+    defaults_won: int = 0  # layer buckets whose tuned point tune's whole-module check found no faster: they run the default
 
     @property
     def where(self) -> str:
@@ -145,10 +146,10 @@ class TuningLogs:
         templates: dict = {}
         if logs.folder.is_dir():
             logs._read_folder(logs.folder, templates, bundled=False)
-            logs._drop_buckets_the_default_won()
         if bundled is not None and Path(logs_dir).resolve() == default_logs_dir().resolve() and target_dir(bundled, target).is_dir():
             logs.also_read.append(target_dir(bundled, target))
             logs._read_folder(target_dir(bundled, target), templates, bundled=True)
+        logs._drop_buckets_the_default_won()  # after the bundled points too: the one that lost may have been one of theirs
         return logs
 
     def _drop_buckets_the_default_won(self) -> None:
@@ -166,6 +167,7 @@ class TuningLogs:
                 pts = self.points.get(key, {}).get(batch)
                 if pts and min(pts, key=lambda p: p[0])[1].as_dict() == config:
                     del self.points[key][batch]
+                    self.defaults_won += 1
 
     def _read_folder(self, folder: Path, templates: dict, bundled: bool) -> None:
         from tvm.s_tir import meta_schedule as ms

@@ -32,7 +32,7 @@ class Progress(ms.measure_callback.PyMeasureCallback):
         """total: the run's --trials; done: the trials it starts with (already logged, and the default points)."""
         super().__init__()
         self.stats, self.deadline, self.stopped, self.started = stats, deadline, False, time.monotonic()
-        self.bar = tqdm(total=total, initial=done, unit=" trials", dynamic_ncols=True, file=stream, mininterval=0.5)
+        self.bar = tqdm(total=total, initial=done, unit="trial", dynamic_ncols=True, file=stream, mininterval=0.5)
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
         st = self.stats[task_id]

@@ -129,6 +129,7 @@ def tune(tasks: list[RecurrentTask], target, logs_dir, trials: int, time_budget_
     defaults, default_points, seeded = _seed_defaults(ctxs, tasks, target, db, builder, runner)
     log(f"      default points: {seeded} measured in {time.monotonic() - seed_started:.0f} s")
     stats = [TaskStats(t.name, d, p) for t, d, p in zip(tasks, defaults, default_points)]
+    _count_logged(stats, ctxs, db)  # the rounds' lines count on from here, as the summary does
     left = max(0, trials - before - seeded)
     stopped = False
     if left > 0:
@@ -152,13 +153,19 @@ def tune(tasks: list[RecurrentTask], target, logs_dir, trials: int, time_budget_
             stopped = True
         finally:
             progress.close()
-    after = 0
-    for st, ctx in zip(stats, ctxs):  # the summary counts every run's records, not just this one's
+    after = _count_logged(stats, ctxs, db)
+    return TuneOutcome(stats, after - before, before, time.monotonic() - started, stopped, str(folder))
+
+
+def _count_logged(stats: list[TaskStats], ctxs, db) -> int:
+    """Each task's trials and best point as its records stand (every run's, the default points included); the total."""
+    total = 0
+    for st, ctx in zip(stats, ctxs):
         records = db.get_top_k(db.commit_workload(ctx.mod), 10_000)
-        after += len(records)
+        total += len(records)
         st.trials = len(records)
         good = [r for r in records if min(float(s) for s in r.run_secs) < FAILED]
         if good:
             st.best_s = sum(float(s) for s in good[0].run_secs) / len(good[0].run_secs)
             st.best = search.config_of_trace(good[0].trace, ctx.mod)
-    return TuneOutcome(stats, after - before, before, time.monotonic() - started, stopped, str(folder))
+    return total
