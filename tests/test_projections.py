@@ -388,8 +388,10 @@ def test_projection_wgmma_wide_stores_build_without_a_gpu():
             assert not report.serialized and report.spill_stores == 0, (mode, cfg, report)
 
 
-@pytest.mark.parametrize("mode, config", [("float16", WGMMA_DEFAULT), ("float16", WGMMA_HALF_128), ("tf32", None), ("tf32x3", None), ("f16x3", None),
-                                         ("tf32x3", WgmmaConfig(bn=128, stages=2, overlap=1))] + [("tf32x3", c) for c in WGMMA_REGS_CONFIGS], ids=str)
+# each mode compile picks in the default run; the other configurations (ptxas of each, ~10 s on 2 cores) are slow
+@pytest.mark.parametrize("mode, config", [("float16", WGMMA_DEFAULT), ("tf32", None), ("tf32x3", None), ("f16x3", None)] + [
+    pytest.param(mode, config, marks=pytest.mark.slow) for mode, config in
+    [("float16", WGMMA_HALF_128), ("tf32x3", WgmmaConfig(bn=128, stages=2, overlap=1))] + [("tf32x3", c) for c in WGMMA_REGS_CONFIGS]], ids=str)
 def test_wgmma_gemms_keep_their_pipeline(mode, config):
     """ptxas (through NVRTC, no GPU) keeps compile's wgmma GEMMs asynchronous and in registers: it does not serialize
     their wgmma's (C7514, which it does where accumulators are read while a wgmma writing them may be in flight) and
@@ -412,7 +414,7 @@ WGMMA_MODELS = {("float16", "exact", 64): ("float16", "128x256", "m64n256k16.f32
                 ("float32", "tf32", 32): ("tf32", "128x128", "m64n128k8.f32.tf32.tf32")}
 
 
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_90"])
+@pytest.mark.parametrize("arch", ["sm_90a", pytest.param("sm_90", marks=pytest.mark.slow)])  # sm_90: projection_staged's builds
 @pytest.mark.parametrize("dtype, precision, hidden", list(WGMMA_MODELS), ids=str)
 def test_models_project_with_wgmma_on_sm90a(dtype, precision, hidden, arch):
     """A layer whose gates fill the mode's column tiles projects with the warpgroup GEMM on sm_90a (the H100 tag's
