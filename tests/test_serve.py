@@ -706,23 +706,61 @@ def test_responses_carry_every_v2_datatype_in_json_and_binary():
 
 
 def test_frame_reader_cuts_a_stream_into_frames_however_it_arrives():
-    """Frames back to back on a socket arrive in arbitrary pieces: every one comes out whole, in order, with its tensors."""
-    from tvmrnn.serve.frames import FrameReader, decode_tensors, encode_frame
+    """Frames back to back on a socket arrive in arbitrary pieces: every one comes out whole, in order, with its tensors
+    and its request fields."""
+    from tvmrnn.serve.frames import FrameReader, decode_request, encode_request
 
     def tensors(i):
         return {"x": np.arange(i * 7, dtype="float32").reshape(i, 7), "n": np.array(i, "int64"), "t": np.ones((2, 4))[:, ::2]}
 
-    stream = b"".join(encode_frame({"id": i}, tensors(i)) for i in range(40))
+    def sid(i):
+        return None if i % 3 == 0 else f"s{i}" if i % 3 == 1 else i
+
+    stream = b"".join(encode_request(i, tensors(i), sid(i), i % 2 == 0, i % 5 == 0, i % 4 == 0) for i in range(40))
     rng = np.random.default_rng(3)
     for sizes in ([len(stream)], [1] * 50 + [len(stream)], rng.integers(1, 3000, 400).tolist()):
         reader, frames, pos = FrameReader(), [], 0
         for size in sizes:
             frames += reader.feed(stream[pos:pos + size])
             pos += size
-        assert [head["id"] for head, _ in frames] == list(range(40))
-        for head, data in frames:
-            for name, want in tensors(head["id"]).items():
-                np.testing.assert_array_equal(decode_tensors(head, data)[name], want)
+        decoded = [decode_request(head, data) for head, data in frames]
+        assert [d[:5] for d in decoded] == [(i, sid(i), i % 2 == 0, i % 5 == 0, i % 4 == 0) for i in range(40)]
+        for i, (*_, feeds) in enumerate(decoded):
+            assert list(feeds) == list(tensors(i))
+            for name, want in tensors(i).items():
+                np.testing.assert_array_equal(feeds[name], want)
+                assert feeds[name].dtype == want.dtype
+
+
+def test_a_batchs_answers_to_one_worker_are_one_frame_cut_back_into_each_requests_rows(modules):
+    """An engine answers the requests of one HTTP worker in a batch with their rows gathered into one frame (padded ones
+    at the batch's length); the worker's cut of it equals each request's own split, and errors carry status and message."""
+    from tvmrnn.runtime import metadata_path
+    from tvmrnn.serve.frames import FrameReader, decode_answers, decode_error, encode_answers, encode_error
+    from tvmrnn.serve.signature import BatchOutputs, build_signature
+
+    with open(metadata_path(modules["rnn_forecast"])) as f:
+        metadata = json.load(f)
+    metadata["outputs"].append({"name": "y", "dtype": "float32", "shape": ["seq", "batch", 3]})  # padded, batch on axis 1
+    sig = build_signature("f", metadata)
+    requests = [forecast_input(1, 3, batch=2), forecast_input(2, 5), forecast_input(3, 4), forecast_input(4, 2, batch=3)]
+    _, plan = sig.merge(requests, 8, None)
+    rng = np.random.default_rng(5)
+    outputs = [rng.standard_normal((8, 4)).astype("float32"), rng.standard_normal((5, 8, 3)).astype("float32")]
+    batch = BatchOutputs(sig, outputs, plan)
+    for indices in ([3, 0, 2], [1, 2], [0, 1, 2, 3]):
+        rows, lengths, gathered = batch.gather(indices)
+        (head, data), = FrameReader().feed(encode_answers([10 + i for i in indices], rows, lengths, gathered))
+        ids, rows, lengths, views = decode_answers(head, data)
+        assert ids == [10 + i for i in indices]
+        start = 0
+        for i, n, length in zip(indices, rows, lengths):
+            mine = sig.take_rows(views, start, n, length)
+            start += n
+            for name, want in batch.request(i).items():
+                np.testing.assert_array_equal(mine[name], want)
+    (head, _), = FrameReader().feed(encode_error(7, 429, "too many sequences: é"))
+    assert decode_error(head) == (7, 429, "too many sequences: é")
 
 
 class _RowsRunner:
@@ -769,7 +807,7 @@ def test_batcher_waits_for_a_full_batch_or_its_delay_and_answers_callbacks(modul
     batches, delivered, got, alone, full, waited = asyncio.run(main())
     assert batches == [4, 1]
     assert full < 0.4 and 0.45 < waited < 2, (full, waited)
-    assert [delivered[0]["keyword_logits"][0, 0], delivered[1]["keyword_logits"][0, 0]] == [0, 1]
+    assert [delivered[i].arrays()["keyword_logits"][0, 0] for i in (0, 1)] == [0, 1]
     assert [g["keyword_logits"][0, 0] for g in got] == [2, 3] and alone["keyword_logits"][0, 0] == 4
 
 

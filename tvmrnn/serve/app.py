@@ -46,8 +46,7 @@ VERSION = "1"
 _OFFLOAD_BYTES = 256 * 1024  # decode/encode bodies larger than this in a thread, not on the event loop
 
 
-async def _off_loop(size: int, fn, *args):
-    return await asyncio.to_thread(fn, *args) if size > _OFFLOAD_BYTES else fn(*args)
+_HEADER_LENGTH_KEY = HEADER_LENGTH.lower().encode()
 
 
 def _error(status: int, message: str) -> Response:
@@ -203,8 +202,10 @@ class Service:
         status, body, headers = await self._answer(name, version, dict(scope["headers"]), receive, fields)
         seconds = time.perf_counter() - start
         self.metrics.count_request(label, status, seconds)
-        fields.update(status=status, ms=round(seconds * 1000, 3))
-        log.log(logging.INFO if status < 400 else logging.WARNING, "infer", extra={"fields": fields})
+        level = logging.INFO if status < 400 else logging.WARNING
+        if log.isEnabledFor(level):
+            fields.update(status=status, ms=round(seconds * 1000, 3))
+            log.log(level, "infer", extra={"fields": fields})
         await _send(send, status, body, headers)
 
     async def _answer(self, name: str, version: str | None, headers: dict[bytes, bytes], receive, fields: dict):
@@ -212,9 +213,9 @@ class Service:
         try:
             sig = self.model_named(name, version).signature
             body = await self.body(headers, receive)
-            header_length = headers.get(HEADER_LENGTH.lower().encode())
-            req = await _off_loop(len(body), parse_infer_request, body, header_length and header_length.decode("latin-1"),
-                                  (name, sig.input_names))
+            header_length = headers.get(_HEADER_LENGTH_KEY)
+            args = (body, header_length and header_length.decode("latin-1"), (name, sig.input_names))
+            req = parse_infer_request(*args) if len(body) <= _OFFLOAD_BYTES else await asyncio.to_thread(parse_infer_request, *args)
             fields["id"] = req.id
             sid, seq_start, seq_end = sequence_params(req.parameters)
             if req.outputs is not None:
@@ -224,9 +225,11 @@ class Service:
             outputs = await self.cores[name].infer(req.inputs, req.datatypes, sid, seq_start, seq_end)
             if sid is not None:
                 fields["sequence_id"] = sid
-            size = sum(a.nbytes for a in outputs.values())
-            body, extra = await _off_loop(size, encode_infer_response, name, VERSION, req.id, outputs, req.outputs,
-                                          req.binary_data_output)
+            args = (name, VERSION, req.id, outputs, req.outputs, req.binary_data_output)
+            if sum(a.nbytes for a in outputs.values()) <= _OFFLOAD_BYTES:
+                body, extra = encode_infer_response(*args)
+            else:
+                body, extra = await asyncio.to_thread(encode_infer_response, *args)
             return 200, body, [(k.lower().encode(), v.encode("latin-1")) for k, v in extra.items()]
         except ProtocolError as err:
             fields["error"] = str(err)

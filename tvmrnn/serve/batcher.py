@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import InputError
 from .metrics import Metrics
 from .protocol import ProtocolError
-from .signature import Signature
+from .signature import BatchOutputs, Signature
 from .workers import WorkerCrashed
 
 log = logging.getLogger("tvmrnn.serve")
@@ -37,9 +37,22 @@ class ShuttingDown(ProtocolError):
         super().__init__(f"model {model!r} is shutting down", 503)
 
 
+class Rows:
+    """Request `index`'s outputs in a run batch (`BatchOutputs`): what `enqueue`'s callback gets, so an engine can answer
+    a batch's requests from one HTTP worker with one gathered copy; `arrays()` are the request's own."""
+
+    __slots__ = ("batch", "index")
+
+    def __init__(self, batch: BatchOutputs, index: int):
+        self.batch, self.index = batch, index
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return self.batch.request(self.index)
+
+
 class _Item:
-    """One queued request; answered through `future` (awaited by `submit`) or `deliver` (called with its outputs or the
-    exception to raise for it: `enqueue`, an engine's connection)."""
+    """One queued request; answered through `future` (awaited by `submit`: its outputs) or `deliver` (called with its
+    `Rows` or the exception to raise for it: `enqueue`, an engine's connection)."""
 
     __slots__ = ("feeds", "rows", "key", "enqueued", "future", "deliver")
 
@@ -58,7 +71,7 @@ class _Item:
             if isinstance(result, BaseException):
                 self.future.set_exception(result)
             else:
-                self.future.set_result(result)
+                self.future.set_result(result.arrays() if isinstance(result, Rows) else result)
 
 
 class Batcher:
@@ -178,14 +191,17 @@ class Batcher:
         feeds = [it.feeds for it in batch]
         if self.inline:
             results = self._compute(feeds)
-        else:
-            results = await asyncio.get_running_loop().run_in_executor(self._executor, self._compute, feeds)
+        else:  # the split too in the worker thread
+            results = await asyncio.get_running_loop().run_in_executor(self._executor, self._compute_split, feeds)
         for it, res in zip(batch, results):
             it.resolve(res)
 
     # -- in the worker thread ---------------------------------------------------------------------
+    def _compute_split(self, requests: list[dict[str, np.ndarray]]) -> list:
+        return [r.arrays() if isinstance(r, Rows) else r for r in self._compute(requests)]
+
     def _compute(self, requests: list[dict[str, np.ndarray]]) -> list:
-        """Merge, run, split; per request its outputs or the exception to raise for it."""
+        """Merge and run; per request its `Rows` or the exception to raise for it."""
         try:
             t0 = time.perf_counter()
             rows = sum(self.sig.rows(r) for r in requests)
@@ -194,7 +210,8 @@ class Batcher:
             t1 = time.perf_counter()
             outputs = self.runner.run(inputs)
             t2 = time.perf_counter()
-            results = self.sig.split(outputs, plan)
+            batch = BatchOutputs(self.sig, outputs, plan)
+            results = [Rows(batch, i) for i in range(len(requests))]
             phases = dict(self.runner.phases)  # the runner's own split of its run: copies in, the module, copies out
             phases["input"] = phases.get("input", 0.0) + t1 - t0
             phases["infer"] = phases.get("infer", t2 - t1)

@@ -6,11 +6,13 @@ the model has index inputs, as `workers.make_runner` decides), keeps the streami
 batches the requests of every HTTP worker together; its batches run on its event loop (nothing else waits for it).
 HTTP workers reach it through `RemoteCore` over a Unix socket.
 
-The socket carries `frames` (a JSON head and the tensors' raw bytes; never pickled). A request's head carries its id,
-sequence parameters, v2 datatypes and whether its HTTP worker checked it already; an answer's head its id and HTTP
-status, and an error message or the outputs. Both ends are asyncio protocols (`frames.FrameProtocol`): the frames that
-arrive together are handled together and those sent in one turn of the event loop leave in one write, so a batch's
-answers to one HTTP worker cost one write and one wake-up of that worker, not one per request.
+The socket carries `frames` (a binary head and the tensors' raw bytes; never pickled, no JSON). A request's head carries
+its id, sequence parameters and whether its HTTP worker checked it already; an error's its id, HTTP status and message.
+A batch's answers to one HTTP worker are one frame: their ids, and each output's rows of those requests gathered back
+to back (`BatchOutputs.gather`: one copy per output and HTTP worker, not one per request), which the HTTP worker cuts
+into each request's views. Both ends are asyncio protocols (`frames.FrameProtocol`): the frames that arrive together are
+handled together and those sent in one turn of the event loop leave in one write, so a batch's answers to one HTTP
+worker cost one write and one wake-up of that worker, not one per request.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ import threading
 
 import numpy as np
 
-from .frames import FrameProtocol, decode_tensors, encode_frame
+from .batcher import Rows
+from .frames import (ANSWERS, FrameProtocol, decode_answers, decode_error, decode_request, encode_answers, encode_error,
+                     encode_request, request_id_of)
 from .protocol import ProtocolError
 
 log = logging.getLogger("tvmrnn.serve")
@@ -41,7 +45,7 @@ class _EngineLink(FrameProtocol):
         super().__init__()
         self.core = core
 
-    def on_frame(self, head: dict, data: bytes) -> None:
+    def on_frame(self, head: memoryview, data: memoryview) -> None:
         self.core.answered(head, data)
 
     def connection_lost(self, exc) -> None:
@@ -82,21 +86,26 @@ class RemoteCore:
             raise ProtocolError(f"model {self.name!r} is restarting; retry", 503)
         request_id = next(self._ids)
         future = self._pending[request_id] = asyncio.get_running_loop().create_future()
-        self._link.send(encode_frame({"id": request_id, "sid": sid, "start": start, "end": end, "checked": checked,
-                                      "datatypes": datatypes}, feeds))
+        self._link.send(encode_request(request_id, feeds, sid, start, end, checked))  # datatypes: the arrays' dtypes say them
         try:
             return await future
         finally:
             self._pending.pop(request_id, None)
 
-    def answered(self, head: dict, data: bytes) -> None:
-        future = self._pending.get(head["id"])
-        if future is None or future.done():  # the client went away
+    def answered(self, head: memoryview, data: memoryview) -> None:
+        if head[0] != ANSWERS:
+            request_id, status, message = decode_error(head)
+            future = self._pending.get(request_id)
+            if future is not None and not future.done():
+                future.set_exception(ProtocolError(message, status))
             return
-        if head["status"] == 200:
-            future.set_result(decode_tensors(head, data))
-        else:
-            future.set_exception(ProtocolError(head["error"], head["status"]))
+        ids, rows, lengths, outputs = decode_answers(head, data)
+        start = 0
+        for request_id, n, length in zip(ids, rows, lengths):
+            future = self._pending.get(request_id)
+            if future is not None and not future.done():  # else the client went away
+                future.set_result(outputs if len(ids) == 1 else self.sig.take_rows(outputs, start, n, length))
+            start += n
 
     def lost(self, link: _EngineLink) -> None:
         if link is not self._link:
@@ -120,44 +129,61 @@ class RemoteCore:
 # -- the engine's side -----------------------------------------------------------------------------------
 class _EngineConnection(FrameProtocol):
     """One HTTP worker's connection: a checked stateless request goes straight into the batch queue, its answer sent
-    from the batch's end (no task per request); a sequence's request runs as a task (it waits for its sequence)."""
+    from the batch's end (no task per request) with the other answers of its batch to this worker, in one frame; a
+    sequence's request runs as a task (it waits for its sequence)."""
 
     def __init__(self, core, tasks: set):
         super().__init__()
         self.core, self.tasks = core, tasks
+        self._rows: list[tuple[int, Rows]] = []  # answers of this turn of the loop, framed by batch at its end
 
-    def on_frame(self, head: dict, data: bytes) -> None:
-        request_id = head.get("id")
+    def on_frame(self, head: memoryview, data: memoryview) -> None:
+        request_id = None
         try:
-            feeds = decode_tensors(head, data)
-            if head.get("sid") is None and head.get("checked"):
+            request_id, sid, start, end, checked, feeds = decode_request(head, data)
+            if sid is None and checked:
                 self.core.enqueue(feeds, functools.partial(self._answer, request_id))
                 return
         except Exception as err:  # noqa: BLE001 - answered (ProtocolError: its status, else 500); the engine goes on
-            self._answer(request_id, err)
+            self._answer(request_id_of(head) if request_id is None else request_id, err)
             return
-        task = self._loop.create_task(self._infer(request_id, head, feeds))
+        task = self._loop.create_task(self._infer(request_id, feeds, sid, start, end, checked))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _infer(self, request_id: int, head: dict, feeds: dict) -> None:
+    async def _infer(self, request_id: int, feeds: dict, sid, start: bool, end: bool, checked: bool) -> None:
         try:
-            result = await self.core.infer(feeds, head.get("datatypes") or {}, head.get("sid"), head.get("start", False),
-                                           head.get("end", False), head.get("checked", False))
+            result = await self.core.infer(feeds, None, sid, start, end, checked)
         except Exception as err:  # noqa: BLE001 - answered below
             result = err
         self._answer(request_id, result)
 
     def _answer(self, request_id: int, result) -> None:
-        reply, outputs = {"id": request_id, "status": 200}, None
-        if isinstance(result, ProtocolError):
-            reply["status"], reply["error"] = result.status, str(result)
+        if isinstance(result, Rows):
+            self.wake()
+            self._rows.append((request_id, result))
+        elif isinstance(result, ProtocolError):
+            self.send(encode_error(request_id, result.status, str(result)))
         elif isinstance(result, BaseException):
             log.error("infer failed", exc_info=result, extra={"fields": {"model": self.core.name}})
-            reply["status"], reply["error"] = 500, f"internal error: {type(result).__name__}: {result}"
+            self.send(encode_error(request_id, 500, f"internal error: {type(result).__name__}: {result}"))
         else:
-            outputs = result
-        self.send(encode_frame(reply, outputs))
+            self.send(encode_answers([request_id], [0], [-1], result))
+
+    def encode_pending(self) -> None:
+        """A frame per batch among this turn's answers: its requests' rows gathered (one request: its own arrays)."""
+        answers, self._rows = self._rows, []
+        by_batch: dict[int, list[tuple[int, Rows]]] = {}
+        for request_id, rows in answers:
+            by_batch.setdefault(id(rows.batch), []).append((request_id, rows))
+        for group in by_batch.values():
+            if len(group) == 1:
+                request_id, rows = group[0]
+                self._out.append(encode_answers([request_id], [0], [-1], rows.arrays()))
+                continue
+            batch = group[0][1].batch
+            n_rows, lengths, outputs = batch.gather([rows.index for _, rows in group])
+            self._out.append(encode_answers([request_id for request_id, _ in group], n_rows, lengths, outputs))
 
 
 async def run_engine(served, config, socket_path: str) -> None:

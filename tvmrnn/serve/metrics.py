@@ -26,6 +26,20 @@ def multiprocess() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
+def _keep_pid() -> None:
+    """In multiprocess mode every update of a metric asks os.getpid() (a system call), to notice a fork; here the pid is
+    kept, and refreshed in a forked child, so an update is a lock and a write to the process's mmap file."""
+    from prometheus_client import values
+
+    pid = [os.getpid()]
+    os.register_at_fork(after_in_child=lambda: pid.__setitem__(0, os.getpid()))
+    values.ValueClass = values.MultiProcessValue(lambda: pid[0])
+
+
+if multiprocess():
+    _keep_pid()
+
+
 class Metrics:
     def __init__(self):
         r = self.registry = CollectorRegistry(auto_describe=True)

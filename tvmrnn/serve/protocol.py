@@ -216,14 +216,15 @@ def encode_infer_response(model: str, version: str, request_id: str | None, outp
     wanted = requested if requested is not None else [RequestedOutput(n) for n in outputs]
     tensors, blobs = [], []
     for out in wanted:
-        arr = np.ascontiguousarray(outputs[out.name])
+        arr = outputs[out.name]
         entry = {"name": out.name, "datatype": v2_datatype(arr.dtype), "shape": list(arr.shape)}
         if out.binary if out.binary is not None else binary_default:
-            blob = (arr if arr.dtype.byteorder != ">" else arr.astype(arr.dtype.newbyteorder("<"))).tobytes()
-            entry["parameters"] = {"binary_data_size": len(blob)}
-            blobs.append(blob)
+            if arr.dtype.byteorder == ">":
+                arr = arr.astype(arr.dtype.newbyteorder("<"))
+            entry["parameters"] = {"binary_data_size": arr.nbytes}
+            blobs.append(arr.data if arr.flags.c_contiguous else arr.tobytes())  # copied once, into the body
         else:
-            entry["data"] = arr.reshape(-1)  # written by orjson as a flat JSON list
+            entry["data"] = np.ascontiguousarray(arr).reshape(-1)  # written by orjson as a flat JSON list
         tensors.append(entry)
     doc = {"model_name": model, "model_version": version, "outputs": tensors}
     if request_id is not None:

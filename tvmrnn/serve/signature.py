@@ -223,54 +223,99 @@ class Signature:
             x, ax = next((n, a) for n, a in pad_axes.items() if n in self.input_names)
             lengths = [int(r[x].shape[ax]) for r in requests]
         longest = max((n for n in lengths if n is not None), default=None)
-        lens_inputs = {sl.lens for sl in self.checker.sequence_lens}
         merged = []
         for name in self.input_names:
             if name not in batch_axes:
                 merged.append(requests[0][name])
                 continue
             bax, pax = batch_axes[name], pad_axes.get(name) if longest is not None else None
-            first = requests[0][name]
-            shape = list(first.shape)
+            shape = list(requests[0][name].shape)
             shape[bax] = width
             if pax is not None:
                 shape[pax] = longest
-            out = buffers(name, tuple(shape), first.dtype) if buffers else np.empty(shape, first.dtype)
-            if width > total or pax is not None:
-                out.fill(0)
-                if name in lens_inputs:  # filler rows run with length 1: a valid length that costs one step
-                    out[(slice(None),) * bax + (slice(total, None),)] = 1
-            start = 0
-            for r, n in zip(requests, rows):
-                part = r[name]
-                index = [slice(None)] * len(shape)
-                index[bax] = slice(start, start + n)
-                if pax is not None:
-                    index[pax] = slice(0, part.shape[pax])
-                out[tuple(index)] = part
-                start += n
+            out = buffers(name, tuple(shape), requests[0][name].dtype) if buffers else np.empty(shape, requests[0][name].dtype)
+            if pax is None:  # one copy of every request's rows, then the filler rows
+                np.concatenate([r[name] for r in requests], axis=bax, out=out[(slice(None),) * bax + (slice(0, total),)])
+            else:
+                self._merge_padded(out, [r[name] for r in requests], rows, bax, pax)
+            if width > total:
+                filler = out[(slice(None),) * bax + (slice(total, None),)]
+                filler.fill(1 if name in self._lens_inputs else 0)  # filler rows run with length 1: valid, one step
             merged.append(out)
         return merged, Plan(rows, lengths, width)
 
+    @functools.cached_property
+    def _lens_inputs(self) -> frozenset:
+        return frozenset(sl.lens for sl in self.checker.sequence_lens)
+
+    @staticmethod
+    def _merge_padded(out: np.ndarray, parts: list[np.ndarray], rows: list[int], bax: int, pax: int) -> None:
+        """Each request's rows at its place along `bax`, zeros past its own length along `pax`."""
+        out.fill(0)
+        start = 0
+        for part, n in zip(parts, rows):
+            index = [slice(None)] * out.ndim
+            index[bax] = slice(start, start + n)
+            index[pax] = slice(0, part.shape[pax])
+            out[tuple(index)] = part
+            start += n
+
     def split(self, outputs: list[np.ndarray], plan: Plan) -> list[dict[str, np.ndarray]]:
         """Per-request output dicts (arrays of their own) from a batch's outputs (in the model's output order)."""
-        named = dict(zip(self.output_names, outputs))
-        if len(plan.rows) == 1 and plan.width == plan.rows[0]:
-            return [named]
+        batch = BatchOutputs(self, outputs, plan)
+        return [batch.request(i) for i in range(len(plan.rows))]
+
+    def take_rows(self, named: dict[str, np.ndarray], start: int, rows: int, length: int | None) -> dict[str, np.ndarray]:
+        """Views of rows [start, start + rows) of each output along its batch axis, cut to `length` along the padded axis
+        (None or -1: not cut)."""
         batch_axes = self.axes[self.batch_dim]
-        pad_axes = self.axes.get(self.pad_dim, {}) if self.pad_dim else {}
-        result, start = [], 0
-        for rows, length in zip(plan.rows, plan.lengths):
-            mine = {}
-            for name, arr in named.items():
-                index = [slice(None)] * arr.ndim
-                index[batch_axes[name]] = slice(start, start + rows)
-                if length is not None and name in pad_axes:
-                    index[pad_axes[name]] = slice(0, length)
-                mine[name] = arr[tuple(index)].copy()
-            result.append(mine)
-            start += rows
-        return result
+        pad_axes = self.axes.get(self.pad_dim, {}) if self.pad_dim and length is not None and length >= 0 else {}
+        mine = {}
+        for name, arr in named.items():
+            index = [slice(None)] * arr.ndim
+            index[batch_axes[name]] = slice(start, start + rows)
+            if name in pad_axes:
+                index[pad_axes[name]] = slice(0, length)
+            mine[name] = arr[tuple(index)]
+        return mine
+
+
+class BatchOutputs:
+    """A run batch's outputs by name and its plan. A request's own outputs are `request(i)` (arrays of their own: the
+    batch's split), or, for several requests at once, `gather(indices)`: their rows back to back, one copy per output."""
+
+    __slots__ = ("sig", "named", "plan", "starts")
+
+    def __init__(self, sig: Signature, outputs: list[np.ndarray], plan: Plan):
+        self.sig, self.named, self.plan = sig, dict(zip(sig.output_names, outputs)), plan
+        self.starts = [0]
+        for n in plan.rows:
+            self.starts.append(self.starts[-1] + n)
+
+    def request(self, i: int) -> dict[str, np.ndarray]:
+        plan = self.plan
+        if len(plan.rows) == 1 and plan.width == plan.rows[0]:
+            return self.named
+        return {k: v.copy() for k, v in self.sig.take_rows(self.named, self.starts[i], plan.rows[i], plan.lengths[i]).items()}
+
+    def gather(self, indices: list[int]) -> tuple[list[int], list[int], dict[str, np.ndarray]]:
+        """(rows, lengths (-1: not padded), outputs) of requests `indices`: their rows in that order along the batch axes,
+        at the batch's padded length (each request's own length says where to cut it)."""
+        plan, starts = self.plan, self.starts
+        rows = [plan.rows[i] for i in indices]
+        lengths = [-1 if plan.lengths[i] is None else plan.lengths[i] for i in indices]
+        first, last = indices[0], indices[-1]
+        if indices == list(range(first, last + 1)):
+            where = slice(starts[first], starts[last + 1])
+        else:
+            where = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in indices]) if any(r != 1 for r in rows) \
+                else np.array([starts[i] for i in indices])
+        batch_axes = self.sig.axes[self.sig.batch_dim]
+        out = {}
+        for name, arr in self.named.items():
+            bax = batch_axes[name]
+            out[name] = arr[(slice(None),) * bax + (where,)] if isinstance(where, slice) else np.take(arr, where, axis=bax)
+        return rows, lengths, out
 
 
 def _axes_by_dim(metadata: dict) -> dict[str, dict[str, int]]:
