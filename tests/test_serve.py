@@ -763,6 +763,28 @@ def test_a_batchs_answers_to_one_worker_are_one_frame_cut_back_into_each_request
     assert decode_error(head) == (7, 429, "too many sequences: é")
 
 
+def test_histogram_updates_in_bulk_equal_one_by_one():
+    """`observe_many` (a batch's queue times, a turn's request times) leaves a histogram as one observe per value would."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from tvmrnn.serve.metrics import observe_many
+
+    values = [0.0001, 0.00025, 0.0, 5.0, 20.0, *np.random.default_rng(0).random(200) ** 4]
+    samples = []
+    for bulk in (False, True):
+        registry = CollectorRegistry()
+        child = Histogram("h", "h", ["m"], buckets=(0.0001, 0.00025, 0.001, 0.01, 1.0, 10.0), registry=registry).labels("x")
+        if bulk:
+            observe_many(child, values)
+        else:
+            for v in values:
+                child.observe(v)
+        samples.append({(s.name, s.labels.get("le")): s.value for f in registry.collect() for s in f.samples if "created" not in s.name})
+    assert samples[0].keys() == samples[1].keys() and samples[0][("h_count", None)] == len(values)
+    for key, value in samples[0].items():
+        assert samples[1][key] == pytest.approx(value), key
+
+
 class _RowsRunner:
     """Answers a kws_gru batch with each row's first feature (no module): which rows ran together, in which batch."""
 

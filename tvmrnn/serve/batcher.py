@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
-from .metrics import Metrics
+from .metrics import Metrics, observe_many
 from .protocol import ProtocolError
 from .signature import BatchOutputs, Signature
 from .workers import WorkerCrashed
@@ -186,27 +186,26 @@ class Batcher:
 
     async def _run(self, batch: list[_Item]) -> None:
         start = time.perf_counter()
-        for it in batch:
-            self._queue_seconds.observe(start - it.enqueued)
-        feeds = [it.feeds for it in batch]
+        observe_many(self._queue_seconds, [start - it.enqueued for it in batch])
+        feeds, rows = [it.feeds for it in batch], [it.rows for it in batch]
         if self.inline:
-            results = self._compute(feeds)
+            results = self._compute(feeds, rows)
         else:  # the split too in the worker thread
-            results = await asyncio.get_running_loop().run_in_executor(self._executor, self._compute_split, feeds)
+            results = await asyncio.get_running_loop().run_in_executor(self._executor, self._compute_split, feeds, rows)
         for it, res in zip(batch, results):
             it.resolve(res)
 
     # -- in the worker thread ---------------------------------------------------------------------
-    def _compute_split(self, requests: list[dict[str, np.ndarray]]) -> list:
-        return [r.arrays() if isinstance(r, Rows) else r for r in self._compute(requests)]
+    def _compute_split(self, requests: list[dict[str, np.ndarray]], rows: list[int]) -> list:
+        return [r.arrays() if isinstance(r, Rows) else r for r in self._compute(requests, rows)]
 
-    def _compute(self, requests: list[dict[str, np.ndarray]]) -> list:
-        """Merge and run; per request its `Rows` or the exception to raise for it."""
+    def _compute(self, requests: list[dict[str, np.ndarray]], rows: list[int] | None = None) -> list:
+        """Merge and run (`rows`: each request's, where known); per request its `Rows` or the exception to raise for it."""
         try:
             t0 = time.perf_counter()
-            rows = sum(self.sig.rows(r) for r in requests)
-            bucket = self.bucket(rows) if self.runner.buckets and self.sig.batchable else None
-            inputs, plan = self.sig.merge(requests, bucket, self.runner.buffer)
+            rows = rows or [self.sig.rows(r) for r in requests]
+            bucket = self.bucket(sum(rows)) if self.runner.buckets and self.sig.batchable else None
+            inputs, plan = self.sig.merge(requests, bucket, self.runner.buffer, rows)
             t1 = time.perf_counter()
             outputs = self.runner.run(inputs)
             t2 = time.perf_counter()

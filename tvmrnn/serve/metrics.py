@@ -12,6 +12,8 @@ batch's buffers and copying them to the device), `infer` (running the module, to
 
 from __future__ import annotations
 
+import asyncio
+import bisect
 import os
 import time
 
@@ -38,6 +40,20 @@ def _keep_pid() -> None:
 
 if multiprocess():
     _keep_pid()
+
+
+def observe_many(histogram, values: list[float]) -> None:
+    """`histogram.observe(v)` for each of `values` (a histogram's child, labels given), with one update of its sum and of
+    each bucket the values fall in, not one per value: in multiprocess mode every update takes a lock and writes to the
+    process's mmap file. Histogram keeps the count of each bucket alone (the exposition sums them) and its sum."""
+    counts: dict[int, int] = {}
+    bounds = histogram._upper_bounds
+    for v in values:
+        i = bisect.bisect_left(bounds, v)  # the first bucket whose bound is >= v, as Histogram.observe finds it
+        counts[i] = counts.get(i, 0) + 1
+    histogram._sum.inc(sum(values))
+    for i, n in counts.items():
+        histogram._buckets[i].inc(n)
 
 
 class Metrics:
@@ -69,16 +85,18 @@ class Metrics:
         self.sequences_expired = Counter("tvmrnn_sequences_expired", "Sequences dropped after --sequence-idle-s idle",
                                          ["model"], registry=r)
         self._ok: dict[str, tuple] = {}  # model -> (its 200s counter, its request_seconds histogram)
+        self._ok_pending: dict[str, list[float]] = {}  # model -> seconds of the 200s not counted yet (see flush)
         self.worker_restarts = Counter("tvmrnn_worker_restarts", "Model worker processes restarted after a crash",
                                        ["model"], registry=r)
 
     def count_request(self, model: str, status: int, seconds: float | None = None) -> None:
-        if status == 200 and seconds is not None:  # the common case, with its children looked up once
-            children = self._ok.get(model)
-            if children is None:
-                children = self._ok[model] = (self.requests.labels(model, "200"), self.request_seconds.labels(model))
-            children[0].inc()
-            children[1].observe(seconds)
+        if status == 200 and seconds is not None:  # the common case: counted at the end of this turn of the event loop
+            pending = self._ok_pending.get(model)
+            if pending is None:
+                pending = self._ok_pending[model] = []
+            if not any(self._ok_pending.values()):
+                asyncio.get_running_loop().call_soon(self.flush)
+            pending.append(seconds)
             return
         self.requests.labels(model, str(status)).inc()
         if status >= 400:
@@ -87,6 +105,17 @@ class Metrics:
                 self.error_seconds.labels(model).inc(seconds)
         elif seconds is not None:
             self.request_seconds.labels(model).observe(seconds)
+
+    def flush(self) -> None:
+        """Count the 200s that `count_request` holds: one update per counter and histogram bucket, not per request."""
+        for model, pending in self._ok_pending.items():
+            if pending:
+                children = self._ok.get(model)
+                if children is None:
+                    children = self._ok[model] = (self.requests.labels(model, "200"), self.request_seconds.labels(model))
+                children[0].inc(len(pending))
+                observe_many(children[1], pending)
+                pending.clear()
 
     def count_batch(self, model: str, rows: int, requests: int, phases: dict[str, float]) -> None:
         self.compute_seconds.labels(model).observe(sum(phases.values()))
@@ -107,10 +136,12 @@ class Metrics:
         return registry
 
     def exposition(self) -> tuple[bytes, str]:
+        self.flush()
         return generate_latest(self._collecting_registry()), CONTENT_TYPE_LATEST
 
     def samples(self, model: str) -> dict[tuple[str, str], float]:
         """(sample name, phase or status label) -> value, summed, for one model."""
+        self.flush()
         out: dict[tuple[str, str], float] = {}
         for family in self._collecting_registry().collect():
             for s in family.samples:

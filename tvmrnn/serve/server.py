@@ -33,6 +33,7 @@ def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
 def make_server(app, graceful_timeout_s: float = 30.0, log_level: str = "info") -> uvicorn.Server:
     # proxy_headers off: nothing reads the client's address, and its middleware ran on every request
     config = uvicorn.Config(app, log_config=logging_config(log_level), access_log=False, lifespan="on", proxy_headers=False,
+                            server_header=False,
                             timeout_graceful_shutdown=max(1, round(graceful_timeout_s)), log_level=log_level)
     return uvicorn.Server(config)
 

@@ -54,6 +54,7 @@ class Signature:
     state_pairs: list[tuple[str, str]] = field(default_factory=list)
     checker: ModuleInputs | None = None  # the runtime's own checks; the VM lives in the worker process
     _free_axes_of: tuple = field(default=(None, None), repr=False, compare=False)  # (pad_dim, plan): group_key's cache
+    _keys: dict = field(default_factory=dict, repr=False, compare=False)  # input shapes -> group key (group_key's cache)
 
     def batch_limit(self, configured: int) -> int:
         """Rows a merged batch may hold: the server's max_batch_size, and no more than the module's bound on its batch dim
@@ -181,8 +182,13 @@ class Signature:
         and byte-equal inputs that have no batch axis."""
         if not self.batchable:
             return object()  # unique: runs alone
+        free_axes = self._free_axes()
+        shapes = tuple(feeds[name].shape for name, _ in free_axes)
+        key = self._keys.get(shapes)  # the key of every request of these shapes, unless an input has no batch axis
+        if key is not None:
+            return key
         key = []
-        for name, free in self._free_axes():
+        for name, free in free_axes:
             arr = feeds[name]
             if free is None:
                 key.append((name, arr.shape, arr.tobytes()))
@@ -191,7 +197,12 @@ class Signature:
                 for ax in free:
                     shape[ax] = None
                 key.append(tuple(shape))
-        return tuple(key)
+        key = tuple(key)
+        if all(free is not None for _, free in free_axes):
+            if len(self._keys) >= 1024:
+                self._keys.clear()
+            self._keys[shapes] = key
+        return key
 
     def _free_axes(self) -> list[tuple[str, tuple[int, ...] | None]]:
         """Per input in order, the axes requests may differ in within one batch (its batch and padded axes), None for
@@ -202,16 +213,19 @@ class Signature:
             plan = [(n, (batch_axes[n],) + ((pad_axes[n],) if n in pad_axes else ()) if n in batch_axes else None)
                     for n in self.input_names]
             self._free_axes_of = (self.pad_dim, plan)
+            self._keys.clear()
         return self._free_axes_of[1]
 
     def merge(self, requests: list[dict[str, np.ndarray]], bucket: int | None = None,
-              buffers: Callable[[str, tuple, np.dtype], np.ndarray] | None = None) -> tuple[list[np.ndarray], Plan]:
+              buffers: Callable[[str, tuple, np.dtype], np.ndarray] | None = None,
+              rows: list[int] | None = None) -> tuple[list[np.ndarray], Plan]:
         """One batch in the model's input order, and the plan to split its outputs back.
 
         bucket: pad the batch dim with filler rows up to this many (shapes then repeat, so a CUDA module replays the graph
         it captured for that shape); buffers(name, shape, dtype): a pre-allocated array to assemble each input into
-        (valid until the next merge), instead of a new one. Filler rows are zeros (lengths 1); split drops them."""
-        rows = [self.rows(r) for r in requests]
+        (valid until the next merge), instead of a new one. Filler rows are zeros (lengths 1); split drops them. rows: each
+        request's (`rows`), where known."""
+        rows = rows or [self.rows(r) for r in requests]
         total = sum(rows)
         width = max(total, bucket or 0)
         if len(requests) == 1 and width == total and buffers is None:
