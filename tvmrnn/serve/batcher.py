@@ -4,8 +4,8 @@ Requests queue per model. A batch starts from the oldest queued request and take
 that can join it (equal group key: same shapes off the batch and padded axes, see `Signature.group_key`)
 until it has `max_batch_size` rows or `max_delay_s` has passed since that oldest request arrived.
 It is merged, run and split back in the model's own worker thread, so the event loop goes on parsing requests while
-it runs (`inline`: on the event loop itself, where the loop has nothing else to do: a model's engine process). One
-batch runs at a time per model. A runner with `buckets` (a module on the GPU) gets its
+it runs (`inline`: on the event loop itself, where the loop has nothing else to do: a model's engine process, whose
+`enqueue` callbacks get each request's `Rows` unsplit, to gather per HTTP worker). One batch runs at a time per model. A runner with `buckets` (a module on the GPU) gets its
 batches padded to a bucket and assembled into its own buffers (`runner.buffer`), so its shapes repeat.
 
 When a batch crashes the model's worker process (see `workers.py`) or fails the runtime's input checks,

@@ -85,7 +85,7 @@ class RemoteCore:
         if self._link is None:
             raise ProtocolError(f"model {self.name!r} is restarting; retry", 503)
         request_id = next(self._ids)
-        future = self._pending[request_id] = asyncio.get_running_loop().create_future()
+        future = self._pending[request_id] = self._link.loop.create_future()
         self._link.send(encode_request(request_id, feeds, sid, start, end, checked))  # datatypes: the arrays' dtypes say them
         try:
             return await future
@@ -147,7 +147,7 @@ class _EngineConnection(FrameProtocol):
         except Exception as err:  # noqa: BLE001 - answered (ProtocolError: its status, else 500); the engine goes on
             self._answer(request_id_of(head) if request_id is None else request_id, err)
             return
-        task = self._loop.create_task(self._infer(request_id, feeds, sid, start, end, checked))
+        task = self.loop.create_task(self._infer(request_id, feeds, sid, start, end, checked))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 

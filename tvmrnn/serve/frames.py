@@ -208,7 +208,7 @@ class FrameProtocol(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         for head, body in self._reader.feed(data):
@@ -224,7 +224,7 @@ class FrameProtocol(asyncio.Protocol):
     def wake(self) -> None:
         if not self._awake:
             self._awake = True
-            self._loop.call_soon(self._flush)
+            self.loop.call_soon(self._flush)
 
     def encode_pending(self) -> None:
         pass
