@@ -70,11 +70,11 @@ class Signature:
     def outputs(self) -> list[dict]:
         return self.metadata["outputs"]
 
-    @property
+    @functools.cached_property
     def input_names(self) -> list[str]:
         return [i["name"] for i in self.inputs]
 
-    @property
+    @functools.cached_property
     def output_names(self) -> list[str]:
         return [o["name"] for o in self.outputs]
 
