@@ -85,7 +85,7 @@ def _lstm_with_pass_through():
     graph = helper.make_graph(nodes, "pass_through", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [6, 2, size])],
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [6, 1, 2, hidden]),
                                helper.make_tensor_value_info("Xout", TensorProto.FLOAT, [6, 2, size])], weights)
-    return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=9)
 
 
 def test_cpu_run_outputs_belong_to_the_caller():
