@@ -19,9 +19,10 @@ DEFAULT_SMEM_LIMIT = 99 * 1024
 DEFAULT_ARCH = "sm_90a"
 # multiply-adds (or elements) below which a CPU kernel launched once a call (a graph kernel, the input projection) runs
 # on the calling thread: a launch waits for every worker to finish its static share, a whole timeslice where one is
-# descheduled on a busy machine, which ONNX Runtime's work-stealing pool (the caller takes what a worker has not)
-# never waits; on the zoo such kernels of up to 2^26 (0.7 ms on one core) ran faster on one thread (docs/decisions.md)
-MIN_PARALLEL_WORK = 1 << 26
+# descheduled on a busy machine, where ONNX Runtime's work-stealing pool lets the caller take what a worker has not
+# begun; on the loaded 2-core machine the zoo's kernels of up to 2^28 (about 2 ms on one core) ran faster on one
+# thread (docs/decisions.md)
+MIN_PARALLEL_WORK = 1 << 28
 # multiply-adds of one step below which a recurrent kernel runs on the calling thread: the kernel launches the pool
 # once a sequence and meets it at a barrier per phase, about 0.3 us each (docs/decisions.md)
 MIN_PARALLEL_STEP_WORK = 1 << 20

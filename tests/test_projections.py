@@ -77,13 +77,17 @@ def test_cpu_projection_tile_has_no_more_rows_than_the_gemm(rows, expected):
         np.testing.assert_allclose(out.numpy(), x.astype("f8") @ w.T.astype("f8") + b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("K, cols, tested", [(128, 512, True), (1024, 8192, False)])
-def test_cpu_projection_over_rows_known_at_run_time_takes_the_pool_only_where_they_pay(K, cols, tested):
+@pytest.mark.parametrize("K, cols, tested", [(128, 512, True), (512, 4096, False)])
+def test_cpu_projection_over_rows_known_at_run_time_takes_the_pool_only_where_they_pay(K, cols, tested, monkeypatch):
     """Rows known only at run time: the pool's loop and the calling thread's under a test of the work against
-    MIN_PARALLEL_WORK, unless one tile's rows already pay (8 rows of 1024 x 8192: the test could only pass); each
-    branch against float64 with the output poisoned."""
-    from schedules.device import MIN_PARALLEL_WORK
+    MIN_PARALLEL_WORK (2^20 here, to keep the GEMMs small), unless one tile's rows already pay (8 rows of 512 x 4096:
+    the test could only pass); each branch against float64 with the output poisoned."""
+    from schedules import device, projection_cpu as module
     from schedules.projection_cpu import projection_cpu, tile
+
+    MIN_PARALLEL_WORK = 1 << 20
+    monkeypatch.setattr(device, "MIN_PARALLEL_WORK", MIN_PARALLEL_WORK)
+    monkeypatch.setattr(module, "MIN_PARALLEL_WORK", MIN_PARALLEL_WORK)
 
     mr, nr = tile(cols, "znver5")
     func = projection_cpu(K, cols, "znver5")
