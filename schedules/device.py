@@ -24,8 +24,9 @@ DEFAULT_ARCH = "sm_90a"
 # thread (docs/decisions.md)
 MIN_PARALLEL_WORK = 1 << 28
 # multiply-adds of one step below which a recurrent kernel runs on the calling thread: the kernel launches the pool
-# once a sequence and meets it at a barrier per phase, about 0.3 us each (docs/decisions.md)
-MIN_PARALLEL_STEP_WORK = 1 << 20
+# once a sequence and meets it at a barrier per phase, about 0.3 us each; from 2^18 (1 MB of fp32 R a step, a core's
+# L2 here) each thread's share of R stays in its own L2 (docs/decisions.md)
+MIN_PARALLEL_STEP_WORK = 1 << 18
 
 
 def parallel_pays(work: int | None, per_step: bool = False) -> bool:
