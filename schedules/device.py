@@ -17,15 +17,22 @@ DEFAULT_SM_COUNT = 108
 SMEM_LIMIT = {"sm_90": 227 * 1024, "sm_90a": 227 * 1024, "sm_80": 163 * 1024, "sm_87": 163 * 1024}
 DEFAULT_SMEM_LIMIT = 99 * 1024
 DEFAULT_ARCH = "sm_90a"
-# multiply-adds (or elements) below which a CPU kernel, or one step of a recurrent one, runs on the calling thread: a
-# launch of TVM's pool and its barrier cost microseconds, and a whole timeslice where a worker is descheduled on a
-# busy machine (docs/decisions.md)
-MIN_PARALLEL_WORK = 1 << 20
+# multiply-adds (or elements) below which a CPU kernel launched once a call (a graph kernel, the input projection) runs
+# on the calling thread: a launch waits for every worker to finish its static share, a whole timeslice where one is
+# descheduled on a busy machine, where ONNX Runtime's work-stealing pool lets the caller take what a worker has not
+# begun; on the loaded 2-core machine the zoo's kernels of up to 2^28 (about 2 ms on one core) ran faster on one
+# thread (docs/decisions.md)
+MIN_PARALLEL_WORK = 1 << 28
+# multiply-adds of one step below which a recurrent kernel runs on the calling thread: the kernel launches the pool
+# once a sequence and meets it at a barrier per phase, about 0.3 us each; from 2^18 (1 MB of fp32 R a step, a core's
+# L2 here) each thread's share of R stays in its own L2 (docs/decisions.md)
+MIN_PARALLEL_STEP_WORK = 1 << 18
 
 
-def parallel_pays(work: int | None) -> bool:
-    """Whether `work` (see MIN_PARALLEL_WORK; None where only the run knows it) is worth TVM's thread pool."""
-    return work is None or work >= MIN_PARALLEL_WORK
+def parallel_pays(work: int | None, per_step: bool = False) -> bool:
+    """Whether `work` (None where only the run knows it) is worth TVM's thread pool: a kernel's (MIN_PARALLEL_WORK), or
+    one step's of a recurrent kernel (`per_step`, MIN_PARALLEL_STEP_WORK)."""
+    return work is None or work >= (MIN_PARALLEL_STEP_WORK if per_step else MIN_PARALLEL_WORK)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .device import parallel_pays
+from .device import MIN_PARALLEL_WORK, parallel_pays
 from .recurrent_common import i64, projection_prim_func
 
 F32 = "float32"
@@ -54,12 +54,19 @@ def projection_cpu(K: int, Ncols: int, mcpu: str = "", tile_shape: tuple[int, in
     MR, nr = tile_shape or tile(Ncols, mcpu)
     col_tiles, tail = w_panels(Ncols, nr), Ncols % nr
 
-    # the pool only where the GEMM pays for its launch: known where the model fixes the rows. (Both loops behind a
-    # run-time test of M built a parallel branch 36x slower: its tile no longer stayed in registers.)
-    loop = T.parallel if parallel_pays(rows * K * Ncols if rows else None) else T.serial
-
     def body(X, WP, bias, XW, M):
-        tiles(loop, X, WP, bias, XW, M)
+        # the model fixes the rows, or one tile's rows pay already: no test (its serial branch, where it can hold only
+        # for no rows, made TVM fold a division by zero)
+        if rows or parallel_pays(K * Ncols * MR):
+            tiles(T.parallel if parallel_pays(K * Ncols * (rows or MR)) else T.serial, X, WP, bias, XW, M)
+            return
+        # rows known only at run time: the pool where they pay, tested there (Silero's sequence model, 3 chunks of
+        # 0.2M multiply-adds, waited 4 ms a call for the pool's worker on a loaded machine)
+        with T.If(M * i64(K * Ncols) >= i64(MIN_PARALLEL_WORK)):
+            with T.Then():
+                tiles(T.parallel, X, WP, bias, XW, M)
+            with T.Else():
+                tiles(T.serial, X, WP, bias, XW, M)
 
     def tiles(loop, X, WP, bias, XW, M):
         lanes = nr if nr & (nr - 1) == 0 else 16  # LLVM vectorizes powers of two whole; 48 lanes ran 36x slower unsplit

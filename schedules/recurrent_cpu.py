@@ -18,7 +18,7 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from .cells import Cell
-from .device import MIN_PARALLEL_WORK, parallel_pays
+from .device import MIN_PARALLEL_STEP_WORK, parallel_pays
 from .layer import RNNLayerSpec
 
 from . import vector_math
@@ -187,17 +187,17 @@ def cpu_steps(a: KernelArgs, cfg: CpuConfig, threads: int):
             step_phases(a, a.hbuf, a.scratch, phase_items(False))
 
     if single or batch is not None:
-        time_loop(not single and parallel_pays(step_work * batch))
+        time_loop(not single and parallel_pays(step_work * batch, per_step=True))
         return
-    if a.max_batch is not None and not parallel_pays(step_work * a.max_batch):
+    if a.max_batch is not None and not parallel_pays(step_work * a.max_batch, per_step=True):
         time_loop(False)  # no batch of this branch pays for the pool: no parallel copy of the loop to build
         return
-    if parallel_pays(step_work):
+    if parallel_pays(step_work, per_step=True):
         # one row's step pays already, so every batch does; a test's serial branch, taken at batch 0 alone, made TVM
         # fold a division by zero (ddddocr's bidirectional LSTM(512) did not build)
         time_loop(True)
         return
-    with T.If(a.batch * i64(step_work) >= i64(MIN_PARALLEL_WORK)):
+    with T.If(a.batch * i64(step_work) >= i64(MIN_PARALLEL_STEP_WORK)):
         with T.Then():
             time_loop(True)
         with T.Else():

@@ -130,14 +130,14 @@ def test_packed_conv1d_with_epilogue_matches_numpy(c, o, w, k, stride, pad, symb
 
 
 def test_symbolic_work_that_pays_at_its_smallest_has_no_run_time_test():
-    """A conv whose work pays for the pool even at a symbolic width of 1 (ddddocr's 48->192 3x3 over 16 rows: 1.3M
+    """A conv whose work pays for the pool even at a symbolic width of 1 (512->512 3x3 over 128 rows: 302M
     multiply-adds a column) keeps one parallel schedule, not a copy under a test that can only pass."""
     from schedules.device import MIN_PARALLEL_WORK
 
     target = resolve_target("llvm")
     lanes = graph_cpu.vector_lanes(target)
-    ob = graph_cpu.channel_block(192, lanes)
-    x, wp = te.placeholder(_i64(1, 48, 16, "w")), te.placeholder(_i64(192 // ob, 48, 3, 3, ob))
+    ob = graph_cpu.channel_block(512, lanes)
+    x, wp = te.placeholder(_i64(1, 512, 128, "w")), te.placeholder(_i64(512 // ob, 512, 3, 3, ob))
     func = te.create_prim_func([x, wp, graph_cpu.conv2d_packed(x, wp, [1, 1], [1] * 4, [1, 1], lanes)])
     with target:
         sch = graph_cpu.ConvPacked().apply(func, target, False)
@@ -147,7 +147,7 @@ def test_symbolic_work_that_pays_at_its_smallest_has_no_run_time_test():
 
 def test_symbolic_work_takes_the_thread_pool_only_where_it_pays():
     """A conv over a symbolic batch: its schedule twice under a run-time test of the work (MIN_PARALLEL_WORK), the
-    pool's and the calling thread's, both correct (2 rows: 0.4M multiply-adds, 8 rows: 1.6M)."""
+    pool's and the calling thread's, both correct (2 rows: 0.4M multiply-adds, 1400 rows: 277M)."""
     from tvm import tirx
 
     from schedules.device import MIN_PARALLEL_WORK
@@ -169,7 +169,7 @@ def test_symbolic_work_takes_the_thread_pool_only_where_it_pays():
     w_np = rng.standard_normal((o, c, k)).astype("f4")
     import torch
 
-    for rows in (2, 8):
+    for rows in (2, 1400):
         x_np = rng.standard_normal((rows, c, w)).astype("f4")
         got = _run(versioned, target, [x_np, graph_cpu.pack_conv1d_weight(w_np, ob), np.zeros((rows, o, w), "f4")])
         ref = torch.nn.functional.conv1d(torch.from_numpy(x_np), torch.from_numpy(w_np), padding=1).relu().numpy()

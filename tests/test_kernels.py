@@ -158,30 +158,30 @@ def test_cpu_kernel_with_one_work_item_runs_on_the_calling_thread():
 
 def test_cpu_kernel_takes_the_pool_only_for_a_batch_that_pays():
     """A kernel built for any batch tests a step's work at run time: TVM's pool (one launch, a barrier per phase) from
-    2^20 multiply-adds a step (an LSTM at H=128: 16 rows), the calling thread below; both against float64 with
+    2^18 multiply-adds a step (an LSTM at H=128: 4 rows), the calling thread below; both against float64 with
     poisoned outputs."""
-    from schedules.device import MIN_PARALLEL_WORK
+    from schedules.device import MIN_PARALLEL_STEP_WORK
     from schedules.recurrent_cpu import r_layout
 
     case = Case(op="LSTM", hidden=128, input_size=5, optional=("initial_h", "initial_c"))
     spec = find_rnn_layers(case.model())[0].spec
     kernel = recurrent_kernel(spec, cell_for(spec), target_of("llvm"))
     script = kernel.func.script()
-    assert "pragma_parallel_launch_point" in script and str(MIN_PARALLEL_WORK) in script
+    assert "pragma_parallel_launch_point" in script and str(MIN_PARALLEL_STEP_WORK) in script
     _check_kernel("llvm", case, spec, kernel.func, r_layout(spec), batches=(1, 17), steps=3)
 
 
 def test_cpu_kernel_whose_one_row_step_pays_takes_the_pool_untested():
-    """Where one batch row's step is already 2^20 multiply-adds (ddddocr's bidirectional LSTM(512)), every batch takes
+    """Where one batch row's step is already 2^18 multiply-adds (ddddocr's bidirectional LSTM(512)), every batch takes
     the pool and the kernel holds no run-time test (whose batch-0 branch made TVM fold a division by zero)."""
-    from schedules.device import MIN_PARALLEL_WORK
+    from schedules.device import MIN_PARALLEL_STEP_WORK
     from schedules.recurrent_cpu import r_layout
 
     case = Case(op="LSTM", hidden=512, input_size=8, direction="bidirectional", optional=("initial_h", "initial_c"))
     spec = find_rnn_layers(case.model())[0].spec
     kernel = recurrent_kernel(spec, cell_for(spec), target_of("llvm"))
     script = kernel.func.script()
-    assert "pragma_parallel_launch_point" in script and str(MIN_PARALLEL_WORK) not in script
+    assert "pragma_parallel_launch_point" in script and str(MIN_PARALLEL_STEP_WORK) not in script
     _check_kernel("llvm", case, spec, kernel.func, r_layout(spec), batches=(1,), steps=2)
 
 

@@ -77,6 +77,34 @@ def test_cpu_projection_tile_has_no_more_rows_than_the_gemm(rows, expected):
         np.testing.assert_allclose(out.numpy(), x.astype("f8") @ w.T.astype("f8") + b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("K, cols, tested", [(128, 512, True), (512, 4096, False)])
+def test_cpu_projection_over_rows_known_at_run_time_takes_the_pool_only_where_they_pay(K, cols, tested, monkeypatch):
+    """Rows known only at run time: the pool's loop and the calling thread's under a test of the work against
+    MIN_PARALLEL_WORK (2^20 here, to keep the GEMMs small), unless one tile's rows already pay (8 rows of 512 x 4096:
+    the test could only pass); each branch against float64 with the output poisoned."""
+    from schedules import device, projection_cpu as module
+    from schedules.projection_cpu import projection_cpu, tile
+
+    MIN_PARALLEL_WORK = 1 << 20
+    monkeypatch.setattr(device, "MIN_PARALLEL_WORK", MIN_PARALLEL_WORK)
+    monkeypatch.setattr(module, "MIN_PARALLEL_WORK", MIN_PARALLEL_WORK)
+
+    mr, nr = tile(cols, "znver5")
+    func = projection_cpu(K, cols, "znver5")
+    script = func.script()
+    assert "T.parallel" in script and (str(MIN_PARALLEL_WORK) in script) == tested
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=target_of("llvm"))
+    rng = np.random.default_rng(K)
+    w, b = rng.standard_normal((cols, K)).astype("f4"), rng.standard_normal(cols).astype("f4")
+    panels = np.ascontiguousarray(w.reshape(cols // nr, nr, K).transpose(0, 2, 1))
+    for M in (3, -(-MIN_PARALLEL_WORK // (K * cols)) + 5):  # below and above the bound
+        x = rng.standard_normal((M, K)).astype("f4")
+        out = tvm.runtime.tensor(np.full((M, cols), np.nan, "f4"))
+        lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(panels), tvm.runtime.tensor(b), out)
+        expected = x.astype("f8") @ w.T.astype("f8") + b
+        assert np.abs(out.numpy() - expected).max() / np.abs(expected).max() < 1e-5  # NaN (a row not written) fails
+
+
 def _check_projection(func, M, K, cols, dtype, tol, target=None, xw_dtype="f4"):
     """Run a projection PrimFunc(X [M, K], W [cols, K], bias, XW) on fresh inputs, output poisoned first, against float64."""
     lib = tvm.compile(tvm.IRModule({"main": func}), target=target or target_of("cuda"))

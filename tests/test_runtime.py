@@ -10,14 +10,20 @@ import numpy as np
 import psutil
 import pytest
 
-PROBE = "import os, tvmrnn.runtime; print(os.environ.get('TVM_NUM_THREADS'))"
+PROBE = "import os, tvmrnn.runtime; print(os.environ.get({name!r}))"
+USER_SETTINGS = ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "TVM_THREAD_POOL_SPIN_COUNT")
+
+
+def _setting_after_import(name, **env_extra) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in USER_SETTINGS}
+    env.update(env_extra)
+    out = subprocess.run([sys.executable, "-c", PROBE.format(name=name)], env=env, capture_output=True, text=True,
+                         check=True)
+    return out.stdout.strip().splitlines()[-1]
 
 
 def _threads_after_import(**env_extra) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
-    env.update(env_extra)
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True)
-    return out.stdout.strip().splitlines()[-1]
+    return _setting_after_import("TVM_NUM_THREADS", **env_extra)
 
 
 def test_thread_pool_uses_every_physical_core():
@@ -28,6 +34,12 @@ def test_thread_pool_uses_every_physical_core():
 def test_user_thread_settings_win():
     assert _threads_after_import(OMP_NUM_THREADS="1") == "None"
     assert _threads_after_import(TVM_NUM_THREADS="3") == "3"
+
+
+def test_idle_pool_workers_sleep_unless_the_user_says():
+    """TVM's idle workers sleep at once (a spin count of 0) rather than spin on sched_yield; the user's count wins."""
+    assert _setting_after_import("TVM_THREAD_POOL_SPIN_COUNT") == "0"
+    assert _setting_after_import("TVM_THREAD_POOL_SPIN_COUNT", TVM_THREAD_POOL_SPIN_COUNT="300000") == "300000"
 
 
 def test_module_records_its_cooperative_grid_and_a_smaller_gpu_is_refused_by_name():

@@ -70,6 +70,10 @@ def use_every_core() -> None:
     # unpinned workers: a worker pinned to a core that another process (or another library's spinning pool) holds
     # waits out that core's timeslice at every barrier; an unpinned one moves (docs/decisions.md)
     os.environ.setdefault("TVM_BIND_THREADS", "0")
+    # idle workers sleep at once instead of calling sched_yield 300,000 times: on a busy machine a spinning worker is
+    # often descheduled when the next launch comes and the caller waits out a timeslice; a sleeping one is woken
+    # (docs/decisions.md)
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
     if "TVM_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in os.environ:
         return
     if importlib.util.find_spec("psutil") is None:  # a bare runtime install: keep TVM's default
