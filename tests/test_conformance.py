@@ -86,30 +86,30 @@ def cases(draw, op):
                 opset=opset, seed=draw(st.integers(0, 2**16)))
 
 
-class _Sweep:
-    """20 drawn layers of one op against ONNX Runtime. derandomize: CI runs the same examples every time (a failure
-    reproduces; new ones come with code changes). One class per op: `--dist loadscope` spreads classes over the
-    workers (60 compiles in all)."""
-
-    op = ""
+def _sweep(op: str):
+    """20 drawn layers of `op` against ONNX Runtime. derandomize: CI runs the same examples every time (a failure
+    reproduces; new ones come with code changes). A test function of its own per op (hypothesis ties a test to the
+    class that runs it), each in its own class: `--dist loadscope` spreads classes over the workers."""
 
     @pytest.mark.slow
     @settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
     @given(data=st.data(), shapes=st.tuples(st.integers(1, 7), st.integers(1, 4)))
     def test_sweep_matches_onnxruntime(self, data, shapes):
-        check_case(data.draw(cases(self.op)), shapes=(shapes, (3, 2)))
+        check_case(data.draw(cases(op)), shapes=(shapes, (3, 2)))
+
+    return test_sweep_matches_onnxruntime
 
 
-class TestSweepLSTM(_Sweep):
-    op = "LSTM"
+class TestSweepLSTM:
+    test_sweep_matches_onnxruntime = _sweep("LSTM")
 
 
-class TestSweepGRU(_Sweep):
-    op = "GRU"
+class TestSweepGRU:
+    test_sweep_matches_onnxruntime = _sweep("GRU")
 
 
-class TestSweepRNN(_Sweep):
-    op = "RNN"
+class TestSweepRNN:
+    test_sweep_matches_onnxruntime = _sweep("RNN")
 
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
