@@ -18,10 +18,10 @@ SMEM_LIMIT = {"sm_90": 227 * 1024, "sm_90a": 227 * 1024, "sm_80": 163 * 1024, "s
 DEFAULT_SMEM_LIMIT = 99 * 1024
 DEFAULT_ARCH = "sm_90a"
 # multiply-adds (or elements) below which a CPU kernel launched once a call (a graph kernel, the input projection) runs
-# on the calling thread: below it a launch of the pool costs more than it saves. With both cores free, 2^20 beat 2^28
-# (ddddocr 1.0x ONNX Runtime against 0.67x, power_forecast 1.5x against 1.2x); on a loaded machine a launch can wait a
-# timeslice for a descheduled worker, and 2^28 did better there (docs/decisions.md)
-MIN_PARALLEL_WORK = 1 << 20
+# on the calling thread: TVM's idle workers sleep (runtime.py), and waking one costs about what a kernel of 2^23 (about
+# 80 us on one core) saves on two; on a loaded machine a launch can also wait a timeslice for a descheduled worker
+# (docs/decisions.md)
+MIN_PARALLEL_WORK = 1 << 23
 # multiply-adds of one step below which a recurrent kernel runs on the calling thread: the kernel launches the pool
 # once a sequence and meets it at a barrier per phase, about 0.3 us each; from 2^18 (1 MB of fp32 R a step, a core's
 # L2 here) each thread's share of R stays in its own L2 (docs/decisions.md)
