@@ -136,7 +136,7 @@ def test_cuda_run_reuses_its_device_inputs_and_answers_each_call():
     for _ in range(3):
         feed = {"X": rng.standard_normal((6, 2, 5)).astype(np.float32)}
         got = module.run(feed)
-        addresses.append(module._on_device[0].data_ptr())
+        addresses.append(module._staged[0][2])  # the device tensor input 0 was copied into
         np.testing.assert_allclose(got["Y"], sess.run(None, feed)[0], rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(got["Xout"], feed["X"])
     assert len(set(addresses)) == 1

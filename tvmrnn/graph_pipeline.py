@@ -32,13 +32,18 @@ def _const_f32(expr, ndim):
     return isinstance(expr, tvm.ir.expr.Constant) and str(expr.value.dtype) == "float32" and len(expr.value.shape) == ndim
 
 
+def _out_dtype_is(call: relax.Call, dtype: str) -> bool:
+    """The op writes `dtype`: its out_dtype attribute names it, or is unset (the inputs' dtype)."""
+    return str(call.attrs.out_dtype) in ("", "None", "void", dtype)
+
+
 def _plain_conv(call: relax.Call, data_layout: str, kernel_layout: str, grouped: bool = False) -> bool:
     """fp32, the plain layouts, a constant weight, one group (or any where `grouped`): what our packed convs take."""
     a = call.attrs
     x, w = call.args
     return (a.data_layout == data_layout and a.kernel_layout == kernel_layout and a.out_layout == data_layout
             and (grouped or int(a.groups) == 1) and str(x.ty.dtype) == "float32"
-            and str(a.out_dtype) in ("", "None", "void", "float32") and _const_f32(w, len(kernel_layout)))
+            and _out_dtype_is(call, "float32") and _const_f32(w, len(kernel_layout)))
 
 
 def _lanes() -> int:
@@ -105,7 +110,7 @@ def _legalize_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     from schedules import graph_cpu
 
     x, w = call.args
-    if not (_const_f32(w, 2) and str(x.ty.dtype) == "float32" and x.ty.ndim >= 2 and str(call.attrs.out_dtype) in ("", "None", "void", "float32")):
+    if not (_const_f32(w, 2) and str(x.ty.dtype) == "float32" and x.ty.ndim >= 2 and _out_dtype_is(call, "float32")):
         return _default_legalize("relax.matmul")(bb, call)
     columns = int(w.value.shape[1])
     nb = graph_cpu.dense_block(columns, _lanes())
@@ -206,7 +211,7 @@ def _pointwise_conv2d(call: relax.Call) -> bool:
     a, (x, w) = call.attrs, call.args
     return (a.data_layout == "NCHW" and a.kernel_layout == "OIHW" and a.out_layout == "NCHW"
             and isinstance(w, tvm.ir.expr.Constant) and tuple(int(d) for d in w.value.shape[1:]) == (1, 1, 1)
-            and all(int(p) == 0 for p in a.padding) and str(a.out_dtype) in ("", "None", "void", str(x.ty.dtype)))
+            and all(int(p) == 0 for p in a.padding) and _out_dtype_is(call, str(x.ty.dtype)))
 
 
 def _legalize_pointwise_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -235,7 +240,7 @@ def _legalize_outer_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Ex
     reason `_legalize_pointwise_conv2d` gives; other matmuls TVM's."""
     a, b = call.args
     k = a.ty.shape[-1] if a.ty.ndim >= 2 and b.ty.ndim >= 2 and a.ty.shape is not None else None
-    same_dtype = str(a.ty.dtype) == str(b.ty.dtype) and str(call.attrs.out_dtype) in ("", "None", "void", str(a.ty.dtype))
+    same_dtype = str(a.ty.dtype) == str(b.ty.dtype) and _out_dtype_is(call, str(a.ty.dtype))
     if not (isinstance(k, tvm.tirx.IntImm) and int(k) == 1 and same_dtype):
         return _default_legalize("relax.matmul")(bb, call)
     from tvm import topi

@@ -167,17 +167,17 @@ def emit_rnn_layer(bb: relax.BlockBuilder, layer, inputs: list, target, device) 
     kernel. `inputs` are the node's Relax inputs in ONNX order (None where absent). Returns [Y, Y_h(, Y_c)] as Relax
     expressions."""
     spec, cell = layer.spec, cell_for(layer.spec)
-    kernel = planned_kernel(spec, cell, target, layer.kernel, device, _static_batch(spec, inputs[0], target))
+    kernel = planned_kernel(spec, cell, target, layer.kernel, device, _static_batch(bb, spec, inputs[0], target))
     assert _xw_dtype(kernel.func) == layer.projection.xw_dtype, (spec.name, layer.projection)
     args = _kernel_inputs(bb, spec, cell, inputs, target, kernel.r_layout, layer.projection)
     results = _call(bb, kernel.func, spec.name, args, _output_types(spec, cell, inputs[0]))
     return _storage_dtype(bb, spec, results)
 
 
-def _static_batch(spec, X, target) -> int | None:
+def _static_batch(bb, spec, X, target) -> int | None:
     """X's batch where the model fixes it, on CPUs (the kernel then builds only the batch branch that runs it); None
     where it is symbolic, and on CUDA, whose kernels are built for any batch."""
-    shape = relax.BlockBuilder.current().normalize(X).ty.shape
+    shape = bb.normalize(X).ty.shape
     batch = shape[1] if spec.layout == 0 else shape[0]
     return int(batch) if target.kind.name != "cuda" and isinstance(batch, tvm.tirx.IntImm) else None
 

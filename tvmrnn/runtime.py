@@ -252,8 +252,7 @@ class Module(ModuleInputs):
         self._main = self._vm["main"]
         self._lock = threading.Lock()
         self._on_cpu = kind == "cpu"
-        self._staged: dict[int, tuple] = {}  # input position -> (tensor, numpy view, address), for run() on the CPU
-        self._on_device: dict[int, tvm.runtime.Tensor] = {}  # input position -> device tensor, for run() on a GPU
+        self._staged: dict[int, tuple] = {}  # input position -> (tensor, numpy view on the CPU, address, shape), for run()
 
     def to_device(self, feeds: Mapping[str, object]) -> list:
         """Checked inputs as device tensors, in the module's input order (for `invoke`)."""
@@ -277,33 +276,30 @@ class Module(ModuleInputs):
         with self._lock:
             if self._on_cpu:
                 return dict(zip(self.output_names, self._run_on_cpu(arrays)))
-            outs = self._execute([self._device_input(i, a) for i, a in enumerate(arrays)])
+            outs = self._execute([self._staged_input(i, a)[0] for i, a in enumerate(arrays)])
             return {name: o.numpy() for name, o in zip(self.output_names, outs)}
 
     def _run_on_cpu(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """Inputs copied into staged tensors (64-byte aligned, as TVM's kernels assume; kept per shape), outputs handed
         over without a copy: the VM allocates them fresh each call. An output that is a staged input is copied."""
         staged = [self._staged_input(i, a) for i, a in enumerate(arrays)]
-        outs = self._execute([tensor for tensor, _, _ in staged])
-        inputs_at = {address for _, _, address in staged}
+        outs = self._execute([entry[0] for entry in staged])
+        inputs_at = {entry[2] for entry in staged}
         return [np.from_dlpack(o).copy() if o.data_ptr() in inputs_at else np.from_dlpack(o) for o in outs]
 
-    def _device_input(self, index: int, array: np.ndarray):
-        """Input `index` copied into a device tensor kept per shape: a fresh one each call cost a device allocation and
-        a free that waits for the GPU. Outputs are copied back before run() returns, so none can outlive it."""
-        tensor = self._on_device.get(index)
-        if tensor is None or tuple(tensor.shape) != array.shape or tensor.dtype != str(array.dtype):
-            tensor = self._on_device[index] = tvm.runtime.empty(array.shape, str(array.dtype), self.device)
-        tensor.copyfrom(np.ascontiguousarray(array))
-        return tensor
-
     def _staged_input(self, index: int, array: np.ndarray):
-        """(tensor, numpy view of it, its address) for input `index`, holding `array`."""
+        """(tensor, numpy view of it on the CPU else None, its address, its shape) for input `index`, holding `array`: a tensor
+        kept per shape, 64-byte aligned on the CPU as TVM's kernels assume; on a GPU a fresh one each call cost a
+        device allocation and a free that waits for the GPU (outputs are copied back before run() returns)."""
         entry = self._staged.get(index)
-        if entry is None or entry[1].shape != array.shape:
+        if entry is None or entry[3] != array.shape:
             tensor = tvm.runtime.empty(array.shape, str(array.dtype), self.device)
-            entry = self._staged[index] = (tensor, np.from_dlpack(tensor), tensor.data_ptr())
-        np.copyto(entry[1], array)
+            view = np.from_dlpack(tensor) if self._on_cpu else None
+            entry = self._staged[index] = (tensor, view, tensor.data_ptr(), array.shape)
+        if entry[1] is not None:
+            np.copyto(entry[1], array)
+        else:
+            entry[0].copyfrom(np.ascontiguousarray(array))
         return entry
 
 
