@@ -4,6 +4,7 @@ ONNX Runtime, the packed conv and GEMM kernels against numpy at awkward shapes, 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import tvm
@@ -340,25 +341,76 @@ def test_crnn_builds_for_cuda_without_a_gpu(tmp_path):
     assert compiled.export(tmp_path / "m.so")
 
 
+def _first_rule(f, target) -> str:
+    from tvmrnn.graph_pipeline import _schedule_rules
+
+    return next(type(r).__name__ for r in _schedule_rules(target) if r.apply(f, target, False) not in (None, []))
+
+
+def _graph_functions(mod, target) -> dict:
+    from tvmrnn.graph_pipeline import fuse_passes
+
+    with target:
+        mod = tvm.transform.Sequential(fuse_passes(target))(mod)
+    return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)
+            and not (f.attrs or {}).get("tirx.is_scheduled", False)}
+
+
 @pytest.mark.parametrize("name", ["captcha-crnn", "dense-head"])
 def test_cuda_convs_and_dense_layers_get_dlight_matmul(name):
-    """On CUDA every conv and GEMM (with its fused epilogue) is tiled by dlight's Matmul rule (shared-memory reindexed
-    operands, register tiles), not its Fallback's one-thread-per-output loops."""
+    """On CUDA every large conv and GEMM (with its fused epilogue) is tiled by dlight's Matmul rule (shared-memory
+    reindexed operands, register tiles), not its Fallback's one-thread-per-output loops; one of few outputs goes to
+    FewOutputReduction (one block per output)."""
     from tvm.s_tir import dlight as dl
 
-    from tvmrnn.graph_pipeline import fuse_passes
+    from schedules.graph_cuda import few_output_reduction
 
     model, _ = build(name)
     target = resolve_target("nvidia/nvidia-h100")
-    mod = _relax(model, target)
-    with target:
-        mod = tvm.transform.Sequential(fuse_passes(target))(mod)
-        heavy = {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)
-                 and ("conv2d" in gv.name_hint or "matmul" in gv.name_hint) and not (f.attrs or {}).get("tirx.is_scheduled", False)}
-        assert heavy
-        for fname, f in heavy.items():
-            sch = dl.gpu.Matmul().apply(f, target, False)
-            assert sch is not None and "reindex" in sch.mod.script() and "scope=\"shared\"" in sch.mod.script(), fname
+    heavy = {n: f for n, f in _graph_functions(_relax(model, target), target).items() if "conv2d" in n or "matmul" in n}
+    assert heavy
+    for fname, f in heavy.items():
+        rule = _first_rule(f, target)
+        assert rule == ("FewOutputReduction" if few_output_reduction(f) else "Matmul"), (fname, rule)
+        sch = dl.gpu.Matmul().apply(f, target, False)
+        assert sch is not None and "reindex" in sch.mod.script() and "scope=\"shared\"" in sch.mod.script(), fname
+
+
+def _conv1d_model(c, length, o, k, stride, pad, seed=0):
+    rng = np.random.default_rng(seed)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((o, c, k)).astype(np.float32), "W")
+    b = onnx.numpy_helper.from_array(rng.standard_normal(o).astype(np.float32), "B")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Conv", ["x", "W", "B"], ["c"], strides=[stride], pads=[pad, pad], kernel_shape=[k]),
+         onnx.helper.make_node("Relu", ["c"], ["y"])], "conv1d",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, c, length])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], [w, b])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=9)
+
+
+# Silero VAD's STFT and encoder convs (a chunk of 4 frames), and one with many outputs
+SMALL_CONVS = [(1, 640, 258, 256, 128, 0), (129, 4, 128, 3, 1, 1), (128, 4, 64, 3, 2, 1), (64, 2, 128, 3, 1, 1)]
+LARGE_CONV = (64, 512, 128, 3, 1, 1)
+
+
+def test_cuda_convs_of_few_outputs_get_one_block_per_output():
+    """A batch-1 conv over a few frames goes to FewOutputReduction on CUDA (and builds through NVRTC); a conv with many
+    outputs stays with dlight's Matmul."""
+    target = resolve_target("nvidia/nvidia-h100")
+    for shape in SMALL_CONVS + [LARGE_CONV]:
+        model = _conv1d_model(*shape)
+        rules = {_first_rule(f, target) for n, f in _graph_functions(_relax(model, target), target).items() if "conv1d" in n}
+        assert rules == {"Matmul" if shape == LARGE_CONV else "FewOutputReduction"}, (shape, rules)
+    assert tvmrnn.compile(_conv1d_model(*SMALL_CONVS[0]), target="cuda", logs=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SMALL_CONVS + [LARGE_CONV], ids=str)
+def test_cuda_small_convs_match_onnxruntime(shape):
+    model = _conv1d_model(*shape, seed=3)
+    feeds = {"x": np.random.default_rng(4).standard_normal((1, shape[0], shape[1])).astype(np.float32)}
+    ours = tvmrnn.compile(model, target="cuda", logs=False).run(feeds)
+    assert _rel_err(list(ours.values())[0], _ort(model, feeds)[0]) < 1e-5
 
 
 @pytest.mark.gpu

@@ -768,3 +768,17 @@ def test_small_batch_units_keep_every_thread_busy(threads, hidden, directions, u
     from schedules.recurrent_cpu import small_batch_units
 
     assert small_batch_units(hidden, directions, int(threads)) == units
+
+
+def test_small_persistent_layers_run_one_block_per_direction():
+    """A layer whose R of a direction fits ONE_BLOCK_MAX_R_BYTES gets one block per direction by default, and its steps
+    wait at a block barrier, not a grid barrier; a larger one keeps one block per SM and the grid barrier."""
+    from schedules.recurrent_persistent import ONE_BLOCK_MAX_R_BYTES
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    for case in CASES:
+        spec = case.spec()
+        point = default_config("persistent", spec, cell_for(spec), target)
+        small = spec.gates * spec.hidden_size ** 2 * 4 <= ONE_BLOCK_MAX_R_BYTES
+        assert point["blocks"] == (spec.num_directions if small else 132), (case.op, case.hidden, point.describe())
+        assert ("this_grid().sync()" in _source(target, spec, point)) != small, (case.op, case.hidden)

@@ -11,7 +11,7 @@ target, with the layers around the recurrent kernels scheduled.
     schedule    tuning records where given (MetaSchedule's database), then dlight's rules: on LLVM ours for the packed
                 convs and GEMMs, dlight's CPU GEMV and row reductions (softmax, layer norm) and a parallel fallback,
                 the pool taken at run time where the work is symbolic (graph_cpu.run_time_parallel); on CUDA TVM's
-                default GPU rules
+                default GPU rules, reductions of few outputs first (graph_cuda)
     lower       TVM's dataflow lowering and finalization for the target, unchanged
 
 Our recurrent kernels arrive scheduled (`tirx.is_scheduled`) and pass through untouched.
@@ -256,13 +256,13 @@ CPU_LEGALIZE = {**LEGALIZE, "relax.nn.conv2d": _legalize_conv2d, "relax.nn.conv2
 
 
 def _schedule_rules(target):
-    from tvm.s_tir import dlight as dl
-
     if target.kind.name == "llvm":
         from schedules.graph_cpu import cpu_rules
 
         return cpu_rules()
-    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    from schedules.graph_cuda import cuda_rules
+
+    return cuda_rules()
 
 
 def rule_schedule(func: tvm.tirx.PrimFunc, target):

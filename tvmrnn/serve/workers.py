@@ -32,7 +32,6 @@ from ..errors import InputError, UnsupportedModelError
 from .frames import decode_frame, decode_tensors, encode_frame
 
 _START_TIMEOUT_S = 300.0
-_MAX_CACHED_SHAPES = 256  # buffers kept per input shape (buckets x lengths); past it the cache starts over
 
 
 class WorkerCrashed(RuntimeError):
@@ -55,42 +54,6 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
-class HostBuffers:
-    """`buffers(name, shape, dtype)`: a host array kept per (input, shape) for assembling batches into, page-locked
-    (cudaMallocHost, through TVM's cuda_host device) when `pinned`, so copies to the GPU need no staging. Valid until the
-    next batch: one batch is assembled and copied at a time per model."""
-
-    def __init__(self, pinned: bool):
-        self._pinned = pinned
-        self._arrays: dict[tuple, np.ndarray] = {}
-
-    def __call__(self, name: str, shape: tuple, dtype) -> np.ndarray:
-        dtype = np.dtype(dtype)
-        key = (name, shape, dtype.str)
-        arr = self._arrays.get(key)
-        if arr is None:
-            if len(self._arrays) >= _MAX_CACHED_SHAPES:  # clients sending ever new lengths: start over (arrays own their memory)
-                self._arrays.clear()
-            arr = self._arrays[key] = self._allocate(shape, dtype)
-        return arr
-
-    def _allocate(self, shape: tuple, dtype: np.dtype) -> np.ndarray:
-        if self._pinned:
-            import ctypes
-
-            import tvm.runtime
-
-            try:
-                owner = tvm.runtime.empty(shape, str(dtype), tvm.runtime.device(3, 0))  # kDLCUDAHost
-            except Exception:  # noqa: BLE001 - no page-locked memory here: plain host arrays
-                self._pinned = False
-            else:
-                raw = (ctypes.c_byte * (int(np.prod(shape)) * dtype.itemsize)).from_address(owner.data_ptr())
-                raw.owner = owner  # the array's base keeps the allocation alive
-                return np.frombuffer(raw, dtype).reshape(shape)
-        return np.empty(shape, dtype)
-
-
 class InProcessRunner:
     """Runs the module in this process: no IPC, but an input that crashes the compiled code takes the process down.
 
@@ -99,7 +62,7 @@ class InProcessRunner:
     outputs are copied back. `phases` is the last run's split: copies in, the module to its end, copies out."""
 
     def __init__(self, path: str, device: str | None = None):
-        from ..runtime import load_module
+        from ..runtime import HostBuffers, load_module
 
         self._module = load_module(path, device)
         self.metadata = self._module.metadata
@@ -109,7 +72,6 @@ class InProcessRunner:
         self.buckets = self.on_gpu
         self.buffer = HostBuffers(pinned=True) if self.on_gpu else None
         self.phases: dict[str, float] = {}
-        self._device_inputs: dict[tuple, list] = {}
 
     def wait_ready(self) -> None:
         pass
@@ -122,22 +84,13 @@ class InProcessRunner:
 
     def _run_on_gpu(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """Inputs already checked per request (Signature.check); the module checks its bounds (max_dims)."""
-        import tvm.runtime
-
         t0 = time.perf_counter()
-        key = tuple((a.shape, a.dtype.str) for a in inputs)
-        tensors = self._device_inputs.get(key)
-        if tensors is None:
-            if len(self._device_inputs) >= _MAX_CACHED_SHAPES:
-                self._device_inputs.clear()
-            tensors = self._device_inputs[key] = [tvm.runtime.empty(a.shape, str(a.dtype), self.device) for a in inputs]
-        for t, a in zip(tensors, inputs):
-            t.copyfrom(np.ascontiguousarray(a))
+        tensors = self._module.stage(inputs)
         t1 = time.perf_counter()
         outs = self._module.invoke(tensors)
         self.device.sync()
         t2 = time.perf_counter()
-        result = [o.numpy() for o in outs]
+        result = self._module.to_host(outs)
         self.phases = {"input": t1 - t0, "infer": t2 - t1, "output": time.perf_counter() - t2}
         return result
 
