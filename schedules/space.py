@@ -79,15 +79,17 @@ class Fit:
     streams: bool  # R does not fit, and persistent_mma runs with part of it read from L2 every step (streaming_config)
     tensor_cores: bool  # the per-step mma kernel runs: fp16/bf16 or TF32 on sm_80 and newer
     wide: bool  # hidden size of at least TILED_MIN_HIDDEN (choice.py)
+    cluster: bool = False  # R (each direction's) in the shared memory of one thread-block cluster (sm_90 and newer)
 
     @staticmethod
     def of(spec, cell, target, device: Device) -> Fit:
+        from . import recurrent_cluster as cluster
         from . import recurrent_persistent as persistent
         from .choice import TILED_MIN_HIDDEN
 
         return Fit(persistent.fits(spec, cell, device), persistent_mma_fits(spec, cell, target, device),
                    persistent_mma_streams(spec, cell, target, device), rounding_mode(spec, target) is not None,
-                   spec.hidden_size >= TILED_MIN_HIDDEN)
+                   spec.hidden_size >= TILED_MIN_HIDDEN, cluster.fits(spec, cell, device))
 
 
 @dataclass(frozen=True)
@@ -357,6 +359,35 @@ register(KernelKind("mma", "cuda", lambda fit: fit.tensor_cores,
                     _mma_default, _mma_emit, later_knobs={"chunk_acc": 0}))
 
 
+# ---- cluster: one thread-block cluster per direction for the whole sequence, R and h in its CTAs' shared memory, h
+# passed through distributed shared memory and a cluster barrier a step (recurrent_cluster): ctas (8, or 16 non-portable),
+# warps, batch_tile. Every combination fits: each size is offered only where R fits at every batch tile
+def _cluster_knobs(spec, cell, device):
+    from .recurrent_cluster import CLUSTER_SIZES, ClusterConfig
+
+    space = {"warps": (8, 16), "batch_tile": (1, 2, 4)}
+    ok = lambda cfg: cfg.valid(spec) and cfg.smem_bytes(spec, cell) <= device.smem_limit  # noqa: E731
+    ctas = tuple(c for c in CLUSTER_SIZES if all(ok(ClusterConfig(c, w, nb)) for w in space["warps"] for nb in space["batch_tile"]))
+    return {"ctas": ctas or (CLUSTER_SIZES[-1],)} | space
+
+
+def _cluster_default(spec, cell, device, batch):
+    from .recurrent_cluster import default_config
+
+    c = default_config(spec, cell, device)
+    return KernelConfig.of("cluster", ctas=c.ctas, warps=c.warps, batch_tile=c.batch_tile)
+
+
+def _cluster_emit(config, spec, cell, device):
+    from .recurrent_cluster import ClusterConfig, cluster_body
+
+    cfg = ClusterConfig(ctas=config["ctas"], warps=config["warps"], batch_tile=config["batch_tile"])
+    return lambda a: cluster_body(a, cfg)
+
+
+register(KernelKind("cluster", "cuda", lambda fit: fit.cluster, _cluster_knobs, _cluster_default, _cluster_emit))
+
+
 # ---- wavefront: stacked layers in one cooperative kernel (recurrent_wavefront); planned for a whole stack by
 # schedules.stack_kernel, not searched: no knobs of its own, its grid the stack's
 def _not_searched(*args):
@@ -434,6 +465,14 @@ def kinds(spec, cell, target, choice: str = "auto", device: Device | None = None
         raise KernelError(f"{spec.op} node '{spec.name}': kernel 'persistent_mma' needs one wave of blocks with R in shared "
                           f"memory or part of it streamed from L2, and hidden size {spec.hidden_size} x {spec.num_directions} "
                           f"direction(s) in {spec.dtype} fits neither on {device.arch}; use auto, mma or stepwise")
+    if choice == "cluster" and not fit.cluster:
+        from .recurrent_cluster import CLUSTER_SIZES, ClusterConfig, clusters_run_on
+
+        need = min(ClusterConfig(ctas=c).smem_bytes(spec, cell) for c in CLUSTER_SIZES) / 1024
+        why = (f"R of one direction needs {need:.0f} KB per CTA across a cluster of 16 and a CTA has {device.smem_limit / 1024:.0f} KB"
+               if clusters_run_on(device) else f"thread-block clusters need sm_90 or newer; the target is {device.arch}")
+        raise KernelError(f"{spec.op} node '{spec.name}': kernel 'cluster' keeps R in one thread-block cluster per direction: "
+                          f"{why}; use auto or persistent")
     if choice != "auto":
         return (choice,)
     return tuple(k.name for k in KINDS.values() if k.target == "cuda" and k.runs(fit))

@@ -1,0 +1,251 @@
+"""The cluster recurrent kernel for Hopper: one thread-block cluster per direction runs the whole sequence on chip.
+
+A grid barrier (about 1.1 us on the H100) or an L2 round trip a step bounds the persistent kernel at batch 1. Here
+each direction is one cluster of `ctas` CTAs (8 portable, 16 with the non-portable size sm_90 allows), launched with
+cuLaunchKernelEx's cluster dimension (TVM's runtime does so for a kernel bound to "clusterCtaIdx.x"). Each CTA owns
+ceil(H / ctas) hidden units and keeps their rows of R (all gates) in shared memory, beside its own copy of all of h.
+A step is warp_gemv's gates from that copy, the gate program, and each new value of h stored into the copy of every
+CTA of the cluster (mapa + st.shared::cluster, distributed shared memory); then one cluster barrier
+(barrier.cluster.arrive.release / wait.acquire), and the next step reads h from its own shared memory.
+
+Why one barrier a phase suffices: h is double-buffered by the step's parity, and a CTA writes slot t+1 of a peer only
+after the barrier that ended step t, which that peer reached after reading slot t-1 (the one overwritten) for the last
+time. GRU's r*h (an operand written and read within a step) has one buffer, written in phase 1 after the barrier that
+ended the last step's phase 2. The barrier after the initial states is also the one DSMEM needs before a CTA writes
+into a peer (all CTAs started), and the last phase's barrier the one before any exits.
+
+The batch runs in chunks of `batch_tile` rows, each chunk the whole sequence (rows are independent), so shared memory
+holds batch_tile rows of h. XW of step s+1 is loaded into registers at the end of step s, its latency hidden behind the
+barrier; the cell state stays in shared memory with the unit's owner until the chunk ends.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from .cells import Cell
+from .device import Device
+from .layer import RNNLayerSpec
+from .recurrent_common import KernelArgs, block_sync, i64, load_xw_ahead, step_phases
+from .recurrent_cuda import epilogue, operand_at, vector_width, weight_bytes
+from .recurrent_persistent import _strided
+from .warp_gemv import warp_gates
+
+F32 = "float32"
+CLUSTER_SIZES = (8, 16)  # 8 is CUDA's portable cluster size; 16 the largest sm_90 allows (non-portable)
+MIN_ARCH = 90  # thread-block clusters and distributed shared memory: sm_90 and newer
+
+PUT = "tvmrnn_cluster_put"
+# value into the same shared-memory address of CTAs 0..ctas-1 of the cluster (the caller's own included)
+PUT_SRC = (f"__forceinline__ __device__ void {PUT}(float* p, float v, unsigned ctas) {{ "
+           "unsigned a = (unsigned)__cvta_generic_to_shared(p); "
+           "for (unsigned r = 0; r < ctas; ++r) { unsigned q; "
+           'asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(q) : "r"(a), "r"(r)); '
+           'asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(q), "f"(v) : "memory"); } }')
+STORE = "tvmrnn_shared_store"
+# a plain store, behind a call: TVM's barrier planner neither sees it nor adds __syncthreads for it (the kernel's writes
+# in the steps are ordered by its cluster barriers, which the planner does not know of)
+STORE_SRC = f"__forceinline__ __device__ void {STORE}(float* p, float v) {{ *p = v; }}"
+BARRIER = "tvmrnn_cluster_barrier"
+BARRIER_SRC = (f"__forceinline__ __device__ void {BARRIER}() {{ "
+               'asm volatile("barrier.cluster.arrive.release.aligned;\\n\\tbarrier.cluster.wait.acquire.aligned;" ::: "memory"); }')
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    ctas: int = 8  # CTAs per cluster, one cluster per direction
+    warps: int = 16  # each owns units_per_warp units of its CTA (all gates)
+    batch_tile: int = 1  # batch rows a pass over the sequence computes together
+
+    def units_per_cta(self, spec: RNNLayerSpec) -> int:
+        return -(-spec.hidden_size // self.ctas)
+
+    def units_per_warp(self, spec: RNNLayerSpec) -> int:
+        return -(-self.units_per_cta(spec) // self.warps)
+
+    def smem_bytes(self, spec: RNNLayerSpec, cell: Cell) -> int:
+        """R's rows of the CTA's units, and batch_tile rows of h (two slots), each stored value and the cell state."""
+        H = spec.hidden_size
+        rows = 2 + len(cell.stored_values) + ("c" in cell.states)
+        return self.units_per_cta(spec) * cell.gates * H * weight_bytes(spec) + rows * self.batch_tile * H * 4
+
+    def valid(self, spec: RNNLayerSpec) -> bool:
+        """Each (unit, row) of a warp is finished by a lane of its own (warp_gemv)."""
+        return self.units_per_warp(spec) * self.batch_tile <= 32
+
+
+def clusters_run_on(device: Device) -> bool:
+    digits = "".join(c for c in device.arch.removeprefix("sm_") if c.isdigit())
+    return int(digits or 0) >= MIN_ARCH
+
+
+def fits(spec: RNNLayerSpec, cell: Cell, device: Device, cfg: ClusterConfig | None = None) -> bool:
+    """Whether this layer's R fits in the shared memory of one cluster per direction (at cfg, else at some size)."""
+    if not clusters_run_on(device):
+        return False
+    configs = [cfg] if cfg else [ClusterConfig(ctas=c) for c in CLUSTER_SIZES]
+    return any(c.smem_bytes(spec, cell) <= device.smem_limit for c in configs)
+
+
+def default_config(spec: RNNLayerSpec, cell: Cell, device: Device) -> ClusterConfig:
+    """The smallest cluster R fits in (fewer CTAs to store each value into and to meet at the barrier)."""
+    sizes = [c for c in CLUSTER_SIZES if ClusterConfig(ctas=c).smem_bytes(spec, cell) <= device.smem_limit]
+    return ClusterConfig(ctas=(sizes or CLUSTER_SIZES)[0])
+
+
+def _cluster_barrier():
+    T.evaluate(T.cuda.func_call(BARRIER, source_code=BARRIER_SRC))
+
+
+def _share(ctas: int):
+    """store_operand's store of an operand: the value into the same element of every CTA's copy."""
+    def put(buf, idx, value):
+        T.evaluate(T.cuda.func_call(PUT, tirx.address_of(buf[tuple(idx)]), value, tirx.IntImm("uint32", ctas),
+                                    source_code=PUT_SRC))
+    return put
+
+
+def _keep(buf, idx, value):
+    """store_operand's store of a value only its unit's owner reads (GRU's z): into its own CTA's copy."""
+    T.evaluate(T.cuda.func_call(STORE, tirx.address_of(buf[tuple(idx)]), value, source_code=STORE_SRC))
+
+
+def _rows_view(data, shape, strides, offset):
+    """A view of one CTA's batch_tile rows as a kernel-wide buffer: the direction's stride 0 (a cluster runs one), row n
+    at n - n0 (the chunk's first row, offset = n0 * H)."""
+    return T.decl_buffer(shape, F32, data=data, strides=[i64(s) for s in strides], elem_offset=-offset, scope="shared.dyn")
+
+
+def cluster_body(a: KernelArgs, cfg: ClusterConfig):
+    """One cluster per direction: R's rows into shared memory, then the batch chunk by chunk (_chunk)."""
+    spec, cell = a.spec, a.cell
+    H, D, G, C, NB = spec.hidden_size, spec.num_directions, cell.gates, cfg.ctas, cfg.batch_tile
+    UPC, threads = cfg.units_per_cta(spec), cfg.warps * 32
+    assert cfg.valid(spec), (cfg, spec.hidden_size)
+    with T.thread_binding(0, i64(D * C), "blockIdx.x") as bx:
+        with T.thread_binding(0, i64(C), "clusterCtaIdx.x") as rank:
+            with T.thread_binding(0, i64(cfg.warps), "threadIdx.y") as ty:
+                with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
+                    tid = ty * i64(32) + lane
+                    d, j0 = bx // i64(C), rank * i64(UPC)
+                    wsm = T.alloc_buffer((UPC, G, H), spec.dtype, scope="shared.dyn")
+
+                    def load_weights(e):
+                        u, g, k = e // i64(G * H), e // i64(H) % i64(G), e % i64(H)
+                        T.buffer_store(wsm, a.R[d, g * i64(H) + tirx.min(j0 + u, i64(H - 1)), k], [u, g, k])
+
+                    _strided(UPC * G * H, threads, tid, load_weights)
+                    block_sync()
+                    rows = {"h": T.alloc_buffer((2, NB, H), F32, scope="shared.dyn")}
+                    rows |= {v: T.alloc_buffer((NB, H), F32, scope="shared.dyn") for v in cell.stored_values}
+                    # per lane: the cell state and next step's XW of the (unit, row) it finishes (warp_gemv), in registers
+                    regs = {"xw": T.alloc_buffer((len(cell.phases), max(len(p.gates) for p in cell.phases)), F32, scope="local")}
+                    if a.Yc is not None:
+                        regs["c"] = T.alloc_buffer((cfg.units_per_warp(spec) * NB,), F32, scope="local")
+                    with T.serial(0, tirx.ceildiv(a.batch, i64(NB))) as chunk:
+                        _chunk(a, cfg, rows, regs, wsm, d, j0, chunk * i64(NB), ty, lane, tid)
+
+
+def _chunk(a: KernelArgs, cfg: ClusterConfig, rows: dict, regs: dict, wsm, d, j0, n0, ty, lane, tid):
+    """Rows n0.. of the batch through the whole sequence: initial states, a barrier, the steps, the final states."""
+    spec, cell = a.spec, a.cell
+    H, D, NB, threads = spec.hidden_size, spec.num_directions, cfg.batch_tile, cfg.warps * 32
+    N, xw = a.batch, regs["xw"]
+    hbuf = _rows_view(rows["h"].data, (2, D, N, H), (NB * H, 0, H, 1), n0 * i64(H))
+    scratch = {v: _rows_view(rows[v].data, (D, N, H), (0, H, 1), n0 * i64(H)) for v in cell.stored_values}
+    yc = a.Yc
+    if yc is not None:  # the lane's cell states as Yc is indexed: (unit j, row n) at (j - its first unit) * NB + n - n0
+        first = j0 + ty * i64(cfg.units_per_warp(spec))
+        strides = (0, 1, NB) if spec.layout == 0 else (1, 0, NB)
+        a.Yc = T.decl_buffer(yc.shape, F32, data=regs["c"].data, strides=[i64(v) for v in strides],
+                             elem_offset=-(first * i64(NB) + n0), scope="local")
+    operands = dict.fromkeys(p.operand for p in cell.phases)
+    a.shared = {name: _share(cfg.ctas) if name in operands else _keep for name in ("h", *cell.stored_values)}
+
+    def init_h(e):  # all of h0 into the CTA's own copy
+        n, k = n0 + e // i64(H), e % i64(H)
+        with T.If(n < N):
+            with T.Then():
+                T.buffer_store(hbuf, a.initial("h", d, n, k), [i64(0), d, n, k])
+
+    _strided(H * NB, threads, tid, init_h)
+    if yc is not None:
+        _each_owned(a, cfg, d, j0, n0, ty, lane,
+                    lambda n, j: T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j)))
+    _cluster_barrier()  # every CTA started (DSMEM needs it) and holds the initial states
+    _prefetch_xw(a, cfg, xw, i64(0), d, j0, n0, ty, lane)
+
+    def phase_step(pi, phase, last, operand, s, cur, nxt):
+        _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, wsm, xw, s, cur, nxt, d, j0, n0, ty, lane)
+        if last:  # the next step's XW, in flight across the barrier
+            _prefetch_xw(a, cfg, xw, s + i64(1), d, j0, n0, ty, lane)
+        _cluster_barrier()
+
+    step_phases(a, hbuf, scratch, phase_step)
+
+    def final(n, j):
+        T.buffer_store(a.Yh, hbuf[a.seq % 2, d, n, j], a.state_index(d, n, j))
+        if yc is not None:
+            T.buffer_store(yc, a.Yc[tuple(a.state_index(d, n, j))], a.state_index(d, n, j))
+
+    _each_owned(a, cfg, d, j0, n0, ty, lane, final)
+    block_sync()  # the next chunk's initial states overwrite what this one's final states read
+    a.Yc, a.shared = yc, {}
+
+
+def _each_owned(a: KernelArgs, cfg: ClusterConfig, d, j0, n0, ty, lane, body):
+    """body(n, j) in the lane that finishes unit j of row n (warp_gemv's lane u*NB + b), for the chunk's rows: the
+    lane's registers are indexed by constants only."""
+    UW, NB, UPC = cfg.units_per_warp(a.spec), cfg.batch_tile, cfg.units_per_cta(a.spec)
+    for u, b in itertools.product(range(UW), range(NB)):
+        slot, n = ty * i64(UW) + i64(u), n0 + i64(b)
+        with T.If(tirx.all(lane == i64(u * NB + b), slot < i64(UPC), j0 + slot < i64(a.spec.hidden_size), n < a.batch)):
+            with T.Then():
+                body(n, j0 + slot)
+
+
+def _unit_of_lane(cfg: ClusterConfig, spec, ty, lane):
+    """The unit slot (in the CTA) and batch row of the chunk that this lane finishes (warp_gemv: lane u*NB + b)."""
+    NB, UW = cfg.batch_tile, cfg.units_per_warp(spec)
+    return ty * i64(UW) + tirx.min(lane // i64(NB), i64(UW - 1)), lane % i64(NB)
+
+
+def _prefetch_xw(a: KernelArgs, cfg: ClusterConfig, xw, s, d, j0, n0, ty, lane):
+    """XW of step s for every phase, for the unit and row this lane finishes (clamped: a lane past them loads a value it
+    never uses); nothing past the sequence's end."""
+    H = a.spec.hidden_size
+    slot, b = _unit_of_lane(cfg, a.spec, ty, lane)
+    with T.If(s < a.seq):
+        with T.Then():
+            for pi, phase in enumerate(a.cell.phases):
+                load_xw_ahead(a, phase, s, d, tirx.min(n0 + b, a.batch - 1), tirx.min(j0 + slot, i64(H - 1)), xw, [i64(pi)])
+
+
+def _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, wsm, xw, s, cur, nxt, d, j0, n0, ty, lane):
+    """Each warp: all gates of its units from the CTA's copy of the operand, the gate program in the lanes that own
+    (unit, row), and the results stored into every CTA's copy (store_operand's hook)."""
+    spec = a.spec
+    H, N, NB, UPC, UW = spec.hidden_size, a.batch, cfg.batch_tile, cfg.units_per_cta(spec), cfg.units_per_warp(spec)
+    V = vector_width(spec, H)
+    first = ty * i64(UW)
+
+    def h_at(_u, b, k):
+        return operand_at(operand, phase, cur, d, tirx.min(n0 + i64(b), N - 1), k)
+
+    def w_at(u, g, k):
+        return wsm[tirx.min(first + i64(u), i64(UPC - 1)), i64(g), k]
+
+    def finish(u, b, rec):
+        slot, n = first + i64(u), n0 + i64(b)
+        with T.If(tirx.all(slot < i64(UPC), j0 + slot < i64(H), n < N)):
+            with T.Then():
+                epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j0 + slot, rec, x=lambda gi: xw[i64(pi), i64(gi)])
+
+    with T.If(first < i64(UPC)):  # warp-uniform: a warp past the CTA's units has nothing to do
+        with T.Then():
+            warp_gates(lane, H, phase.gates, UW, NB, V, h_at=h_at, w_at=w_at, finish=finish,
+                       row_valid=(lambda b: n0 + i64(b) < N) if NB > 1 else None)
