@@ -21,7 +21,6 @@ barrier; the cell state stays in shared memory with the unit's owner until the c
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -145,7 +144,7 @@ def cluster_body(a: KernelArgs, cfg: ClusterConfig):
                     # per lane: the cell state and next step's XW of the (unit, row) it finishes (warp_gemv), in registers
                     regs = {"xw": T.alloc_buffer((len(cell.phases), max(len(p.gates) for p in cell.phases)), F32, scope="local")}
                     if a.Yc is not None:
-                        regs["c"] = T.alloc_buffer((cfg.units_per_warp(spec) * NB,), F32, scope="local")
+                        regs["c"] = T.alloc_buffer((1,), F32, scope="local")
                     with T.serial(0, tirx.ceildiv(a.batch, i64(NB))) as chunk:
                         _chunk(a, cfg, rows, regs, wsm, d, j0, chunk * i64(NB), ty, lane, tid)
 
@@ -158,11 +157,11 @@ def _chunk(a: KernelArgs, cfg: ClusterConfig, rows: dict, regs: dict, wsm, d, j0
     hbuf = _rows_view(rows["h"].data, (2, D, N, H), (NB * H, 0, H, 1), n0 * i64(H))
     scratch = {v: _rows_view(rows[v].data, (D, N, H), (0, H, 1), n0 * i64(H)) for v in cell.stored_values}
     yc = a.Yc
-    if yc is not None:  # the lane's cell states as Yc is indexed: (unit j, row n) at (j - its first unit) * NB + n - n0
-        first = j0 + ty * i64(cfg.units_per_warp(spec))
+    if yc is not None:  # the lane's cell state as Yc is indexed: its own (unit, row) at 0
+        slot, b = _lane_unit(cfg, spec, ty, lane)
         strides = (0, 1, NB) if spec.layout == 0 else (1, 0, NB)
         a.Yc = T.decl_buffer(yc.shape, F32, data=regs["c"].data, strides=[i64(v) for v in strides],
-                             elem_offset=-(first * i64(NB) + n0), scope="local")
+                             elem_offset=-((j0 + slot) * i64(NB) + n0 + b), scope="local")
     operands = dict.fromkeys(p.operand for p in cell.phases)
     a.shared = {name: _share(cfg.ctas) if name in operands else _keep for name in ("h", *cell.stored_values)}
 
@@ -197,28 +196,26 @@ def _chunk(a: KernelArgs, cfg: ClusterConfig, rows: dict, regs: dict, wsm, d, j0
     a.Yc, a.shared = yc, {}
 
 
+def _lane_unit(cfg: ClusterConfig, spec, ty, lane):
+    """The unit slot (in the CTA) and batch row of the chunk that this lane finishes: warp_gemv's lane u*NB + b."""
+    return ty * i64(cfg.units_per_warp(spec)) + lane // i64(cfg.batch_tile), lane % i64(cfg.batch_tile)
+
+
 def _each_owned(a: KernelArgs, cfg: ClusterConfig, d, j0, n0, ty, lane, body):
-    """body(n, j) in the lane that finishes unit j of row n (warp_gemv's lane u*NB + b), for the chunk's rows: the
-    lane's registers are indexed by constants only."""
-    UW, NB, UPC = cfg.units_per_warp(a.spec), cfg.batch_tile, cfg.units_per_cta(a.spec)
-    for u, b in itertools.product(range(UW), range(NB)):
-        slot, n = ty * i64(UW) + i64(u), n0 + i64(b)
-        with T.If(tirx.all(lane == i64(u * NB + b), slot < i64(UPC), j0 + slot < i64(a.spec.hidden_size), n < a.batch)):
-            with T.Then():
-                body(n, j0 + slot)
-
-
-def _unit_of_lane(cfg: ClusterConfig, spec, ty, lane):
-    """The unit slot (in the CTA) and batch row of the chunk that this lane finishes (warp_gemv: lane u*NB + b)."""
-    NB, UW = cfg.batch_tile, cfg.units_per_warp(spec)
-    return ty * i64(UW) + tirx.min(lane // i64(NB), i64(UW - 1)), lane % i64(NB)
+    """body(n, j) in the lane that finishes unit j of row n, for the chunk's rows."""
+    slot, b = _lane_unit(cfg, a.spec, ty, lane)
+    valid = [lane < i64(cfg.units_per_warp(a.spec) * cfg.batch_tile), slot < i64(cfg.units_per_cta(a.spec)),
+             j0 + slot < i64(a.spec.hidden_size), n0 + b < a.batch]
+    with T.If(tirx.all(*valid)):
+        with T.Then():
+            body(n0 + b, j0 + slot)
 
 
 def _prefetch_xw(a: KernelArgs, cfg: ClusterConfig, xw, s, d, j0, n0, ty, lane):
     """XW of step s for every phase, for the unit and row this lane finishes (clamped: a lane past them loads a value it
     never uses); nothing past the sequence's end."""
     H = a.spec.hidden_size
-    slot, b = _unit_of_lane(cfg, a.spec, ty, lane)
+    slot, b = _lane_unit(cfg, a.spec, ty, lane)
     with T.If(s < a.seq):
         with T.Then():
             for pi, phase in enumerate(a.cell.phases):
@@ -239,8 +236,8 @@ def _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, wsm, xw, s, cur, nxt
     def w_at(u, g, k):
         return wsm[tirx.min(first + i64(u), i64(UPC - 1)), i64(g), k]
 
-    def finish(u, b, rec):
-        slot, n = first + i64(u), n0 + i64(b)
+    def finish(u, b, rec):  # u, b: the lane's (warp_gates in_parallel)
+        slot, n = first + u, n0 + b
         with T.If(tirx.all(slot < i64(UPC), j0 + slot < i64(H), n < N)):
             with T.Then():
                 epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j0 + slot, rec, x=lambda gi: xw[i64(pi), i64(gi)])
@@ -248,4 +245,4 @@ def _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, wsm, xw, s, cur, nxt
     with T.If(first < i64(UPC)):  # warp-uniform: a warp past the CTA's units has nothing to do
         with T.Then():
             warp_gates(lane, H, phase.gates, UW, NB, V, h_at=h_at, w_at=w_at, finish=finish,
-                       row_valid=(lambda b: n0 + i64(b) < N) if NB > 1 else None)
+                       row_valid=(lambda b: n0 + i64(b) < N) if NB > 1 else None, in_parallel=True)
