@@ -44,7 +44,10 @@ def with_knobs(kind, knobs):
     module = recurrent_cluster if kind == "cluster" else recurrent_persistent
     original = getattr(module, "_bench_default", module.default_config)
     module._bench_default = original
-    module.default_config = lambda *a, **k: dataclasses.replace(original(*a, **k), **knobs)
+    if kind == "cluster":  # as many of R's columns in registers as the point's warps take
+        module.default_config = lambda spec, *a: dataclasses.replace(original(spec, *a), **knobs).with_registers(spec)
+    else:
+        module.default_config = lambda *a, **k: dataclasses.replace(original(*a, **k), **knobs)
 
 
 def one_case(name, dtype, variants):

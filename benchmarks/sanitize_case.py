@@ -3,8 +3,8 @@
     python3 benchmarks/sanitize_case.py [KERNEL [LSTM|GRU [streamed|ring|ring-h|h0]]]
     python3 benchmarks/sanitize_case.py wavefront     two stacked LSTM layers in one wavefront kernel
     python3 benchmarks/sanitize_case.py persistent LSTM sync   the persistent kernel with sync=1 (steps wait on h's tagged words)
-    python3 benchmarks/sanitize_case.py cluster GRU   the cluster kernel (h through distributed shared memory, a cluster
-                                                      barrier a phase; GRU's two phases)
+    python3 benchmarks/sanitize_case.py cluster GRU   the cluster kernel, hidden 128 (h through distributed shared memory,
+                                                      a cluster barrier a phase, GRU's two phases; R in registers)
 
 streamed (persistent_mma only): half of each block's R read from global memory every step (the path layers too large
 for shared memory run), instead of all of it resident. ring: hidden 128, three of its four chunks streamed through
@@ -47,7 +47,7 @@ if kernel == "wavefront":
     sys.exit(0)
 case = Case(op=sys.argv[2] if len(sys.argv) > 2 else "LSTM", direction="bidirectional",
             optional=("B", "sequence_lens") + (("initial_h",) if sys.argv[3:] == ["h0"] else ()),
-            hidden=128 if sys.argv[3:] in (["ring"], ["ring-h"], ["ring-h-halves"]) else 64, input_size=16)
+            hidden=128 if sys.argv[3:] in (["ring"], ["ring-h"], ["ring-h-halves"]) or kernel == "cluster" else 64, input_size=16)
 module = tvmrnn.compile(case.model(), target="cuda", kernel=kernel)
 feeds = case.feeds(np.random.default_rng(0), 4, 2)
 ours, ref = module.run(feeds), case.reference(feeds)

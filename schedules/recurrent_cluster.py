@@ -21,6 +21,8 @@ barrier; the cell state stays in shared memory with the unit's owner until the c
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -54,11 +56,20 @@ BARRIER_SRC = (f"__forceinline__ __device__ void {BARRIER}() {{ "
                'asm volatile("barrier.cluster.arrive.release.aligned;\\n\\tbarrier.cluster.wait.acquire.aligned;" ::: "memory"); }')
 
 
+# weight elements a lane may hold in registers at batch_tile 1, divided by the batch tile above (of at most 128 a
+# thread at 512 threads: the rest for the reduction's sums, which grow with the batch tile, and the gate program)
+REG_WEIGHTS = 64
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     ctas: int = 8  # CTAs per cluster, one cluster per direction
     warps: int = 16  # each owns units_per_warp units of its CTA (all gates)
     batch_tile: int = 1  # batch rows a pass over the sequence computes together
+    # the first reg_k columns of the warp's rows of R stay in the registers of the lanes that multiply them (a multiple
+    # of 32 lanes' vector width), the rest in shared memory: each step reads R whole, and shared memory gives a CTA
+    # 128 bytes a cycle (R of LSTM H256 fp32 across 8 CTAs: 1000 cycles a step), registers feed the FMAs directly
+    reg_k: int = 0
 
     def units_per_cta(self, spec: RNNLayerSpec) -> int:
         return -(-spec.hidden_size // self.ctas)
@@ -66,15 +77,28 @@ class ClusterConfig:
     def units_per_warp(self, spec: RNNLayerSpec) -> int:
         return -(-self.units_per_cta(spec) // self.warps)
 
+    def reg_elements(self, spec: RNNLayerSpec) -> int:
+        """R's elements each lane holds in registers."""
+        return self.units_per_warp(spec) * spec.gates * self.reg_k // 32
+
     def smem_bytes(self, spec: RNNLayerSpec, cell: Cell) -> int:
-        """R's rows of the CTA's units, and batch_tile rows of h (two slots), each stored value and the cell state."""
+        """R's rows of the CTA's units past reg_k, and batch_tile rows of h (two slots) and of each stored value."""
         H = spec.hidden_size
-        rows = 2 + len(cell.stored_values) + ("c" in cell.states)
-        return self.units_per_cta(spec) * cell.gates * H * weight_bytes(spec) + rows * self.batch_tile * H * 4
+        rows = 2 + len(cell.stored_values)
+        return self.units_per_cta(spec) * cell.gates * (H - self.reg_k) * weight_bytes(spec) + rows * self.batch_tile * H * 4
 
     def valid(self, spec: RNNLayerSpec) -> bool:
-        """Each (unit, row) of a warp is finished by a lane of its own (warp_gemv)."""
-        return self.units_per_warp(spec) * self.batch_tile <= 32
+        """Each (unit, row) of a warp is finished by a lane of its own (warp_gemv); reg_k whole loads of all lanes."""
+        step = 32 * vector_width(spec, spec.hidden_size)
+        return (self.units_per_warp(spec) * self.batch_tile <= 32 and self.reg_k % step == 0
+                and self.reg_k <= spec.hidden_size and self.reg_elements(spec) <= REG_WEIGHTS // self.batch_tile)
+
+    def with_registers(self, spec: RNNLayerSpec) -> ClusterConfig:
+        """This point with as many of R's columns in registers as REG_WEIGHTS allows."""
+        step = 32 * vector_width(spec, spec.hidden_size)
+        per_step = self.units_per_warp(spec) * spec.gates * step // 32
+        rounds = REG_WEIGHTS // self.batch_tile // per_step
+        return dataclasses.replace(self, reg_k=min(rounds * step, spec.hidden_size // step * step))
 
 
 def clusters_run_on(device: Device) -> bool:
@@ -86,14 +110,17 @@ def fits(spec: RNNLayerSpec, cell: Cell, device: Device, cfg: ClusterConfig | No
     """Whether this layer's R fits in the shared memory of one cluster per direction (at cfg, else at some size)."""
     if not clusters_run_on(device):
         return False
-    configs = [cfg] if cfg else [ClusterConfig(ctas=c) for c in CLUSTER_SIZES]
+    configs = [cfg] if cfg else [ClusterConfig(ctas=c).with_registers(spec) for c in CLUSTER_SIZES]
     return any(c.smem_bytes(spec, cell) <= device.smem_limit for c in configs)
 
 
 def default_config(spec: RNNLayerSpec, cell: Cell, device: Device) -> ClusterConfig:
-    """The smallest cluster R fits in (fewer CTAs to store each value into and to meet at the barrier)."""
-    sizes = [c for c in CLUSTER_SIZES if ClusterConfig(ctas=c).smem_bytes(spec, cell) <= device.smem_limit]
-    return ClusterConfig(ctas=(sizes or CLUSTER_SIZES)[0])
+    """As much of R in registers as they take, and the cluster size whose CTAs read the fewest bytes of R from shared
+    memory a step (its bandwidth bounds the step), the smaller at a tie (fewer CTAs to store each value into and to
+    meet at the barrier)."""
+    configs = [ClusterConfig(ctas=c).with_registers(spec) for c in CLUSTER_SIZES]
+    fitting = [c for c in configs if c.smem_bytes(spec, cell) <= device.smem_limit] or configs[-1:]
+    return min(fitting, key=lambda c: (c.units_per_cta(spec) * (spec.hidden_size - c.reg_k), c.ctas))
 
 
 def _cluster_barrier():
@@ -122,8 +149,7 @@ def _rows_view(data, shape, strides, offset):
 def cluster_body(a: KernelArgs, cfg: ClusterConfig):
     """One cluster per direction: R's rows into shared memory, then the batch chunk by chunk (_chunk)."""
     spec, cell = a.spec, a.cell
-    H, D, G, C, NB = spec.hidden_size, spec.num_directions, cell.gates, cfg.ctas, cfg.batch_tile
-    UPC, threads = cfg.units_per_cta(spec), cfg.warps * 32
+    H, D, C, NB, UPC = spec.hidden_size, spec.num_directions, cfg.ctas, cfg.batch_tile, cfg.units_per_cta(spec)
     assert cfg.valid(spec), (cfg, spec.hidden_size)
     with T.thread_binding(0, i64(D * C), "blockIdx.x") as bx:
         with T.thread_binding(0, i64(C), "clusterCtaIdx.x") as rank:
@@ -131,14 +157,7 @@ def cluster_body(a: KernelArgs, cfg: ClusterConfig):
                 with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
                     tid = ty * i64(32) + lane
                     d, j0 = bx // i64(C), rank * i64(UPC)
-                    wsm = T.alloc_buffer((UPC, G, H), spec.dtype, scope="shared.dyn")
-
-                    def load_weights(e):
-                        u, g, k = e // i64(G * H), e // i64(H) % i64(G), e % i64(H)
-                        T.buffer_store(wsm, a.R[d, g * i64(H) + tirx.min(j0 + u, i64(H - 1)), k], [u, g, k])
-
-                    _strided(UPC * G * H, threads, tid, load_weights)
-                    block_sync()
+                    weights = _load_weights(a, cfg, d, j0, ty, lane, tid)
                     rows = {"h": T.alloc_buffer((2, NB, H), F32, scope="shared.dyn")}
                     rows |= {v: T.alloc_buffer((NB, H), F32, scope="shared.dyn") for v in cell.stored_values}
                     # per lane: the cell state and next step's XW of the (unit, row) it finishes (warp_gemv), in registers
@@ -146,10 +165,38 @@ def cluster_body(a: KernelArgs, cfg: ClusterConfig):
                     if a.Yc is not None:
                         regs["c"] = T.alloc_buffer((1,), F32, scope="local")
                     with T.serial(0, tirx.ceildiv(a.batch, i64(NB))) as chunk:
-                        _chunk(a, cfg, rows, regs, wsm, d, j0, chunk * i64(NB), ty, lane, tid)
+                        _chunk(a, cfg, rows, regs, weights, d, j0, chunk * i64(NB), ty, lane, tid)
 
 
-def _chunk(a: KernelArgs, cfg: ClusterConfig, rows: dict, regs: dict, wsm, d, j0, n0, ty, lane, tid):
+def _load_weights(a: KernelArgs, cfg: ClusterConfig, d, j0, ty, lane, tid) -> dict:
+    """R's rows of the CTA's units: columns from reg_k into shared memory ("smem" [unit, gate, k - reg_k]), the first
+    reg_k into the registers of the lanes that multiply them ("regs" [warp's unit, gate, round, element]: warp_gemv's
+    lane reads V elements a round, 32 lanes apart). Units past the CTA's or H load row H-1 and are never finished."""
+    spec = a.spec
+    H, G, UPC, UW, RK = spec.hidden_size, spec.gates, cfg.units_per_cta(spec), cfg.units_per_warp(spec), cfg.reg_k
+    V = vector_width(spec, H)
+    K = H - RK
+    row = lambda u, g: g * i64(H) + tirx.min(j0 + u, i64(H - 1))  # noqa: E731
+    out = {}
+    if K:
+        out["smem"] = T.alloc_buffer((UPC, G, K), spec.dtype, scope="shared.dyn")
+
+        def load(e):
+            u, g, k = e // i64(G * K), e // i64(K) % i64(G), e % i64(K)
+            T.buffer_store(out["smem"], a.R[d, row(u, g), k + i64(RK)], [u, g, k])
+
+        _strided(UPC * G * K, cfg.warps * 32, tid, load)
+    if RK:
+        out["regs"] = T.alloc_buffer((UW, G, RK // (32 * V), V), spec.dtype, scope="local")
+        for u, g, r in itertools.product(range(UW), range(G), range(RK // (32 * V))):
+            slot = tirx.min(ty * i64(UW) + i64(u), i64(UPC - 1))
+            with T.vectorized(0, i64(V)) as v:
+                T.buffer_store(out["regs"], a.R[d, row(slot, g), (i64(r * 32) + lane) * i64(V) + v], [i64(u), i64(g), i64(r), v])
+    block_sync()
+    return out
+
+
+def _chunk(a: KernelArgs, cfg: ClusterConfig, rows: dict, regs: dict, weights: dict, d, j0, n0, ty, lane, tid):
     """Rows n0.. of the batch through the whole sequence: initial states, a barrier, the steps, the final states."""
     spec, cell = a.spec, a.cell
     H, D, NB, threads = spec.hidden_size, spec.num_directions, cfg.batch_tile, cfg.warps * 32
@@ -179,7 +226,7 @@ def _chunk(a: KernelArgs, cfg: ClusterConfig, rows: dict, regs: dict, wsm, d, j0
     _prefetch_xw(a, cfg, xw, i64(0), d, j0, n0, ty, lane)
 
     def phase_step(pi, phase, last, operand, s, cur, nxt):
-        _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, wsm, xw, s, cur, nxt, d, j0, n0, ty, lane)
+        _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, weights, xw, s, cur, nxt, d, j0, n0, ty, lane)
         if last:  # the next step's XW, in flight across the barrier
             _prefetch_xw(a, cfg, xw, s + i64(1), d, j0, n0, ty, lane)
         _cluster_barrier()
@@ -222,7 +269,7 @@ def _prefetch_xw(a: KernelArgs, cfg: ClusterConfig, xw, s, d, j0, n0, ty, lane):
                 load_xw_ahead(a, phase, s, d, tirx.min(n0 + b, a.batch - 1), tirx.min(j0 + slot, i64(H - 1)), xw, [i64(pi)])
 
 
-def _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, wsm, xw, s, cur, nxt, d, j0, n0, ty, lane):
+def _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, weights, xw, s, cur, nxt, d, j0, n0, ty, lane):
     """Each warp: all gates of its units from the CTA's copy of the operand, the gate program in the lanes that own
     (unit, row), and the results stored into every CTA's copy (store_operand's hook)."""
     spec = a.spec
@@ -233,8 +280,13 @@ def _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, wsm, xw, s, cur, nxt
     def h_at(_u, b, k):
         return operand_at(operand, phase, cur, d, tirx.min(n0 + i64(b), N - 1), k)
 
-    def w_at(u, g, k):
-        return wsm[tirx.min(first + i64(u), i64(UPC - 1)), i64(g), k]
+    RK = cfg.reg_k
+    segments = []
+    if RK:  # the lane's own V elements of round k // (32 V), in registers (warp_gemv's k = (round*32 + lane)*V + v)
+        segments.append((RK, h_at, lambda u, g, k: weights["regs"][i64(u), i64(g), k // i64(32 * V), k % i64(V)], True))
+    if RK < H:
+        segments.append((H - RK, lambda u, b, k: h_at(u, b, k + i64(RK)),
+                         lambda u, g, k: weights["smem"][tirx.min(first + i64(u), i64(UPC - 1)), i64(g), k]))
 
     def finish(u, b, rec):  # u, b: the lane's (warp_gates in_parallel)
         slot, n = first + u, n0 + b
@@ -244,5 +296,5 @@ def _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, wsm, xw, s, cur, nxt
 
     with T.If(first < i64(UPC)):  # warp-uniform: a warp past the CTA's units has nothing to do
         with T.Then():
-            warp_gates(lane, H, phase.gates, UW, NB, V, h_at=h_at, w_at=w_at, finish=finish,
-                       row_valid=(lambda b: n0 + i64(b) < N) if NB > 1 else None, in_parallel=True)
+            warp_gates(lane, H, phase.gates, UW, NB, V, h_at=None, w_at=None, finish=finish,
+                       row_valid=(lambda b: n0 + i64(b) < N) if NB > 1 else None, segments=segments, in_parallel=True)

@@ -360,28 +360,45 @@ register(KernelKind("mma", "cuda", lambda fit: fit.tensor_cores,
 
 
 # ---- cluster: one thread-block cluster per direction for the whole sequence, R and h in its CTAs' shared memory, h
-# passed through distributed shared memory and a cluster barrier a step (recurrent_cluster): ctas (8, or 16 non-portable),
-# warps, batch_tile. Every combination fits: each size is offered only where R fits at every batch tile
-def _cluster_knobs(spec, cell, device):
-    from .recurrent_cluster import CLUSTER_SIZES, ClusterConfig
+# passed through distributed shared memory and a cluster barrier a phase (recurrent_cluster): ctas (8, or 16
+# non-portable), warps, batch_tile, registers (1: as many of R's columns in registers as they take). The space keeps
+# the values of each knob at which every combination fits
+def _cluster_config(config, spec):
+    from .recurrent_cluster import ClusterConfig
 
-    space = {"warps": (8, 16), "batch_tile": (1, 2, 4)}
-    ok = lambda cfg: cfg.valid(spec) and cfg.smem_bytes(spec, cell) <= device.smem_limit  # noqa: E731
-    ctas = tuple(c for c in CLUSTER_SIZES if all(ok(ClusterConfig(c, w, nb)) for w in space["warps"] for nb in space["batch_tile"]))
-    return {"ctas": ctas or (CLUSTER_SIZES[-1],)} | space
+    cfg = ClusterConfig(ctas=config["ctas"], warps=config["warps"], batch_tile=config["batch_tile"])
+    return cfg.with_registers(spec) if config["registers"] else cfg
+
+
+def _cluster_knobs(spec, cell, device):
+    import itertools
+
+    from .recurrent_cluster import CLUSTER_SIZES
+
+    space = {"ctas": CLUSTER_SIZES, "warps": (16, 8), "batch_tile": (1, 2, 4), "registers": (1, 0)}
+
+    def fit(point):
+        cfg = _cluster_config(KernelConfig.of("cluster", **point), spec)
+        return cfg.valid(spec) and cfg.smem_bytes(spec, cell) <= device.smem_limit
+
+    default = dict(_cluster_default(spec, cell, device, None).knobs)
+    for name in space:  # each knob's values that fit with the others at their default
+        space[name] = tuple(v for v in space[name] if fit(default | {name: v})) or (default[name],)
+    combos = [dict(zip(space, values)) for values in itertools.product(*space.values())]
+    return space if all(fit(p) for p in combos) else {k: (v,) for k, v in default.items()}
 
 
 def _cluster_default(spec, cell, device, batch):
     from .recurrent_cluster import default_config
 
     c = default_config(spec, cell, device)
-    return KernelConfig.of("cluster", ctas=c.ctas, warps=c.warps, batch_tile=c.batch_tile)
+    return KernelConfig.of("cluster", ctas=c.ctas, warps=c.warps, batch_tile=c.batch_tile, registers=int(c.reg_k > 0))
 
 
 def _cluster_emit(config, spec, cell, device):
-    from .recurrent_cluster import ClusterConfig, cluster_body
+    from .recurrent_cluster import cluster_body
 
-    cfg = ClusterConfig(ctas=config["ctas"], warps=config["warps"], batch_tile=config["batch_tile"])
+    cfg = _cluster_config(config, spec)
     return lambda a: cluster_body(a, cfg)
 
 
@@ -468,8 +485,9 @@ def kinds(spec, cell, target, choice: str = "auto", device: Device | None = None
     if choice == "cluster" and not fit.cluster:
         from .recurrent_cluster import CLUSTER_SIZES, ClusterConfig, clusters_run_on
 
-        need = min(ClusterConfig(ctas=c).smem_bytes(spec, cell) for c in CLUSTER_SIZES) / 1024
-        why = (f"R of one direction needs {need:.0f} KB per CTA across a cluster of 16 and a CTA has {device.smem_limit / 1024:.0f} KB"
+        need = min(ClusterConfig(ctas=c).with_registers(spec).smem_bytes(spec, cell) for c in CLUSTER_SIZES) / 1024
+        why = (f"R of one direction needs {need:.0f} KB of shared memory per CTA across a cluster of 16 (beside what registers "
+               f"hold) and a CTA has {device.smem_limit / 1024:.0f} KB"
                if clusters_run_on(device) else f"thread-block clusters need sm_90 or newer; the target is {device.arch}")
         raise KernelError(f"{spec.op} node '{spec.name}': kernel 'cluster' keeps R in one thread-block cluster per direction: "
                           f"{why}; use auto or persistent")

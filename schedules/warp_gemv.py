@@ -60,7 +60,8 @@ def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None, se
     row_valid(b): optional warp-uniform condition; rows where it is false skip their arithmetic
     (a tile wider than the batch then costs almost nothing).
     segments: [(K, h_at, w_at), ...] summed one after another in place of (H, h_at, w_at): a stacked layer's input
-    and its own state (recurrent_wavefront); V must divide every K.
+    and its own state (recurrent_wavefront), or weights from registers and from shared memory (recurrent_cluster); V
+    must divide every K. A segment (K, h_at, w_at, True) runs its loop unrolled (w_at may then index registers by it).
     h_vec(b, k, width): optional, `width` (1 or 4) consecutive elements of h from k as one value, loaded in place of
     h_at's (the persistent kernel's tagged words, schedules.step_sync).
     in_parallel: finish is emitted once, for lanes u*NB + b at once (u = lane // NB, b = lane % NB, each lane's sums
@@ -73,9 +74,9 @@ def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None, se
     wv = T.alloc_buffer((V,), F32, scope="local")  # widened to fp32 as it is loaded
     for idx in _grid(UW, gp, NB):
         T.buffer_store(acc, tirx.const(0.0, F32), idx)
-    for K, h_at_k, w_at_k in segments or [(H, h_at, w_at)]:
+    for K, h_at_k, w_at_k, *unrolled in segments or [(H, h_at, w_at)]:
         # a serial loop: unrolled, the stepwise kernel ran slower (docs/decisions.md)
-        with T.serial(0, i64((K + 32 * V - 1) // (32 * V))) as it:
+        with (T.unroll if unrolled and unrolled[0] else T.serial)(0, i64((K + 32 * V - 1) // (32 * V))) as it:
             k0 = (it * i64(32) + lane) * i64(V)
             with T.If(k0 < i64(K)):
                 with T.Then():

@@ -18,7 +18,7 @@ from schedules import KernelError, cooperative, plan_kernel, point_kernel
 from schedules.cells import cell_for
 from schedules.device import Device
 from schedules.ptxas import ptxas
-from schedules.recurrent_cluster import ClusterConfig, fits
+from schedules.recurrent_cluster import fits
 from schedules.space import KernelConfig, default_config, knob_space
 from test_kernels import _check_kernel
 
@@ -58,8 +58,8 @@ LAYERS = [(op, h, dtype) for op in ("LSTM", "GRU") for h in (128, 256, 512) for 
 @pytest.mark.parametrize("direction", ["forward", "reverse"])
 @pytest.mark.parametrize("layer", LAYERS, ids=lambda v: "-".join(map(str, v)))
 def test_cluster_matches_float64(layer, direction):
-    """Batch 1 and 2, T 1 and 50 (sequence_lens shorter than the sequence), fp32 to 1e-5 and fp16 to 1e-2. LSTM fp32
-    H512 (4 MB of R) fits no cluster: test_only_layers_that_fit_name_it."""
+    """Batch 1 and 2, T 1 and 50 (sequence_lens shorter than the sequence), fp32 to 1e-5 and fp16 to 1e-2; R in
+    registers and shared memory as the default splits it (LSTM fp32 H512: half of each row in registers)."""
     op, hidden, dtype = layer
     if not _fits(op, hidden, dtype):
         pytest.skip(f"{op} H{hidden} {dtype}: R does not fit a cluster")
@@ -142,29 +142,35 @@ def test_cluster_launch_params(tmp_path):
 def test_only_layers_that_fit_name_it():
     """kernel='cluster' where each direction's R fits a cluster's shared memory (smallest cluster first), a one-line
     error elsewhere (R too large, or no clusters before sm_90); auto's defaults do not pick it (not yet measured)."""
-    _, fits16 = _layer("LSTM", 512, dtype="float16")
+    _, fits16 = _layer("LSTM", 512)  # 4 MB of R: 16 CTAs, half of each row in registers
     cell = cell_for(fits16)
     plan = plan_kernel(fits16, cell, SM90A, "cluster")
-    assert plan.branches[0].config.describe() == "cluster(batch_tile=1, ctas=16, warps=16)"
+    assert plan.branches[0].config.describe() == "cluster(batch_tile=1, ctas=16, registers=1, warps=16)"
     _, small = _layer("LSTM", 256)
     assert default_config("cluster", small, cell_for(small), SM90A)["ctas"] == 8
     assert all(b.config.kind != "cluster" for b in plan_kernel(small, cell_for(small), SM90A).branches)
-    _, big = _layer("LSTM", 512)
-    with pytest.raises(KernelError, match="kernel 'cluster' keeps R in one thread-block cluster per direction: R of one direction needs 262 KB per CTA across a cluster of 16"):
+    _, big = _layer("LSTM", 1024, dtype="float16")
+    with pytest.raises(KernelError, match="kernel 'cluster' keeps R in one thread-block cluster per direction: R of one direction needs 520 KB of shared memory per CTA"):
         plan_kernel(big, cell_for(big), SM90A, "cluster")
     with pytest.raises(KernelError, match="thread-block clusters need sm_90 or newer; the target is sm_80"):
         plan_kernel(small, cell_for(small), tvm.target.Target({"kind": "cuda", "arch": "sm_80"}), "cluster")
 
 
 def test_every_point_of_the_space_fits():
+    """The tuner may pick any point: each one valid (a lane per (unit, row), registers within budget) and within a
+    CTA's shared memory; the default splits R between registers and shared memory."""
+    import itertools
+
+    from schedules.space import _cluster_config
+
     for op, hidden, dtype in LAYERS:
         _, spec = _layer(op, hidden, dtype=dtype)
         cell = cell_for(spec)
         if not fits(spec, cell, Device()):
             continue
         space = knob_space("cluster", spec, cell, SM90A)
-        for ctas in space["ctas"]:
-            for warps in space["warps"]:
-                for batch_tile in space["batch_tile"]:
-                    cfg = ClusterConfig(ctas, warps, batch_tile)
-                    assert cfg.valid(spec) and cfg.smem_bytes(spec, cell) <= Device().smem_limit, (op, hidden, dtype, cfg)
+        for values in itertools.product(*space.values()):
+            cfg = _cluster_config(KernelConfig.of("cluster", **dict(zip(space, values))), spec)
+            assert cfg.valid(spec) and cfg.smem_bytes(spec, cell) <= Device().smem_limit, (op, hidden, dtype, cfg)
+    _, spec = _layer("LSTM", 256)
+    assert default_config("cluster", spec, cell_for(spec), SM90A)["registers"] == 1
