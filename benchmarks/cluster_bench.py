@@ -5,10 +5,11 @@
 
 One layer, input size = H, 1000 steps, batch 1, timed as `tvmrnn bench` times a row (the whole model, input projection
 included, replayed as one CUDA graph; cuDNN eager, from a CUDA graph and with its own algorithms, persistent ones
-included, through cudnnRNNForward). Ours: the persistent kind's default point and the cluster kind's (schedules/
-recurrent_cluster.py); --all adds the persistent kind with sync 1 (staged, prefetched), and the cluster kind with 16
-CTAs and with 8 warps. Each (row, dtype) runs in a process of its own, so that a failed launch cannot take the other
-cases with it, and prints its table line or the error; each variant's failure is printed in its cell.
+included, through cudnnRNNForward). Ours: the persistent kind's default point and the cluster kind's
+(schedules/recurrent_cluster.py), with a cluster barrier a phase and with mbarriers (sync 1); --all adds the
+persistent kind with sync 1 (staged, prefetched) and the cluster kind with 8 CTAs and with 8 warps. Each (row, dtype)
+runs in a process of its own, and each sync-1 variant in one more under a time limit (a wrong mbarrier count would
+hang), so that a failed launch cannot take the other cases with it; every failure is printed in its cell.
 """
 
 import json
@@ -16,9 +17,11 @@ import subprocess
 import sys
 
 ROWS = ("step-lstm-h256-b1", "step-lstm-h512-b1", "step-gru-h256-b1", "step-gru-h512-b1")
-DEFAULT = {"persistent": ("persistent", {}), "cluster": ("cluster", {})}
+DEFAULT = {"persistent": ("persistent", {}), "cluster": ("cluster", {}), "cluster sync 1": ("cluster", {"sync": 1})}
 MORE = {"persistent sync 1": ("persistent", {"sync": 1, "stage_h": True, "prefetch": 1}),
-        "cluster 16 CTAs": ("cluster", {"ctas": 16}), "cluster 8 warps": ("cluster", {"warps": 8})}
+        "cluster 8 CTAs": ("cluster", {"ctas": 8}), "cluster 8 warps": ("cluster", {"warps": 8})}
+# variants that wait on mbarriers: a wrong count would hang, so each runs in a process of its own under a time limit
+ISOLATED_S = 240
 # cuDNN's settings: each column the fastest of its keys present (fp32 exact and TF32 allowed, or fp16's tensor math)
 CUDNN = {"cuDNN eager": ("cudnn_fp32_ms", "cudnn_tf32_ms"), "cuDNN graph": ("cudnn_graph_fp32_ms", "cudnn_graph_tf32_ms"),
          **{f"cuDNN persist. {a}": tuple(f"cudnn_persist_{a}_{m}_ms" for m in ("fma", "default", "tensor")) for a in ("static", "dynamic")}}
@@ -83,6 +86,22 @@ def cell(v):
     return f"{v['us']:.2f} ({v['rel_err']:.0e})"
 
 
+def run_case(name, dtype, variants, timeout):
+    """one_case in a process of its own: its result, or None (the failure printed as the row's line)."""
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--one", name, dtype, json.dumps(variants)],
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"  {name} {dtype} {list(variants)}: timed out after {timeout} s", flush=True)
+        return None
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("CASE ")), None)
+    if line is None:
+        print(f"| {name} | {dtype} | {list(variants)}: process failed (exit {proc.returncode}): "
+              + " / ".join(proc.stderr.strip().splitlines()[-3:]) + " |", flush=True)
+        return None
+    return json.loads(line[5:])
+
+
 def main(argv):
     flags = [a for a in argv if a.startswith("--")]
     args = [a for a in argv if not a.startswith("--")]
@@ -95,14 +114,14 @@ def main(argv):
     kernels = []
     for name in rows:
         for dtype in dtypes:
-            proc = subprocess.run([sys.executable, __file__, "--one", name, dtype, json.dumps(variants)],
-                                  capture_output=True, text=True)
-            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("CASE ")), None)
-            if line is None:
-                print(f"| {name} | {dtype} | process failed (exit {proc.returncode}): "
-                      + " / ".join(proc.stderr.strip().splitlines()[-3:]) + " |", flush=True)
+            shared = {k: v for k, v in variants.items() if not v[1].get("sync")}
+            case = run_case(name, dtype, shared, None)
+            if case is None:
                 continue
-            case = json.loads(line[5:])
+            for label, variant in variants.items():
+                if label not in shared:
+                    alone = run_case(name, dtype, {label: variant}, ISOLATED_S)
+                    case["variants"][label] = alone["variants"][label] if alone else {"error": "process failed or timed out"}
             us = lambda v: f"{v:.2f}" if v else "n/a"  # noqa: E731
             cudnn = case.get("cudnn", {})
             print(f"| {name} | {dtype} | " + " | ".join(cell(case["variants"][v]) for v in variants) + " | "

@@ -361,12 +361,13 @@ register(KernelKind("mma", "cuda", lambda fit: fit.tensor_cores,
 
 # ---- cluster: one thread-block cluster per direction for the whole sequence, R and h in its CTAs' shared memory, h
 # passed through distributed shared memory and a cluster barrier a phase (recurrent_cluster): ctas (8, or 16
-# non-portable), warps, batch_tile, registers (1: as many of R's columns in registers as they take). The space keeps
+# non-portable), warps, batch_tile, registers (1: as many of R's columns in registers as they take), sync (0: a cluster
+# barrier a phase; 1: st.async counted on each CTA's mbarriers). The space keeps
 # the values of each knob at which every combination fits
 def _cluster_config(config, spec):
     from .recurrent_cluster import ClusterConfig
 
-    cfg = ClusterConfig(ctas=config["ctas"], warps=config["warps"], batch_tile=config["batch_tile"])
+    cfg = ClusterConfig(ctas=config["ctas"], warps=config["warps"], batch_tile=config["batch_tile"], sync=config["sync"])
     return cfg.with_registers(spec) if config["registers"] else cfg
 
 
@@ -375,7 +376,7 @@ def _cluster_knobs(spec, cell, device):
 
     from .recurrent_cluster import CLUSTER_SIZES
 
-    space = {"ctas": CLUSTER_SIZES, "warps": (16, 8), "batch_tile": (1, 2, 4), "registers": (1, 0)}
+    space = {"ctas": CLUSTER_SIZES, "warps": (16, 8), "batch_tile": (1, 2, 4), "registers": (1, 0), "sync": (0, 1)}
 
     def fit(point):
         cfg = _cluster_config(KernelConfig.of("cluster", **point), spec)
@@ -392,7 +393,7 @@ def _cluster_default(spec, cell, device, batch):
     from .recurrent_cluster import default_config
 
     c = default_config(spec, cell, device)
-    return KernelConfig.of("cluster", ctas=c.ctas, warps=c.warps, batch_tile=c.batch_tile, registers=int(c.reg_k > 0))
+    return KernelConfig.of("cluster", ctas=c.ctas, warps=c.warps, batch_tile=c.batch_tile, registers=int(c.reg_k > 0), sync=c.sync)
 
 
 def _cluster_emit(config, spec, cell, device):
