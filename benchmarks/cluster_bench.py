@@ -6,10 +6,11 @@
 One layer, input size = H, 1000 steps, batch 1, timed as `tvmrnn bench` times a row (the whole model, input projection
 included, replayed as one CUDA graph; cuDNN eager, from a CUDA graph and with its own algorithms, persistent ones
 included, through cudnnRNNForward). Ours: the persistent kind's default point and the cluster kind's
-(schedules/recurrent_cluster.py), with a cluster barrier a phase and with mbarriers (sync 1); --all adds the
-persistent kind with sync 1 (staged, prefetched) and the cluster kind with 8 CTAs and with 8 warps. Each (row, dtype)
-runs in a process of its own, and each sync-1 variant in one more under a time limit (a wrong mbarrier count would
-hang), so that a failed launch cannot take the other cases with it; every failure is printed in its cell.
+(schedules/recurrent_cluster.py), with a cluster barrier a phase (at its cluster size and at 8 CTAs) and with
+mbarriers (sync 1); --all adds the persistent kind with sync 1 (staged, prefetched) and the cluster kind with 8 warps
+and with sync 1 at 8 CTAs. Each (row, dtype) runs in a process of its own, and each sync-1 variant in one more under a
+time limit (a wrong mbarrier count would hang), so that a failed launch cannot take the other cases with it; every
+failure is printed in its cell (a point whose R does not fit fails at launch).
 """
 
 import json
@@ -17,9 +18,10 @@ import subprocess
 import sys
 
 ROWS = ("step-lstm-h256-b1", "step-lstm-h512-b1", "step-gru-h256-b1", "step-gru-h512-b1")
-DEFAULT = {"persistent": ("persistent", {}), "cluster": ("cluster", {}), "cluster sync 1": ("cluster", {"sync": 1})}
+DEFAULT = {"persistent": ("persistent", {}), "cluster": ("cluster", {}), "cluster 8 CTAs": ("cluster", {"ctas": 8}),
+           "cluster sync 1": ("cluster", {"sync": 1})}
 MORE = {"persistent sync 1": ("persistent", {"sync": 1, "stage_h": True, "prefetch": 1}),
-        "cluster 8 CTAs": ("cluster", {"ctas": 8}), "cluster 8 warps": ("cluster", {"warps": 8})}
+        "cluster 8 warps": ("cluster", {"warps": 8}), "cluster sync 1, 8 CTAs": ("cluster", {"sync": 1, "ctas": 8})}
 # variants that wait on mbarriers: a wrong count would hang, so each runs in a process of its own under a time limit
 ISOLATED_S = 240
 # cuDNN's settings: each column the fastest of its keys present (fp32 exact and TF32 allowed, or fp16's tensor math)
