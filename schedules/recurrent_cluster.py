@@ -3,10 +3,12 @@
 A grid barrier (about 1.1 us on the H100) or an L2 round trip a step bounds the persistent kernel at batch 1. Here
 each direction is one cluster of `ctas` CTAs (8 portable, 16 with the non-portable size sm_90 allows), launched with
 cuLaunchKernelEx's cluster dimension (TVM's runtime does so for a kernel bound to "clusterCtaIdx.x"). Each CTA owns
-ceil(H / ctas) hidden units and keeps their rows of R (all gates) in shared memory, beside its own copy of all of h.
-A step is warp_gemv's gates from that copy, the gate program, and each new value of h stored into the copy of every
+ceil(H / ctas) hidden units: the first reg_k columns of their rows of R (all gates) in the registers of the lanes that
+multiply them, the rest in shared memory, beside the CTA's own copy of all of h. A step is warp_gemv's gates from
+that copy, the gate program in the lanes that own (unit, row), and each new value of h stored into the copy of every
 CTA of the cluster (mapa + st.shared::cluster, distributed shared memory); then one cluster barrier
-(barrier.cluster.arrive.release / wait.acquire), and the next step reads h from its own shared memory.
+(barrier.cluster.arrive.release / wait.acquire), and the next step reads h from its own shared memory. With sync 1
+the values go by st.async and each CTA waits on mbarriers of its own for their bytes instead (_Arrivals).
 
 Why one barrier a phase suffices: h is double-buffered by the step's parity, and a CTA writes slot t+1 of a peer only
 after the barrier that ended step t, which that peer reached after reading slot t-1 (the one overwritten) for the last
@@ -16,7 +18,7 @@ into a peer (all CTAs started), and the last phase's barrier the one before any 
 
 The batch runs in chunks of `batch_tile` rows, each chunk the whole sequence (rows are independent), so shared memory
 holds batch_tile rows of h. XW of step s+1 is loaded into registers at the end of step s, its latency hidden behind the
-barrier; the cell state stays in shared memory with the unit's owner until the chunk ends.
+barrier; the cell state stays in a register of the lane that owns its unit until the chunk ends.
 """
 
 from __future__ import annotations
