@@ -103,13 +103,15 @@ def _config_valid(spec, config) -> bool:
 
 
 @pytest.mark.gpu
-def test_sampled_points_are_correct():
-    """Every point of the space is a correct kernel (the tuner may pick any): three, fixed seed, batches of many chunks."""
+@pytest.mark.parametrize("sync", SYNCS)
+def test_sampled_points_are_correct(sync):
+    """Every point of the space is a correct kernel (the tuner may pick any): three a sync, fixed seed, batches of many
+    chunks."""
     case, spec = _layer("GRU", 256, "bidirectional")
     space = knob_space("cluster", spec, cell_for(spec), target_of("cuda"))
     rng = np.random.default_rng(3)
     for _ in range(3):
-        config = KernelConfig.of("cluster", **{k: int(rng.choice(v)) for k, v in space.items()})
+        config = KernelConfig.of("cluster", **{k: int(rng.choice(v)) for k, v in space.items()} | {"sync": sync})
         _run(case, spec, config, batches=(6, 37), steps=(9, 9))
 
 
