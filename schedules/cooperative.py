@@ -27,16 +27,17 @@ def _calls_grid_sync(func) -> bool:
     return "grid_sync" in func.script()
 
 
+def _kernels(mod):
+    """(global var, device kernel, its launch parameter tags) of each kernel split out of the host code."""
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None and "tirx.kernel_launch_params" in func.attrs:
+            yield gv, func, [str(p) for p in func.attrs["tirx.kernel_launch_params"]]
+
+
 @tvm.transform.module_pass(opt_level=0, name="tvmrnn.MarkCooperativeLaunch")
 def mark_cooperative_launch(mod, _ctx):
-    for gv, func in list(mod.functions.items()):
-        if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs is None:
-            continue
-        params = func.attrs.get("tirx.kernel_launch_params")
-        if params is None or not _calls_grid_sync(func):
-            continue
-        tags = [str(p) for p in params]
-        if _COOP not in tags:
+    for gv, func, tags in _kernels(mod):
+        if _COOP not in tags and _calls_grid_sync(func):
             rest = [t for t in tags if t != _DYN_SMEM]
             mod[gv] = func.with_attr("tirx.kernel_launch_params", rest + [_COOP] + [t for t in tags if t == _DYN_SMEM])
     return mod
@@ -47,11 +48,8 @@ _MIN_BLOCKS = "tirx.launch_bounds_min_blocks_per_sm"
 
 @tvm.transform.module_pass(opt_level=0, name="tvmrnn.OneClusterCtaPerSm")
 def one_cluster_cta_per_sm(mod, _ctx):
-    for gv, func in list(mod.functions.items()):
-        if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs is None:
-            continue
-        params = func.attrs.get("tirx.kernel_launch_params")
-        if params is not None and any(str(p).startswith("clusterCtaIdx") for p in params) and _MIN_BLOCKS not in func.attrs:
+    for gv, func, tags in _kernels(mod):
+        if any(t.startswith("clusterCtaIdx") for t in tags) and _MIN_BLOCKS not in func.attrs:
             mod[gv] = func.with_attr(_MIN_BLOCKS, 1)
     return mod
 
