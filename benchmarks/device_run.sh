@@ -9,6 +9,7 @@
 #   ncu [ROW DTYPE T]               Nsight Compute on one row's recurrent kernel (ncu_row.py; default blog-a float16 20)
 #   sanitize [KERNEL CELL [MODE]]   compute-sanitizer racecheck, synccheck, memcheck on one small layer (sanitize_case.py)
 #   sanitize-gemm                   memcheck and racecheck on compile's wgmma GEMMs (sanitize_gemm.py)
+#   cluster-bench [ROWS [DTYPES]]   the cluster kernel's µs per step beside persistent and cuDNN (cluster_bench.py)
 #   gemm [SHAPE ...]                the projection GEMMs beside cuBLAS (gemm_bench.py)
 #   tune [ROW,ROW]                  MetaSchedule over the rows (default every row and the zoo) into $OUT/tuning_logs
 #   load-test [ARGS]                tvmrnn serve under load against direct calls (load_test.py; CPU)
@@ -85,6 +86,7 @@ case "$verb" in
   profile) timeout 560 python3 benchmarks/profile_rows.py "$@" 2>&1 | quiet | tee "$OUT/profile_log.txt" | grep -v "^    " ;;
   ncu) ncu_row "$@" ;;
   sanitize) sanitize "$@" ;;
+  cluster-bench) timeout 590 python3 benchmarks/cluster_bench.py "$@" 2>&1 | quiet | tee "$OUT/cluster_bench.txt" | grep -v "^  " ;;
   sanitize-gemm)
     for tool in memcheck racecheck; do
       timeout 250 compute-sanitizer --tool $tool python3 benchmarks/sanitize_gemm.py 2>&1 | quiet | tee "$OUT/sanitize_gemm_$tool.txt" | tail -5

@@ -3,6 +3,8 @@
     python3 benchmarks/sanitize_case.py [KERNEL [LSTM|GRU [streamed|ring|ring-h|h0]]]
     python3 benchmarks/sanitize_case.py wavefront     two stacked LSTM layers in one wavefront kernel
     python3 benchmarks/sanitize_case.py persistent LSTM sync   the persistent kernel with sync=1 (steps wait on h's tagged words)
+    python3 benchmarks/sanitize_case.py cluster GRU [sync]   the cluster kernel, hidden 128 (h through distributed shared
+                                  memory, a cluster barrier a phase or with sync mbarriers; GRU's two phases; R in registers)
 
 streamed (persistent_mma only): half of each block's R read from global memory every step (the path layers too large
 for shared memory run), instead of all of it resident. ring: hidden 128, three of its four chunks streamed through
@@ -20,7 +22,7 @@ sys.path.insert(0, "tests")
 import tvmrnn  # noqa: E402
 from onnx_cases import Case  # noqa: E402
 
-from schedules import recurrent_persistent, recurrent_persistent_mma  # noqa: E402
+from schedules import recurrent_cluster, recurrent_persistent, recurrent_persistent_mma  # noqa: E402
 from schedules.recurrent_mma import MmaConfig  # noqa: E402
 
 kernel = sys.argv[1] if len(sys.argv) > 1 else "persistent"
@@ -32,8 +34,9 @@ if sys.argv[3:] in (["ring"], ["ring-h"], ["ring-h-halves"]):
                                                                         streamed=3, ring=2, ring_h=int(sys.argv[3] != "ring"),
                                                                         halves=int(sys.argv[3] == "ring-h-halves"))
 if sys.argv[3:] == ["sync"]:
-    _default = recurrent_persistent.default_config
-    recurrent_persistent.default_config = lambda *a, **k: dataclasses.replace(_default(*a, **k), sync=1)
+    _module = recurrent_cluster if kernel == "cluster" else recurrent_persistent
+    _default = _module.default_config
+    _module.default_config = lambda *a, **k: dataclasses.replace(_default(*a, **k), sync=1)
 if kernel == "wavefront":
     from test_wavefront import lstm_stack, stack_model, stack_reference
 
@@ -45,7 +48,7 @@ if kernel == "wavefront":
     sys.exit(0)
 case = Case(op=sys.argv[2] if len(sys.argv) > 2 else "LSTM", direction="bidirectional",
             optional=("B", "sequence_lens") + (("initial_h",) if sys.argv[3:] == ["h0"] else ()),
-            hidden=128 if sys.argv[3:] in (["ring"], ["ring-h"], ["ring-h-halves"]) else 64, input_size=16)
+            hidden=128 if sys.argv[3:] in (["ring"], ["ring-h"], ["ring-h-halves"]) or kernel == "cluster" else 64, input_size=16)
 module = tvmrnn.compile(case.model(), target="cuda", kernel=kernel)
 feeds = case.feeds(np.random.default_rng(0), 4, 2)
 ours, ref = module.run(feeds), case.reference(feeds)

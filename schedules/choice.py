@@ -20,7 +20,7 @@ from .recurrent_persistent_mma import SMALL_BATCH as RESIDENT_SMALL_BATCH
 from .recurrent_persistent_mma import WIDE_BATCH as RESIDENT_WIDE_BATCH
 from .space import Fit, KernelConfig, default_config, kinds
 
-KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma", "persistent_mma")
+KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma", "persistent_mma", "cluster")
 PERSISTENT_MAX_BATCH = 4  # persistent up to here (2-2.3x stepwise at batch 1, 1.4x slower at batch 8)
 STEPWISE_MAX_BATCH = 32  # stepwise (fp32, R not on chip) up to here, tiled above
 TILED_MIN_HIDDEN = 1024  # tiled only from this hidden size (too few blocks fill the GPU below)

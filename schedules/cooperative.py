@@ -1,10 +1,15 @@
-"""The TIR pipeline our modules build with: TVM's default, plus the cooperative-launch tag for grid barriers.
+"""The TIR pipeline our modules build with: TVM's default, plus the cooperative-launch tag for grid barriers and one
+block an SM for cluster kernels.
 
 A kernel that calls grid_sync must be launched with cudaLaunchCooperativeKernel, which the
 CUDA runtime module does only when the kernel's launch parameters carry
 "tirx.use_cooperative_launch". TVM 0.27 does not add it (a PrimFunc attribute is not carried
 to the split-out device kernel), so this pass adds it after the default pipeline has split
 host and device code, keeping "tirx.use_dyn_shared_memory" last as the runtime expects.
+
+A cluster kernel (bound to clusterCtaIdx, schedules/recurrent_cluster.py) runs one CTA an SM, but ptxas, told only
+the block size, aimed at 64 registers a thread at 512 threads and spilled; "tirx.launch_bounds_min_blocks_per_sm" = 1
+makes the bound __launch_bounds__(threads, 1), so that it may take all 128.
 """
 
 from __future__ import annotations
@@ -22,24 +27,36 @@ def _calls_grid_sync(func) -> bool:
     return "grid_sync" in func.script()
 
 
+def _kernels(mod):
+    """(global var, device kernel, its launch parameter tags) of each kernel split out of the host code."""
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None and "tirx.kernel_launch_params" in func.attrs:
+            yield gv, func, [str(p) for p in func.attrs["tirx.kernel_launch_params"]]
+
+
 @tvm.transform.module_pass(opt_level=0, name="tvmrnn.MarkCooperativeLaunch")
 def mark_cooperative_launch(mod, _ctx):
-    for gv, func in list(mod.functions.items()):
-        if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs is None:
-            continue
-        params = func.attrs.get("tirx.kernel_launch_params")
-        if params is None or not _calls_grid_sync(func):
-            continue
-        tags = [str(p) for p in params]
-        if _COOP not in tags:
+    for gv, func, tags in _kernels(mod):
+        if _COOP not in tags and _calls_grid_sync(func):
             rest = [t for t in tags if t != _DYN_SMEM]
             mod[gv] = func.with_attr("tirx.kernel_launch_params", rest + [_COOP] + [t for t in tags if t == _DYN_SMEM])
     return mod
 
 
+_MIN_BLOCKS = "tirx.launch_bounds_min_blocks_per_sm"
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvmrnn.OneClusterCtaPerSm")
+def one_cluster_cta_per_sm(mod, _ctx):
+    for gv, func, tags in _kernels(mod):
+        if any(t.startswith("clusterCtaIdx") for t in tags) and _MIN_BLOCKS not in func.attrs:
+            mod[gv] = func.with_attr(_MIN_BLOCKS, 1)
+    return mod
+
+
 def _pipeline(**kwargs):
     base, host, device = cp.PIPELINE_MAP["s_tir"](**kwargs)
-    return tvm.transform.Sequential([base, mark_cooperative_launch]), host, device
+    return tvm.transform.Sequential([base, mark_cooperative_launch, one_cluster_cta_per_sm]), host, device
 
 
 def register() -> str:

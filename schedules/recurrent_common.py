@@ -65,6 +65,9 @@ class KernelArgs:
     # operand name -> (words, tag): where store_operand also publishes its values with their step's tag (schedules.step_sync),
     # set by the persistent kernel per step and phase
     published: dict = field(default_factory=dict)
+    # operand name -> store(buf, idx, value): how store_operand stores it where a kernel stores it its own way (the cluster
+    # kernel: into every CTA's shared memory, recurrent_cluster)
+    shared: dict = field(default_factory=dict)
     operand_scale: PrimExpr | None = None
 
     def declare(self, r_layout: str, weight_dtype: str = "float32", xw_dtype: str = "float32"):
@@ -259,8 +262,11 @@ def split_operands(a: KernelArgs):
 
 def store_operand(a: KernelArgs, name: str, buf, value, idx):
     """Store an operand value (h or a stored value) and its half-precision copy, or its scaled halves, where the kernel
-    keeps them, and its tagged word where the kernel publishes it."""
-    T.buffer_store(buf, value, idx)
+    keeps them, and its tagged word where the kernel publishes it; by the kernel's own store where it has one (a.shared)."""
+    if name in a.shared:
+        a.shared[name](buf, idx, value)
+    else:
+        T.buffer_store(buf, value, idx)
     if name in a.published:
         from .step_sync import publish
 
@@ -358,7 +364,7 @@ def batch_dispatch(a: KernelArgs, branches):
     starts without the operand copies an earlier one allocated (their buffers live in that branch, and a kind that
     keeps none must not write them)."""
     (limit, emit), rest = branches[0], branches[1:]
-    a.mirrors, a.split_mirrors, a.operand_scale, a.published = {}, {}, None, {}
+    a.mirrors, a.split_mirrors, a.operand_scale, a.published, a.shared = {}, {}, None, {}, {}
     a.max_batch = limit if rest else None
     if isinstance(a.batch, tirx.IntImm) and rest and (limit is None or int(a.batch) > limit):
         batch_dispatch(a, rest)  # a static batch builds the one branch that runs it

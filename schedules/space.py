@@ -79,15 +79,17 @@ class Fit:
     streams: bool  # R does not fit, and persistent_mma runs with part of it read from L2 every step (streaming_config)
     tensor_cores: bool  # the per-step mma kernel runs: fp16/bf16 or TF32 on sm_80 and newer
     wide: bool  # hidden size of at least TILED_MIN_HIDDEN (choice.py)
+    cluster: bool = False  # R (each direction's) in the shared memory of one thread-block cluster (sm_90 and newer)
 
     @staticmethod
     def of(spec, cell, target, device: Device) -> Fit:
+        from . import recurrent_cluster as cluster
         from . import recurrent_persistent as persistent
         from .choice import TILED_MIN_HIDDEN
 
         return Fit(persistent.fits(spec, cell, device), persistent_mma_fits(spec, cell, target, device),
                    persistent_mma_streams(spec, cell, target, device), rounding_mode(spec, target) is not None,
-                   spec.hidden_size >= TILED_MIN_HIDDEN)
+                   spec.hidden_size >= TILED_MIN_HIDDEN, cluster.fits(spec, cell, device))
 
 
 @dataclass(frozen=True)
@@ -358,6 +360,53 @@ register(KernelKind("mma", "cuda", lambda fit: fit.tensor_cores,
                     _mma_default, _mma_emit, later_knobs={"chunk_acc": 0}))
 
 
+# ---- cluster: one thread-block cluster per direction for the whole sequence, R and h in its CTAs' shared memory, h
+# passed through distributed shared memory and a cluster barrier a phase (recurrent_cluster): ctas (8, or 16
+# non-portable), warps, batch_tile, registers (1: as many of R's columns in registers as they take), sync (0: a cluster
+# barrier a phase; 1: st.async counted on each CTA's mbarriers). The space keeps
+# the values of each knob at which every combination fits
+def _cluster_config(config, spec):
+    from .recurrent_cluster import ClusterConfig
+
+    cfg = ClusterConfig(ctas=config["ctas"], warps=config["warps"], batch_tile=config["batch_tile"], sync=config["sync"])
+    return cfg.with_registers(spec) if config["registers"] else cfg
+
+
+def _cluster_knobs(spec, cell, device):
+    import itertools
+
+    from .recurrent_cluster import CLUSTER_SIZES
+
+    space = {"ctas": CLUSTER_SIZES, "warps": (16, 8), "batch_tile": (1, 2, 4), "registers": (1, 0), "sync": (0, 1)}
+
+    def fit(point):
+        cfg = _cluster_config(KernelConfig.of("cluster", **point), spec)
+        return cfg.valid(spec) and cfg.smem_bytes(spec, cell) <= device.smem_limit
+
+    default = dict(_cluster_default(spec, cell, device, None).knobs)
+    for name in space:  # each knob's values that fit with the others at their default
+        space[name] = tuple(v for v in space[name] if fit(default | {name: v})) or (default[name],)
+    combos = [dict(zip(space, values)) for values in itertools.product(*space.values())]
+    return space if all(fit(p) for p in combos) else {k: (v,) for k, v in default.items()}
+
+
+def _cluster_default(spec, cell, device, batch):
+    from .recurrent_cluster import default_config
+
+    c = default_config(spec, cell, device)
+    return KernelConfig.of("cluster", ctas=c.ctas, warps=c.warps, batch_tile=c.batch_tile, registers=int(c.reg_k > 0), sync=c.sync)
+
+
+def _cluster_emit(config, spec, cell, device):
+    from .recurrent_cluster import cluster_body
+
+    cfg = _cluster_config(config, spec)
+    return lambda a: cluster_body(a, cfg)
+
+
+register(KernelKind("cluster", "cuda", lambda fit: fit.cluster, _cluster_knobs, _cluster_default, _cluster_emit))
+
+
 # ---- wavefront: stacked layers in one cooperative kernel (recurrent_wavefront); planned for a whole stack by
 # schedules.stack_kernel, not searched: no knobs of its own, its grid the stack's
 def _not_searched(*args):
@@ -435,6 +484,15 @@ def kinds(spec, cell, target, choice: str = "auto", device: Device | None = None
         raise KernelError(f"{spec.op} node '{spec.name}': kernel 'persistent_mma' needs one wave of blocks with R in shared "
                           f"memory or part of it streamed from L2, and hidden size {spec.hidden_size} x {spec.num_directions} "
                           f"direction(s) in {spec.dtype} fits neither on {device.arch}; use auto, mma or stepwise")
+    if choice == "cluster" and not fit.cluster:
+        from .recurrent_cluster import CLUSTER_SIZES, ClusterConfig, clusters_run_on
+
+        need = min(ClusterConfig(ctas=c).with_registers(spec).smem_bytes(spec, cell) for c in CLUSTER_SIZES) / 1024
+        why = (f"R of one direction needs {need:.0f} KB of shared memory per CTA across a cluster of 16 (beside what registers "
+               f"hold) and a CTA has {device.smem_limit / 1024:.0f} KB"
+               if clusters_run_on(device) else f"thread-block clusters need sm_90 or newer; the target is {device.arch}")
+        raise KernelError(f"{spec.op} node '{spec.name}': kernel 'cluster' keeps R in one thread-block cluster per direction: "
+                          f"{why}; use auto or persistent")
     if choice != "auto":
         return (choice,)
     return tuple(k.name for k in KINDS.values() if k.target == "cuda" and k.runs(fit))

@@ -51,7 +51,7 @@ def _fma_row(acc, wv, hv, u, gi, b, V):
         T.buffer_store(acc, acc[tuple(idx)] + prod, idx)
 
 
-def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None, segments=None, h_vec=None):
+def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None, segments=None, h_vec=None, in_parallel=False):
     """Accumulate sum_k w_at(u, g, k) * h_at(u, b, k) for UW units, the given gates and NB batch rows.
 
     h_at(u, b, k) / w_at(u, g, k): loads (callers clamp indices so every load is in bounds); h must not
@@ -60,9 +60,12 @@ def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None, se
     row_valid(b): optional warp-uniform condition; rows where it is false skip their arithmetic
     (a tile wider than the batch then costs almost nothing).
     segments: [(K, h_at, w_at), ...] summed one after another in place of (H, h_at, w_at): a stacked layer's input
-    and its own state (recurrent_wavefront); V must divide every K.
+    and its own state (recurrent_wavefront), or weights from registers and from shared memory (recurrent_cluster); V
+    must divide every K. A segment (K, h_at, w_at, True) runs its loop unrolled (w_at may then index registers by it).
     h_vec(b, k, width): optional, `width` (1 or 4) consecutive elements of h from k as one value, loaded in place of
     h_at's (the persistent kernel's tagged words, schedules.step_sync).
+    in_parallel: finish is emitted once, for lanes u*NB + b at once (u = lane // NB, b = lane % NB, each lane's sums
+    picked by selects), instead of once per (u, b) in a branch of its own, which a warp runs one after another.
     """
     gp = len(gates)
     acc = T.alloc_buffer((UW, gp, NB), F32, scope="local")
@@ -71,9 +74,9 @@ def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None, se
     wv = T.alloc_buffer((V,), F32, scope="local")  # widened to fp32 as it is loaded
     for idx in _grid(UW, gp, NB):
         T.buffer_store(acc, tirx.const(0.0, F32), idx)
-    for K, h_at_k, w_at_k in segments or [(H, h_at, w_at)]:
+    for K, h_at_k, w_at_k, *unrolled in segments or [(H, h_at, w_at)]:
         # a serial loop: unrolled, the stepwise kernel ran slower (docs/decisions.md)
-        with T.serial(0, i64((K + 32 * V - 1) // (32 * V))) as it:
+        with (T.unroll if unrolled and unrolled[0] else T.serial)(0, i64((K + 32 * V - 1) // (32 * V))) as it:
             k0 = (it * i64(32) + lane) * i64(V)
             with T.If(k0 < i64(K)):
                 with T.Then():
@@ -86,7 +89,23 @@ def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None, se
                             _maybe(row_valid, b, lambda b=b, u=u, gi=gi: _fma_row(acc, wv, hv, u, gi, b, V))
     for idx in _grid(UW, gp, NB):
         T.buffer_store(acc, cuda_op.cuda_warp_sum(acc[tuple(idx)]), idx)
+    if in_parallel:
+        _finish_in_parallel(acc, lane, UW, NB, finish)
+        return
     for u, b in itertools.product(range(UW), range(NB)):
         with T.If(lane == i64(u * NB + b)):
             with T.Then():
                 finish(u, b, lambda gi, u=u, b=b: acc[i64(u), i64(gi), i64(b)])
+
+
+def _finish_in_parallel(acc, lane, UW, NB, finish):
+    """finish(u, b, rec) once, in lanes u*NB + b of every (unit, row) together; rec(gi) selects the lane's own sum."""
+    def rec(gi):
+        value = acc[i64(0), i64(gi), i64(0)]
+        for u, b in list(itertools.product(range(UW), range(NB)))[1:]:
+            value = tirx.Select(lane == i64(u * NB + b), acc[i64(u), i64(gi), i64(b)], value)
+        return value
+
+    with T.If(lane < i64(UW * NB)):
+        with T.Then():
+            finish(lane // i64(NB), lane % i64(NB), rec)

@@ -17,7 +17,7 @@ from .interface import echo_wrapped
 from .quiet import tvm_logs_filtered
 
 # schedules.KERNEL_CHOICES and schedules.layer.PRECISIONS, spelled out so `--help` need not import TVM (tests/test_cli.py checks they agree)
-KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma", "persistent_mma")
+KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma", "persistent_mma", "cluster")
 PRECISIONS = ("exact", "tf32")  # schedules.layer.PRECISIONS, likewise
 # tvmrnn.bench.ROWS and CPU_ROWS by name, likewise (so `bench --help` lists them without importing the suite)
 BENCH_ROWS = ("ds2-lstm", "ds2-gru", "ds2-5l-bi", "blog-a", "blog-b", "lat-b1-h512-l2", "lat-b1-h1024", "b8-h1024-l2",

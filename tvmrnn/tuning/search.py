@@ -141,9 +141,9 @@ class KernelFeatures(ms.feature_extractor.PyFeatureExtractor):
         return [tvm.runtime.tensor(point_features(cand.sch.mod)) for cand in candidates]
 
 
-KINDS = ("cpu", "stepwise", "persistent", "tiled", "mma", "persistent_mma")
+KINDS = ("cpu", "stepwise", "persistent", "tiled", "mma", "persistent_mma", "cluster")
 KNOB_NAMES = ("rows", "units", "warps", "units_per_warp", "batch_tile", "blocks", "stage_h", "row_threads", "rows_per_thread", "k_chunk",
-              "n_tiles", "n_warps", "k_warps", "depth", "prefetch", "split_acc", "half_operand", "streamed", "ring", "ring_h")
+              "n_tiles", "n_warps", "k_warps", "depth", "prefetch", "split_acc", "half_operand", "streamed", "ring", "ring_h", "ctas", "registers", "sync")
 
 
 def point_features(mod: tvm.IRModule) -> np.ndarray:

@@ -1,0 +1,141 @@
+"""The cluster kernel's µs per step beside the persistent kernel's and cuDNN's, on the batch-1 step rows.
+
+    python3 benchmarks/cluster_bench.py [ROW,ROW,...] [DTYPE,DTYPE] [--all]
+    (default: step-lstm-h256-b1, step-lstm-h512-b1, step-gru-h256-b1, step-gru-h512-b1; float32,float16)
+
+One layer, input size = H, 1000 steps, batch 1, timed as `tvmrnn bench` times a row (the whole model, input projection
+included, replayed as one CUDA graph; cuDNN eager, from a CUDA graph and with its own algorithms, persistent ones
+included, through cudnnRNNForward). Ours: the persistent kind's default point and the cluster kind's
+(schedules/recurrent_cluster.py), with a cluster barrier a phase (at its cluster size and at 8 CTAs) and with
+mbarriers (sync 1); --all adds the persistent kind with sync 1 (staged, prefetched) and the cluster kind with 8 warps
+and with sync 1 at 8 CTAs. Each (row, dtype) runs in a process of its own, and each sync-1 variant in one more under a
+time limit (a wrong mbarrier count would hang), so that a failed launch cannot take the other cases with it; every
+failure is printed in its cell (a point whose R does not fit fails at launch).
+"""
+
+import json
+import subprocess
+import sys
+
+ROWS = ("step-lstm-h256-b1", "step-lstm-h512-b1", "step-gru-h256-b1", "step-gru-h512-b1")
+DEFAULT = {"persistent": ("persistent", {}), "cluster": ("cluster", {}), "cluster 8 CTAs": ("cluster", {"ctas": 8}),
+           "cluster sync 1": ("cluster", {"sync": 1})}
+MORE = {"persistent sync 1": ("persistent", {"sync": 1, "stage_h": True, "prefetch": 1}),
+        "cluster 8 warps": ("cluster", {"warps": 8}), "cluster sync 1, 8 CTAs": ("cluster", {"sync": 1, "ctas": 8})}
+# variants that wait on mbarriers: a wrong count would hang, so each runs in a process of its own under a time limit
+ISOLATED_S = 240
+# cuDNN's settings: each column the fastest of its keys present (fp32 exact and TF32 allowed, or fp16's tensor math)
+CUDNN = {"cuDNN eager": ("cudnn_fp32_ms", "cudnn_tf32_ms"), "cuDNN graph": ("cudnn_graph_fp32_ms", "cudnn_graph_tf32_ms"),
+         **{f"cuDNN persist. {a}": tuple(f"cudnn_persist_{a}_{m}_ms" for m in ("fma", "default", "tensor")) for a in ("static", "dynamic")}}
+
+
+def row_of(name):
+    """A step row of tvmrnn.bench, or its GRU twin (step-gru-hH-b1: the same shape)."""
+    from tvmrnn.bench import STEP_ROWS, Row
+
+    known = {r.name: r for r in STEP_ROWS}
+    if name in known:
+        return known[name]
+    cell, h, b = name.split("-")[1:]
+    return Row(name, cell.upper(), 1000, int(b[1:]), int(h[1:]), int(h[1:]))
+
+
+def with_knobs(kind, knobs):
+    """The kind's default point, with `knobs` set (what tvmrnn.compile(kernel=kind) then builds)."""
+    import dataclasses
+
+    from schedules import recurrent_cluster, recurrent_persistent
+
+    module = recurrent_cluster if kind == "cluster" else recurrent_persistent
+    original = getattr(module, "_bench_default", module.default_config)
+    module._bench_default = original
+    if kind == "cluster":  # as many of R's columns in registers as the point's warps take
+        module.default_config = lambda spec, *a: dataclasses.replace(original(spec, *a), **knobs).with_registers(spec)
+    else:
+        module.default_config = lambda *a, **k: dataclasses.replace(original(*a, **k), **knobs)
+
+
+def one_case(name, dtype, variants):
+    """Time one row at one dtype: a JSON line of each variant's µs per step, error against cuDNN, kernel or failure."""
+    import traceback
+
+    from tvmrnn.bench import bench_gpu_row
+
+    row, out, cudnn = row_of(name), {"row": name, "dtype": dtype, "variants": {}}, None
+    for label, (kind, knobs) in variants.items():
+        try:
+            with_knobs(kind, knobs)
+            r = bench_gpu_row(row, kernels=(kind,), dtype=dtype, cudnn=cudnn)
+            cudnn = cudnn or r
+            out["variants"][label] = {"us": r[f"{kind}_ms"] * 1e3 / row.T if f"{kind}_ms" in r else None,
+                                      "rel_err": r.get(f"{kind}_rel_err"), "kernel": r.get(f"{kind}_kernel")}
+        except Exception as err:  # noqa: BLE001 - a case reports every failure and goes on
+            out["variants"][label] = {"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]}
+            print(traceback.format_exc(), file=sys.stderr, flush=True)
+        with_knobs(kind, {})
+    if cudnn is not None:
+        out["cudnn"] = {label: min((cudnn[k] * 1e3 / row.T for k in keys if k in cudnn), default=None) for label, keys in CUDNN.items()}
+        out["cudnn"]["best"] = f"{cudnn['best_cudnn_ms'] * 1e3 / row.T:.2f} ({cudnn['best_cudnn']})"
+        out["cudnn_error"] = cudnn.get("cudnn_algorithms_error")
+    print("CASE " + json.dumps(out), flush=True)
+
+
+def cell(v):
+    if "error" in v:
+        return f"FAILED: {v['error']}"
+    if v.get("us") is None:
+        return f"n/a ({v.get('kernel')})"
+    return f"{v['us']:.2f} ({v['rel_err']:.0e})"
+
+
+def run_case(name, dtype, variants, timeout):
+    """one_case in a process of its own: its result, or None (the failure printed as the row's line)."""
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--one", name, dtype, json.dumps(variants)],
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"  {name} {dtype} {list(variants)}: timed out after {timeout} s", flush=True)
+        return None
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("CASE ")), None)
+    if line is None:
+        print(f"| {name} | {dtype} | {list(variants)}: process failed (exit {proc.returncode}): "
+              + " / ".join(proc.stderr.strip().splitlines()[-3:]) + " |", flush=True)
+        return None
+    return json.loads(line[5:])
+
+
+def main(argv):
+    flags = [a for a in argv if a.startswith("--")]
+    args = [a for a in argv if not a.startswith("--")]
+    rows = args[0].split(",") if args else list(ROWS)
+    dtypes = args[1].split(",") if len(args) > 1 else ["float32", "float16"]
+    variants = DEFAULT | (MORE if "--all" in flags else {})
+    print("| row | dtype | " + " | ".join(f"{v} µs/step (rel. err)" for v in variants) + " | "
+          + " | ".join(CUDNN) + " | best cuDNN |")
+    print("|---|---|" + "---|" * (len(variants) + len(CUDNN) + 1), flush=True)
+    kernels = []
+    for name in rows:
+        for dtype in dtypes:
+            shared = {k: v for k, v in variants.items() if not v[1].get("sync")}
+            case = run_case(name, dtype, shared, None)
+            if case is None:
+                continue
+            for label, variant in variants.items():
+                if label not in shared:
+                    alone = run_case(name, dtype, {label: variant}, ISOLATED_S)
+                    case["variants"][label] = alone["variants"][label] if alone else {"error": "process failed or timed out"}
+            us = lambda v: f"{v:.2f}" if v else "n/a"  # noqa: E731
+            cudnn = case.get("cudnn", {})
+            print(f"| {name} | {dtype} | " + " | ".join(cell(case["variants"][v]) for v in variants) + " | "
+                  + " | ".join(us(cudnn.get(c)) for c in CUDNN) + f" | {cudnn.get('best', 'n/a')} |", flush=True)
+            kernels += [f"{name} {dtype} {v}: {r.get('kernel') or r.get('error')}" for v, r in case["variants"].items()]
+            if case.get("cudnn_error"):
+                kernels.append(f"{name} {dtype} cuDNN algorithms: {case['cudnn_error']}")
+    print("\n" + "\n".join(kernels))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--one"]:
+        one_case(sys.argv[2], sys.argv[3], {k: tuple(v) for k, v in json.loads(sys.argv[4]).items()})
+    else:
+        main(sys.argv[1:])

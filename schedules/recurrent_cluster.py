@@ -1,0 +1,427 @@
+"""The cluster recurrent kernel for Hopper: one thread-block cluster per direction runs the whole sequence on chip.
+
+A grid barrier (about 1.1 us on the H100) or an L2 round trip a step bounds the persistent kernel at batch 1. Here
+each direction is one cluster of `ctas` CTAs (8 portable, 16 with the non-portable size sm_90 allows), launched with
+cuLaunchKernelEx's cluster dimension (TVM's runtime does so for a kernel bound to "clusterCtaIdx.x"). Each CTA owns
+ceil(H / ctas) hidden units: the first reg_k columns of their rows of R (all gates) in the registers of the lanes that
+multiply them, the rest in shared memory, beside the CTA's own copy of all of h. A step is warp_gemv's gates from
+that copy, the gate program in the lanes that own (unit, row), and each new value of h stored into the copy of every
+CTA of the cluster (mapa + st.shared::cluster, distributed shared memory); then one cluster barrier
+(barrier.cluster.arrive.release / wait.acquire), and the next step reads h from its own shared memory. With sync 1
+the values go by st.async and each CTA waits on mbarriers of its own for their bytes instead (_Arrivals).
+
+Why one barrier a phase suffices: h is double-buffered by the step's parity, and a CTA writes slot t+1 of a peer only
+after the barrier that ended step t, which that peer reached after reading slot t-1 (the one overwritten) for the last
+time. GRU's r*h (an operand written and read within a step) has one buffer, written in phase 1 after the barrier that
+ended the last step's phase 2. The barrier after the initial states is also the one DSMEM needs before a CTA writes
+into a peer (all CTAs started), and the last phase's barrier the one before any exits.
+
+The batch runs in chunks of `batch_tile` rows, each chunk the whole sequence (rows are independent), so shared memory
+holds batch_tile rows of h. XW of step s+1 is loaded into registers at the end of step s, its latency hidden behind the
+barrier; the cell state stays in a register of the lane that owns its unit until the chunk ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from .cells import Cell
+from .device import Device
+from .layer import RNNLayerSpec
+from .recurrent_common import KernelArgs, block_sync, i64, load_xw_ahead, step_phases
+from .recurrent_cuda import epilogue, operand_at, vector_width, weight_bytes
+from .recurrent_persistent import _strided
+from .warp_gemv import warp_gates
+
+F32 = "float32"
+CLUSTER_SIZES = (8, 16)  # 8 is CUDA's portable cluster size; 16 the largest sm_90 allows (non-portable)
+MIN_ARCH = 90  # thread-block clusters and distributed shared memory: sm_90 and newer
+
+PUT = "tvmrnn_cluster_put"
+# value into the same shared-memory address of CTAs 0..ctas-1 of the cluster (the caller's own included)
+PUT_SRC = (f"__forceinline__ __device__ void {PUT}(float* p, float v, unsigned ctas) {{ "
+           "unsigned a = (unsigned)__cvta_generic_to_shared(p); "
+           "for (unsigned r = 0; r < ctas; ++r) { unsigned q; "
+           'asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(q) : "r"(a), "r"(r)); '
+           'asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(q), "f"(v) : "memory"); } }')
+STORE = "tvmrnn_shared_store"
+# a plain store, behind a call: TVM's barrier planner neither sees it nor adds __syncthreads for it (the kernel's writes
+# in the steps are ordered by its cluster barriers, which the planner does not know of)
+STORE_SRC = f"__forceinline__ __device__ void {STORE}(float* p, float v) {{ *p = v; }}"
+SEND = "tvmrnn_cluster_send"
+# sync 1: value into the same address of CTAs 0..ctas-1 by st.async, each store signalling its 4 bytes on the same
+# mbarrier of that CTA (mbarrier::complete_tx), so that a reader waits for the bytes, not for every CTA at a barrier
+SEND_SRC = (f"__forceinline__ __device__ void {SEND}(void* p, float v, void* bar, unsigned ctas) {{ "
+            "unsigned a = (unsigned)__cvta_generic_to_shared(p), m = (unsigned)__cvta_generic_to_shared(bar); "
+            "for (unsigned r = 0; r < ctas; ++r) { unsigned qa, qm; "
+            'asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(qa) : "r"(a), "r"(r)); '
+            'asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(qm) : "r"(m), "r"(r)); '
+            'asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" '
+            ':: "r"(qa), "r"(__float_as_uint(v)), "r"(qm) : "memory"); } }')
+MBAR_INIT = "tvmrnn_mbarrier_init"
+MBAR_INIT_SRC = (f"__forceinline__ __device__ void {MBAR_INIT}(void* bar) {{ "
+                 "unsigned m = (unsigned)__cvta_generic_to_shared(bar); "
+                 'asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(m) : "memory"); '
+                 'asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }')
+ARM = "tvmrnn_mbarrier_arm"
+# the one arrival a phase of the mbarrier waits for, with the bytes it then expects
+ARM_SRC = (f"__forceinline__ __device__ void {ARM}(void* bar, unsigned bytes) {{ "
+           "unsigned m = (unsigned)__cvta_generic_to_shared(bar); "
+           'asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(m), "r"(bytes) : "memory"); }')
+WAIT = "tvmrnn_mbarrier_wait"
+WAIT_SRC = (f"__forceinline__ __device__ void {WAIT}(void* bar, unsigned parity) {{ "
+            "unsigned m = (unsigned)__cvta_generic_to_shared(bar), done; "
+            'do { asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; '
+            'selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(m), "r"(parity) : "memory"); } while (!done); }')
+BARRIER = "tvmrnn_cluster_barrier"
+BARRIER_SRC = (f"__forceinline__ __device__ void {BARRIER}() {{ "
+               'asm volatile("barrier.cluster.arrive.release.aligned;\\n\\tbarrier.cluster.wait.acquire.aligned;" ::: "memory"); }')
+
+
+# 32-bit registers a lane may give R's elements at batch_tile 1, divided by the batch tile above (of at most 128 a
+# thread at 512 threads: the rest for the reduction's sums, which grow with the batch tile, and the gate program; 48
+# and more spilled in GRU H512 fp32)
+REG_WEIGHTS = 40
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    ctas: int = 8  # CTAs per cluster, one cluster per direction
+    warps: int = 16  # each owns units_per_warp units of its CTA (all gates)
+    batch_tile: int = 1  # batch rows a pass over the sequence computes together
+    # the first reg_k columns of the warp's rows of R stay in the registers of the lanes that multiply them (a multiple
+    # of 32 lanes' vector width), the rest in shared memory: each step reads R whole, and shared memory gives a CTA
+    # 128 bytes a cycle (R of LSTM H256 fp32 across 8 CTAs: 1000 cycles a step), registers feed the FMAs directly
+    reg_k: int = 0
+    # how a phase waits for the last one's values: 0 all CTAs meet at a cluster barrier; 1 each CTA waits on an mbarrier
+    # of its own for the bytes st.async brings it (_Arrivals)
+    sync: int = 0
+
+    def units_per_cta(self, spec: RNNLayerSpec) -> int:
+        return -(-spec.hidden_size // self.ctas)
+
+    def units_per_warp(self, spec: RNNLayerSpec) -> int:
+        return -(-self.units_per_cta(spec) // self.warps)
+
+    def reg_words(self, spec: RNNLayerSpec) -> int:
+        """32-bit registers of R's elements each lane holds (two fp16 a register)."""
+        return self.units_per_warp(spec) * spec.gates * self.reg_k // 32 * weight_bytes(spec) // 4
+
+    def smem_bytes(self, spec: RNNLayerSpec, cell: Cell) -> int:
+        """R's rows of the CTA's units past reg_k, and batch_tile rows of h (two slots) and of each stored value."""
+        H = spec.hidden_size
+        rows = 2 + len(cell.stored_values)
+        return self.units_per_cta(spec) * cell.gates * (H - self.reg_k) * weight_bytes(spec) + rows * self.batch_tile * H * 4
+
+    def valid(self, spec: RNNLayerSpec) -> bool:
+        """Each (unit, row) of a warp is finished by a lane of its own (warp_gemv); reg_k whole loads of all lanes."""
+        step = 32 * vector_width(spec, spec.hidden_size)
+        return (self.units_per_warp(spec) * self.batch_tile <= 32 and self.reg_k % step == 0
+                and self.reg_k <= spec.hidden_size and self.reg_words(spec) <= REG_WEIGHTS // self.batch_tile
+                and (not self.sync or self.all_ctas_own_units(spec)))
+
+    def all_ctas_own_units(self, spec: RNNLayerSpec) -> bool:
+        """sync 1 needs it: a CTA that sends nothing would not hold the others back from overwriting what it reads."""
+        return (self.ctas - 1) * self.units_per_cta(spec) < spec.hidden_size
+
+    def with_registers(self, spec: RNNLayerSpec) -> ClusterConfig:
+        """This point with as many of R's columns in registers as REG_WEIGHTS allows."""
+        step = 32 * vector_width(spec, spec.hidden_size)
+        per_round = self.units_per_warp(spec) * spec.gates * step // 32 * weight_bytes(spec) // 4
+        rounds = REG_WEIGHTS // self.batch_tile // per_round
+        return dataclasses.replace(self, reg_k=min(rounds * step, spec.hidden_size // step * step))
+
+
+def clusters_run_on(device: Device) -> bool:
+    digits = "".join(c for c in device.arch.removeprefix("sm_") if c.isdigit())
+    return int(digits or 0) >= MIN_ARCH
+
+
+def fits(spec: RNNLayerSpec, cell: Cell, device: Device, cfg: ClusterConfig | None = None) -> bool:
+    """Whether this layer's R fits in the shared memory of one cluster per direction (at cfg, else at some size)."""
+    if not clusters_run_on(device):
+        return False
+    configs = [cfg] if cfg else [ClusterConfig(ctas=c).with_registers(spec) for c in CLUSTER_SIZES]
+    return any(c.smem_bytes(spec, cell) <= device.smem_limit for c in configs)
+
+
+def default_config(spec: RNNLayerSpec, cell: Cell, device: Device) -> ClusterConfig:
+    """As much of R in registers as they take, and the cluster size whose CTAs read the fewest bytes of R from shared
+    memory a step (its bandwidth bounds the step), the smaller at a tie (fewer CTAs to store each value into and to
+    meet at the barrier)."""
+    configs = [ClusterConfig(ctas=c).with_registers(spec) for c in CLUSTER_SIZES]
+    fitting = [c for c in configs if c.smem_bytes(spec, cell) <= device.smem_limit] or configs[-1:]
+    return min(fitting, key=lambda c: (c.units_per_cta(spec) * (spec.hidden_size - c.reg_k), c.ctas))
+
+
+def _cluster_barrier():
+    T.evaluate(T.cuda.func_call(BARRIER, source_code=BARRIER_SRC))
+
+
+def _share(ctas: int):
+    """store_operand's store of an operand: the value into the same element of every CTA's copy."""
+    def put(buf, idx, value):
+        T.evaluate(T.cuda.func_call(PUT, tirx.address_of(buf[tuple(idx)]), value, tirx.IntImm("uint32", ctas),
+                                    source_code=PUT_SRC))
+    return put
+
+
+def _keep(buf, idx, value):
+    """store_operand's store of a value only its unit's owner reads (GRU's z): into its own CTA's copy."""
+    T.evaluate(T.cuda.func_call(STORE, tirx.address_of(buf[tuple(idx)]), value, source_code=STORE_SRC))
+
+
+def _rows_view(data, shape, strides, offset):
+    """A view of one CTA's batch_tile rows as a kernel-wide buffer: the direction's stride 0 (a cluster runs one), row n
+    at n - n0 (the chunk's first row, offset = n0 * H)."""
+    return T.decl_buffer(shape, F32, data=data, strides=[i64(s) for s in strides], elem_offset=-offset, scope="shared.dyn")
+
+
+def cluster_body(a: KernelArgs, cfg: ClusterConfig):
+    """One cluster per direction: R's rows into shared memory, then the batch chunk by chunk (_chunk)."""
+    spec, cell = a.spec, a.cell
+    H, D, C, NB, UPC = spec.hidden_size, spec.num_directions, cfg.ctas, cfg.batch_tile, cfg.units_per_cta(spec)
+    assert cfg.valid(spec), (cfg, spec.hidden_size)
+    with T.thread_binding(0, i64(D * C), "blockIdx.x") as bx:
+        with T.thread_binding(0, i64(C), "clusterCtaIdx.x") as rank:
+            with T.thread_binding(0, i64(cfg.warps), "threadIdx.y") as ty:
+                with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
+                    tid = ty * i64(32) + lane
+                    d, j0 = bx // i64(C), rank * i64(UPC)
+                    weights = _load_weights(a, cfg, d, j0, ty, lane, tid)
+                    # h's two slots, then (sync 1) the mbarriers, 8 bytes each: TVM places a shared buffer by the loads and
+                    # stores it sees, and the mbarriers are only ever passed by address
+                    rows = {"h": T.alloc_buffer((2 * NB * H + 2 * len(_Arrivals.BARS) * cfg.sync,), F32, scope="shared.dyn")}
+                    rows |= {v: T.alloc_buffer((NB, H), F32, scope="shared.dyn") for v in cell.stored_values}
+                    # per lane: the cell state and next step's XW of the (unit, row) it finishes (warp_gemv), in registers
+                    regs = {"xw": T.alloc_buffer((len(cell.phases), max(len(p.gates) for p in cell.phases)), F32, scope="local")}
+                    if a.Yc is not None:
+                        regs["c"] = T.alloc_buffer((1,), F32, scope="local")
+                    arrivals = _Arrivals(a, cfg, tid, rows["h"], 2 * NB * H) if cfg.sync else None
+                    with T.serial(0, tirx.ceildiv(a.batch, i64(NB))) as chunk:
+                        _chunk(a, cfg, rows, regs, weights, d, j0, chunk, ty, lane, tid, arrivals)
+
+
+def _load_weights(a: KernelArgs, cfg: ClusterConfig, d, j0, ty, lane, tid) -> dict:
+    """R's rows of the CTA's units: columns from reg_k into shared memory ("smem" [unit, gate, k - reg_k]), the first
+    reg_k into the registers of the lanes that multiply them ("regs" [warp's unit, gate, round, element]: warp_gemv's
+    lane reads V elements a round, 32 lanes apart). Units past the CTA's or H load row H-1 and are never finished."""
+    spec = a.spec
+    H, G, UPC, UW, RK = spec.hidden_size, spec.gates, cfg.units_per_cta(spec), cfg.units_per_warp(spec), cfg.reg_k
+    V = vector_width(spec, H)
+    K = H - RK
+    row = lambda u, g: g * i64(H) + tirx.min(j0 + u, i64(H - 1))  # noqa: E731
+    out = {}
+    if K:
+        out["smem"] = T.alloc_buffer((UPC, G, K), spec.dtype, scope="shared.dyn")
+
+        def load(e):
+            u, g, k = e // i64(G * K), e // i64(K) % i64(G), e % i64(K)
+            T.buffer_store(out["smem"], a.R[d, row(u, g), k + i64(RK)], [u, g, k])
+
+        _strided(UPC * G * K, cfg.warps * 32, tid, load)
+    if RK:
+        out["regs"] = T.alloc_buffer((UW, G, RK // (32 * V), V), spec.dtype, scope="local")
+        for u, g, r in itertools.product(range(UW), range(G), range(RK // (32 * V))):
+            slot = tirx.min(ty * i64(UW) + i64(u), i64(UPC - 1))
+            with T.vectorized(0, i64(V)) as v:
+                T.buffer_store(out["regs"], a.R[d, row(slot, g), (i64(r * 32) + lane) * i64(V) + v], [i64(u), i64(g), i64(r), v])
+    block_sync()
+    return out
+
+
+class _Arrivals:
+    """sync 1: per CTA one mbarrier for each slot of h and one for a value a later phase multiplies (GRU's r*h). Each
+    value goes to every CTA by st.async, which counts its bytes on the receiver's mbarrier; a phase's readers wait for
+    the phase of the mbarrier that completes when all of the operand (H values a row) has come. Thread 0 arms each
+    phase (one arrival expecting those bytes) after the wait on the one before, and only for values that will be sent,
+    so that no phase is left open when the kernel ends.
+
+    A writer never overwrites what a reader still reads: a CTA sends h[t+1] into slot (t+1) % 2 only after h[t] has
+    come whole, and every warp that reads an operand sends at least one value of the next after its reads (warps
+    without units below H skip the reduction). Phases of the mbarriers run on across batch chunks (one init a launch):
+    each one's parity is counted from the step and the chunk."""
+
+    BARS = ("h slot 0", "h slot 1", "stored operand")
+
+    def __init__(self, a: KernelArgs, cfg: ClusterConfig, tid, buf, offset: int):
+        self.a, self.cfg, self.tid, self.buf, self.offset = a, cfg, tid, buf, offset  # offset: a multiple of 2 floats
+        with T.If(tid == i64(0)):
+            with T.Then():
+                for i in range(len(self.BARS)):
+                    T.evaluate(T.cuda.func_call(MBAR_INIT, self._at(i64(i)), source_code=MBAR_INIT_SRC))
+
+    def _at(self, i):
+        return tirx.address_of(self.buf[i64(self.offset) + i * i64(2)])
+
+    def send(self, bar):
+        """store_operand's store: the value to every CTA, counted on mbarrier `bar` (an index, or idx -> index)."""
+        def put(buf, idx, value):
+            at = bar(idx) if callable(bar) else bar
+            T.evaluate(T.cuda.func_call(SEND, tirx.address_of(buf[tuple(idx)]), value, self._at(at),
+                                        tirx.IntImm("uint32", self.cfg.ctas), source_code=SEND_SRC))
+        return put
+
+    def _arm(self, i, n0, when):
+        rows = tirx.min(i64(self.cfg.batch_tile), self.a.batch - n0)
+        with T.If(tirx.all(self.tid == i64(0), when)):
+            with T.Then():
+                T.evaluate(T.cuda.func_call(ARM, self._at(i), (rows * i64(4 * self.a.spec.hidden_size)).astype("uint32"),
+                                            source_code=ARM_SRC))
+
+    def arm_chunk(self, n0):
+        """The first phases of a chunk: h[1] (slot 1), h[2] (slot 0), the stored operand of step 0."""
+        seq = self.a.seq
+        self._arm(i64(1), n0, seq >= i64(1))
+        self._arm(i64(0), n0, seq >= i64(2))
+        if any(p.operand != "h" for p in self.a.cell.phases):
+            self._arm(i64(2), n0, seq >= i64(1))
+
+    def wait_h(self, s, chunk, n0):
+        """h[s] whole in slot s % 2 (s >= 1); then slot s % 2 armed for h[s+2]. Slot 1 completes (seq+1)//2 phases a
+        chunk (h[1], h[3], ...), slot 0 seq//2; h[s] is its slot's (s-1)//2-th."""
+        seq, slot = self.a.seq, s % i64(2)
+        done = tirx.Select(slot == i64(1), (seq + i64(1)) // i64(2), seq // i64(2)) * chunk + (s - i64(1)) // i64(2)
+        self._wait(slot, done)
+        self._arm(slot, n0, s + i64(2) <= seq)
+
+    def wait_stored(self, s, chunk, n0):
+        """The stored operand of step s whole (one phase a step); then armed for step s+1."""
+        self._wait(i64(2), self.a.seq * chunk + s)
+        self._arm(i64(2), n0, s + i64(1) < self.a.seq)
+
+    def _wait(self, i, done):
+        T.evaluate(T.cuda.func_call(WAIT, self._at(i), (done % i64(2)).astype("uint32"), source_code=WAIT_SRC))
+
+
+def _chunk(a: KernelArgs, cfg: ClusterConfig, rows: dict, regs: dict, weights: dict, d, j0, chunk, ty, lane, tid,
+           arrivals: _Arrivals | None = None):
+    """Rows n0.. of the batch through the whole sequence: initial states, a barrier, the steps, the final states."""
+    spec, cell = a.spec, a.cell
+    H, D, NB, threads = spec.hidden_size, spec.num_directions, cfg.batch_tile, cfg.warps * 32
+    N, xw, n0 = a.batch, regs["xw"], chunk * i64(cfg.batch_tile)
+    hbuf = _rows_view(rows["h"].data, (2, D, N, H), (NB * H, 0, H, 1), n0 * i64(H))
+    scratch = {v: _rows_view(rows[v].data, (D, N, H), (0, H, 1), n0 * i64(H)) for v in cell.stored_values}
+    yc = a.Yc
+    if yc is not None:  # the lane's cell state as Yc is indexed: its own (unit, row) at 0
+        slot, b = _lane_unit(cfg, spec, ty, lane)
+        strides = (0, 1, NB) if spec.layout == 0 else (1, 0, NB)
+        a.Yc = T.decl_buffer(yc.shape, F32, data=regs["c"].data, strides=[i64(v) for v in strides],
+                             elem_offset=-((j0 + slot) * i64(NB) + n0 + b), scope="local")
+    operands = dict.fromkeys(p.operand for p in cell.phases)
+    if arrivals:
+        share = {"h": arrivals.send(lambda idx: idx[0])} | {v: arrivals.send(i64(2)) for v in operands if v != "h"}
+    else:
+        share = {v: _share(cfg.ctas) for v in operands}
+    a.shared = {name: share.get(name, _keep) for name in ("h", *cell.stored_values)}
+
+    def init_h(e):  # all of h0 into the CTA's own copy
+        n, k = n0 + e // i64(H), e % i64(H)
+        with T.If(n < N):
+            with T.Then():
+                T.buffer_store(hbuf, a.initial("h", d, n, k), [i64(0), d, n, k])
+
+    _strided(H * NB, threads, tid, init_h)
+    if yc is not None:
+        _each_owned(a, cfg, d, j0, n0, ty, lane,
+                    lambda n, j: T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j)))
+    if arrivals:
+        arrivals.arm_chunk(n0)
+    _cluster_barrier()  # every CTA started (DSMEM needs it), holds the initial states (and sees the mbarriers armed)
+    _prefetch_xw(a, cfg, xw, i64(0), d, j0, n0, ty, lane)
+
+    def phase_step(pi, phase, last, operand, s, cur, nxt):
+        if arrivals and phase.operand == "h":
+            with T.If(s >= i64(1)):  # h[0] is the initial state, behind the barrier above
+                with T.Then():
+                    arrivals.wait_h(s, chunk, n0)
+        elif arrivals:
+            arrivals.wait_stored(s, chunk, n0)
+        _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, weights, xw, s, cur, nxt, d, j0, n0, ty, lane)
+        if last:  # the next step's XW, in flight across the wait
+            _prefetch_xw(a, cfg, xw, s + i64(1), d, j0, n0, ty, lane)
+        if not arrivals:
+            _cluster_barrier()
+
+    step_phases(a, hbuf, scratch, phase_step)
+    if arrivals:  # the last h whole (the CTA's own units came by st.async too), nothing left in flight into this CTA
+        with T.If(a.seq >= i64(1)):
+            with T.Then():
+                arrivals.wait_h(a.seq, chunk, n0)
+
+    def final(n, j):
+        T.buffer_store(a.Yh, hbuf[a.seq % 2, d, n, j], a.state_index(d, n, j))
+        if yc is not None:
+            T.buffer_store(yc, a.Yc[tuple(a.state_index(d, n, j))], a.state_index(d, n, j))
+
+    _each_owned(a, cfg, d, j0, n0, ty, lane, final)
+    block_sync()  # the next chunk's initial states overwrite what this one's final states read
+    a.Yc, a.shared = yc, {}
+
+
+def _lane_unit(cfg: ClusterConfig, spec, ty, lane):
+    """The unit slot (in the CTA) and batch row of the chunk that this lane finishes: warp_gemv's lane u*NB + b."""
+    return ty * i64(cfg.units_per_warp(spec)) + lane // i64(cfg.batch_tile), lane % i64(cfg.batch_tile)
+
+
+def _each_owned(a: KernelArgs, cfg: ClusterConfig, d, j0, n0, ty, lane, body):
+    """body(n, j) in the lane that finishes unit j of row n, for the chunk's rows."""
+    slot, b = _lane_unit(cfg, a.spec, ty, lane)
+    valid = [lane < i64(cfg.units_per_warp(a.spec) * cfg.batch_tile), slot < i64(cfg.units_per_cta(a.spec)),
+             j0 + slot < i64(a.spec.hidden_size), n0 + b < a.batch]
+    with T.If(tirx.all(*valid)):
+        with T.Then():
+            body(n0 + b, j0 + slot)
+
+
+def _prefetch_xw(a: KernelArgs, cfg: ClusterConfig, xw, s, d, j0, n0, ty, lane):
+    """XW of step s for every phase, for the unit and row this lane finishes (clamped: a lane past them loads a value it
+    never uses); nothing past the sequence's end."""
+    H = a.spec.hidden_size
+    slot, b = _lane_unit(cfg, a.spec, ty, lane)
+    with T.If(s < a.seq):
+        with T.Then():
+            for pi, phase in enumerate(a.cell.phases):
+                load_xw_ahead(a, phase, s, d, tirx.min(n0 + b, a.batch - 1), tirx.min(j0 + slot, i64(H - 1)), xw, [i64(pi)])
+
+
+def _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, weights, xw, s, cur, nxt, d, j0, n0, ty, lane):
+    """Each warp: all gates of its units from the CTA's copy of the operand, the gate program in the lanes that own
+    (unit, row), and the results stored into every CTA's copy (store_operand's hook)."""
+    spec = a.spec
+    H, N, NB, UPC, UW = spec.hidden_size, a.batch, cfg.batch_tile, cfg.units_per_cta(spec), cfg.units_per_warp(spec)
+    V = vector_width(spec, H)
+    first = ty * i64(UW)
+
+    def h_at(_u, b, k):
+        return operand_at(operand, phase, cur, d, tirx.min(n0 + i64(b), N - 1), k)
+
+    RK = cfg.reg_k
+    segments = []
+    if RK:  # the lane's own V elements of round k // (32 V), in registers (warp_gemv's k = (round*32 + lane)*V + v)
+        segments.append((RK, h_at, lambda u, g, k: weights["regs"][i64(u), i64(g), k // i64(32 * V), k % i64(V)], True))
+    if RK < H:
+        segments.append((H - RK, lambda u, b, k: h_at(u, b, k + i64(RK)),
+                         lambda u, g, k: weights["smem"][tirx.min(first + i64(u), i64(UPC - 1)), i64(g), k]))
+
+    def finish(u, b, rec):  # u, b: the lane's (warp_gates in_parallel)
+        slot, n = first + u, n0 + b
+        with T.If(tirx.all(slot < i64(UPC), j0 + slot < i64(H), n < N)):
+            with T.Then():
+                epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j0 + slot, rec, x=lambda gi: xw[i64(pi), i64(gi)])
+                for name in phase.stores:  # a row past its end stores nothing, yet a later phase waits for it
+                    if name in operand_names:
+                        with T.If(s >= a.length(n)):
+                            with T.Then():
+                                a.shared[name](scratch[name], [d, n, j0 + slot], tirx.const(0.0, F32))
+
+    operand_names = {p.operand for p in a.cell.phases}
+    with T.If(tirx.all(first < i64(UPC), j0 + first < i64(H))):  # warp-uniform: a warp with no unit below H has nothing to do
+        with T.Then():
+            warp_gates(lane, H, phase.gates, UW, NB, V, h_at=None, w_at=None, finish=finish,
+                       row_valid=(lambda b: n0 + i64(b) < N) if NB > 1 else None, segments=segments, in_parallel=True)
