@@ -24,6 +24,9 @@ KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma", "persistent_
 PERSISTENT_MAX_BATCH = 4  # persistent up to here (2-2.3x stepwise at batch 1, 1.4x slower at batch 8)
 STEPWISE_MAX_BATCH = 32  # stepwise (fp32, R not on chip) up to here, tiled above
 TILED_MIN_HIDDEN = 1024  # tiled only from this hidden size (too few blocks fill the GPU below)
+# cluster (sync 1) at batch 1 from this hidden size where R fits one cluster: 1.24 / 2.11 us a step against persistent's
+# 1.92 / 2.17 at H256 / H512 fp32, 1.08 / 1.55 against 1.79 / 1.90 in fp16 (benchmarks/results/h100-cluster-step.md)
+CLUSTER_MIN_HIDDEN, CLUSTER_MAX_BATCH = 256, 1
 RESIDENT_MAX_BATCH = 32  # persistent_mma with R resident gives way to mma above here in half precision and TF32
 STREAMED_MAX_BATCH = 64  # persistent_mma streaming part of R runs STEPWISE_MAX_BATCH+1 .. here (its 64 rows per pass)
 # a tuned point replaces the default only when it measured this much faster: a kernel timed alone (R left in L2 between
@@ -53,6 +56,8 @@ CUDA_DEFAULTS = (
     Default("persistent_mma", STREAMED_MAX_BATCH, STREAMED_MAX_BATCH, lambda f: f.streams),
     Default("mma", None, None, lambda f: f.streams and f.tensor_cores),
     Default("tiled", None, None, lambda f: f.streams and not f.tensor_cores),
+    Default("cluster", CLUSTER_MAX_BATCH, CLUSTER_MAX_BATCH,
+            lambda f: f.cluster and f.persistent and not f.streams and f.hidden_size >= CLUSTER_MIN_HIDDEN),
     Default("persistent", PERSISTENT_MAX_BATCH, None, lambda f: f.persistent and not f.streams),
     Default("persistent_mma", RESIDENT_SMALL_BATCH, RESIDENT_SMALL_BATCH, lambda f: f.resident),
     Default("persistent_mma", RESIDENT_MID_BATCH, RESIDENT_MID_BATCH, lambda f: f.resident),

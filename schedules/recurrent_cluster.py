@@ -153,10 +153,12 @@ def fits(spec: RNNLayerSpec, cell: Cell, device: Device, cfg: ClusterConfig | No
 def default_config(spec: RNNLayerSpec, cell: Cell, device: Device) -> ClusterConfig:
     """As much of R in registers as they take, and the cluster size whose CTAs read the fewest bytes of R from shared
     memory a step (its bandwidth bounds the step), the smaller at a tie (fewer CTAs to store each value into and to
-    meet at the barrier)."""
+    meet at the barrier); st.async and mbarriers (sync 1) where every CTA owns units."""
     configs = [ClusterConfig(ctas=c).with_registers(spec) for c in CLUSTER_SIZES]
     fitting = [c for c in configs if c.smem_bytes(spec, cell) <= device.smem_limit] or configs[-1:]
-    return min(fitting, key=lambda c: (c.units_per_cta(spec) * (spec.hidden_size - c.reg_k), c.ctas))
+    best = min(fitting, key=lambda c: (c.units_per_cta(spec) * (spec.hidden_size - c.reg_k), c.ctas))
+    # sync 1 where every CTA owns units: 0.6-0.7x sync 0's step at H256 and H512 (benchmarks/results/h100-cluster-step.md)
+    return dataclasses.replace(best, sync=1) if best.all_ctas_own_units(spec) else best
 
 
 def _cluster_barrier():

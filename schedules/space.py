@@ -80,6 +80,7 @@ class Fit:
     tensor_cores: bool  # the per-step mma kernel runs: fp16/bf16 or TF32 on sm_80 and newer
     wide: bool  # hidden size of at least TILED_MIN_HIDDEN (choice.py)
     cluster: bool = False  # R (each direction's) in the shared memory of one thread-block cluster (sm_90 and newer)
+    hidden_size: int = 0
 
     @staticmethod
     def of(spec, cell, target, device: Device) -> Fit:
@@ -89,7 +90,7 @@ class Fit:
 
         return Fit(persistent.fits(spec, cell, device), persistent_mma_fits(spec, cell, target, device),
                    persistent_mma_streams(spec, cell, target, device), rounding_mode(spec, target) is not None,
-                   spec.hidden_size >= TILED_MIN_HIDDEN, cluster.fits(spec, cell, device))
+                   spec.hidden_size >= TILED_MIN_HIDDEN, cluster.fits(spec, cell, device), spec.hidden_size)
 
 
 @dataclass(frozen=True)

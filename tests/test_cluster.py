@@ -169,14 +169,16 @@ def test_cluster_launch_params(tmp_path):
 
 def test_only_layers_that_fit_name_it():
     """kernel='cluster' where each direction's R fits a cluster's shared memory (smallest cluster first), a one-line
-    error elsewhere (R too large, or no clusters before sm_90); auto's defaults do not pick it (not yet measured)."""
+    error elsewhere (R too large, or no clusters before sm_90); auto picks it at batch 1 only (choice.CLUSTER_MAX_BATCH)."""
     _, fits16 = _layer("LSTM", 512)  # 4 MB of R: 16 CTAs, half of each row in registers
     cell = cell_for(fits16)
     plan = plan_kernel(fits16, cell, SM90A, "cluster")
-    assert plan.branches[0].config.describe() == "cluster(batch_tile=1, ctas=16, registers=1, sync=0, warps=16)"
+    assert plan.branches[0].config.describe() == "cluster(batch_tile=1, ctas=16, registers=1, sync=1, warps=16)"
     _, small = _layer("LSTM", 256)  # all of R in registers takes 16 CTAs (8 would read half of it from shared memory)
     assert default_config("cluster", small, cell_for(small), SM90A)["ctas"] == 16
-    assert all(b.config.kind != "cluster" for b in plan_kernel(small, cell_for(small), SM90A).branches)
+    auto = plan_kernel(small, cell_for(small), SM90A).branches
+    assert auto[0].up_to == 1 and auto[0].config.kind == "cluster" and auto[0].config["sync"] == 1, auto[0]
+    assert all(b.config.kind != "cluster" for b in auto[1:])
     _, big = _layer("LSTM", 1024, dtype="float16")
     with pytest.raises(KernelError, match="kernel 'cluster' keeps R in one thread-block cluster per direction: R of one direction needs 520 KB of shared memory per CTA"):
         plan_kernel(big, cell_for(big), SM90A, "cluster")

@@ -159,7 +159,7 @@ def test_sync_builds_without_a_gpu(layer):
     field); H 33 takes the scalar poll (no float4 of h)."""
     op, hidden, dtype, lbr, stage_h = layer
     _, spec = _layer(op, hidden, dtype=dtype, lbr=lbr)
-    synced = _source(_kernel(spec, SM90A, stage_h=stage_h, batch_tile=2)[0])
+    synced = _source(_kernel(spec, SM90A, stage_h=stage_h, batch_tile=2, blocks=132)[0])
     assert synced.count("tvm_builtin_cuda_grid_sync();") == 1
     assert "ld.relaxed.gpu" in synced and ("tvmrnn_wait_tagged4(" in synced) == (hidden % 4 == 0)
     report = ptxas(synced, "sm_90a")
