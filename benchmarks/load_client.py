@@ -94,11 +94,11 @@ class LoadRun:
         if self._left == 0:
             return time.time(), time.time()
         if self.rate:
-            self._t0 = self.loop.time() + _OPEN_LOOP_START_S
+            self._t0, self._t0_clock = self.loop.time() + _OPEN_LOOP_START_S, time.perf_counter() + _OPEN_LOOP_START_S
             start = time.time() + _OPEN_LOOP_START_S
             for k in range(len(self.wires)):
                 if self.wires[k]:
-                    self.loop.call_at(self._due_time(k, 0), self._due, k, 0)
+                    self.loop.call_at(self._t0 + self._offset(k, 0), self._due, k, 0)
         else:
             start = time.time()
             streams = iter(range(len(self.wires)))
@@ -121,7 +121,7 @@ class LoadRun:
             self._idle.remove(conn)
 
     def _answered(self, k: int, i: int, sent: float, answer) -> None:
-        self.times.append(self.loop.time() - sent)
+        self.times.append(time.perf_counter() - sent)
         self.answers[k][i] = answer if answer[0] is not None else None
         self._left -= 1
         if self._left == 0 and not self._finished.done():
@@ -136,7 +136,7 @@ class LoadRun:
         self._idle.append(conn)
 
     def _send_closed(self, conn: _Connection, streams, k: int, i: int) -> None:
-        sent = self.loop.time()
+        sent = time.perf_counter()
 
         def done(status, header_length, body):
             self._answered(k, i, sent, (status, header_length, body))
@@ -150,11 +150,11 @@ class LoadRun:
         conn.send(self.wires[k][i], done)
 
     # -- open loop: each request at its time, on an idle connection
-    def _due_time(self, k: int, i: int) -> float:
-        return self._t0 + (k + i * len(self.wires)) / self.rate
+    def _offset(self, k: int, i: int) -> float:
+        return (k + i * len(self.wires)) / self.rate
 
     def _due(self, k: int, i: int) -> None:
-        due = self._due_time(k, i)
+        due = self._t0_clock + self._offset(k, i)  # on perf_counter's clock: the loop's time may count whole ms
         if self._idle:
             self._send_open(self._idle.pop(), k, i, due)
         else:
@@ -169,7 +169,7 @@ class LoadRun:
         self._send_open(conn, k, i, due)
 
     def _send_open(self, conn: _Connection, k: int, i: int, due: float) -> None:
-        now = self.loop.time()
+        now = time.perf_counter()
         self.lags.append(max(0.0, now - due))
 
         def done(status, header_length, body):
@@ -177,7 +177,7 @@ class LoadRun:
             if status is not None:
                 self._idle.append(conn)
             if i + 1 < len(self.wires[k]):
-                self.loop.call_at(self._due_time(k, i + 1), self._due, k, i + 1)  # at once where that time has passed
+                self.loop.call_at(self._t0 + self._offset(k, i + 1), self._due, k, i + 1)  # at once where it has passed
 
         conn.send(self.wires[k][i], done)
 
