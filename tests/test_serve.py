@@ -575,6 +575,44 @@ def test_http_workers_listen_on_sockets_of_their_own():
     assert sum(accepted) == 32 and min(accepted) >= 4, accepted
 
 
+def test_a_response_leaves_in_one_write():
+    """uvicorn writes a response's head and its body separately: the server's transport holds the writes of one turn of
+    the event loop and sends them with one writelines; closing sends what it holds first."""
+    from tvmrnn.serve.server import _CoalescedWrites
+
+    class Transport:
+        def __init__(self):
+            self.calls = []
+
+        def writelines(self, chunks):
+            self.calls.append(("writelines", list(chunks)))
+
+        def close(self):
+            self.calls.append(("close",))
+
+        def is_closing(self):
+            return False
+
+        def get_extra_info(self, name):
+            return name
+
+    async def scenario():
+        raw = Transport()
+        t = _CoalescedWrites(raw, asyncio.get_running_loop())
+        t.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        t.write(b"body")
+        assert raw.calls == [] and t.get_extra_info("peername") == "peername"
+        await asyncio.sleep(0)
+        assert raw.calls == [("writelines", [b"HTTP/1.1 200 OK\r\n\r\n", b"body"])]
+        t.write(b"last")
+        t.close()
+        assert raw.calls[1:] == [("writelines", [b"last"]), ("close",)]
+        await asyncio.sleep(0)
+        assert len(raw.calls) == 3  # nothing left to send after the close
+
+    asyncio.run(scenario())
+
+
 def test_http_workers_share_one_engine_per_model(modules, reference):
     """--http-workers 2: requests over many connections (so both workers) are batched together by the model's engine, a
     sequence's chunks on fresh connections keep their state, bad requests get 4xx, an engine that dies is restarted, and
