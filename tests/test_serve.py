@@ -850,7 +850,7 @@ def test_batcher_waits_for_a_full_batch_or_its_delay_and_answers_callbacks(modul
 
     async def main():
         runner = _RowsRunner()
-        batcher = Batcher(sig, runner, 4, 0.5, Metrics(), inline=True)
+        batcher = Batcher(sig, runner, 4, 0.5, Metrics(), split=False)
         batcher.start()
         delivered = {}
         t = time.perf_counter()
@@ -869,6 +869,52 @@ def test_batcher_waits_for_a_full_batch_or_its_delay_and_answers_callbacks(modul
     assert full < 0.4 and 0.45 < waited < 2, (full, waited)
     assert [delivered[i].arrays()["keyword_logits"][0, 0] for i in (0, 1)] == [0, 1]
     assert [g["keyword_logits"][0, 0] for g in got] == [2, 3] and alone["keyword_logits"][0, 0] == 4
+
+
+class _SlowRunner(_RowsRunner):
+    """A model that takes `seconds` a batch with the GIL released, as a module does."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    def run(self, inputs):
+        time.sleep(self.seconds)
+        return super().run(inputs)
+
+
+def test_a_request_that_queued_during_a_batch_runs_next_without_waiting(modules):
+    """A request that arrives while the model runs a batch starts the next batch as soon as that one ends, not after
+    the batching delay; the event loop goes on meanwhile (the batch runs in the worker thread)."""
+    from tvmrnn.runtime import metadata_path
+    from tvmrnn.serve.batcher import Batcher
+    from tvmrnn.serve.metrics import Metrics
+    from tvmrnn.serve.signature import build_signature
+
+    with open(metadata_path(modules["kws_gru"])) as f:
+        sig = build_signature("kws_gru", json.load(f))
+    feeds = [{"mfcc": np.full((1, 3, 40), i, "float32")} for i in range(2)]
+
+    async def main():
+        runner, ticks = _SlowRunner(0.4), []
+        batcher = Batcher(sig, runner, 4, 0.6, Metrics())
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit(feeds[0]))  # alone: runs after the delay, for 0.4 s
+        await asyncio.sleep(0.8)  # the first batch is running now
+        t = time.perf_counter()
+        second = asyncio.ensure_future(batcher.submit(feeds[1]))
+        while not first.done():
+            ticks.append(time.perf_counter())
+            await asyncio.sleep(0.01)
+        out = await second
+        waited = time.perf_counter() - t
+        await batcher.close()
+        return runner.batches, (await first)["keyword_logits"][0, 0], out["keyword_logits"][0, 0], waited, len(ticks)
+
+    batches, first, second, waited, ticks = asyncio.run(main())
+    assert batches == [1, 1] and (first, second) == (0, 1)
+    assert 0.4 < waited < 0.9, waited  # the rest of the first batch and its own run; after the delay it would be > 1.0
+    assert ticks > 5
 
 
 def test_merge_pads_to_a_bucket_and_split_drops_the_filler(modules):
