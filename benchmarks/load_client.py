@@ -11,6 +11,9 @@ and the answers are checked against the direct call's after the clock stops. One
 - open loop (at `rate` req/s): request i of stream k is due at t0 + (k + i * len(streams)) / rate, and not before the
   previous request of its stream is answered; it leaves on an idle connection (a new one where all are busy, as a
   client library with no connection limit does). Its latency runs from when it was due; its send lag is how late it left.
+
+A request whose connection the server closes fails (answer None), and in closed loop so does the rest of its stream, a
+new connection taking the next stream; no answer at all for _STALL_S ends the run, what is unanswered failing.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import httptools
 
 HEADER_LENGTH = b"inference-header-content-length"
 _OPEN_LOOP_START_S = 0.1  # the open-loop schedule starts after every connection is open
+_STALL_S = 60.0  # no answer for this long ends the run: what is unanswered counts as failed
 
 
 def encode_post(host: str, path: str, body: bytes, headers: dict[str, str]) -> bytes:
@@ -39,11 +43,15 @@ class _Connection(asyncio.Protocol):
         self._on_lost = on_lost
         self._done = None
         self.transport = None
+        self.usable = True  # connected, and the server keeps the connection open
 
     def connection_made(self, transport) -> None:
         self.transport = transport
 
     def send(self, wire: bytes, done) -> None:
+        if not self.usable:
+            asyncio.get_running_loop().call_soon(done, None, b"", b"")
+            return
         self._done, self._header_length, self._body = done, b"0", []
         self.transport.write(wire)
 
@@ -57,7 +65,9 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         done, self._done = self._done, None
-        done(self._parser.get_status_code(), self._header_length, b"".join(self._body))
+        self.usable = self._parser.should_keep_alive()
+        if done is not None:
+            done(self._parser.get_status_code(), self._header_length, b"".join(self._body))
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -66,6 +76,7 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
     def connection_lost(self, exc) -> None:
+        self.usable = False
         done, self._done = self._done, None
         if done is not None:
             done(None, b"", b"")
@@ -84,6 +95,7 @@ class LoadRun:
         self._idle: collections.deque[_Connection] = collections.deque()
         self._left = sum(len(w) for w in wires)
         self._finished: asyncio.Future | None = None
+        self._answers_seen = 0
 
     async def run(self) -> tuple[float, float]:
         """(start, end) wall-clock times of the run."""
@@ -106,6 +118,7 @@ class LoadRun:
             self._idle.clear()
             for conn in connections:
                 self._next_stream(conn, streams)
+        self._watch(-1)
         await self._finished
         end = time.time()
         for conn in self._idle:
@@ -120,10 +133,23 @@ class LoadRun:
         if conn in self._idle:
             self._idle.remove(conn)
 
+    def _watch(self, seen: int) -> None:
+        """End the run if no answer came since the last look, _STALL_S ago (a server that stopped answering)."""
+        if self._finished.done():
+            return
+        if seen == self._answers_seen:
+            self._finished.set_result(None)
+            return
+        self.loop.call_later(_STALL_S, self._watch, self._answers_seen)
+
     def _answered(self, k: int, i: int, sent: float, answer) -> None:
         self.times.append(time.perf_counter() - sent)
         self.answers[k][i] = answer if answer[0] is not None else None
-        self._left -= 1
+        self._answers_seen += 1
+        self._count_done(1)
+
+    def _count_done(self, n: int) -> None:
+        self._left -= n
         if self._left == 0 and not self._finished.done():
             self._finished.set_result(None)
 
@@ -140,14 +166,25 @@ class LoadRun:
 
         def done(status, header_length, body):
             self._answered(k, i, sent, (status, header_length, body))
-            if status is None:
-                return  # the connection is gone; its streams' remaining requests count as failed
+            if status is None:  # the connection is gone: the rest of its stream fails, a new one takes the next stream
+                self._count_done(len(self.wires[k]) - i - 1)
+                self.loop.create_task(self._replace(streams))
+                return
             if i + 1 < len(self.wires[k]):
                 self._send_closed(conn, streams, k, i + 1)
             else:
                 self._next_stream(conn, streams)
 
         conn.send(self.wires[k][i], done)
+
+    async def _replace(self, streams) -> None:
+        try:
+            conn = await self._open()
+        except OSError:
+            for k in streams:  # nothing left to send them on
+                self._count_done(len(self.wires[k]))
+            return
+        self._next_stream(conn, streams)
 
     # -- open loop: each request at its time, on an idle connection
     def _offset(self, k: int, i: int) -> float:
@@ -174,7 +211,7 @@ class LoadRun:
 
         def done(status, header_length, body):
             self._answered(k, i, min(now, due), (status, header_length, body))
-            if status is not None:
+            if conn.usable:
                 self._idle.append(conn)
             if i + 1 < len(self.wires[k]):
                 self.loop.call_at(self._t0 + self._offset(k, i + 1), self._due, k, i + 1)  # at once where it has passed

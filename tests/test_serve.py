@@ -660,6 +660,42 @@ def test_http_workers_share_one_engine_per_model(modules, reference):
 
 
 # -- an existing v2 client ---------------------------------------------------------------------------
+def test_load_clients_answers_latencies_and_a_closed_connection(server, reference):
+    """benchmarks/load_client.py, the load test's clients: every answer in closed and open loop, one latency per request,
+    the open loop at its rate; a connection the server closes fails the rest of its stream and a new one goes on."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from load_client import encode_post, run_load
+
+    host, port = server.host, server.port
+    feeds = [kws_input(seed) for seed in range(24)]
+
+    def wire(f, extra=None):
+        body, headers = _binary_request(f)
+        return encode_post(f"{host}:{port}", "/v2/models/kws_gru/infer", body, {**headers, **(extra or {})})
+
+    def check(answer, f):
+        status, header_length, body = answer
+        assert status == 200
+        n = int(header_length)
+        out = np.frombuffer(body[n:], "float32").reshape(json.loads(body[:n])["outputs"][0]["shape"])
+        assert_close({"keyword_logits": out}, reference["kws_gru"].run(f))
+
+    streams = [[wire(feeds[2 * k]), wire(feeds[2 * k + 1])] for k in range(12)]
+    for rate in (None, 100.0):
+        load, start, end, cpu = run_load(host, port, streams, 4, rate)
+        assert len(load.times) == 24 and cpu > 0
+        for k in range(12):
+            for i in range(2):
+                check(load.answers[k][i], feeds[2 * k + i])
+    assert 0.2 < end - start < 2.0, end - start  # 24 requests at 100/s: 0.23 s and the last one's latency
+    closing = [[wire(feeds[0], {"Connection": "close"}), wire(feeds[1])], [wire(feeds[2]), wire(feeds[3])]]
+    load, *_ = run_load(host, port, closing, 1, None)
+    check(load.answers[0][0], feeds[0])
+    assert load.answers[0][1] is None
+    check(load.answers[1][0], feeds[2])
+    check(load.answers[1][1], feeds[3])
+
+
 def test_tritonclient_http(server, reference):
     import tritonclient.http as httpclient  # in the [test] extra: a missing one fails here, never skips
     c = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
