@@ -9,8 +9,9 @@ subprocess on a free loopback port, then per model:
 
 - **direct**: the requests through `tvmrnn.load(...).run`, one at a time in this process (the streaming state carried
   by hand). Its outputs are the reference every served answer is checked against;
-- **served**: `--concurrency` clients in all, spread over `--client-procs` processes (one Python process cannot send
-  more than a few thousand requests a second), send `--requests` requests in all after a warm-up (binary tensors, as
+- **served**: `--concurrency` clients in all (keep-alive connections, `load_client.py`: requests encoded before the
+  clock starts, answers parsed with httptools, so a client costs the host little CPU; the table says how much), spread
+  over `--client-procs` processes, send `--requests` requests in all after a warm-up (binary tensors, as
   tritonclient does): kws_gru one utterance [1, T, 40] each; streaming_lstm `--concurrency` sequences at once, each a
   run of chunks [C, 1, 40] with sequence_start / sequence_end, the state kept by the server;
 - **half rate** (`--half-rate`): the same requests again, sent at half the served rate (open loop, each client process
@@ -21,13 +22,12 @@ Errors are non-200 answers and answers that differ from the direct call's (rtol 
 a served request's time from the server's own statistics (/v2/models/NAME/stats and /metrics): queue, input (assembly and
 copies to the device), infer, output (copies back and split), and the rest of a request's time in the server (HTTP,
 decoding, the hop to the model's engine), and the CPU time per request of the server's HTTP workers, engines and model
-workers. Prints and writes benchmarks/results/DEVICE-serve-load.{json,md} (cpu, h100, ...).
+workers, and of the client processes. Prints and writes benchmarks/results/DEVICE-serve-load.{json,md} (cpu, h100, ...).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import concurrent.futures
 import datetime
 import gc
@@ -42,7 +42,6 @@ import sys
 import tempfile
 import time
 
-import aiohttp  # the client: httpx's async pool stalls at 64 connections (~130 req/s on 2 cores), aiohttp does not
 import httpx
 import numpy as np
 
@@ -50,6 +49,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import tvmrnn  # noqa: E402
+from load_client import encode_post, run_load  # noqa: E402
 
 MODELS = ("kws_gru", "streaming_lstm")
 
@@ -137,63 +137,6 @@ def answered_right(answer, want: dict, atol: float) -> bool:
     return answer is not None and answer[0] == 200 and close(binary_response(answer[1], answer[2]), want, atol)
 
 
-async def _send_streams(url: str, model: str, streams, reference, clients: int, rate: float | None, atol: float):
-    """Send every stream (closed loop: `clients` streams at a time; open loop at `rate`: each request at its turn):
-    (latencies, how late each open-loop request left, errors, start and end time). An open-loop latency runs from the request's scheduled
-    time, so a client that falls behind its schedule, or a server that makes it wait, shows in it. The bodies are built
-    before the clock starts and the answers checked after it stops: while it runs, a client's work is aiohttp's."""
-    bodies = [[binary_request(feeds, params) for feeds, params in stream] for stream in streams]
-    answers = [[None] * len(stream) for stream in streams]
-    times, lags = [], []
-    connector = aiohttp.TCPConnector(limit=0 if rate else clients)
-    async with aiohttp.ClientSession(url, connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as client:
-        async def send(k, i, due=None):
-            body, headers = bodies[k][i]
-            t = time.perf_counter()
-            if due is not None:
-                lags.append(max(0.0, t - due))
-                t = min(t, due)
-            try:
-                async with client.post(f"/v2/models/{model}/infer", data=body, headers=headers) as r:
-                    answers[k][i] = (r.status, r.headers.get("Inference-Header-Content-Length", "0"), await r.read())
-            except aiohttp.ClientError:
-                pass
-            times.append(time.perf_counter() - t)
-
-        async def run_stream(k, t0):
-            for i in range(len(streams[k])):
-                due = None
-                if t0 is not None:  # open loop: request i of stream k at its turn among all (one stream a turn)
-                    due = t0 + (k + i * len(streams)) / rate
-                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
-                await send(k, i, due)
-
-        if rate:
-            async def ready():
-                async with client.get("/v2/health/ready") as r:
-                    await r.read()
-
-            await asyncio.gather(*(ready() for _ in range(clients)))  # connections open before the clock starts
-            t0 = time.perf_counter() + _OPEN_LOOP_START_S
-            start = time.time() + _OPEN_LOOP_START_S
-            await asyncio.gather(*(run_stream(k, t0) for k in range(len(streams))))
-        else:
-            pending = iter(range(len(streams)))
-
-            async def client_loop():
-                for k in pending:
-                    await run_stream(k, None)
-
-            start = time.time()
-            await asyncio.gather(*(client_loop() for _ in range(clients)))
-        end = time.time()
-    errors = sum(not answered_right(a, want, atol) for got, wants in zip(answers, reference) for a, want in zip(got, wants))
-    return times, lags, errors, start, end
-
-
-_OPEN_LOOP_START_S = 0.1  # the open-loop schedule starts after every stream's coroutine has started
-
-
 def settle_heap() -> None:
     """Leave what this process has allocated so far (it imported TVM, and torch with it) out of the collector's full
     collections, which would otherwise pause it mid-run for tens of ms (as `tvmrnn serve`'s processes do)."""
@@ -202,8 +145,16 @@ def settle_heap() -> None:
 
 
 def client_process(url, model, streams, reference, clients, rate, atol):
+    """Send `streams` (see load_client.LoadRun), then check every answer: (latencies, send lags, errors, start and end
+    time, this process's CPU seconds during the run). The bodies are built before the clock starts and the answers
+    checked after it stops."""
     settle_heap()
-    return asyncio.run(_send_streams(url, model, streams, reference, clients, rate, atol))
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    wires = [[encode_post(f"{host}:{port}", f"/v2/models/{model}/infer", *binary_request(feeds, params)) for feeds, params in stream]
+             for stream in streams]
+    load, start, end, cpu = run_load(host, int(port), wires, clients, rate)
+    errors = sum(not answered_right(a, want, atol) for got, wants in zip(load.answers, reference) for a, want in zip(got, wants))
+    return load.times, load.lags, errors, start, end, cpu
 
 
 def served(pool, url: str, model: str, streams, reference, args, rate: float | None = None) -> dict:
@@ -217,7 +168,7 @@ def served(pool, url: str, model: str, streams, reference, args, rate: float | N
     times = [t for r in results for t in r[0]]
     wall = max(r[4] for r in results) - min(r[3] for r in results)
     return {"times": times, "lags": [t for r in results for t in r[1]], "errors": sum(r[2] for r in results),
-            "rps": len(times) / wall}
+            "rps": len(times) / wall, "client_cpu_us": 1e6 * sum(r[5] for r in results) / max(len(times), 1)}
 
 
 # -- the server ----------------------------------------------------------------------------------------
@@ -323,7 +274,7 @@ def measure(pool, url: str, model: str, paths, args, server: subprocess.Popen) -
     row = {"model": model, "requests": len(direct_times), "concurrency": args.concurrency, "errors": peak["errors"],
            "served_p50_ms": percentile(peak["times"], 50), "served_p99_ms": percentile(peak["times"], 99),
            "served_rps": peak["rps"], "direct_p50_ms": percentile(direct_times, 50),
-           "direct_p99_ms": percentile(direct_times, 99), "direct_rps": direct_rps}
+           "direct_p99_ms": percentile(direct_times, 99), "direct_rps": direct_rps, "cpu_us_client": peak["client_cpu_us"]}
     row["served_vs_direct_throughput"] = row["served_rps"] / row["direct_rps"]
     row.update(profile(before, server_stats(url, model)))
     row.update({f"cpu_us_{role}": 1e6 * (cpu[role] - cpu_before[role]) / len(peak["times"]) for role in cpu})
@@ -331,7 +282,7 @@ def measure(pool, url: str, model: str, paths, args, server: subprocess.Popen) -
         half = served(pool, url, model, streams, reference, args, rate=peak["rps"] / 2)
         row.update({"half_rate_rps": half["rps"], "half_rate_p50_ms": percentile(half["times"], 50),
                     "half_rate_p99_ms": percentile(half["times"], 99), "half_rate_errors": half["errors"],
-                    "half_rate_lag_p99_ms": percentile(half["lags"], 99)})
+                    "half_rate_lag_p99_ms": percentile(half["lags"], 99), "half_rate_cpu_us_client": half["client_cpu_us"]})
     return row
 
 
@@ -382,7 +333,7 @@ def main():
            "max_dims": meta.get("max_dims"), "cuda_graph": meta.get("cuda_graph"),
            "max_batch_size": args.max_batch_size, "max_delay_ms": args.max_delay_ms, "isolation": args.isolation,
            "http_workers": args.http_workers, "client_procs": args.client_procs, "tvm_threads": args.threads or "default",
-           "kws_frames": args.frames, "stream_chunk": args.chunk, "transport": "HTTP/1.1 loopback, binary tensors, aiohttp clients"}
+           "kws_frames": args.frames, "stream_chunk": args.chunk, "transport": "HTTP/1.1 loopback, binary tensors, keep-alive clients (asyncio protocols, httptools)"}
     write(args.out, results, env, "python benchmarks/load_test.py " + " ".join(sys.argv[1:]), device_label(args.target, env["device"]))
     ok = all(r["errors"] == 0 and r.get("half_rate_errors", 0) == 0 for r in results)
     print("zero-error check:", "PASS" if ok else "FAIL")
@@ -394,11 +345,13 @@ COLUMNS = [("model", "model"), ("requests", "requests"), ("concurrency", "client
            ("served_rps", "served req/s"), ("direct_p50_ms", "direct p50 ms"), ("direct_p99_ms", "direct p99 ms"),
            ("direct_rps", "direct req/s"), ("served_vs_direct_throughput", "served ÷ direct")]
 HALF_COLUMNS = [("half_rate_rps", "half-rate req/s"), ("half_rate_p50_ms", "p50 ms"), ("half_rate_p99_ms", "p99 ms"),
-                ("half_rate_errors", "errors"), ("half_rate_lag_p99_ms", "client send lag p99 ms")]
+                ("half_rate_errors", "errors"), ("half_rate_lag_p99_ms", "client send lag p99 ms"),
+                ("half_rate_cpu_us_client", "client CPU µs/req")]
 PROFILE_COLUMNS = [("request_in_server_ms", "request in server ms"), ("queue_ms", "queue ms"), ("batch_input_ms", "input ms/batch"),
                    ("batch_infer_ms", "infer ms/batch"), ("batch_output_ms", "output ms/batch"),
                    ("http_and_hop_ms", "HTTP, decode, hop ms"), ("cpu_us_http", "HTTP CPU µs/req"),
-                   ("cpu_us_engine", "engine CPU µs/req"), ("cpu_us_model_worker", "model worker CPU µs/req")]
+                   ("cpu_us_engine", "engine CPU µs/req"), ("cpu_us_model_worker", "model worker CPU µs/req"),
+                   ("cpu_us_client", "client CPU µs/req")]
 
 
 def _table(results: list[dict], columns) -> list[str]:
@@ -423,7 +376,8 @@ def write(out_dir: str, results: list[dict], env: dict, command: str, device: st
               "the time each request was due (client send lag: how late the client sent it). input: assembling "
               "a batch and copying it to the device; infer: the module to its end; output: copies back and the split per "
               "request; HTTP, decode, hop: the rest of a request's time in the server. CPU µs/req: user + system time of "
-              "the server's processes of that role during the full-rate run, per request. Zero-error check: "
+              "the server's processes of that role during the full-rate run, per request; client: the load generator's "
+              "processes (which stand for clients on other machines). Zero-error check: "
               f"{'PASS' if all(r['errors'] == 0 and r.get('half_rate_errors', 0) == 0 for r in results) else 'FAIL'}."]
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -575,6 +575,44 @@ def test_http_workers_listen_on_sockets_of_their_own():
     assert sum(accepted) == 32 and min(accepted) >= 4, accepted
 
 
+def test_a_response_leaves_in_one_write():
+    """uvicorn writes a response's head and its body separately: the server's transport holds the writes of one turn of
+    the event loop and sends them with one writelines; closing sends what it holds first."""
+    from tvmrnn.serve.server import _CoalescedWrites
+
+    class Transport:
+        def __init__(self):
+            self.calls = []
+
+        def writelines(self, chunks):
+            self.calls.append(("writelines", list(chunks)))
+
+        def close(self):
+            self.calls.append(("close",))
+
+        def is_closing(self):
+            return False
+
+        def get_extra_info(self, name):
+            return name
+
+    async def scenario():
+        raw = Transport()
+        t = _CoalescedWrites(raw, asyncio.get_running_loop())
+        t.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        t.write(b"body")
+        assert raw.calls == [] and t.get_extra_info("peername") == "peername"
+        await asyncio.sleep(0)
+        assert raw.calls == [("writelines", [b"HTTP/1.1 200 OK\r\n\r\n", b"body"])]
+        t.write(b"last")
+        t.close()
+        assert raw.calls[1:] == [("writelines", [b"last"]), ("close",)]
+        await asyncio.sleep(0)
+        assert len(raw.calls) == 3  # nothing left to send after the close
+
+    asyncio.run(scenario())
+
+
 def test_http_workers_share_one_engine_per_model(modules, reference):
     """--http-workers 2: requests over many connections (so both workers) are batched together by the model's engine, a
     sequence's chunks on fresh connections keep their state, bad requests get 4xx, an engine that dies is restarted, and
@@ -622,6 +660,42 @@ def test_http_workers_share_one_engine_per_model(modules, reference):
 
 
 # -- an existing v2 client ---------------------------------------------------------------------------
+def test_load_clients_answers_latencies_and_a_closed_connection(server, reference):
+    """benchmarks/load_client.py, the load test's clients: every answer in closed and open loop, one latency per request,
+    the open loop at its rate; a connection the server closes fails the rest of its stream and a new one goes on."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from load_client import encode_post, run_load
+
+    host, port = server.host, server.port
+    feeds = [kws_input(seed) for seed in range(24)]
+
+    def wire(f, extra=None):
+        body, headers = _binary_request(f)
+        return encode_post(f"{host}:{port}", "/v2/models/kws_gru/infer", body, {**headers, **(extra or {})})
+
+    def check(answer, f):
+        status, header_length, body = answer
+        assert status == 200
+        n = int(header_length)
+        out = np.frombuffer(body[n:], "float32").reshape(json.loads(body[:n])["outputs"][0]["shape"])
+        assert_close({"keyword_logits": out}, reference["kws_gru"].run(f))
+
+    streams = [[wire(feeds[2 * k]), wire(feeds[2 * k + 1])] for k in range(12)]
+    for rate in (None, 100.0):
+        load, start, end, cpu = run_load(host, port, streams, 4, rate)
+        assert len(load.times) == 24 and cpu > 0
+        for k in range(12):
+            for i in range(2):
+                check(load.answers[k][i], feeds[2 * k + i])
+    assert 0.2 < end - start < 2.0, end - start  # 24 requests at 100/s: 0.23 s and the last one's latency
+    closing = [[wire(feeds[0], {"Connection": "close"}), wire(feeds[1])], [wire(feeds[2]), wire(feeds[3])]]
+    load, *_ = run_load(host, port, closing, 1, None)
+    check(load.answers[0][0], feeds[0])
+    assert load.answers[0][1] is None
+    check(load.answers[1][0], feeds[2])
+    check(load.answers[1][1], feeds[3])
+
+
 def test_tritonclient_http(server, reference):
     import tritonclient.http as httpclient  # in the [test] extra: a missing one fails here, never skips
     c = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
@@ -812,7 +886,7 @@ def test_batcher_waits_for_a_full_batch_or_its_delay_and_answers_callbacks(modul
 
     async def main():
         runner = _RowsRunner()
-        batcher = Batcher(sig, runner, 4, 0.5, Metrics(), inline=True)
+        batcher = Batcher(sig, runner, 4, 0.5, Metrics(), split=False)
         batcher.start()
         delivered = {}
         t = time.perf_counter()
@@ -831,6 +905,52 @@ def test_batcher_waits_for_a_full_batch_or_its_delay_and_answers_callbacks(modul
     assert full < 0.4 and 0.45 < waited < 2, (full, waited)
     assert [delivered[i].arrays()["keyword_logits"][0, 0] for i in (0, 1)] == [0, 1]
     assert [g["keyword_logits"][0, 0] for g in got] == [2, 3] and alone["keyword_logits"][0, 0] == 4
+
+
+class _SlowRunner(_RowsRunner):
+    """A model that takes `seconds` a batch with the GIL released, as a module does."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    def run(self, inputs):
+        time.sleep(self.seconds)
+        return super().run(inputs)
+
+
+def test_a_request_that_queued_during_a_batch_runs_next_without_waiting(modules):
+    """A request that arrives while the model runs a batch starts the next batch as soon as that one ends, not after
+    the batching delay; the event loop goes on meanwhile (the batch runs in the worker thread)."""
+    from tvmrnn.runtime import metadata_path
+    from tvmrnn.serve.batcher import Batcher
+    from tvmrnn.serve.metrics import Metrics
+    from tvmrnn.serve.signature import build_signature
+
+    with open(metadata_path(modules["kws_gru"])) as f:
+        sig = build_signature("kws_gru", json.load(f))
+    feeds = [{"mfcc": np.full((1, 3, 40), i, "float32")} for i in range(2)]
+
+    async def main():
+        runner, ticks = _SlowRunner(0.4), []
+        batcher = Batcher(sig, runner, 4, 0.6, Metrics())
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit(feeds[0]))  # alone: runs after the delay, for 0.4 s
+        await asyncio.sleep(0.8)  # the first batch is running now
+        t = time.perf_counter()
+        second = asyncio.ensure_future(batcher.submit(feeds[1]))
+        while not first.done():
+            ticks.append(time.perf_counter())
+            await asyncio.sleep(0.01)
+        out = await second
+        waited = time.perf_counter() - t
+        await batcher.close()
+        return runner.batches, (await first)["keyword_logits"][0, 0], out["keyword_logits"][0, 0], waited, len(ticks)
+
+    batches, first, second, waited, ticks = asyncio.run(main())
+    assert batches == [1, 1] and (first, second) == (0, 1)
+    assert 0.4 < waited < 0.9, waited  # the rest of the first batch and its own run; after the delay it would be > 1.0
+    assert ticks > 5
 
 
 def test_merge_pads_to_a_bucket_and_split_drops_the_filler(modules):

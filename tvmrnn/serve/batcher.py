@@ -2,11 +2,13 @@
 
 Requests queue per model. A batch starts from the oldest queued request and takes the queued requests
 that can join it (equal group key: same shapes off the batch and padded axes, see `Signature.group_key`)
-until it has `max_batch_size` rows or `max_delay_s` has passed since that oldest request arrived.
-It is merged, run and split back in the model's own worker thread, so the event loop goes on parsing requests while
-it runs (`inline`: on the event loop itself, where the loop has nothing else to do: a model's engine process, whose
-`enqueue` callbacks get each request's `Rows` unsplit, to gather per HTTP worker). One batch runs at a time per model. A runner with `buckets` (a module on the GPU) gets its
-batches padded to a bucket and assembled into its own buffers (`runner.buffer`), so its shapes repeat.
+until it has `max_batch_size` rows or `max_delay_s` has passed since that oldest request arrived; a request that
+arrived while the model ran the batch before waits for nothing more: under load batches run back to back, each taking
+what queued during the last, and the model is never idle while requests wait.
+One batch runs at a time per model, merged, run and split back in the model's own worker thread, so the event loop goes
+on reading and answering requests while it runs (the module releases the GIL; `split=False`: `enqueue`'s callbacks get
+each request's `Rows` unsplit, which an engine gathers per HTTP worker). A runner with `buckets` (a module on the GPU)
+gets its batches padded to a bucket and assembled into its own buffers (`runner.buffer`), so its shapes repeat.
 
 When a batch crashes the model's worker process (see `workers.py`) or fails the runtime's input checks,
 its requests are re-run one by one so only the request at fault fails.
@@ -75,8 +77,8 @@ class _Item:
 
 
 class Batcher:
-    def __init__(self, sig: Signature, runner, max_batch_size: int, max_delay_s: float, metrics: Metrics, inline: bool = False):
-        self.sig, self.runner, self.metrics, self.inline = sig, runner, metrics, inline
+    def __init__(self, sig: Signature, runner, max_batch_size: int, max_delay_s: float, metrics: Metrics, split: bool = True):
+        self.sig, self.runner, self.metrics, self.split = sig, runner, metrics, split
         self.max_batch_size, self.max_delay_s = max_batch_size, max_delay_s
         self._pending: collections.deque[_Item] = collections.deque()
         self._rows: dict[object, int] = {}  # group key -> rows queued under it
@@ -85,6 +87,7 @@ class Batcher:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._closing = False
+        self._last_end = float("-inf")  # when the last batch's run ended
 
     def start(self) -> None:
         self._wakeup = asyncio.Event()
@@ -146,7 +149,10 @@ class Batcher:
 
     async def _fill(self, head: _Item) -> None:
         """Wait until `head`'s batch has max_batch_size rows, max_delay_s has passed since `head` arrived, or the batcher
-        closes. One timer per batch; a new request wakes the loop only when it fills the batch."""
+        closes; not at all where `head` arrived while the last batch ran. One timer per batch; a new request wakes the
+        loop only when it fills the batch."""
+        if head.enqueued <= self._last_end:
+            return
         passed = False
 
         def deadline() -> None:
@@ -188,10 +194,11 @@ class Batcher:
         start = time.perf_counter()
         observe_many(self._queue_seconds, [start - it.enqueued for it in batch])
         feeds, rows = [it.feeds for it in batch], [it.rows for it in batch]
-        if self.inline:
-            results = self._compute(feeds, rows)
-        else:  # the split too in the worker thread
-            results = await asyncio.get_running_loop().run_in_executor(self._executor, self._compute_split, feeds, rows)
+        compute = self._compute_split if self.split else self._compute  # the split too in the worker thread
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(self._executor, compute, feeds, rows)
+        finally:
+            self._last_end = time.perf_counter()
         for it, res in zip(batch, results):
             it.resolve(res)
 

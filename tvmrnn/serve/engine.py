@@ -3,7 +3,9 @@
 With several HTTP workers (`--http-workers N`, see `cluster.py`), each model gets one engine process
 (`python -m tvmrnn.serve.engine SOCKET MODULE.so CONFIG`): it loads the module (a worker process of its own where
 the model has index inputs, as `workers.make_runner` decides), keeps the streaming state of its sequences, and
-batches the requests of every HTTP worker together; its batches run on its event loop (nothing else waits for it).
+batches the requests of every HTTP worker together; a batch runs in the batcher's worker thread (the module releases
+the GIL), so the event loop goes on taking in requests and sending answers meanwhile, and the next batch, of what
+queued during this one, starts as soon as this one ends.
 HTTP workers reach it through `RemoteCore` over a Unix socket.
 
 The socket carries `frames` (a binary head and the tensors' raw bytes; never pickled, no JSON). A request's head carries
@@ -37,6 +39,7 @@ from .protocol import ProtocolError
 
 log = logging.getLogger("tvmrnn.serve")
 _CONNECT_TIMEOUT_S = 300.0
+_SWITCH_INTERVAL_S = 0.0002
 
 
 # -- the HTTP worker's side -----------------------------------------------------------------------------
@@ -197,7 +200,7 @@ async def run_engine(served, config, socket_path: str) -> None:
 
     metrics = Metrics()
     sig = served.signature
-    batcher = Batcher(sig, served.runner, sig.batch_limit(config.max_batch_size), config.max_delay_ms / 1000, metrics, inline=True)
+    batcher = Batcher(sig, served.runner, sig.batch_limit(config.max_batch_size), config.max_delay_ms / 1000, metrics, split=False)
     batcher.start()
     sequences = SequenceStore(config.max_sequences, config.sequence_idle_s, metrics)
     core = ModelCore(served.name, sig, batcher, sequences)
@@ -247,6 +250,8 @@ def main(socket_path: str, module_path: str, config_json: str, log_level: str) -
         print(f"error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
     settle_heap()
+    # the batch thread waits for the GIL when its run returns: at most this long while the event loop is busy (5 ms by default)
+    sys.setswitchinterval(_SWITCH_INTERVAL_S)
     try:
         import uvloop
 

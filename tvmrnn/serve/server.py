@@ -11,6 +11,7 @@ import threading
 import time
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from .logs import logging_config
 from .workers import settle_heap
@@ -30,9 +31,42 @@ def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     return sock
 
 
+class _CoalescedWrites:
+    """A connection's transport whose writes of one turn of the event loop leave in one `writelines` (one system call):
+    uvicorn writes a response's head and body separately, each at once, so every answer cost two sends (and the client
+    two reads). Everything else is the transport's own; `close` sends what is held first."""
+
+    def __init__(self, transport, loop):
+        self._transport, self._loop, self._out = transport, loop, []
+
+    def write(self, data) -> None:
+        if not self._out:
+            self._loop.call_soon(self._flush)
+        self._out.append(data)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if out and not self._transport.is_closing():
+            self._transport.writelines(out)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name):
+        return getattr(self._transport, name)
+
+
+class _HttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, its writes coalesced per turn of the event loop (`_CoalescedWrites`)."""
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(_CoalescedWrites(transport, self.loop))
+
+
 def make_server(app, graceful_timeout_s: float = 30.0, log_level: str = "info") -> uvicorn.Server:
     # proxy_headers off: nothing reads the client's address, and its middleware ran on every request
-    config = uvicorn.Config(app, log_config=logging_config(log_level), access_log=False, lifespan="on", proxy_headers=False,
+    config = uvicorn.Config(app, http=_HttpProtocol, log_config=logging_config(log_level), access_log=False, lifespan="on", proxy_headers=False,
                             server_header=False,
                             timeout_graceful_shutdown=max(1, round(graceful_timeout_s)), log_level=log_level)
     return uvicorn.Server(config)
