@@ -334,6 +334,9 @@ def _chunk(a: KernelArgs, cfg: ClusterConfig, rows: dict, regs: dict, weights: d
                     lambda n, j: T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j)))
     if arrivals:
         arrivals.arm_chunk(n0)
+    # the initial states visible to the CTA's threads: written here, as TVM's barrier planner cannot place a barrier
+    # under auto's batch dispatch (the kernel is one branch of it)
+    block_sync()
     _cluster_barrier()  # every CTA started (DSMEM needs it), holds the initial states (and sees the mbarriers armed)
     _prefetch_xw(a, cfg, xw, i64(0), d, j0, n0, ty, lane)
 

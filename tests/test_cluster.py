@@ -204,3 +204,15 @@ def test_every_point_of_the_space_fits():
             assert cfg.valid(spec) and cfg.smem_bytes(spec, cell) <= Device().smem_limit, (op, hidden, dtype, cfg)
     _, spec = _layer("LSTM", 256)
     assert default_config("cluster", spec, cell_for(spec), SM90A)["registers"] == 1
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_auto_dispatch_with_a_cluster_branch_builds(op):
+    """Auto's batch-1 branch is the cluster kind, one branch of the batch dispatch: its barriers are all written
+    (TVM's planner cannot insert one under the dispatch's condition), and the whole kernel builds through NVRTC."""
+    from schedules import recurrent_kernel
+
+    _, spec = _layer(op, 256, direction="bidirectional")
+    assert plan_kernel(spec, cell_for(spec), SM90A).branches[0].config.kind == "cluster"
+    kernel = recurrent_kernel(spec, cell_for(spec), SM90A, "auto")
+    assert "barrier.cluster" in tvm.tirx.build(kernel.func, target=SM90A, pipeline=cooperative.register()).imports[0].inspect_source()
