@@ -107,18 +107,29 @@ class ConvTiling:
 def conv_tiling(width, ob: int, lanes: int, stride: int) -> ConvTiling:
     """The tile for an output row of `width` columns (an int or symbolic) and weights packed by `ob` channels.
     At stride 1, where the width is whole vectors or `ob` is narrower than one (24 channels under AVX-512), a tile is
-    one or two vectors of columns (loaded straight from the input row) x OC channels, each weight broadcast; otherwise
-    OB channels (a vector of the packed weights) x XB columns, each input value broadcast. The columns are padded to
-    whole tiles (_packed_conv) wherever the width does not divide, so no tile carries a bounds check."""
+    OC channels x whole vectors of columns (loaded straight from the input row), each weight broadcast
+    (_column_tile); otherwise OB channels (a vector of the packed weights) x XB columns, each input value broadcast.
+    The columns are padded to whole tiles (_packed_conv) wherever the width does not divide, so no tile carries a
+    bounds check."""
     static = _static(width)
     whole_vectors = static is not None and static % lanes == 0
     if stride == 1 and (ob < lanes or whole_vectors):
-        across = 2 * lanes if static is not None and static % (2 * lanes) == 0 else lanes
-        oc = next(c for c in (16, 8, 4, 2, 1) if ob % c == 0 and c * (across // lanes) <= 16 and c * across <= TILE_FLOATS)
-        return ConvTiling(oc, across, True)
+        return _column_tile(static // lanes if whole_vectors else 1, ob, lanes)
     vectors = max(1, ob // lanes)  # accumulators: vectors x xb of the 32 (AVX-512) or 16 vector registers
     most = max(2, min((24 if lanes >= 16 else 12) // vectors, TILE_FLOATS // ob))
     return ConvTiling(ob, most if static is None else _balanced_tile(static, most), False)
+
+
+def _column_tile(row_vectors: int, ob: int, lanes: int) -> ConvTiling:
+    """OC channels (dividing ob) x NV vectors of columns (dividing a row's `row_vectors`), the accumulators at most 12
+    (of AVX-512's 32 registers; 8 of AVX2's 16) and within TILE_FLOATS, the most multiply-adds per load: a step of
+    the reduction loads NV vectors and broadcasts OC weights for OC x NV multiply-adds (4 x 3 where a row is a
+    multiple of 3 vectors, 4 x 2 or 8 x 1 otherwise)."""
+    most = 12 if lanes >= 16 else 8
+    shapes = [(oc, nv) for oc in (16, 8, 4, 2, 1) for nv in (6, 5, 4, 3, 2, 1)
+              if ob % oc == 0 and row_vectors % nv == 0 and oc * nv <= most and oc * nv * lanes <= TILE_FLOATS]
+    oc, nv = max(shapes, key=lambda t: (t[0] * t[1] / (t[0] + t[1]), t[1]))
+    return ConvTiling(oc, nv * lanes, True)
 
 
 def _balanced_tile(extent: int, most: int) -> int:
@@ -174,8 +185,8 @@ def _padded_input(x, before, extents):
     """x zero-padded to the spatial `extents` the conv reads (its padding, and the columns its last tile overhangs),
     `before` of them ahead of x's; x itself where that is no padding at all."""
     size = x.shape[2:]
-    if all(_static(b) == 0 for b in before) and all(_static(e) is not None and _static(s) is not None and _static(e) <= _static(s)
-                                                    for e, s in zip(extents, size)):
+    analyzer = tvm.sym.Analyzer()
+    if all(_static(b) == 0 for b in before) and all(analyzer.can_prove(e <= s) for e, s in zip(extents, size)):
         return x
 
     def value(b, ch, *pos):
@@ -335,51 +346,65 @@ class ConvPacked(ScheduleRule):
         found = _main_and_epilogue(sch, self.block)
         if found is None:
             return None
-        self.schedule(sch, *found)
+        self.schedule(sch, *found, vector_lanes(target))
         _schedule_rest(sch, exclude={self.block, sch.get(found[1]).name_hint})
         return sch
 
-    def schedule(self, sch, conv, out):
+    def schedule(self, sch, conv, out, lanes: int):
         a = sch.get(conv).annotations  # the tile conv_tiling chose when the compute was made
-        _conv_tile(sch, conv, out, int(a["tile_channels"]), int(a["tile_columns"]), bool(int(a["vector_columns"])))
+        _conv_tile(sch, conv, out, int(a["tile_channels"]), int(a["tile_columns"]), bool(int(a["vector_columns"])), lanes)
 
 
-def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool):
-    """Tiles of oc channels x xc output columns per (image, channel block, row) on the thread pool, the conv's
-    accumulators for a tile computed under it and the epilogue applied from them; the vector axis is the columns or
-    the channels (whose accumulators are then laid out channels-innermost). A conv1d is the same without rows."""
+def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool, lanes: int):
+    """Tiles of oc channels x xc output columns per (image, row, column tile, channel block), the rows on the thread
+    pool and the channel blocks innermost (a tile's input columns stay in L1 across them), the conv's accumulators
+    for a tile computed under it and the epilogue applied from them; the vector axis is the columns (in vectors of
+    `lanes`) or the channels (whose accumulators are then laid out channels-innermost). A conv1d is the same
+    without rows."""
     pays = parallel_pays(_work(sch, conv))
     n, o, *rows, x = sch.get_loops(out)
     oo, oi = sch.split(o, [None, oc])
     xo, xi = sch.split(x, [None, xc])
-    vec, unrolled = (xi, oi) if columns_vector else (oi, xi)
-    sch.reorder(n, oo, *rows, xo, unrolled, vec)
-    outer = sch.fuse(n, oo, *rows)
+    if columns_vector:
+        xv, xl = sch.split(xi, [None, min(xc, lanes)])
+        sch.reorder(n, *rows, xo, oo, oi, xv, xl)
+        unrolled, vec = [oi, xv], xl
+    else:
+        sch.reorder(n, *rows, xo, oo, xi, oi)
+        unrolled, vec = [xi], oi
+    outer = sch.fuse(n, *rows)
     if pays:
         sch.parallel(outer)
     sch.vectorize(vec)
-    sch.unroll(unrolled)
-    sch.compute_at(conv, xo, preserve_unit_loops=True)
+    for loop in unrolled:
+        sch.unroll(loop)
+    sch.compute_at(conv, oo, preserve_unit_loops=True)
     sch.set_scope(conv, 0, TILE_SCOPE)
     if not columns_vector:
         sch.transform_layout(conv, ("write", 0), lambda b, o, *yx: (b, *yx, o))
     reduce_axes = len(sch.get(conv).iter_vars) - 3 - len(rows)  # (c, ry, rx) or (c, rx)
     cn, co, *cy, cx = sch.get_loops(conv)[-(3 + len(rows) + reduce_axes):-reduce_axes]
     reduction = sch.get_loops(conv)[-reduce_axes:]
-    cvec, cunrolled = (cx, co) if columns_vector else (co, cx)
-    sch.reorder(cn, *cy, *reduction, cunrolled, cvec)
+    if columns_vector:
+        cxv, cxl = sch.split(cx, [None, min(xc, lanes)])
+        cunrolled, cvec = [co, cxv], cxl
+    else:
+        cunrolled, cvec = [cx], co
+    sch.reorder(cn, *cy, *reduction, *cunrolled, cvec)
     sch.vectorize(cvec)
-    sch.unroll(cunrolled)
-    _vector_init(sch, sch.decompose_reduction(conv, reduction[0]))
+    for loop in cunrolled:
+        sch.unroll(loop)
+    _vector_init(sch, sch.decompose_reduction(conv, reduction[0]), unrolled=len(cunrolled))
 
 
-def _vector_init(sch, block) -> None:
-    """A tile's zeroing or write-back: the inner loop vectorized, the one above unrolled."""
+def _vector_init(sch, block, unrolled: int = 1) -> None:
+    """A tile's zeroing or write-back: the inner loop vectorized, the `unrolled` ones above it unrolled."""
     loops = sch.get_loops(block)
     if isinstance(sch.get(loops[-1]).extent, tirx.IntImm):  # a tile clipped to a symbolic edge stays a plain loop
         sch.vectorize(loops[-1])
-    if isinstance(sch.get(loops[-2]).extent, tirx.IntImm):
-        sch.unroll(loops[-2])
+    for loop in loops[-1 - unrolled:-1]:
+        if isinstance(sch.get(loop).extent, tirx.IntImm):
+            sch.unroll(loop)
 
 
 class DensePacked(ScheduleRule):
