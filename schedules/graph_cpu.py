@@ -32,6 +32,7 @@ from tvm.target.codegen import llvm_get_vector_width
 from .device import MIN_PARALLEL_WORK, parallel_pays
 
 CONV_BLOCK, DENSE_BLOCK = "conv2d_packed", "dense_packed"
+PADDED_INPUTS = ("pad_temp", "phase_split")  # the stages that lay a conv's input out zero-padded
 # A register tile's accumulators: a "global"-scope buffer under 1 KB (runtime::kMaxStackAlloca), which TVM's lowering
 # puts on the stack, where LLVM keeps it in registers. TVM puts "local" buffers, and larger ones, on the heap
 # (TVMBackendAllocWorkspace), where LLVM may store every accumulator back at each step of the reduction: the dense
@@ -48,6 +49,12 @@ def vector_lanes(target, dtype_bits=32) -> int:
 def channel_block(channels: int, lanes: int) -> int:
     """Output channels per conv tile: two vectors where they divide the channels, else the largest power of two that does."""
     return next(b for b in (2 * lanes, lanes, 8, 4, 2, 1) if channels % b == 0)
+
+
+def conv_channel_block(channels: int, lanes: int) -> int:
+    """Output channels per packed block of a conv2d: all of them where they are narrower than a vector (a group's 5
+    output channels tile as 5 x NV vectors of columns, not 1 x NV), else channel_block's."""
+    return channels if channels < lanes else channel_block(channels, lanes)
 
 
 def pack_conv_weight(w: np.ndarray, ob: int) -> np.ndarray:
@@ -106,14 +113,15 @@ class ConvTiling:
 
 def conv_tiling(width, ob: int, lanes: int, stride: int) -> ConvTiling:
     """The tile for an output row of `width` columns (an int or symbolic) and weights packed by `ob` channels.
-    At stride 1, where the width is whole vectors or `ob` is narrower than one (24 channels under AVX-512), a tile is
-    OC channels x whole vectors of columns (loaded straight from the input row), each weight broadcast
+    Where the width is whole vectors or `ob` is narrower than one (24 channels under AVX-512), a tile is OC channels x
+    whole vectors of columns (loaded straight from the input row, or from one phase of a strided conv's), each weight
+    broadcast
     (_column_tile); otherwise OB channels (a vector of the packed weights) x XB columns, each input value broadcast.
     The columns are padded to whole tiles (_packed_conv) wherever the width does not divide, so no tile carries a
     bounds check."""
     static = _static(width)
     whole_vectors = static is not None and static % lanes == 0
-    if stride == 1 and (ob < lanes or whole_vectors):
+    if ob < lanes or whole_vectors:
         return _column_tile(static // lanes if whole_vectors else 1, ob, lanes)
     vectors = max(1, ob // lanes)  # accumulators: vectors x xb of the 32 (AVX-512) or 16 vector registers
     most = max(2, min((24 if lanes >= 16 else 12) // vectors, TILE_FLOATS // ob))
@@ -126,7 +134,7 @@ def _column_tile(row_vectors: int, ob: int, lanes: int) -> ConvTiling:
     the reduction loads NV vectors and broadcasts OC weights for OC x NV multiply-adds (4 x 3 where a row is a
     multiple of 3 vectors, 4 x 2 or 8 x 1 otherwise)."""
     most = 12 if lanes >= 16 else 8
-    shapes = [(oc, nv) for oc in (16, 8, 4, 2, 1) for nv in (6, 5, 4, 3, 2, 1)
+    shapes = [(oc, nv) for oc in range(ob, 0, -1) for nv in (6, 5, 4, 3, 2, 1)
               if ob % oc == 0 and row_vectors % nv == 0 and oc * nv <= most and oc * nv * lanes <= TILE_FLOATS]
     oc, nv = max(shapes, key=lambda t: (t[0] * t[1] / (t[0] + t[1]), t[1]))
     return ConvTiling(oc, nv * lanes, True)
@@ -157,21 +165,30 @@ def _packed_conv(x, wp, strides, pads_before, pads_after, dilation, lanes, chann
     """The conv over packed weights with as many spatial axes as x has after (n, c): the padded input, the
     accumulation over whole column tiles, and the output cropped to its true width where the tiles overhang it, and to
     `channels` where the packed weight ends in zero channels. With groups, wp's input channels are a group's and OB
-    divides a group's output channels, so a tile of OB channels reads one group's inputs (depthwise: OB = 1)."""
+    divides a group's output channels, so a tile of OB channels reads one group's inputs (depthwise: OB = 1).
+    A conv strided along the columns whose tile is a vector of columns reads its input split into the stride's
+    phases (_phase_split_input): each output vector then loads consecutive values of one phase."""
     n, _, *size = x.shape
     ob_count, c, *kernel, ob = wp.shape
     channel = _group_channel(ob_count, c, ob, groups)
     simplify = tvm.sym.Analyzer().simplify
     out = [simplify((s + b + a - (k - 1) * d - 1) // st + 1)
            for s, b, a, k, d, st in zip(size, pads_before, pads_after, kernel, dilation, strides)]
-    tiling = conv_tiling(out[-1], int(ob), lanes, int(strides[-1]))
+    stride, step = int(strides[-1]), int(dilation[-1])
+    tiling = conv_tiling(out[-1], int(ob), lanes, stride)
+    phased = stride > 1 and tiling.vector_columns
     width = _whole_tiles(out[-1], tiling.columns)
-    padded = _padded_input(x, pads_before, [(o - 1) * st + (k - 1) * d + 1
-                                            for o, st, k, d in zip([*out[:-1], width], strides, kernel, dilation)])
+    extents = [(o - 1) * st + (k - 1) * d + 1 for o, st, k, d in zip([*out[:-1], width], strides, kernel, dilation)]
+    if phased:
+        padded = _phase_split_input(x, pads_before, extents[:-1], width + (int(kernel[-1]) - 1) * step // stride, stride)
+    else:
+        padded = _padded_input(x, pads_before, extents)
     reduce = [te.reduce_axis((0, c), "rc")] + [te.reduce_axis((0, k), f"r{i}") for i, k in enumerate(kernel)]
 
     def body(b, o, *pos):
-        at = [p * st + r * d for p, st, r, d in zip(pos, strides, reduce[1:], dilation)]
+        at = [p * st + r * d for p, st, r, d in zip(pos[:-1], strides, reduce[1:], dilation)]
+        col = reduce[-1] * step
+        at += [col % stride, pos[-1] + col // stride] if phased else [pos[-1] * stride + col]
         return te.sum(padded[(b, channel(o, reduce[0]), *at)] * wp[(o // ob, reduce[0], *reduce[1:], o % ob)], axis=reduce)
 
     conv = te.compute((n, ob_count * ob, *out[:-1], width), body, name=CONV_BLOCK, attrs=tiling.attrs())
@@ -190,10 +207,27 @@ def _padded_input(x, before, extents):
         return x
 
     def value(b, ch, *pos):
-        inside = tirx.all(*[tirx.all(p >= lo, p < s + lo) for p, lo, s in zip(pos, before, size)])
-        return tirx.if_then_else(inside, x[(b, ch, *[p - lo for p, lo in zip(pos, before)])], tirx.const(0.0, x.dtype))
+        return _inside_or_zero(x, b, ch, [p - lo for p, lo in zip(pos, before)])
 
     return te.compute((*x.shape[:2], *extents), value, name="pad_temp")
+
+
+def _phase_split_input(x, before, row_extents, phase_columns, stride: int):
+    """x zero-padded as _padded_input's, its columns split into the stride's phases: [n, c, *rows, stride,
+    phase_columns], phase q's column j the padded input's column j * stride + q."""
+
+    def value(b, ch, *pos):
+        *rows, q, j = pos
+        return _inside_or_zero(x, b, ch, [p - lo for p, lo in zip([*rows, j * stride + q], before)])
+
+    return te.compute((*x.shape[:2], *row_extents, stride, phase_columns), value, name="phase_split")
+
+
+def _inside_or_zero(x, b, ch, at):
+    """x[b, ch, *at] where `at` lies inside x's spatial extents, else zero; the test marked likely, so that the loop
+    over the columns is partitioned into its edges and a test-free interior (ConvPacked marks the loop)."""
+    inside = tirx.all(*[tirx.all(p >= 0, p < s) for p, s in zip(at, x.shape[2:])])
+    return tirx.if_then_else(tirx.likely(inside), x[(b, ch, *at)], tirx.const(0.0, x.dtype))
 
 
 def _group_channel(ob_count, group_channels, ob, groups: int):
@@ -347,7 +381,10 @@ class ConvPacked(ScheduleRule):
         if found is None:
             return None
         self.schedule(sch, *found, vector_lanes(target))
-        _schedule_rest(sch, exclude={self.block, sch.get(found[1]).name_hint})
+        for block in sch.get_child_blocks(sch.get_sblock("root")):
+            if sch.get(block).name_hint in PADDED_INPUTS:
+                _schedule_padded_input(sch, block)
+        _schedule_rest(sch, exclude={self.block, sch.get(found[1]).name_hint, *PADDED_INPUTS})
         return sch
 
     def schedule(self, sch, conv, out, lanes: int):
@@ -395,6 +432,20 @@ def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool, lanes: int):
     for loop in cunrolled:
         sch.unroll(loop)
     _vector_init(sch, sch.decompose_reduction(conv, reduction[0]), unrolled=len(cunrolled))
+
+
+def _schedule_padded_input(sch, block) -> None:
+    """pad_temp / phase_split: the rows (of every channel) on the thread pool where the work pays, each phase of a
+    phase split unrolled (so that its edge tests are constant), and the loop over the columns partitioned by the
+    likely tests (_inside_or_zero): a copy without tests between the edges."""
+    loops = sch.get_loops(block)
+    inner = 2 if sch.get(block).name_hint == "phase_split" else 1
+    outer = sch.fuse(*loops[:-inner]) if len(loops) > inner + 1 else loops[0]
+    if parallel_pays(_work(sch, block)):
+        sch.parallel(outer)
+    if inner == 2:
+        sch.unroll(loops[-2])
+    sch.annotate(loops[-1], "pragma_loop_partition_hint", 1)
 
 
 def _vector_init(sch, block, unrolled: int = 1) -> None:

@@ -56,7 +56,7 @@ def _out_channel_block(out_channels: int, padded=False, groups: int = 1) -> int:
     """Output channels per conv tile: a block of one group's."""
     from schedules import graph_cpu
 
-    block = graph_cpu.padded_channel_block if padded else graph_cpu.channel_block
+    block = graph_cpu.padded_channel_block if padded else graph_cpu.conv_channel_block
     return block(out_channels // groups, _lanes())
 
 
