@@ -228,7 +228,7 @@ def _packed_conv_with_relu(x_shape, w_shape, out_channels, groups, conv):
     bias + relu epilogue, scheduled by ConvPacked. Returns (PrimFunc, channel block)."""
     target = resolve_target("llvm")
     lanes = graph_cpu.vector_lanes(target)
-    ob = graph_cpu.channel_block(out_channels // groups, lanes)
+    ob = graph_cpu.conv_channel_block(out_channels // groups, lanes)
     x, b = te.placeholder(_i64(*x_shape)), te.placeholder(_i64(out_channels))
     wp = te.placeholder(_i64(out_channels // ob, *w_shape[1:], ob))
     y = conv(x, wp, lanes)
@@ -242,7 +242,7 @@ def _packed_conv_with_relu(x_shape, w_shape, out_channels, groups, conv):
     (2, 64, 6, 20, (3, 3), (1, 1), (1, 1, 1, 1), 2),  # two groups of 32 channels
     (16, 16, 5, 32, (1, 3), (1, 2), (0, 1, 0, 1), 16),  # depthwise, striding the width
     (16, 32, 4, 17, (3, 3), (2, 1), (1, 0, 1, 2), 16),  # depthwise with a multiplier of 2, an odd width
-    (64, 10, 8, 24, (5, 1), (1, 1), (4, 0, 0, 0), 2)])  # groups of 5 output channels (blocks of one)
+    (64, 10, 8, 24, (5, 1), (1, 1), (4, 0, 0, 0), 2)])  # groups of 5 output channels (a block of 5)
 def test_grouped_conv_matches_torch(c, o, h, w, k, stride, pad, groups):
     rng = np.random.default_rng(3)
     x_np, w_np, b_np = (rng.standard_normal(s).astype("f4") for s in ((1, c, h, w), (o, c // groups) + k, (o,)))
@@ -274,6 +274,74 @@ def test_transposed_conv_matches_torch(c, o, h, w, k, stride, pad, out_pad, dila
         x, wp, list(stride), list(pad), list(out_pad), list(dilation), lanes, groups))
     got = _run(func, resolve_target("llvm"), [x_np, graph_cpu.pack_conv_weight(weight, ob), b_np, np.zeros(ref.shape, "f4")])
     assert _rel_err(got, ref) < 1e-5
+
+
+def _random_conv_case(seed: int) -> dict:
+    """A conv or transposed conv of random channels, groups, window, strides, dilation and pads (a transposed conv's
+    within its window, output_padding below its stride), its height static or symbolic."""
+    rng = np.random.default_rng(100 + seed)
+    transposed = seed % 3 == 2
+    groups = int(rng.choice([1, 1, 2, 4])) if seed % 4 else int(rng.choice([8, 16]))  # every fourth depthwise-like
+    c, o = groups * int(rng.integers(1, 5)), groups * int(rng.integers(1, 7))
+    o = int(rng.choice([o, 32, 48])) if groups == 1 else o  # and tiles of a vector of channels
+    k = [int(rng.integers(1, 4)), int(rng.integers(1, 6))]
+    strides, dilation = [int(rng.integers(1, 4)) for _ in k], [int(rng.integers(1, 3)) for _ in k]
+    reach = [d * (kk - 1) for d, kk in zip(dilation, k)]
+    pads = [int(rng.integers(0, r + 1)) if transposed else int(rng.integers(0, 3)) for r in reach * 2]
+    out_pad = [int(rng.integers(0, s)) for s in strides] if transposed else None
+    h, w = int(rng.integers(max(reach[0] + 1, 3), 9)), int(rng.integers(max(reach[1] + 1, 5), 40))
+    return dict(transposed=transposed, groups=groups, c=c, o=o, k=k, strides=strides, dilation=dilation, pads=pads,
+                out_pad=out_pad, shape=(1, c, h, w), symbolic=bool(seed % 2))
+
+
+def _conv_relu_model(case, rng):
+    """The ONNX Conv (or ConvTranspose) + bias + Relu of `case` with random weights."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    c, o, groups = case["c"], case["o"], case["groups"]
+    w_shape = (c, o // groups, *case["k"]) if case["transposed"] else (o, c // groups, *case["k"])
+    w, b = rng.standard_normal(w_shape).astype("f4"), rng.standard_normal(o).astype("f4")
+    attrs = dict(kernel_shape=case["k"], strides=case["strides"], dilations=case["dilation"], pads=case["pads"], group=groups)
+    if case["transposed"]:
+        attrs["output_padding"] = case["out_pad"]
+    dims = ["h" if case["symbolic"] and i == 2 else d for i, d in enumerate(case["shape"])]
+    graph = helper.make_graph(
+        [helper.make_node("ConvTranspose" if case["transposed"] else "Conv", ["x", "w", "b"], ["c"], **attrs),
+         helper.make_node("Relu", ["c"], ["y"])], "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), w, b
+
+
+def _conv_relu_float64(case, x, w, b):
+    """The reference in float64 (torch): ONNX's per-side pads by padding the input, or cropping a transposed conv's
+    unpadded output extended by output_padding."""
+    import torch
+
+    t = lambda a: torch.from_numpy(a.astype("f8"))  # noqa: E731
+    top, left, bottom, right = case["pads"]
+    if not case["transposed"]:
+        padded = np.pad(x, [(0, 0), (0, 0), (top, bottom), (left, right)])
+        y = torch.nn.functional.conv2d(t(padded), t(w), t(b), case["strides"], 0, case["dilation"], case["groups"]).numpy()
+        return np.maximum(y, 0)
+    full = torch.nn.functional.conv_transpose2d(t(x), t(w), None, case["strides"], 0, 0, case["groups"], case["dilation"]).numpy()
+    full = np.pad(full, [(0, 0), (0, 0), (0, case["out_pad"][0]), (0, case["out_pad"][1])])
+    return np.maximum(full[:, :, top:full.shape[2] - bottom, left:full.shape[3] - right] + b[:, None, None], 0)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_convs_through_the_pipeline_match_float64(seed):
+    """Conv / ConvTranspose + bias + Relu nodes of random shapes compiled whole (legalization, fusion of the epilogue,
+    the packed kernels' schedules), against float64."""
+    case = _random_conv_case(seed)
+    rng = np.random.default_rng(seed)
+    model, w, b = _conv_relu_model(case, rng)
+    x = rng.standard_normal(case["shape"]).astype("f4")
+    got = tvmrnn.compile(model, target="llvm", logs=False).run({"x": x})
+    got = next(iter(got.values()))
+    ref = _conv_relu_float64(case, x, w, b)
+    assert got.shape == ref.shape, case
+    assert _rel_err(got, ref) < 1e-5, case
 
 
 @pytest.mark.parametrize("rows", [7, "rows"])
