@@ -201,13 +201,12 @@ def _packed_conv(x, wp, strides, pads_before, pads_after, dilation, lanes, chann
 def _padded_input(x, before, extents):
     """x zero-padded to the spatial `extents` the conv reads (its padding, and the columns its last tile overhangs),
     `before` of them ahead of x's; x itself where that is no padding at all."""
-    size = x.shape[2:]
-    analyzer = tvm.sym.Analyzer()
-    if all(_static(b) == 0 for b in before) and all(analyzer.can_prove(e <= s) for e, s in zip(extents, size)):
+    padded = _padded_axes(x, before, extents)
+    if not any(padded):
         return x
 
     def value(b, ch, *pos):
-        return _inside_or_zero(x, b, ch, [p - lo for p, lo in zip(pos, before)])
+        return _inside_or_zero(x, b, ch, [p - lo for p, lo in zip(pos, before)], padded)
 
     return te.compute((*x.shape[:2], *extents), value, name="pad_temp")
 
@@ -215,19 +214,25 @@ def _padded_input(x, before, extents):
 def _phase_split_input(x, before, row_extents, phase_columns, stride: int):
     """x zero-padded as _padded_input's, its columns split into the stride's phases: [n, c, *rows, stride,
     phase_columns], phase q's column j the padded input's column j * stride + q."""
+    padded = [*_padded_axes(x, before[:-1], row_extents), True]
 
     def value(b, ch, *pos):
         *rows, q, j = pos
-        return _inside_or_zero(x, b, ch, [p - lo for p, lo in zip([*rows, j * stride + q], before)])
+        return _inside_or_zero(x, b, ch, [p - lo for p, lo in zip([*rows, j * stride + q], before)], padded)
 
     return te.compute((*x.shape[:2], *row_extents, stride, phase_columns), value, name="phase_split")
 
 
-def _inside_or_zero(x, b, ch, at):
-    """x[b, ch, *at] where `at` lies inside x's spatial extents, else zero; the test marked likely, so that the loop
-    over the columns is partitioned into its edges and a test-free interior (ConvPacked marks the loop)."""
-    inside = tirx.all(*[tirx.all(p >= 0, p < s) for p, s in zip(at, x.shape[2:])])
-    return tirx.if_then_else(tirx.likely(inside), x[(b, ch, *at)], tirx.const(0.0, x.dtype))
+def _padded_axes(x, before, extents) -> list:
+    """Per spatial axis, whether reading it over `extents` from `before` ahead of x can leave x."""
+    analyzer = tvm.sym.Analyzer()
+    return [_static(b) != 0 or not analyzer.can_prove(e <= s) for b, e, s in zip(before, extents, x.shape[2:])]
+
+
+def _inside_or_zero(x, b, ch, at, padded):
+    """x[b, ch, *at] where `at` lies inside x along the `padded` axes (the others need no test), else zero."""
+    tests = [tirx.all(p >= 0, p < s) for p, s, pad in zip(at, x.shape[2:], padded) if pad]
+    return tirx.if_then_else(tirx.all(*tests), x[(b, ch, *at)], tirx.const(0.0, x.dtype))
 
 
 def _group_channel(ob_count, group_channels, ob, groups: int):
@@ -435,9 +440,8 @@ def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool, lanes: int):
 
 
 def _schedule_padded_input(sch, block) -> None:
-    """pad_temp / phase_split: the rows (of every channel) on the thread pool where the work pays, each phase of a
-    phase split unrolled (so that its edge tests are constant), and the loop over the columns partitioned by the
-    likely tests (_inside_or_zero): a copy without tests between the edges."""
+    """pad_temp / phase_split: the rows (of every channel) on the thread pool where the work pays, the phases of a
+    phase split unrolled (each a copy at constant offsets)."""
     loops = sch.get_loops(block)
     inner = 2 if sch.get(block).name_hint == "phase_split" else 1
     outer = sch.fuse(*loops[:-inner]) if len(loops) > inner + 1 else loops[0]
@@ -445,7 +449,6 @@ def _schedule_padded_input(sch, block) -> None:
         sch.parallel(outer)
     if inner == 2:
         sch.unroll(loops[-2])
-    sch.annotate(loops[-1], "pragma_loop_partition_hint", 1)
 
 
 def _vector_init(sch, block, unrolled: int = 1) -> None:
