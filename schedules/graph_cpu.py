@@ -47,8 +47,9 @@ def vector_lanes(target, dtype_bits=32) -> int:
 
 
 def channel_block(channels: int, lanes: int) -> int:
-    """Output channels per conv tile: two vectors where they divide the channels, else the largest power of two that does."""
-    return next(b for b in (2 * lanes, lanes, 8, 4, 2, 1) if channels % b == 0)
+    """Output channels per conv tile: two vectors where they divide the channels, else three (48 channels: 3 x 5
+    accumulators, each input value broadcast to three vectors of weights), else the largest power of two that does."""
+    return next(b for b in (2 * lanes, 3 * lanes, lanes, 8, 4, 2, 1) if channels % b == 0)
 
 
 def conv_channel_block(channels: int, lanes: int) -> int:
@@ -412,8 +413,9 @@ def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool, lanes: int):
         sch.reorder(n, *rows, xo, oo, oi, xv, xl)
         unrolled, vec = [oi, xv], xl
     else:
-        sch.reorder(n, *rows, xo, oo, xi, oi)
-        unrolled, vec = [xi], oi
+        ov, ol = sch.split(oi, [None, min(oc, lanes)])
+        sch.reorder(n, *rows, xo, oo, xi, ov, ol)
+        unrolled, vec = [xi, ov], ol
     outer = sch.fuse(n, *rows)
     if pays:
         sch.parallel(outer)
@@ -431,7 +433,8 @@ def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool, lanes: int):
         cxv, cxl = sch.split(cx, [None, min(xc, lanes)])
         cunrolled, cvec = [co, cxv], cxl
     else:
-        cunrolled, cvec = [cx], co
+        cov, col = sch.split(co, [None, min(oc, lanes)])
+        cunrolled, cvec = [cx, cov], col
     sch.reorder(cn, *cy, *reduction, *cunrolled, cvec)
     sch.vectorize(cvec)
     for loop in cunrolled:
