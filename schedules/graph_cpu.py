@@ -444,13 +444,14 @@ def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool, lanes: int):
 
 def _schedule_padded_input(sch, block) -> None:
     """pad_temp / phase_split: the rows (of every channel) on the thread pool where the work pays, the phases of a
-    phase split unrolled (each a copy at constant offsets)."""
+    phase split innermost and unrolled (the input read in order, not every stride-th value)."""
     loops = sch.get_loops(block)
     inner = 2 if sch.get(block).name_hint == "phase_split" else 1
     outer = sch.fuse(*loops[:-inner]) if len(loops) > inner + 1 else loops[0]
     if parallel_pays(_work(sch, block)):
         sch.parallel(outer)
     if inner == 2:
+        sch.reorder(loops[-1], loops[-2])
         sch.unroll(loops[-2])
 
 
