@@ -5,8 +5,10 @@ TVM 0.27 schedules nothing on LLVM targets by default (dlight's CPU rules cover 
 legalized conv2d or matmul runs as naive single-threaded loops. Here:
 - `conv2d_packed` / `dense_packed` are TE computes over weights packed at compile time so that a vector of
   output channels (conv) or columns (dense) is contiguous: W[O/OB, I, KH, KW, OB] and W[N/NB, K, NB]; grouped convs
-  (depthwise ones: OB = 1) take blocks of one group's channels, a transposed conv is conv2d_packed over its input
-  spread by the strides, and a grouped linear layer (an einsum) is dense_packed with one group's B per column tile;
+  (depthwise ones: OB = 1) take blocks of one group's channels, a conv strided along the columns reads its input
+  split into the stride's phases (so that a vector of output columns is a contiguous load), a transposed conv is
+  conv2d_packed over its input spread by the strides, and a grouped linear layer (an einsum) is dense_packed with one
+  group's B per column tile;
 - the rules `ConvPacked` and `DensePacked` schedule them (and the pointwise ops FuseOps fused after them) as a
   register tile of accumulators (OB channels x XB output columns, or MR rows x NB columns) that stays in registers
   while the reduction streams, the tiles spread over TVM's thread pool, the epilogue applied per tile. The computes
@@ -116,10 +118,9 @@ def conv_tiling(width, ob: int, lanes: int, stride: int) -> ConvTiling:
     """The tile for an output row of `width` columns (an int or symbolic) and weights packed by `ob` channels.
     Where the width is whole vectors or `ob` is narrower than one (24 channels under AVX-512), a tile is OC channels x
     whole vectors of columns (loaded straight from the input row, or from one phase of a strided conv's), each weight
-    broadcast
-    (_column_tile); otherwise OB channels (a vector of the packed weights) x XB columns, each input value broadcast.
-    The columns are padded to whole tiles (_packed_conv) wherever the width does not divide, so no tile carries a
-    bounds check."""
+    broadcast (_column_tile); otherwise OB channels (a vector of the packed weights) x XB columns, each input value
+    broadcast. The columns are padded to whole tiles (_packed_conv) wherever the width does not divide, so no tile
+    carries a bounds check."""
     static = _static(width)
     whole_vectors = static is not None and static % lanes == 0
     if ob < lanes or whole_vectors:
@@ -374,8 +375,9 @@ def _main_and_epilogue(sch: s_tir.Schedule, name: str):
 
 
 class ConvPacked(ScheduleRule):
-    """conv2d_packed / conv1d_packed: the tile its compute chose (conv_tiling) per (image, channel block, row), the
-    pointwise epilogue applied to each tile from registers."""
+    """conv2d_packed / conv1d_packed: the tile its compute chose (conv_tiling) per (image, row, column tile, channel
+    block), the pointwise epilogue applied to each tile from registers; the padded input (or its phase split) a
+    parallel pass before."""
 
     block = CONV_BLOCK
 
