@@ -41,6 +41,11 @@ PADDED_INPUTS = ("pad_temp", "phase_split")  # the stages that lay a conv's inpu
 # head of the captcha CRNN ran 2.4x slower so over a symbolic row count.
 TILE_SCOPE, TILE_FLOATS = "global", 1024 // 4 - 1
 MIN_PARALLEL_BLOCKS = 8  # GEMM column blocks that keep the thread pool busy without splitting the rows
+# input channels from which a conv's channel blocks run innermost, under each row's column tile: the input rows a tile
+# reads are then reused from L1 by every block, where with the blocks outermost DeepFilterNet's 1x1 64 -> 64 conv
+# re-read its 1.2 MB input from L3 once per block; over fewer channels the blocks outermost write one block's outputs
+# in order (ddddocr's 24 -> 24 1x1 conv ran faster so)
+WIDE_INPUT = 32
 
 
 def vector_lanes(target, dtype_bits=32) -> int:
@@ -401,30 +406,35 @@ class ConvPacked(ScheduleRule):
 
 
 def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool, lanes: int):
-    """Tiles of oc channels x xc output columns per (image, row, column tile, channel block), the rows on the thread
-    pool and the channel blocks innermost (a tile's input columns stay in L1 across them), the conv's accumulators
-    for a tile computed under it and the epilogue applied from them; the vector axis is the columns (in vectors of
-    `lanes`) or the channels (whose accumulators are then laid out channels-innermost). A conv1d is the same
-    without rows."""
+    """Tiles of oc channels x xc output columns, the conv's accumulators for a tile computed under it and the
+    epilogue applied from them; the vector axis is the columns (in vectors of `lanes`) or the channels (whose
+    accumulators are then laid out channels-innermost). Over a wide input (WIDE_INPUT channels and more) or a symbolic
+    row count the tiles run per (image, row, column tile, channel block), the rows on the thread pool, so that a
+    tile's input columns stay in L1 across the channel blocks; over a narrow one per (image, channel block, row,
+    column tile), one block's outputs written in order. A conv1d is the same without rows."""
     pays = parallel_pays(_work(sch, conv))
+    in_channels = next(iv.dom.extent for iv in sch.get(conv).iter_vars if iv.iter_type == tirx.IterVar.CommReduce)
     n, o, *rows, x = sch.get_loops(out)
+    # blocks fused with a symbolic row count fail TVM's reduction checks for grouped convs: blocks inner there
+    blocks_inner = int(in_channels) >= WIDE_INPUT or any(_static(sch.get(r).extent) is None for r in rows)
     oo, oi = sch.split(o, [None, oc])
     xo, xi = sch.split(x, [None, xc])
+    tile = [n, *rows, xo, oo] if blocks_inner else [n, oo, *rows, xo]
     if columns_vector:
         xv, xl = sch.split(xi, [None, min(xc, lanes)])
-        sch.reorder(n, *rows, xo, oo, oi, xv, xl)
+        sch.reorder(*tile, oi, xv, xl)
         unrolled, vec = [oi, xv], xl
     else:
         ov, ol = sch.split(oi, [None, min(oc, lanes)])
-        sch.reorder(n, *rows, xo, oo, xi, ov, ol)
+        sch.reorder(*tile, xi, ov, ol)
         unrolled, vec = [xi, ov], ol
-    outer = sch.fuse(n, *rows)
+    outer = sch.fuse(*tile[:-2]) if blocks_inner else sch.fuse(*tile[:-1])
     if pays:
         sch.parallel(outer)
     sch.vectorize(vec)
     for loop in unrolled:
         sch.unroll(loop)
-    sch.compute_at(conv, oo, preserve_unit_loops=True)
+    sch.compute_at(conv, tile[-1], preserve_unit_loops=True)
     sch.set_scope(conv, 0, TILE_SCOPE)
     if not columns_vector:
         sch.transform_layout(conv, ("write", 0), lambda b, o, *yx: (b, *yx, o))

@@ -344,6 +344,21 @@ def test_random_convs_through_the_pipeline_match_float64(seed):
     assert _rel_err(got, ref) < 1e-5, case
 
 
+@pytest.mark.parametrize("case", [
+    dict(transposed=False, groups=2, c=2, o=64, k=[3, 3], strides=[1, 1], dilation=[1, 1], pads=[0, 1, 0, 1],
+         out_pad=None, shape=(1, 2, 52, 96), symbolic=True),  # DeepFilterNet's encoder: 2 -> 64, a group per input
+    dict(transposed=False, groups=64, c=64, o=64, k=[1, 3], strides=[1, 2], dilation=[1, 1], pads=[0, 1, 0, 1],
+         out_pad=None, shape=(1, 64, 50, 96), symbolic=True)])  # its depthwise convs, striding the bins
+def test_deepfilternet_encoder_convs_match_float64(case):
+    """Shapes whose schedule once failed TVM's checks (the grouped conv with its epilogue at a symbolic height) or
+    now read a phase split, compiled whole."""
+    rng = np.random.default_rng(7)
+    model, w, b = _conv_relu_model(case, rng)
+    x = rng.standard_normal(case["shape"]).astype("f4")
+    got = next(iter(tvmrnn.compile(model, target="llvm", logs=False).run({"x": x}).values()))
+    assert _rel_err(got, _conv_relu_float64(case, x, w, b)) < 1e-5
+
+
 @pytest.mark.parametrize("rows", [7, "rows"])
 def test_grouped_dense_matches_numpy(rows):
     """out[..., g, :] = x[..., g, :] @ B[g]: 16 groups of 32 -> 60 columns (padded to whole tiles), static and symbolic
