@@ -186,16 +186,22 @@ def _packed_conv(x, wp, strides, pads_before, pads_after, dilation, lanes, chann
     phased = stride > 1 and tiling.vector_columns
     width = _whole_tiles(out[-1], tiling.columns)
     extents = [(o - 1) * st + (k - 1) * d + 1 for o, st, k, d in zip([*out[:-1], width], strides, kernel, dilation)]
+    # a tile of channels reads each input value alone (broadcast): where only the last tile's overhang leaves the
+    # input, that column is clamped into it (the outputs it makes are cropped) instead of the input copied padded
+    clamped = (not tiling.vector_columns and not any(_padded_axes(x, pads_before[:-1], extents[:-1]))
+               and _static(pads_before[-1]) == 0 and _static(pads_after[-1]) == 0)
     if phased:
         padded = _phase_split_input(x, pads_before, extents[:-1], width + (int(kernel[-1]) - 1) * step // stride, stride)
     else:
-        padded = _padded_input(x, pads_before, extents)
+        padded = x if clamped else _padded_input(x, pads_before, extents)
     reduce = [te.reduce_axis((0, c), "rc")] + [te.reduce_axis((0, k), f"r{i}") for i, k in enumerate(kernel)]
 
     def body(b, o, *pos):
         at = [p * st + r * d for p, st, r, d in zip(pos[:-1], strides, reduce[1:], dilation)]
         col = reduce[-1] * step
         at += [col % stride, pos[-1] + col // stride] if phased else [pos[-1] * stride + col]
+        if clamped:
+            at[-1] = tirx.min(at[-1], size[-1] - 1)
         return te.sum(padded[(b, channel(o, reduce[0]), *at)] * wp[(o // ob, reduce[0], *reduce[1:], o % ob)], axis=reduce)
 
     conv = te.compute((n, ob_count * ob, *out[:-1], width), body, name=CONV_BLOCK, attrs=tiling.attrs())

@@ -304,7 +304,7 @@ def _conv_relu_model(case, rng):
     attrs = dict(kernel_shape=case["k"], strides=case["strides"], dilations=case["dilation"], pads=case["pads"], group=groups)
     if case["transposed"]:
         attrs["output_padding"] = case["out_pad"]
-    dims = ["h" if case["symbolic"] and i == 2 else d for i, d in enumerate(case["shape"])]
+    dims = ["s" if case["symbolic"] and i == case.get("symbolic_axis", 2) else d for i, d in enumerate(case["shape"])]
     graph = helper.make_graph(
         [helper.make_node("ConvTranspose" if case["transposed"] else "Conv", ["x", "w", "b"], ["c"], **attrs),
          helper.make_node("Relu", ["c"], ["y"])], "conv",
@@ -348,10 +348,15 @@ def test_random_convs_through_the_pipeline_match_float64(seed):
     dict(transposed=False, groups=2, c=2, o=64, k=[3, 3], strides=[1, 1], dilation=[1, 1], pads=[0, 1, 0, 1],
          out_pad=None, shape=(1, 2, 52, 96), symbolic=True),  # DeepFilterNet's encoder: 2 -> 64, a group per input
     dict(transposed=False, groups=64, c=64, o=64, k=[1, 3], strides=[1, 2], dilation=[1, 1], pads=[0, 1, 0, 1],
-         out_pad=None, shape=(1, 64, 50, 96), symbolic=True)])  # its depthwise convs, striding the bins
-def test_deepfilternet_encoder_convs_match_float64(case):
-    """Shapes whose schedule once failed TVM's checks (the grouped conv with its epilogue at a symbolic height) or
-    now read a phase split, compiled whole."""
+         out_pad=None, shape=(1, 64, 50, 96), symbolic=True),  # its depthwise convs, striding the bins
+    dict(transposed=False, groups=1, c=192, o=48, k=[1, 1], strides=[1, 1], dilation=[1, 1], pads=[0, 0, 0, 0],
+         out_pad=None, shape=(1, 192, 4, 40), symbolic=True, symbolic_axis=3),  # ddddocr's, its image width symbolic
+    dict(transposed=False, groups=1, c=16, o=32, k=[2, 3], strides=[1, 2], dilation=[1, 2], pads=[0, 0, 0, 0],
+         out_pad=None, shape=(1, 16, 5, 37), symbolic=True, symbolic_axis=3)])
+def test_known_convs_match_float64(case):
+    """Shapes whose schedule once failed TVM's checks (DeepFilterNet's grouped conv with its epilogue at a symbolic
+    height), that read a phase split, or whose last tile's overhang reads clamped columns (tiles of a vector of
+    channels over a symbolic width, no column padding), compiled whole."""
     rng = np.random.default_rng(7)
     model, w, b = _conv_relu_model(case, rng)
     x = rng.standard_normal(case["shape"]).astype("f4")
