@@ -12,11 +12,13 @@ recurrent_tiled       CUDA, large batch: per step one tiled GEMM launch (R and h
 recurrent_mma         CUDA, large batch: per step one launch of tensor-core mma tiles
 recurrent_persistent_mma  CUDA, batch above 4: one cooperative launch, R in shared memory, tensor-core steps
 recurrent_wavefront   CUDA, stacked layers at persistent's batches: one cooperative launch for the whole stack
+recurrent_cluster     CUDA sm_90+, batch 1: one thread-block cluster per direction, h through distributed shared memory
 mma_tiles             the warp's mma.sync tiles (fp16/bf16, TF32, 3xTF32, f16x3) the tensor-core kernels are built from
 step_halves           f16x3 steps (exact fp32 as fp16 products of scaled halves): the scales of R's rows and of h
 warp_gemv             the warp-level gate GEMV both CUDA kernels are built from
 cooperative           the TIR pipeline that tags grid-barrier kernels for cooperative launch
 projection_*          the input projection GEMMs (CPU, CUDA SIMT, mma.sync, wgmma)
+graph_cpu, graph_cuda  the layers around the recurrent ones: CPU conv/dense kernels and rules, CUDA rule order
 
 The dependency runs one way: tvmrnn builds on this package, never the reverse.
 """
