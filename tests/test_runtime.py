@@ -137,7 +137,7 @@ def test_cuda_run_reuses_its_device_inputs_and_answers_each_call():
     results = []
     for feed in feeds:
         results.append(module.run(feed))
-        assert module._host._pinned, "no page-locked host memory on this GPU host"
+        assert module.host_inputs._pinned, "no page-locked host memory on this GPU host"
     for feed, got in zip(feeds, results):
         np.testing.assert_allclose(got["Y"], sess.run(None, feed)[0], rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(got["Xout"], feed["X"])

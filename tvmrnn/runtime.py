@@ -254,8 +254,11 @@ class Module(ModuleInputs):
         self._main = self._vm["main"]
         self._lock = threading.Lock()
         self._on_cpu = kind == "cpu"
-        self._staged: dict[tuple, tuple] = {}  # (input position, shape, dtype) -> (tensor, numpy view on the CPU, address, shape)
-        self._host = None if self._on_cpu else HostBuffers(pinned=True)  # page-locked staging of a GPU run's copies
+        self._staged: dict[tuple, tuple] = {}  # (input position, shape, dtype) -> (tensor, numpy view on the CPU, address)
+        # on a GPU, page-locked host arrays by input and by output name that the copies go through; a caller may
+        # assemble an input in `host_inputs(name, shape, dtype)` itself (the serving batcher), and its copy is skipped
+        self.host_inputs = None if self._on_cpu else HostBuffers(pinned=True)
+        self._host_outputs = None if self._on_cpu else HostBuffers(pinned=True)
 
     def to_device(self, feeds: Mapping[str, object]) -> list:
         """Checked inputs as device tensors, in the module's input order (for `invoke`)."""
@@ -289,24 +292,25 @@ class Module(ModuleInputs):
         """A GPU run's outputs as numpy arrays the caller owns, copied through page-locked host arrays kept per output and
         shape: a copy from or to pageable memory is staged by the driver (about 15 us for a few KB on an H100, against
         2.5 us page-locked)."""
-        keys = [(f"output {i}", tuple(out.shape), out.dtype) for i, out in enumerate(outs)]
-        if self._host.tensor(*keys[0]) is None:
+        host = self._host_outputs
+        keys = [(name, tuple(out.shape), out.dtype) for name, out in zip(self.output_names, outs)]
+        if host.tensor(*keys[0]) is None:
             return [out.numpy() for out in outs]
         for out, key in zip(outs, keys):
-            out.copyto(self._host.tensor(*key))  # queued on the stream the kernels ran on: the host waits below
+            out.copyto(host.tensor(*key))  # queued on the stream the kernels ran on: the host waits below
         self.device.sync()
-        return [self._host(*key).copy() for key in keys]
+        return [host(*key).copy() for key in keys]
 
     def _run_on_cpu(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """Inputs copied into staged tensors (64-byte aligned, as TVM's kernels assume; kept per shape), outputs handed
         over without a copy: the VM allocates them fresh each call. An output that is a staged input is copied."""
         staged = [self._staged_input(i, a) for i, a in enumerate(arrays)]
-        outs = self._execute([entry[0] for entry in staged])
-        inputs_at = {entry[2] for entry in staged}
+        outs = self._execute([tensor for tensor, _, _ in staged])
+        inputs_at = {address for _, _, address in staged}
         return [np.from_dlpack(o).copy() if o.data_ptr() in inputs_at else np.from_dlpack(o) for o in outs]
 
     def _staged_input(self, index: int, array: np.ndarray):
-        """(tensor, numpy view of it on the CPU else None, its address, its shape) for input `index`, holding `array`: a tensor
+        """(tensor, numpy view of it on the CPU else None, its address) for input `index`, holding `array`: a tensor
         kept per shape, 64-byte aligned on the CPU as TVM's kernels assume; on a GPU a fresh one each call cost a
         device allocation and a free that waits for the GPU (outputs are copied back before run() returns), and the
         copy goes through a page-locked host array."""
@@ -317,15 +321,19 @@ class Module(ModuleInputs):
                 self._staged.clear()
             tensor = tvm.runtime.empty(array.shape, str(array.dtype), self.device)
             view = np.from_dlpack(tensor) if self._on_cpu else None
-            entry = self._staged[key] = (tensor, view, tensor.data_ptr(), array.shape)
+            entry = self._staged[key] = (tensor, view, tensor.data_ptr())
         if entry[1] is not None:
             np.copyto(entry[1], array)
-        else:
-            name = f"input {index}"
-            pinned = self._host.tensor(name, array.shape, array.dtype)
-            if pinned is not None:
-                np.copyto(self._host(name, array.shape, array.dtype), array)
-            entry[0].copyfrom(pinned if pinned is not None else np.ascontiguousarray(array))
+            return entry
+        name = self.input_names[index]
+        pinned = self.host_inputs.tensor(name, array.shape, array.dtype)
+        if pinned is None:
+            entry[0].copyfrom(np.ascontiguousarray(array))
+            return entry
+        host = self.host_inputs(name, array.shape, array.dtype)
+        if host is not array:  # else assembled in place by the caller
+            np.copyto(host, array)
+        entry[0].copyfrom(pinned)
         return entry
 
 
