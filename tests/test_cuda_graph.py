@@ -47,16 +47,24 @@ def _calls(text: str, function: str) -> list[str]:
     return [line.split()[1] for line in body.splitlines() if line.strip().startswith("call") and "builtin" not in line]
 
 
-def test_a_lone_node_is_captured_through_copies(bounded_stack):
-    """A lone node's kernel reads the model's inputs (lengths, states) and writes its outputs, which TVM allocates per call:
-    with a graph they pass through copy kernels, and the recurrent kernel is captured. A stack whose results feed other
-    ops gets no copy (bench rows: the same captured kernels as before the copies existed)."""
-    text = tvmrnn.compile(CASE.model(), target="cuda", max_dims=BOUNDS, logs=False).executable.as_text()
-    assert _calls(text, "main_cuda_graph_capture") == ["rnn_lstm_node"]
-    copies = [c for c in _calls(text, "main") if c.startswith("copy_")]
-    assert copies.count("copy_int32_1d") == 1 and len(copies) == 6  # sequence_lens, h0, c0 in; Y, Y_h, Y_c out
-    stacked = bounded_stack.executable.as_text()
-    assert not any(c.startswith("copy_") for c in _calls(stacked, "main") + _calls(stacked, "main_cuda_graph_capture"))
+def _outside_the_graph(module) -> list[str]:
+    text = module.executable.as_text()
+    assert text.count("cuda_graph.run_or_capture in:") == 1  # one captured function, launched once a run
+    return [c for c in _calls(text, "main") if not c.startswith("shape_func")]  # (the VM's shape arithmetic, on the host)
+
+
+def test_every_kernel_but_the_boundary_copies_is_captured(bounded_stack):
+    """TVM captures only kernels whose buffers it plans statically and allocates main's inputs and outputs per call:
+    the tensor inputs and the outputs pass through copy kernels (cuda_graph.isolate_boundary) and every other kernel,
+    the recurrent ones and the Transpose/Reshape glue around a stack alike, runs in the one graph."""
+    model = CASE.model()
+    lone = tvmrnn.compile(model, target="cuda", max_dims=BOUNDS, logs=False)
+    assert _calls(lone.executable.as_text(), "main_cuda_graph_capture") == ["fused_matmul_add", "rnn_lstm_node"]  # X's projection too
+    copies_in, copies_out = _outside_the_graph(lone)  # one launch copies every input, one every output
+    assert copies_in == "copy_float32_3d_int32_1d_float32_3d_float32_3d"  # X, sequence_lens, initial_h, initial_c
+    assert copies_out == "copy_float32_4d_float32_3d_float32_3d"  # Y, Y_h, Y_c
+    assert _outside_the_graph(bounded_stack) == ["copy_float32_3d", "copy_float32_3d"]  # X in, Y out
+    assert "transpose" in " ".join(_calls(bounded_stack.executable.as_text(), "main_cuda_graph_capture"))
 
 
 def test_without_bounds_there_is_no_graph_and_the_log_says_which_dims_need_one():
@@ -131,18 +139,20 @@ def test_graph_runs_match_float64_shape_after_shape(row, dtype, shapes, tol):
 
 
 def test_copy_kernel_copies_each_element_to_itself():
-    """schedules.device_copy at any rank: flat views of A and B, one thread per element of the whole (symbolic) size, B[e] =
-    A[e] under e < size; the CUDA kernel has no index division."""
+    """schedules.device_copy of one tensor or several, at any rank: flat views of each A and B, one thread per element
+    of the largest (symbolic) size, B[e] = A[e] under e < its size; the CUDA kernel has no index division."""
     import re
 
     from schedules.device_copy import device_copy
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    for ndim, dtype in ((1, "int32"), (4, "float32")):
-        func = device_copy(ndim, dtype)
+    for signature in (((1, "int32"),), ((4, "float32"),), ((3, "float32"), (1, "int32"), (2, "float16"))):
+        func = device_copy(signature)
         script = func.script()
-        a, b = (re.search(rf"(\w+) = ({name}\.view\(|T\.decl_buffer\(.*data={name}\.data)", script).group(1) for name in ("A", "B"))
-        assert re.search(rf"if (.+) < (.+):\n\s+{b}\[\1\] = {a}\[\1\]", script), script
+        for t in range(len(signature)):
+            a, b = (re.search(rf"(\w+) = ({name}\.view\(|T\.decl_buffer\(.*data={name}\.data)", script).group(1)
+                    for name in (f"A{t}", f"B{t}"))
+            assert re.search(rf"if (.+) < (.+):\n\s+{b}\[\1\] = {a}\[\1\]", script), script
         src = tvm.compile(tvm.IRModule({"main": func}), target=target).mod.imports[0].inspect_source()
         body = src[src.index("{", src.index('extern "C" __global__')):]
         assert "__launch_bounds__(256)" in src and "/" not in body and "%" not in body, body

@@ -33,11 +33,11 @@ def test_stacked_layers_are_planned_as_one_wavefront_kernel_where_the_batch_is_b
     assert [b.config.kind for layer in plan.layers for b in layer.kernel.branches] == ["wavefront", "wavefront"]
     assert first.projection is not None and above.projection is None and above.kernel.projection == IN_THE_WAVEFRONT
     assert first.graph_inputs == {"X": "X"} and above.graph_inputs == {}
-    assert plan.graph.bounds == {"seq": 6, "batch": 1} and first.copies == (False,)  # Y feeds the next layer, not the model
+    assert plan.graph.bounds == {"seq": 6, "batch": 1}
 
     unbounded = plan_model(_stack_model(), SM90A)
     assert unbounded.chains[0].kernel is None and "batch unbounded" in unbounded.chains[0].describe()
-    assert unbounded.graph.bounds is None and all(layer.copies is None and layer.stack is None for layer in unbounded.layers)
+    assert unbounded.graph.bounds is None and all(layer.stack is None for layer in unbounded.layers)
 
 
 def test_storage_dtype_and_projection_are_planned_per_layer():

@@ -7,14 +7,20 @@ first call for each value of the symbolic dims (seq, batch) and replays afterwar
 bound for every symbolic dim of the inputs (`max_dims`, e.g. {"seq": 512, "batch": 64}): the intermediate buffers are
 sized to them once, so the module records the bounds and its inputs are checked against them (runtime.ModuleInputs).
 
-TVM captures only kernels whose buffers it plans statically, and it allocates main's inputs and outputs per call: so
-where a recurrent kernel would read a model input (lengths, states) or write a model output, the plan marks it
-(tvmrnn.plan.LayerPlan.copies) and the emission routes that tensor through a copy kernel (frontend.converters,
-schedules.device_copy), so the recurrent kernel is captured.
+TVM captures only kernels whose buffers it plans statically, and it allocates main's inputs and outputs per call: a
+kernel that reads an input or writes an output runs outside the graph and splits it (madmom's onset RNN ran four graphs
+and six kernels between them). So `isolate_boundary` routes every tensor input and output of main through a copy
+kernel (schedules.device_copy; one launch copies them all in, one all out): the copies run outside, everything between
+them is one graph.
 CPU targets have nothing to capture.
 """
 
 from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from schedules.device_copy import device_copy
 
 from .errors import UnsupportedModelError
 
@@ -77,3 +83,68 @@ def captured(executable) -> bool:
     """Whether TVM's rewrite lifted anything into a graph (a module whose kernels all write its outputs has nothing)."""
     return "cuda_graph.run_or_capture" in executable.as_text()
 
+
+def _tensors(sinfo) -> list:
+    """The tensor types in a (nested) tuple type, in order, with their paths of tuple indices."""
+    if isinstance(sinfo, relax.TensorType) and sinfo.shape is not None:
+        return [((), sinfo)]
+    if isinstance(sinfo, relax.TupleType):
+        return [((i, *path), t) for i, field in enumerate(sinfo.fields) for path, t in _tensors(field)]
+    return []
+
+
+def _copies(bb, exprs: list, types: list, name: str) -> tuple[list, list]:
+    """([a var per expr, its copy], the bindings): all of them copied by one launch of our kernel."""
+    func = device_copy(tuple((len(t.shape), str(t.dtype)) for t in types))
+    gv = bb.add_func(func, func.attrs["global_symbol"])
+    if len(types) == 1:
+        out = relax.Var(name, types[0])
+        return [out], [relax.VarBinding(out, relax.call_tir(gv, exprs, types[0]))]
+    copied = relax.Var(name, relax.TupleType(types))
+    bindings = [relax.VarBinding(copied, relax.call_tir(gv, exprs, types))]
+    out = []
+    for i, t in enumerate(types):
+        out.append(relax.Var(f"{name}{i}", t))
+        bindings.append(relax.VarBinding(out[-1], relax.TupleGetItem(copied, i)))
+    return out, bindings
+
+
+def _get(expr, path):
+    for i in path:
+        expr = expr.fields[i] if isinstance(expr, relax.Tuple) else relax.TupleGetItem(expr, i)
+    return expr
+
+
+def _rebuilt(ret, sinfo, replaced: dict, path=()):
+    """`ret` with the tensor at each path of `replaced` swapped for its copy."""
+    if path in replaced:
+        return replaced[path]
+    if isinstance(sinfo, relax.TupleType):
+        return relax.Tuple([_rebuilt(ret, f, replaced, (*path, i)) for i, f in enumerate(sinfo.fields)])
+    return _get(ret, path)
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvmrnn.IsolateGraphBoundary")
+def isolate_boundary(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """main's tensor inputs and outputs through copy kernels, so that TVM's RewriteCUDAGraph captures every kernel
+    between them as one graph (it captures only kernels whose buffers it plans statically)."""
+    bb = relax.BlockBuilder(mod)
+    func = mod["main"]
+    params = [p for p in func.params if _tensors(p.ty) == [((), p.ty)]]
+    blocks_in, blocks_out = [], []
+    body = func.body
+    if params:
+        copied, bindings = _copies(bb, params, [p.ty for p in params], "inputs")
+        body = func.bind_params(dict(zip(params, copied))).body
+        blocks_in.append(relax.BindingBlock(bindings))
+    ret = body.body
+    outputs = _tensors(func.ret_ty)
+    if outputs:
+        copied, bindings = _copies(bb, [_get(ret, path) for path, _ in outputs], [t for _, t in outputs], "outputs")
+        ret = _rebuilt(ret, func.ret_ty, {path: v for (path, _), v in zip(outputs, copied)})
+        blocks_out.append(relax.BindingBlock(bindings))
+    new_main = relax.Function(func.params, relax.SeqExpr([*blocks_in, *body.blocks, *blocks_out], ret), func.ret_ty,
+                              func.is_pure, func.attrs)
+    out = bb.get()
+    out["main"] = new_main
+    return relax.transform.Normalize()(out)

@@ -343,6 +343,15 @@ def _apply_database(on_tuned):
     return _apply
 
 
+def _graph_boundary(target) -> list:
+    """Where the module is built to replay as a CUDA graph: its inputs and outputs through copies (cuda_graph)."""
+    from .cuda_graph import PASS_CONFIG, isolate_boundary
+
+    (key, _), = PASS_CONFIG.items()
+    on = target.kind.name == "cuda" and bool(tvm.transform.PassContext.current().config.get(key, False))
+    return [isolate_boundary] if on else []
+
+
 def passes(target: tvm.target.Target, database=None, on_tuned=None) -> list:
     """The pipeline's passes in order (see the module's docstring). database: a MetaSchedule database whose records
     schedule the functions it has (`tvmrnn tune`'s), before the default rules take the rest; on_tuned(names) is told
@@ -353,6 +362,7 @@ def passes(target: tvm.target.Target, database=None, on_tuned=None) -> list:
         fuse_passes(target)
         + tuned
         + [_default_schedule(target)]
+        + _graph_boundary(target)
         + backend.dataflow_lower_passes(target)
         + backend.finalize_passes(target)
     )

@@ -1,6 +1,6 @@
 """One converter per recurrent ONNX op, in the Relax frontend's style (opset versions as `_impl_vN`).
 
-Each emits its node as the model's plan says (tvmrnn.plan: spec, kernel, projection, stacking, copies), through
+Each emits its node as the model's plan says (tvmrnn.plan: spec, kernel, projection, stacking), through
 tvmrnn.lowering; nothing is chosen here. The frontend's converter signature carries no plan, so `converters(plan)`
 makes converter classes bound to one import's `Emitter`.
 """
@@ -10,19 +10,9 @@ from __future__ import annotations
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
-from schedules.device_copy import device_copy
-
 from ..lowering import emit_rnn_layer, emit_rnn_stack
 
 RNN_OPS = ("LSTM", "GRU", "RNN")
-
-
-def _copy(bb, x):
-    """x through a copy kernel of ours (schedules.device_copy; unused ones are removed as dead code)."""
-    ty = bb.normalize(x).ty
-    func = device_copy(len(ty.shape), str(ty.dtype))
-    gv = bb.add_func(func, func.attrs["global_symbol"])
-    return bb.emit(relax.call_tir(gv, [x], relax.TensorType(ty.shape, ty.dtype)))
 
 
 class Emitter:
@@ -43,8 +33,6 @@ class Emitter:
         inputs = list(inputs)
         if layer.converts:  # the layer runs in the storage dtype; the graph around it stays fp32
             inputs = [bb.emit(relax.op.astype(x, layer.spec.dtype)) if x is not None and i < 3 else x for i, x in enumerate(inputs)]
-        if layer.copies is not None:  # the lengths and states it reads from the model's inputs: through copies (cuda_graph)
-            inputs = [_copy(bb, x) if i >= 4 and isinstance(x, relax.Var) else x for i, x in enumerate(inputs)]
         if layer.stack is None:
             return self._results(bb, layer, emit_rnn_layer(bb, layer, inputs, self.plan.target, self.plan.device))
         chain = layer.stack
@@ -55,12 +43,10 @@ class Emitter:
 
     @staticmethod
     def _results(bb, layer, outs: list) -> relax.Expr:
-        """The node's outputs: back to fp32 where the layer ran in a storage dtype, model outputs through copies for a graph."""
+        """The node's outputs, back to fp32 where the layer ran in a storage dtype."""
         spec = layer.spec
         if layer.converts:
             outs = [bb.emit(relax.op.astype(o, "float32")) for o in outs]
-        elif layer.copies is not None and spec.dtype == "float32":  # (half-precision layers' results are cast: a kernel of their own)
-            outs = [_copy(bb, o) if model_output else o for o, model_output in zip(outs, list(layer.copies) + [False] * len(outs))]
         return relax.Tuple(outs[: max(spec.num_outputs, 1)]) if spec.num_outputs > 1 else outs[0]
 
 

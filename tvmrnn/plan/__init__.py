@@ -3,7 +3,7 @@
 `plan_model` reads the graph (node attributes, initializer shapes, input shapes) and returns a `ModelPlan`:
 per recurrent layer its spec as compiled, the recurrent kernel's plan (schedules.plan_kernel, or a wavefront kernel's
 where stacked layers run as one: schedules.stack_kernel), the input projection's GEMM; per graph the CUDA graph's
-bounds and which recurrent outputs pass through copies for it. Compile emits what the plan says
+bounds. Compile emits what the plan says
 (tvmrnn.frontend.converters), inspect prints it and tune takes its layers as tasks. The plan is immutable: nothing
 flows back into it from the emission.
 """
@@ -80,7 +80,6 @@ class LayerPlan:
     projection: Projection | None  # None for a stacked layer above the first
     converts: bool  # an fp32 layer run in the storage dtype: its inputs cast to it, its outputs back to fp32
     graph_inputs: dict  # {"X" / "sequence_lens": the graph input it is}: the runtime checks lengths against X
-    copies: tuple[bool, ...] | None  # with a CUDA graph, per output whether it is a model output (copied); None: no graph
     stack: ChainPlan | None = None  # the first layer of a chain run as one wavefront kernel: the chain it emits
 
 
@@ -236,7 +235,6 @@ def _layers(model, found, specs: dict, chains: list[ChainPlan], plan_args) -> li
             i, spec, found[i].x_shape, replace(kernel, projection=projection.label if projection else IN_THE_WAVEFRONT),
             projection, converts=options.storage is not None and found[i].spec.dtype == "float32",
             graph_inputs={} if above_first else _graph_inputs(node, graph_inputs),
-            copies=tuple(o in outputs for o in node.output) if graph.bounds is not None else None,
             stack=chain if chain is not None and not above_first else None))
     return layers
 
