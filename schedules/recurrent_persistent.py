@@ -70,13 +70,15 @@ STAGE_H_MIN_HIDDEN = 1024
 # (tens of ns) instead of a grid barrier (about 1.1 us on an H100), and reading R from shared memory each step costs
 # less than that barrier
 ONE_BLOCK_MAX_R_BYTES = 64 * 1024
+# such a block runs a warp per unit, up to 32: a warp walks its units one after another, each an L2 round trip for h
+ONE_BLOCK_WARPS = 32
 
 
 def default_config(spec: RNNLayerSpec, device: Device) -> PersistentConfig:
     """One block per SM: the grid is one co-resident wave (a module records it, and loading checks the GPU has as many);
     a small layer gets one block per direction."""
     if spec.gates * spec.hidden_size ** 2 * weight_bytes(spec) <= ONE_BLOCK_MAX_R_BYTES:
-        return PersistentConfig(blocks=spec.num_directions)
+        return PersistentConfig(blocks=spec.num_directions, warps=min(ONE_BLOCK_WARPS, spec.hidden_size))
     return PersistentConfig(blocks=device.sm_count, stage_h=spec.hidden_size >= STAGE_H_MIN_HIDDEN)
 
 

@@ -162,7 +162,7 @@ def _persistent_knobs(spec, cell, device):
     sms = device.sm_count
     candidates = {sms, sms * 3 // 4, sms // 2, spec.num_directions}  # the last: one block per direction (small layers)
     blocks = tuple(b for b in sorted(candidates, reverse=True) if persistent.fits(spec, cell, device, blocks=b))
-    return {"blocks": blocks or (sms,), "warps": (4, 8, 16), "batch_tile": (1, 2, 4), "stage_h": (0, 1), "prefetch": (0, 1),
+    return {"blocks": blocks or (sms,), "warps": (4, 8, 16, 32), "batch_tile": (1, 2, 4), "stage_h": (0, 1), "prefetch": (0, 1),
             "sync": (0, 1)}
 
 

@@ -771,9 +771,10 @@ def test_small_batch_units_keep_every_thread_busy(threads, hidden, directions, u
 
 
 def test_small_persistent_layers_run_one_block_per_direction():
-    """A layer whose R of a direction fits ONE_BLOCK_MAX_R_BYTES gets one block per direction by default, and its steps
-    wait at a block barrier, not a grid barrier; a larger one keeps one block per SM and the grid barrier."""
-    from schedules.recurrent_persistent import ONE_BLOCK_MAX_R_BYTES
+    """A layer whose R of a direction fits ONE_BLOCK_MAX_R_BYTES gets one block per direction by default, a warp per
+    unit up to ONE_BLOCK_WARPS, and its steps wait at a block barrier, not a grid barrier; a larger one keeps one block
+    per SM and the grid barrier."""
+    from schedules.recurrent_persistent import ONE_BLOCK_MAX_R_BYTES, ONE_BLOCK_WARPS
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     for case in CASES:
@@ -781,4 +782,5 @@ def test_small_persistent_layers_run_one_block_per_direction():
         point = default_config("persistent", spec, cell_for(spec), target)
         small = spec.gates * spec.hidden_size ** 2 * 4 <= ONE_BLOCK_MAX_R_BYTES
         assert point["blocks"] == (spec.num_directions if small else 132), (case.op, case.hidden, point.describe())
+        assert point["warps"] == (min(ONE_BLOCK_WARPS, spec.hidden_size) if small else 8), (case.op, case.hidden)
         assert ("this_grid().sync()" in _source(target, spec, point)) != small, (case.op, case.hidden)
