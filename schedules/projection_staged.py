@@ -35,7 +35,7 @@ from tvm.script.ir_builder import tirx as T
 from .device import SMEM_LIMIT
 from .mma_tiles import KC, MODES, WarpTiles, cp_async_ring, itemsize, shared_element
 from .projection_mma import add_xw, store_xw
-from .recurrent_common import block_sync, each_element, i64, projection_prim_func
+from .recurrent_common import block_sync, each_element, i64, projection_prim_func, shared_dyn
 
 F32 = "float32"
 
@@ -220,7 +220,7 @@ def _tile_async(mode: str, K: int, cols: int, cfg: StagedConfig, X, W, bias, XW,
             tid = wy * i64(32) + lane
             mb, nb = bx * i64(BM), by * i64(BN)
             wm, wn = wy // i64(cfg.warps_n), wy % i64(cfg.warps_n)
-            sm = T.alloc_buffer((cfg.stages * size,), dtype, scope="shared.dyn")
+            sm = shared_dyn((cfg.stages * size,), dtype)
             tiles = WarpTiles(lane, cfg.mt, cfg.nt, mode, dtype, dtype, 1, chunk_acc=cfg.chunk_acc)
 
             def issue(ck, buf):

@@ -27,12 +27,11 @@ import functools
 from dataclasses import dataclass
 
 from tvm import te, tirx
-from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC, cp_async_ring, itemsize, to_tf32
 from .projection_staged import raster
-from .recurrent_common import block_sync, emit_if, i64, projection_prim_func
+from .recurrent_common import block_sync, emit_if, i64, projection_prim_func, shared_dyn
 
 # an accumulator register redefined in place (CUTLASS's warpgroup_fence_operand): reads of it after this cannot be moved
 # above it, nor above the wgmma.wait_group before it, which NVVM otherwise does with an asynchronous wgmma's outputs
@@ -273,11 +272,9 @@ class _Tile:
 
     def _allocate(self):
         cfg, KCH, size, BM, BN, dtype = self.cfg, self.KCH, self.size, self.BM, self.BN, self.dtype
-        # named for its dtype: kernels of one module share a translation unit, where two dynamic shared arrays of one
-        # name (TVM's default: _ptr_1) but other types do not compile (f16x3's half ring beside an fp32 recurrent kernel's)
-        self.sm = IRBuilder.name(f"ring_{dtype}", T.alloc_buffer((cfg.stages * KCH * size,), dtype, scope="shared.dyn"))
+        self.sm = shared_dyn((cfg.stages * KCH * size,), dtype)
         # tf32x3: each landed chunk's high and low parts, in two buffers by item parity, high planes then low ones
-        self.parts = T.alloc_buffer((2 * 2 * KCH * size,), dtype, scope="shared.dyn") if self.split_smem else None
+        self.parts = shared_dyn((2 * 2 * KCH * size,), dtype) if self.split_smem else None
         self.acc = T.alloc_buffer((BN // 2,), "float32", scope="local")
         # tf32x3 with overlap: two chunk sums, one item's wgmma's running while the next item is split
         self.pipelined = self.split and bool(cfg.overlap)

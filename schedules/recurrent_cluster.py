@@ -33,7 +33,7 @@ from tvm.script.ir_builder import tirx as T
 from .cells import Cell
 from .device import Device
 from .layer import RNNLayerSpec
-from .recurrent_common import KernelArgs, block_sync, i64, load_xw_ahead, step_phases
+from .recurrent_common import KernelArgs, block_sync, i64, load_xw_ahead, step_phases, shared_dyn
 from .recurrent_cuda import epilogue, operand_at, vector_width, weight_bytes
 from .recurrent_persistent import _strided
 from .warp_gemv import warp_gates
@@ -198,8 +198,8 @@ def cluster_body(a: KernelArgs, cfg: ClusterConfig):
                     weights = _load_weights(a, cfg, d, j0, ty, lane, tid)
                     # h's two slots, then (sync 1) the mbarriers, 8 bytes each: TVM places a shared buffer by the loads and
                     # stores it sees, and the mbarriers are only ever passed by address
-                    rows = {"h": T.alloc_buffer((2 * NB * H + 2 * len(_Arrivals.BARS) * cfg.sync,), F32, scope="shared.dyn")}
-                    rows |= {v: T.alloc_buffer((NB, H), F32, scope="shared.dyn") for v in cell.stored_values}
+                    rows = {"h": shared_dyn((2 * NB * H + 2 * len(_Arrivals.BARS) * cfg.sync,), F32)}
+                    rows |= {v: shared_dyn((NB, H), F32) for v in cell.stored_values}
                     # per lane: the cell state and next step's XW of the (unit, row) it finishes (warp_gemv), in registers
                     regs = {"xw": T.alloc_buffer((len(cell.phases), max(len(p.gates) for p in cell.phases)), F32, scope="local")}
                     if a.Yc is not None:
@@ -220,7 +220,7 @@ def _load_weights(a: KernelArgs, cfg: ClusterConfig, d, j0, ty, lane, tid) -> di
     row = lambda u, g: g * i64(H) + tirx.min(j0 + u, i64(H - 1))  # noqa: E731
     out = {}
     if K:
-        out["smem"] = T.alloc_buffer((UPC, G, K), spec.dtype, scope="shared.dyn")
+        out["smem"] = shared_dyn((UPC, G, K), spec.dtype)
 
         def load(e):
             u, g, k = e // i64(G * K), e // i64(K) % i64(G), e % i64(K)

@@ -353,6 +353,12 @@ def each_element(total, body, threads: int = 256):
                     body(e)
 
 
+def shared_dyn(shape, dtype: str):
+    """A buffer in dynamic shared memory, named for its dtype: a module's kernels share one translation unit, where two
+    kernels' extern shared arrays of one name (TVM names an unnamed one _ptr_1) but other types do not compile."""
+    return IRBuilder.name(f"smem_{dtype}", T.alloc_buffer(shape, dtype, scope="shared.dyn"))
+
+
 def block_sync():
     """__syncthreads(): the block's shared-memory writes are visible to all its threads."""
     T.evaluate(tirx.op.tvm_storage_sync("shared"))

@@ -24,7 +24,7 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC, MODES, WarpTiles, chunk_rounds
-from .recurrent_common import KernelArgs, block_sync, emit_if, guarded, half_operands, i64, load_xw_ahead, split_operands
+from .recurrent_common import KernelArgs, block_sync, emit_if, guarded, half_operands, i64, load_xw_ahead, split_operands, shared_dyn
 from .recurrent_cuda import epilogue, operand_at, operand_index, step_launches
 
 F32 = "float32"
@@ -171,7 +171,8 @@ def r_row(phase, units, H, u0, g, mt, half):
 
 def partial_sums(cfg: MmaConfig, gates: int, scope: str = "shared"):
     """The shared buffer the k_warps' partial sums meet in (flat: keeps the padded stride)."""
-    return T.alloc_buffer((slots(cfg.k_warps) * m_tiles(gates, cfg.units) * 16 * (cfg.rows + 1),), F32, scope=scope)
+    shape = (slots(cfg.k_warps) * m_tiles(gates, cfg.units) * 16 * (cfg.rows + 1),)
+    return shared_dyn(shape, F32) if scope == "shared.dyn" else T.alloc_buffer(shape, F32, scope=scope)
 
 
 def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg: MmaConfig, d, u0, n0, wy, lane,

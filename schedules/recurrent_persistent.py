@@ -25,7 +25,7 @@ from .cells import Cell
 from .device import Device
 from .layer import RNNLayerSpec
 
-from .recurrent_common import KernelArgs, block_sync, i64, load_xw_ahead, step_phases, store_operand
+from .recurrent_common import KernelArgs, block_sync, i64, load_xw_ahead, step_phases, store_operand, shared_dyn
 from .recurrent_cuda import cuda_prim_func, epilogue, operand_at, operand_index, vector_width, weight_bytes
 from . import step_sync
 from .warp_gemv import warp_gates
@@ -160,8 +160,8 @@ def persistent_body(a: KernelArgs, cfg: PersistentConfig):
             with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
                 tid = ty * i64(32) + lane
                 d, j0 = bx // i64(BPD), bx % i64(BPD) * i64(UPB)  # the block's direction and first unit
-                wsm = T.alloc_buffer((UPB, G, H), spec.dtype, scope="shared.dyn")
-                hs = T.alloc_buffer((NB, H), F32, scope="shared.dyn") if cfg.stage_h else None
+                wsm = shared_dyn((UPB, G, H), spec.dtype)
+                hs = shared_dyn((NB, H), F32) if cfg.stage_h else None
 
                 def load_weights(e):
                     u, g, k = e // i64(G * H), e // i64(H) % i64(G), e % i64(H)

@@ -41,7 +41,7 @@ from tvm.script.ir_builder import tirx as T
 
 from .device import Device
 from .mma_tiles import KC, WarpTiles, chunk_rounds, cp_async_ring, itemsize, shared_element
-from .recurrent_common import KernelArgs, block_sync, emit_if, i64, step_phases
+from .recurrent_common import KernelArgs, block_sync, emit_if, i64, step_phases, shared_dyn
 from .recurrent_mma import MmaConfig, block_phase, global_a, operand_copies, operand_dtype, partial_sums
 from .recurrent_persistent import _grid_sync, _strided, final_states, initial_states
 from . import step_halves
@@ -258,7 +258,7 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                     stream.bind(bx, d, u0)
                 # per 8-row group and chunk: its 8 rows of KC (in f16x3 the rows' high halves, then their low ones)
                 block_elems = 8 * KC * (2 if halves else 1)
-                wsm = T.alloc_buffer((max(1, total * CR * block_elems),), "float16" if halves else spec.dtype, scope="shared.dyn")
+                wsm = shared_dyn((max(1, total * CR * block_elems),), "float16" if halves else spec.dtype)
                 if halves:
                     rscale, rinv = (T.alloc_buffer((cell.gates * UB,), F32, scope="shared") for _ in range(2))
                     wmax = T.alloc_buffer((warps,), F32, scope="shared")
@@ -268,8 +268,8 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                 ring = None
                 if ring_bytes(spec, cell, cfg):
                     a_dtype, b_dtype = ring_dtypes(spec, cfg)
-                    ring = (T.alloc_buffer((ring_a_bytes(spec, cell, cfg) // itemsize(a_dtype),), a_dtype, scope="shared.dyn"),
-                            T.alloc_buffer((cfg.ring * ring_b_elems(cfg),), b_dtype, scope="shared.dyn") if cfg.ring_h else None)
+                    ring = (shared_dyn((ring_a_bytes(spec, cell, cfg) // itemsize(a_dtype),), a_dtype),
+                            shared_dyn((cfg.ring * ring_b_elems(cfg),), b_dtype) if cfg.ring_h else None)
                 if sums_in_ring(spec, cell, cfg):
                     # the sums are written after the barrier that ends a reduction's reads of the ring (block_phase,
                     # shared_a) and read before the barrier that precedes the next reduction's first copies

@@ -30,7 +30,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from .device import Device
-from .recurrent_common import KernelArgs, block_sync, i64
+from .recurrent_common import KernelArgs, block_sync, i64, shared_dyn
 from .recurrent_cuda import epilogue, vector_width, weight_bytes, xw_dtype
 from .recurrent_persistent import _grid_sync, _prefetch_xw, _strided, final_states, initial_states
 from .warp_gemv import warp_gates
@@ -150,9 +150,9 @@ def wavefront_body(layers: list[KernelArgs], cfg: WavefrontConfig):
         with T.thread_binding(0, i64(cfg.warps), "threadIdx.y") as ty:
             with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
                 tid = ty * i64(32) + lane
-                wsm = T.alloc_buffer((smem_elements(specs, cells, cfg),), specs[0].dtype, scope="shared.dyn")
+                wsm = shared_dyn((smem_elements(specs, cells, cfg),), specs[0].dtype)
                 # the vector the warps multiply ([h_below; h] above layer 0), staged once per block: one L2 read, not one per warp
-                hs = T.alloc_buffer((max(reduction(a.spec, i == 0) for i, a in enumerate(layers)),), F32, scope="shared.dyn")
+                hs = shared_dyn((max(reduction(a.spec, i == 0) for i, a in enumerate(layers)),), F32)
 
                 def mine(i):
                     """The block belongs to layer i."""

@@ -784,3 +784,21 @@ def test_small_persistent_layers_run_one_block_per_direction():
         assert point["blocks"] == (spec.num_directions if small else 132), (case.op, case.hidden, point.describe())
         assert point["warps"] == (min(ONE_BLOCK_WARPS, spec.hidden_size) if small else 8), (case.op, case.hidden)
         assert ("this_grid().sync()" in _source(target, spec, point)) != small, (case.op, case.hidden)
+
+
+def test_dynamic_shared_arrays_of_one_name_have_one_type():
+    """A module's kernels share one translation unit, where extern shared arrays of one name but other types do not
+    compile (NVRTC of CUDA 13: "declaration is incompatible"): an fp32 model in half storage at batch 1-4 builds a
+    cluster kernel (fp32 rows) beside persistent ones (half weights) and f16 projections; each name has one type."""
+    import re
+
+    import tvmrnn
+
+    model = Case(op="LSTM", hidden=256, input_size=16).model()
+    module = tvmrnn.compile(model, target="cuda", dtype="float16", max_dims={"seq": 8, "batch": 4}, logs=False)
+    kinds = {b["config"]["kind"] for b in module.metadata["layers"][0]["schedule"]}
+    assert {"cluster", "persistent"} <= kinds, kinds
+    src = module.executable.mod.imports[0].imports[0].inspect_source()  # the VM executable > host code > CUDA
+    arrays = set(re.findall(r"extern __shared__ __align__\(\d+\) (\w+) (\w+)\[\];", src))
+    names = [name for _, name in arrays]
+    assert arrays and len(names) == len(set(names)), sorted(arrays)
