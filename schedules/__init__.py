@@ -110,11 +110,15 @@ class StackKernel:
     plans: tuple[KernelPlan, ...]  # one per layer, for the compile log and the module's metadata
 
 
+WAVEFRONT_WARPS = 8  # unless the first layer's tuned persistent point says otherwise
+
+
 def stack_kernel(specs, cells, target, choice: str = "auto", tuned: list | None = None, batch_bound: int | None = None,
                  device: Device | None = None):
     """One wavefront kernel for a chain of stacked layers (recurrent_wavefront), or (None, why not) where it does not
     apply: auto only, on CUDA, every batch the module accepts (batch_bound) within the persistent kernel's, where each
-    layer's own plan would run persistent there (tuning may say otherwise) and the split among the layers fits."""
+    layer's own plan would run persistent (or cluster) there (tuning may say otherwise) and the split among the layers
+    fits."""
     from . import recurrent_wavefront as wavefront
 
     device = device or Device.of_target(target)
@@ -129,9 +133,11 @@ def stack_kernel(specs, cells, target, choice: str = "auto", tuned: list | None 
             return None, f"{spec.op} node '{spec.name}': {why}"
         own.append(plan_kernel(spec, cell, target, choice, tuned[i] if tuned else None, device))
         kinds_used = {own[-1].branch_at(n).config.kind for n in range(1, batch_bound + 1)}
-        if kinds_used != {"persistent"}:
+        # a layer alone runs cluster at batch 1; stacked, one wavefront step of all layers beats a cluster step per layer
+        if not kinds_used <= {"persistent", "cluster"}:
             return None, f"{spec.op} node '{spec.name}' runs {'/'.join(sorted(kinds_used))} at batch <= {batch_bound}"
-    warps = own[0].branch_at(1).config["warps"]
+    first = own[0].branch_at(1)
+    warps = first.config["warps"] if first.tuned and first.config.kind == "persistent" else WAVEFRONT_WARPS
     cfg = wavefront.plan(specs, cells, device, warps)
     if cfg is None:
         return None, "the layers' weights do not fit on chip across one wave"

@@ -40,6 +40,18 @@ def test_stacked_layers_are_planned_as_one_wavefront_kernel_where_the_batch_is_b
     assert unbounded.graph.bounds is None and all(layer.stack is None for layer in unbounded.layers)
 
 
+def test_a_stack_of_layers_that_run_cluster_alone_is_one_wavefront_kernel():
+    """A layer of H 512 alone runs the cluster kernel at batch 1 (persistent above); stacked, the layers run as one
+    wavefront kernel: one step of all layers a barrier, not a cluster kernel per layer."""
+    row = bench.Row("stack-h512", "LSTM", 6, 1, 512, 512, layers=2)
+    plan = plan_model(bench.onnx_model(bench.torch_module(row), row), SM90A, PlanOptions(max_dims={"seq": 6, "batch": 4}))
+    (chain,) = plan.chains
+    assert chain.kernel is not None, chain.describe()
+    assert [b.config.kind for layer in plan.layers for b in layer.kernel.branches] == ["wavefront", "wavefront"]
+    alone = plan_model(Case(hidden=512, input_size=512).model(), SM90A, PlanOptions(max_dims={"seq": 6, "batch": 4}))
+    assert alone.layers[0].kernel.branch_at(1).config.kind == "cluster"
+
+
 def test_storage_dtype_and_projection_are_planned_per_layer():
     plan = plan_model(Case(op="GRU", hidden=32, input_size=16).model(), SM90A, PlanOptions(storage="float16"))
     (layer,) = plan.layers
