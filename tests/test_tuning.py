@@ -289,6 +289,26 @@ def test_tune_writes_to_the_user_cache_and_compile_reads_the_bundled_logs_too(mo
     assert TuningLogs.load(tmp_path / "elsewhere", resolve_target("llvm")).records == 0  # --logs DIR reads DIR only
 
 
+def test_compile_reads_the_graph_records_of_the_bundled_logs_too(tmp_path):
+    """The graph functions' database of every folder read (the user's and the bundled one) schedules compile's graph,
+    as the recurrent records of both do; where both have one, MetaSchedule's union of them."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvmrnn.build import _graph_records
+    from tvmrnn.tuning.logs import GRAPH_PREFIX, RECORDS, WORKLOAD
+
+    user, bundled = tmp_path / "user", tmp_path / "bundled"
+    for folder in (user, bundled):
+        folder.mkdir()
+    (bundled / f"{GRAPH_PREFIX}{WORKLOAD}").write_text("")
+    (bundled / f"{GRAPH_PREFIX}{RECORDS}").write_text("")
+    logs = TuningLogs(resolve_target("llvm"), user, also_read=[bundled])
+    assert isinstance(_graph_records(logs), ms.database.JSONDatabase)
+    assert _graph_records(TuningLogs(resolve_target("llvm"), user)) is None
+    (user / f"{GRAPH_PREFIX}{WORKLOAD}").write_text("")
+    assert isinstance(_graph_records(logs), ms.database.UnionDatabase)
+
+
 def test_a_verdict_against_a_bundled_point_keeps_the_default(monkeypatch, tmp_path):
     """tune's whole-module check found the tuned module no faster where the point it ran came from the bundled logs:
     compile runs the default there, not the bundled point."""

@@ -127,12 +127,18 @@ def _tuning_logs(logs, target, log):
 
 
 def _graph_records(tuning):
-    """The graph functions' tuning database beside the recurrent logs, or None."""
-    if tuning is None or not (tuning.folder / f"{GRAPH_PREFIX}{WORKLOAD}").exists():
+    """The graph functions' tuning databases beside the recurrent logs read (the bundled folder's too), or None; where
+    several have a function, MetaSchedule's union takes the fastest record."""
+    read = [] if tuning is None else [tuning.folder, *tuning.also_read]
+    folders = [f for f in read if (f / f"{GRAPH_PREFIX}{WORKLOAD}").exists()]
+    if not folders:
         return None
-    from .tuning.graph_tasks import graph_database  # MetaSchedule's import is slow: only where there are records
+    from tvm.s_tir import meta_schedule as ms  # MetaSchedule's import is slow: only where there are records
 
-    return graph_database(tuning.folder)
+    from .tuning.graph_tasks import graph_database
+
+    databases = [graph_database(f) for f in folders]
+    return databases[0] if len(databases) == 1 else ms.database.UnionDatabase(*databases)
 
 
 def pipeline(target, plan: ModelPlan, graph_records=None, on_tuned=None) -> tvm.transform.Pass:
