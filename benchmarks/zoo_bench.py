@@ -1,8 +1,11 @@
-"""The real-model zoo timed whole, side by side in one run: ours (untuned) against ONNX Runtime and, on a GPU, PyTorch
-eager where the model came from torch. Each model is compiled with the zoo's options and run on the zoo's feeds
-(a streamed model: its chunks, each timed as one call).
+"""The real-model zoo timed whole, side by side in one run: ours (untuned unless --logs) against ONNX Runtime and, on
+a GPU, PyTorch eager where the model came from torch. Each model is compiled with the zoo's options and run on the
+zoo's feeds (a streamed model: its chunks, each timed as one call).
 
-    python benchmarks/zoo_bench.py [--target llvm|cuda] [--repeats N] [--out DIR] [NAME ...]
+    python benchmarks/zoo_bench.py [--target llvm|cuda] [--repeats N] [--out DIR] [--logs DIR|default] [NAME ...]
+
+--logs compiles with tuning logs: a folder as `tvmrnn compile --logs` takes, or `default` for compile's own (the
+user's folder and the repo's tuning_logs/); the table then says which.
 
 ONNX Runtime uses its CUDA provider where the installed onnxruntime has one, else the row says so.
 """
@@ -62,11 +65,11 @@ def _keras_zoo_case(name, target):
     return keras_zoo.build(name), [keras_zoo.example_inputs(name, 2, 12, seed=s) for s in range(2)], {}
 
 
-def bench_zoo_model(name, target, repeats) -> dict:
+def bench_zoo_model(name, target, repeats, logs=False) -> dict:
     case = _keras_zoo_case if name in keras_zoo.BY_NAME else _torch_zoo_case
     path, feeds, options = case(name, target)
     factory = (lambda _path: TORCH_MODULES[name]()) if name in TORCH_MODULES else None
-    result = bench.bench_model(path, target, repeats, torch_factory=factory, feeds=feeds, options=options)
+    result = bench.bench_model(path, target, repeats, torch_factory=factory, feeds=feeds, options=options, logs=logs)
     return {**result, "row": name}
 
 
@@ -76,13 +79,15 @@ def main():
     parser.add_argument("--target", default="llvm", choices=["llvm", "cuda"])
     parser.add_argument("--repeats", type=int, default=100)
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--logs", help="compile with these tuning logs ('default': compile's own); untuned without")
     args = parser.parse_args()
     names = args.names or [n for n in zoo.MODELS if not zoo.MODELS[n].slow] + list(keras_zoo.BY_NAME)
     env, results = bench.environment(args.target == "cuda"), []
+    logs = False if args.logs is None else None if args.logs == "default" else args.logs
     command = "python benchmarks/zoo_bench.py " + " ".join(sys.argv[1:])
     for i, name in enumerate(names, 1):
         try:
-            res = bench_zoo_model(name, args.target, args.repeats)
+            res = bench_zoo_model(name, args.target, args.repeats, logs)
         except Exception as err:  # one broken model must not lose the others' numbers
             res = {"row": name, "error": f"{type(err).__name__}: {err}"}
         print(f"[{i}/{len(names)}] " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"

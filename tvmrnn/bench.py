@@ -312,8 +312,9 @@ def _torch_run(net, input_names):
     return run
 
 
-def bench_model(path, target="llvm", repeats=20, warmup=2, torch_factory=None, feeds=None, options=None) -> dict:
-    """A whole ONNX model: ours (untuned, compiled for `target` with compile's `options`) against ONNX Runtime (its CPU
+def bench_model(path, target="llvm", repeats=20, warmup=2, torch_factory=None, feeds=None, options=None, logs=False) -> dict:
+    """A whole ONNX model: ours (compiled for `target` with compile's `options`, untuned unless `logs` names tuning logs
+    as compile's `logs` does: None for its default folder and the bundled ones) against ONNX Runtime (its CPU
     provider, or CUDA's on a GPU) and, on a GPU where `torch_factory` knows the file, PyTorch eager, on the same inputs
     (`feeds`: a list of feed dicts, random by default), interleaved medians, and the largest relative error of any
     output against ONNX Runtime's CPU provider. Constant inputs (`options["consts"]`) go to ONNX Runtime and PyTorch
@@ -328,7 +329,7 @@ def bench_model(path, target="llvm", repeats=20, warmup=2, torch_factory=None, f
     consts = {k: np.asarray(v, np.int64) for k, v in ((options or {}).get("consts") or {}).items()}
     full = [{**f, **consts} for f in feeds]
     started = time.perf_counter()
-    compiled = tvmrnn.compile(model, target=target, logs=False, **(options or {}))
+    compiled = tvmrnn.compile(model, target=target, logs=logs, **(options or {}))
     compile_s = time.perf_counter() - started
     ours_feeds = [{k: v for k, v in f.items() if k in compiled.input_names} for f in feeds]
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, full[0])
