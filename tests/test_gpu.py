@@ -46,6 +46,29 @@ def test_cuda_matches_reference_and_onnxruntime(case):
             np.testing.assert_allclose(value, ort[name], rtol=1e-4, atol=1e-5, err_msg=f"{name} vs ONNX Runtime T={T} N={N}")
 
 
+# R of a direction within ONE_BLOCK_MAX_R_BYTES: one block a direction at batch <= 4, a warp a unit (ONE_BLOCK_WARPS)
+SMALL_CASES = [
+    Case(op="LSTM", direction="bidirectional", optional=OPTIONAL["LSTM"], hidden=25, input_size=12, clip=3.0),
+    Case(op="GRU", direction="reverse", optional=OPTIONAL["GRU"], hidden=40, input_size=9),
+    Case(op="GRU", direction="bidirectional", optional=OPTIONAL["GRU"], hidden=32, input_size=16, linear_before_reset=1),
+    Case(op="RNN", direction="bidirectional", optional=OPTIONAL["RNN"], hidden=25, input_size=7, activations=("Relu", "Tanh")),
+]
+
+
+@pytest.mark.parametrize("case", SMALL_CASES, ids=lambda c: f"{c.op}-{c.direction}-H{c.hidden}-lbr{c.linear_before_reset}")
+def test_small_layers_in_one_block_match_reference(case):
+    module = tvmrnn.compile(case.model(), target="cuda", logs=False)
+    first = module.metadata["layers"][0]["schedule"][0]
+    assert first["config"]["kind"] == "persistent" and first["config"]["blocks"] == case.spec().num_directions, first
+    rng = np.random.default_rng(5)
+    for T, N in ((7, 1), (12, 3), (5, 4), (1, 2)):
+        feeds = case.feeds(rng, T, N)
+        ours, again, ref = module.run(feeds), module.run(feeds), case.reference(feeds)
+        for name, value in ours.items():
+            np.testing.assert_array_equal(value, again[name], err_msg=f"{name}: two runs of the same inputs differ")
+            np.testing.assert_allclose(value, ref[name], rtol=1e-4, atol=1e-5, err_msg=f"{name} vs reference T={T} N={N}")
+
+
 def test_cuda_export_and_load(tmp_path):
     case = dataclasses.replace(CASES[0], hidden=32)
     path = tvmrnn.compile(case.model(), target="cuda").export(tmp_path / "m.so")
