@@ -19,6 +19,7 @@ from tvm.relax.frontend.onnx import onnx_frontend
 from ..errors import UnsupportedModelError
 from .converters import converters
 from .loops import rewrite_recurrent_loops
+from .unrolled import rewrite_unrolled_rnns
 from .ops import OP_CONVERTERS
 from .prepare import prepare
 from .reverse import REVERSE_CONVERTERS
@@ -42,11 +43,11 @@ class RelaxModel:
 
 
 def load_onnx(model, input_shapes: dict | None = None, consts: dict | None = None) -> onnx.ModelProto:
-    """The model as the planner and importer take it: string tensors refused, recurrent Loops as recurrent nodes
-    (loops.py), then specialized and its shape computations folded (prepare.py)."""
+    """The model as the planner and importer take it: string tensors refused, recurrent Loops and unrolled recurrences
+    as recurrent nodes (loops.py, unrolled.py), then specialized and its shape computations folded (prepare.py)."""
     model = _read_onnx(model)
     refuse_strings(model)
-    return prepare(rewrite_recurrent_loops(model), input_shapes, consts)
+    return prepare(rewrite_unrolled_rnns(rewrite_recurrent_loops(model)), input_shapes, consts)
 
 
 def _read_onnx(model) -> onnx.ModelProto:
