@@ -66,22 +66,46 @@ def _default_schedule(mod: tvm.IRModule, target):
 
 
 def _seed_defaults(tasks, target, db, builder, runner) -> list[float | None]:
-    """Measure and store each task's default-rule schedule (once per database); returns its seconds."""
+    """Measure and store each task's default-rule schedule (once per database), all in one batch (each builder and
+    runner call starts its process pool); returns each task's seconds."""
     from .tuner import _measure_all
 
-    out: list[float | None] = []
-    for task in tasks:
-        workload = db.commit_workload(task.mod)
-        args_info = ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])
+    pending = []  # (task index, workload, schedule, args_info)
+    for i, task in enumerate(tasks):
         with target:
             sch = _default_schedule(task.mod, target)
-        if sch is None:
-            out.append(None)
-            continue
-        t = _measure_all(builder, runner, target, [sch.mod], [args_info])[0]
+        if sch is not None:
+            pending.append((i, db.commit_workload(task.mod), sch, ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])))
+    out: list[float | None] = [None] * len(tasks)
+    if not pending:
+        return out
+    secs = _measure_all(builder, runner, target, [sch.mod for _, _, sch, _ in pending], [a for *_, a in pending])
+    for (i, workload, sch, args_info), t in zip(pending, secs):
         db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [t if t is not None else 1e10], target, args_info))
-        out.append(t)
+        out[i] = t
     return out
+
+
+def build_function(mod: tvm.IRModule, target, _params=None):
+    """MetaSchedule's builder function for the graph tasks: its default one, without importing every tensor intrinsic on
+    the CPU (16 s per builder process on 2 cores, and each builder call starts fresh processes); a schedule tensorized
+    on the CPU already carries the intrinsic's body. CUDA's tensor-core schedules keep MetaSchedule's import."""
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    if target.kind.name == "cuda":
+        from tvm.s_tir import tensor_intrin  # noqa: F401  (registers the intrinsics)
+    return tvm.tirx.build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+
+
+def _searchable(task):
+    """The task on a target MetaSchedule's CPU rules can search: they need its physical core count (num-cores), which
+    compile's target leaves out (the records are found by the function's hash alone)."""
+    target = task.target
+    if target.kind.name != "llvm" or "num-cores" in target.attrs:
+        return task
+    cores = ms.utils.cpu_count(logical=False)
+    return ms.ExtractedTask(task.task_name, task.mod, tvm.target.Target({**dict(target.export()), "num-cores": cores}),
+                            task.dispatched, task.weight)
 
 
 def _best(db, task) -> tuple[int, float | None]:
@@ -95,7 +119,7 @@ def tune_graph(tasks, target, logs_folder: Path, trials: int, time_budget_s: flo
     from .tuner import _runner
 
     db = open_database(Path(logs_folder), GRAPH_PREFIX)
-    builder, runner = ms.builder.LocalBuilder(timeout_sec=120), _runner(target)
+    builder, runner = ms.builder.LocalBuilder(f_build=build_function, timeout_sec=120), _runner(target)
     before = {t.task_name: _best(db, t) for t in tasks}
     fresh = [t for t in tasks if before[t.task_name][0] == 0]
     started = time.monotonic()
@@ -104,7 +128,7 @@ def tune_graph(tasks, target, logs_folder: Path, trials: int, time_budget_s: flo
     left = max(0, trials - sum(n for n, _ in before.values()) - len(fresh))
     if left > 0 and (time_budget_s is None or time_budget_s > 0):
         with tempfile.TemporaryDirectory() as work_dir:
-            ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir)
+            ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts([_searchable(t) for t in tasks], work_dir)
             ms.tune.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=work_dir, max_trials_global=left,
                                num_trials_per_iter=min(8, max(1, left // len(ctxs))), builder=builder, runner=runner,
                                database=db, cost_model="xgb", task_scheduler="round-robin")
