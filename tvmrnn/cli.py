@@ -131,6 +131,15 @@ def _shapes(values, what) -> dict:
     return shapes
 
 
+def _specialization_options(fn):
+    """--dim and --const, compile's and tune's alike: the model is specialized (frontend.prepare) before it is planned,
+    so tune tunes the functions compile builds for these shapes."""
+    fn = click.option("--const", "consts", multiple=True, metavar="INPUT=V", callback=lambda _c, _p, v: _numbers(v, "--const", float),
+                      help="specialize the model for this value of an input, which leaves the module (--const sr=16000)")(fn)
+    return click.option("--dim", "dims", multiple=True, metavar="NAME=N", callback=lambda _c, _p, v: _shapes(v, "--dim"),
+                        help="fix a symbolic dim (--dim sequence=512) or an input's whole shape (--dim input=1,512)")(fn)
+
+
 @click.group()
 @click.version_option(package_name="tvmrnn")
 def main():
@@ -158,10 +167,7 @@ def main():
                    "are refused, and with every dim bounded a CUDA module replays each run as one CUDA graph")
 @click.option("--cuda-graph/--no-cuda-graph", default=None,
               help="require / turn off the CUDA graph (default: on wherever every symbolic dim has a --max-dim)")
-@click.option("--dim", "dims", multiple=True, metavar="NAME=N", callback=lambda _c, _p, v: _shapes(v, "--dim"),
-              help="fix a symbolic dim (--dim sequence=512) or an input's whole shape (--dim input=1,512)")
-@click.option("--const", "consts", multiple=True, metavar="INPUT=V", callback=lambda _c, _p, v: _numbers(v, "--const", float),
-              help="specialize the model for this value of an input, which leaves the module (--const sr=16000)")
+@_specialization_options
 @_for_people()
 def compile_cmd(model, output, target, kernel, dtype, precision, logs, tune_trials, time_budget, max_dims, cuda_graph, dims,
                 consts):
@@ -188,8 +194,9 @@ def compile_cmd(model, output, target, kernel, dtype, precision, logs, tune_tria
               help="restrict the CUDA kernel kinds searched")
 @click.option("--graph-trials", default=None, type=int,
               help="measured points for the layers around the recurrent ones (convs, GEMMs, pooling; default: --trials; 0: none)")
+@_specialization_options
 @_for_people()
-def tune_cmd(model, target, trials, logs, time_budget, batches, seq, dtype, precision, kernel, graph_trials):
+def tune_cmd(model, target, trials, logs, time_budget, batches, seq, dtype, precision, kernel, graph_trials, dims, consts):
     """Tune MODEL.onnx's recurrent kernels and the layers around them for TARGET with MetaSchedule; compile applies the logs."""
     from .interface.tune import TuneArgs, tune_command
     from .tuning.logs import default_logs_dir
@@ -197,7 +204,7 @@ def tune_cmd(model, target, trials, logs, time_budget, batches, seq, dtype, prec
     if trials < 1:
         raise click.BadParameter("must be at least 1", param_hint="--trials")
     tune_command(TuneArgs(model, target, trials, logs or str(default_logs_dir()), time_budget, tuple(batches), seq, dtype, kernel,
-                          precision=precision, graph_trials=graph_trials), echo=echo_wrapped)
+                          precision=precision, graph_trials=graph_trials, input_shapes=dims, consts=consts), echo=echo_wrapped)
 
 
 @main.command("run")

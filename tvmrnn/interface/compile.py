@@ -41,7 +41,8 @@ def compile_command(args: CompileArgs, echo=print) -> CompileArgs:
     echo(f"tvmrnn compile\n{args.show()}")
     if args.tune_trials > 0:
         tune_command(TuneArgs(args.model, args.target, args.tune_trials, args.logs, args.time_budget_min,
-                              dtype=args.dtype, kernel=args.kernel, precision=args.precision), echo=echo)
+                              dtype=args.dtype, kernel=args.kernel, precision=args.precision, input_shapes=args.input_shapes,
+                              consts=args.consts), echo=echo)
     module = compile_model(args.model, target=args.target, log=echo, kernel=args.kernel, dtype=args.dtype, logs=args.logs,
                            precision=args.precision, max_dims=args.max_dims, cuda_graph=args.cuda_graph,
                            input_shapes=args.input_shapes, consts=args.consts)

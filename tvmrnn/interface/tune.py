@@ -33,6 +33,8 @@ class TuneArgs:
     kernel: str = "auto"
     precision: str = "exact"
     graph_trials: int | None = None  # trials for the layers around the recurrent ones (default: `trials`); 0 for none
+    input_shapes: dict | None = None  # dims (or inputs' whole shapes) the model is specialized for, as compile's
+    consts: dict | None = None  # inputs fixed to a value, as compile's
     tasks: list = field(default_factory=list)
 
     def show(self) -> str:
@@ -54,27 +56,30 @@ def tune_command(args: TuneArgs, echo=print, stream=None, tasks=None):
     if target.kind.name == "cuda" and not gpu_present():
         raise UnsupportedModelError("tuning for CUDA measures on the GPU, and there is none here; tune on the GPU machine "
                                     "(the logs then serve compiles anywhere)")
-    plan, out, from_model = None, None, tasks is None
+    model, graph_tasks, out = None, [], None
     if tasks is None:
-        # the layers as compile runs them (kernel choice aside: every kind's space is searched)
-        plan = plan_model(args.model, target, PlanOptions(storage=args.dtype, precision=args.precision))
-        tasks = plan_tasks(plan, batches=args.batches or None, seq=args.seq)
-    graph_tasks = _graph_tasks(args, target, plan) if plan is not None and args.graph_trials != 0 else []
-    if from_model and not tasks and not graph_tasks:
+        model, tasks, graph_tasks = model_tasks(args, target)
+    if model is not None and not tasks and not graph_tasks:
         raise UnsupportedModelError(f"'{args.model}' has no LSTM, GRU or RNN layer and no other layer of static shapes, so "
-                                    "there is nothing to tune; compile it as it is")
+                                    "there is nothing to tune; fix its symbolic dims with --dim, or compile it as it is")
     if tasks:
-        out = _tune_recurrent(args, target, tasks, echo, stream, from_model)
+        out = _tune_recurrent(args, target, tasks, echo, stream, model)
     if graph_tasks:
         _tune_graph(args, target, graph_tasks, echo)
     return out
 
 
-def _graph_tasks(args: TuneArgs, target, plan) -> list:
+def model_tasks(args: TuneArgs, target) -> tuple:
+    """The model specialized as compile specializes it (--dim, --const) and planned as compile plans it (kernel choice
+    aside: every kind's space is searched); returns it with its recurrent tasks and its graph functions of static
+    shapes (those compile builds at these shapes, whose records it finds by the same structural hash)."""
     from ..frontend import to_relax
     from ..tuning.graph_tasks import extract_graph_tasks
 
-    return extract_graph_tasks(to_relax(load_onnx(args.model), plan).mod, target)
+    model = load_onnx(args.model, args.input_shapes, args.consts)
+    plan = plan_model(model, target, PlanOptions(storage=args.dtype, precision=args.precision))
+    graph_tasks = extract_graph_tasks(to_relax(model, plan).mod, target) if args.graph_trials != 0 else []
+    return model, plan_tasks(plan, batches=args.batches or None, seq=args.seq), graph_tasks
 
 
 def _tune_graph(args: TuneArgs, target, graph_tasks, echo):
@@ -90,7 +95,8 @@ def _tune_graph(args: TuneArgs, target, graph_tasks, echo):
         echo(graph_line(i, st, len(stats)))
 
 
-def _tune_recurrent(args: TuneArgs, target, tasks, echo, stream, from_model: bool):
+def _tune_recurrent(args: TuneArgs, target, tasks, echo, stream, model):
+    """model: the prepared model whose tasks these are, timed whole with and without the logs; None for given tasks."""
     echo(f"[1/3] {len(tasks)} task(s):")
     for t in tasks:
         echo(f"      {t.name}  (layers: {', '.join(t.layers)}; {tuner.space_size(t, target, args.kernel)} points)")
@@ -100,8 +106,8 @@ def _tune_recurrent(args: TuneArgs, target, tasks, echo, stream, from_model: boo
     echo(f"[3/3] {how}: {out.trials_run} new trial(s) in {out.seconds:.0f} s; logs in {out.folder}")
     for i, st in enumerate(out.stats):
         echo(line(i, st, len(out.stats)))
-    if from_model:
-        compare_whole_module(args.model, target, args.logs, tasks, echo)
+    if model is not None:
+        compare_whole_module(model, target, args.logs, tasks, echo)
     record_run(Path(out.folder), {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": _device_name(target), "model": str(args.model), "tasks": [t.name for t in tasks],
