@@ -364,3 +364,116 @@ def test_stale_bundled_records_are_a_count_at_v_only(monkeypatch, tmp_path):
     monkeypatch.setenv("TVMRNN_VERBOSE", "1")
     loud = TuningLogs.load(default_logs_dir(), target).problems
     assert len(loud) == 1 and re.search(r": \d+ record\(s\) skipped, timed on kernels whose arguments have changed", loud[0]), loud
+
+
+def _matmul_lstm_matmul():
+    """MatMul -> LSTM -> Squeeze -> MatMul over a symbolic `seq` (batch 1): its graph functions have static shapes only
+    where --dim fixes seq."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    H, I = 8, 8
+    arrays = {"W0": (I, I), "W": (1, 4 * H, I), "R": (1, 4 * H, H), "W1": (H, 4)}
+    inits = [numpy_helper.from_array(rng.uniform(-0.3, 0.3, s).astype("float32"), n) for n, s in arrays.items()]
+    inits.append(numpy_helper.from_array(np.array([1], np.int64), "axes"))
+    nodes = [helper.make_node("MatMul", ["x", "W0"], ["p"]), helper.make_node("LSTM", ["p", "W", "R"], ["Y"], hidden_size=H),
+             helper.make_node("Squeeze", ["Y", "axes"], ["s"]), helper.make_node("MatMul", ["s", "W1"], ["out"])]
+    graph = helper.make_graph(nodes, "around_lstm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", 1, I])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=10)
+
+
+def test_tune_dim_makes_the_functions_over_it_tasks(tmp_path):
+    """With seq open the MatMuls have no static shape to measure; --dim seq=10 makes them tasks, and the recurrent task
+    runs the 10 steps compile builds for (not the default 100)."""
+    from tvmrnn.interface.tune import TuneArgs, model_tasks
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_matmul_lstm_matmul(), path)
+    target = resolve_target("llvm")
+    _, open_tasks, open_graph = model_tasks(TuneArgs(str(path), str(target), 1, str(tmp_path)), target)
+    _, tasks, graph = model_tasks(TuneArgs(str(path), str(target), 1, str(tmp_path), input_shapes={"seq": 10}), target)
+    assert open_graph == [] and [t.seq for t in open_tasks] == [100]
+    assert any("dense" in t.task_name for t in graph), [t.task_name for t in graph]
+    assert [(t.seq, t.batch) for t in tasks] == [(10, 1)]
+
+
+def test_graph_records_of_a_fixed_dim_are_applied_by_compile_with_the_same_dim(tmp_path):
+    """The MatMuls tuned at seq 10 (each default measured and stored) are found again by compile --dim seq=10 through
+    the functions' hash and run (still matching ONNX Runtime); compiled with seq open, no function has such a record."""
+    import onnxruntime as ort
+
+    from tvmrnn.interface.tune import TuneArgs, model_tasks
+    from tvmrnn.tuning.graph_tasks import tune_graph
+    from tvmrnn.tuning.logs import target_dir
+
+    path, logs = tmp_path / "m.onnx", tmp_path / "logs"
+    onnx.save(_matmul_lstm_matmul(), path)
+    target = resolve_target("llvm")
+    _, _, graph = model_tasks(TuneArgs(str(path), str(target), 1, str(logs), input_shapes={"seq": 10}), target)
+    stats = tune_graph(graph, target, target_dir(str(logs), target), trials=1, log=lambda _line: None)
+    assert all(st.trials == 1 and st.best_s for st in stats), stats
+    runner = CliRunner()
+    for dims, tuned in ((["--dim", "seq=10"], True), ([], False)):
+        out = tmp_path / f"m{len(dims)}.so"
+        res = runner.invoke(main, ["compile", str(path), "-o", str(out), "--target", "llvm", "--logs", str(logs), *dims])
+        assert res.exit_code == 0, res.output
+        graph_tuned = json.loads(out.with_suffix(".json").read_text())["graph_tuned"]
+        assert any("dense" in n for n in graph_tuned) if tuned else graph_tuned == [], (dims, graph_tuned)
+    feeds = {"x": np.random.default_rng(1).standard_normal((10, 1, 8)).astype("float32")}
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = next(iter(tvmrnn.load(str(tmp_path / "m2.so")).run(feeds).values()))
+    assert np.abs(got - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
+
+
+@pytest.mark.slow  # a recurrent trial, the whole module timed twice and a graph search: about 60 s on 2 shared cores
+def test_tune_dim_times_the_whole_module_at_the_fixed_dims(tmp_path):
+    """`tvmrnn tune --dim seq=10` tunes the graph functions over seq (their defaults, then MetaSchedule's search, which
+    needs the CPU's core count on the target) and times the whole module at 10 steps (not at the 100 a free seq gets);
+    compile with the same --dim runs the records."""
+    path, logs = tmp_path / "m.onnx", tmp_path / "logs"
+    onnx.save(_matmul_lstm_matmul(), path)
+    res = CliRunner().invoke(main, ["tune", str(path), "--target", "llvm", "--trials", "1", "--graph-trials", "8",
+                                    "--dim", "seq=10", "--logs", str(logs)])
+    assert res.exit_code == 0, res.output
+    assert "input shapes: seq=10" in res.output and "whole module at batch 1, 10 steps" in res.output, res.output
+    found = re.search(r"\[graph 1/2\] (\d+) task\(s\).*dense", res.output)
+    assert found and int(found.group(1)) < 8, res.output  # so MetaSchedule's own search ran past the defaults
+    assert max(int(n) for n in re.findall(r"\] \w+: (\d+) trials, best \d", res.output)) >= 2, res.output
+    compiled = tvmrnn.compile(str(path), target="llvm", logs=logs, input_shapes={"seq": 10})
+    assert any("dense" in n for n in compiled.metadata["graph_tuned"]), compiled.metadata["graph_tuned"]
+
+
+def test_tune_refuses_a_bad_dim_or_const_as_compile_does(tmp_path):
+    """tune parses --dim/--const with compile's callbacks and specializes the model with compile's code: the same one-line
+    error for each bad value, before anything is tuned."""
+    path = tmp_path / "m.onnx"
+    onnx.save(_matmul_lstm_matmul(), path)
+    runner = CliRunner()
+    for bad in (["--dim", "seq=0"], ["--dim", "x=1,0,8"], ["--dim", "seq"], ["--dim", "frames=3"], ["--dim", "x=10,8"],
+                ["--const", "sr=16000"], ["--const", "x=a"]):
+        tune = runner.invoke(main, ["tune", str(path), "--target", "llvm", "--logs", str(tmp_path / "logs"), *bad])
+        compile_ = runner.invoke(main, ["compile", str(path), "-o", str(tmp_path / "m.so"), "--target", "llvm", *bad])
+        errors = [[line for line in r.output.splitlines() if line.startswith(("error: ", "Error: "))] for r in (tune, compile_)]
+        assert tune.exit_code == compile_.exit_code == 2 and len(errors[0]) == 1 and errors[0] == errors[1], (bad, tune.output,
+                                                                                                            compile_.output)
+        assert "Traceback" not in tune.output and "tuning:" not in tune.output, tune.output
+    assert not (tmp_path / "logs").exists()
+
+
+def test_compile_tune_passes_dim_and_const_to_tune(tmp_path, monkeypatch):
+    """compile --tune N --dim --const tunes the model it then compiles: the same specialization reaches tune."""
+    from tvmrnn.interface import compile as compile_verb
+
+    seen = []
+
+    def stop(args, echo=print):
+        seen.append(args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compile_verb, "tune_command", stop)
+    path = tmp_path / "m.onnx"
+    onnx.save(_matmul_lstm_matmul(), path)
+    CliRunner().invoke(main, ["compile", str(path), "-o", str(tmp_path / "m.so"), "--target", "llvm", "--tune", "3",
+                              "--dim", "x=10,1,8", "--const", "y=1,2"])
+    assert len(seen) == 1 and seen[0].input_shapes == {"x": [10, 1, 8]} and seen[0].consts == {"y": [1.0, 2.0]}
