@@ -562,7 +562,6 @@ def _tune_then_compile(tmp_path, target):
     assert _rel_err(next(iter(got.values())), _ort(model, feeds)[0]) < 1e-4
 
 
-@pytest.mark.slow  # measures each task's default schedule one at a time: minutes on 2 cores
 def test_tune_writes_graph_records_that_compile_applies(tmp_path):
     _tune_then_compile(tmp_path, "llvm")
 
