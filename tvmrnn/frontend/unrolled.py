@@ -66,7 +66,7 @@ def _terms(g: _Graph, name: str, depth: int = 0) -> tuple[list, list]:
 
 
 def _matmul_by_constant(g: _Graph, name: str):
-    """(the multiplied tensor, the constant's name) where `name` is MatMul(x, constant 2-D); else None."""
+    """(the multiplied tensor, the constant's name, the MatMul) where `name` is MatMul(x, constant 2-D); else None."""
     node = g.producers.get(name)
     if node is None or node.op_type != "MatMul" or g.constant_shape(node.input[1]) is None or len(g.constant_shape(node.input[1])) != 2:
         return None
