@@ -477,3 +477,21 @@ def test_compile_tune_passes_dim_and_const_to_tune(tmp_path, monkeypatch):
     CliRunner().invoke(main, ["compile", str(path), "-o", str(tmp_path / "m.so"), "--target", "llvm", "--tune", "3",
                               "--dim", "x=10,1,8", "--const", "y=1,2"])
     assert len(seen) == 1 and seen[0].input_shapes == {"x": [10, 1, 8]} and seen[0].consts == {"y": [1.0, 2.0]}
+
+
+def test_graph_search_stops_at_the_time_budget(tmp_path):
+    """With trials left for minutes of search, a budget of a few seconds ends it after the defaults and one round."""
+    import time
+
+    from tvmrnn.interface.tune import TuneArgs, model_tasks
+    from tvmrnn.tuning.graph_tasks import tune_graph
+    from tvmrnn.tuning.logs import target_dir
+
+    path, logs = tmp_path / "m.onnx", tmp_path / "logs"
+    onnx.save(_matmul_lstm_matmul(), path)
+    target = resolve_target("llvm")
+    _, _, graph = model_tasks(TuneArgs(str(path), str(target), 1, str(logs), input_shapes={"seq": 10}), target)
+    started = time.monotonic()
+    stats = tune_graph(graph, target, target_dir(str(logs), target), trials=2000, time_budget_s=1, log=lambda _line: None)
+    assert time.monotonic() - started < 240 and sum(st.trials for st in stats) < 2000, stats
+    assert all(st.trials >= 1 for st in stats), stats

@@ -115,7 +115,8 @@ def _best(db, task) -> tuple[int, float | None]:
 
 
 def tune_graph(tasks, target, logs_folder: Path, trials: int, time_budget_s: float | None = None, log=print) -> list[GraphTaskStats]:
-    """Tune the graph tasks with `trials` trials in all (counting those already in the database)."""
+    """Tune the graph tasks with `trials` trials in all (counting those already in the database), stopping between
+    search rounds once `time_budget_s` (from the start of this call) is spent."""
     from .tuner import _runner
 
     db = open_database(Path(logs_folder), GRAPH_PREFIX)
@@ -126,12 +127,18 @@ def tune_graph(tasks, target, logs_folder: Path, trials: int, time_budget_s: flo
     defaults = dict(zip([t.task_name for t in fresh], _seed_defaults(fresh, target, db, builder, runner)))
     log(f"      graph default schedules: {len(fresh)} measured in {time.monotonic() - started:.0f} s")
     left = max(0, trials - sum(n for n, _ in before.values()) - len(fresh))
-    if left > 0 and (time_budget_s is None or time_budget_s > 0):
+    deadline = None if time_budget_s is None else started + time_budget_s
+    while left > 0 and (deadline is None or time.monotonic() < deadline):
+        # MetaSchedule's search has no clock: under a budget it runs in rounds of one batch a task, each resuming
+        # from the database, and the budget is checked between rounds
+        per_task = min(8, max(1, left // len(tasks)))
+        round_trials = left if deadline is None else min(left, per_task * len(tasks))
         with tempfile.TemporaryDirectory() as work_dir:
             ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts([_searchable(t) for t in tasks], work_dir)
-            ms.tune.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=work_dir, max_trials_global=left,
-                               num_trials_per_iter=min(8, max(1, left // len(ctxs))), builder=builder, runner=runner,
+            ms.tune.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=work_dir, max_trials_global=round_trials,
+                               num_trials_per_iter=per_task, builder=builder, runner=runner,
                                database=db, cost_model="xgb", task_scheduler="round-robin")
+        left -= round_trials
     stats = []
     for t in tasks:
         n, best = _best(db, t)
