@@ -37,6 +37,7 @@ class _Chain:
     steps: list
     X: str
     W: np.ndarray  # [I, H]
+    R: np.ndarray  # [H, H]
     bias: np.ndarray  # the projection's bias plus the steps' ([H])
     h0: str
 
@@ -158,26 +159,22 @@ def _as_chain(g: _Graph, steps: list) -> _Chain | None:
     if projection is None or any(not np.allclose(s.bias, steps[0].bias) for s in steps):
         return None
     X, W, bias = projection
-    return _Chain(steps, X, W, bias + steps[0].bias, steps[0].h_prev)
+    R = np.asarray(g.constant(steps[0].R), np.float32)
+    return _Chain(steps, X, W, R, bias + steps[0].bias, steps[0].h_prev)
 
 
-def _rnn_nodes(chain: _Chain, g: _Graph, prefix: str, R: np.ndarray) -> tuple[list, list]:
+def _rnn_nodes(chain: _Chain, prefix: str) -> tuple[list, list]:
     """The RNN node over the chain's steps of X and what stands in for its step outputs: (nodes, initializers)."""
-    T, H = len(chain.steps), R.shape[0]
-    inits = [numpy_helper.from_array(a, f"{prefix}_{n}") for n, a in (
-        ("W", chain.W.T[None].astype(np.float32)), ("R", R.T[None].astype(np.float32)),
-        ("B", np.concatenate([chain.bias, np.zeros(H)])[None].astype(np.float32)),
-        ("start", np.array([0], np.int64)), ("end", np.array([T], np.int64)), ("axis", np.array([0], np.int64)),
-        ("one", np.array([1], np.int64)))]
-    n = f"{prefix}_"
-    nodes = [helper.make_node("Slice", [chain.X, n + "start", n + "end", n + "axis"], [n + "X"]),
+    T, H, n = len(chain.steps), chain.R.shape[0], f"{prefix}_"
+    arrays = {"W": chain.W.T[None], "R": chain.R.T[None], "B": np.concatenate([chain.bias, np.zeros(H)])[None],
+              "end": np.array([T]), "axis": np.array([0]), "one": np.array([1]), **{f"t{t}": np.array([t]) for t in range(T)}}
+    inits = [numpy_helper.from_array(a.astype(np.float32 if k in "WRB" else np.int64), n + k) for k, a in arrays.items()]
+    nodes = [helper.make_node("Slice", [chain.X, n + "t0", n + "end", n + "axis"], [n + "X"]),
              helper.make_node("RNN", [n + "X", n + "W", n + "R", n + "B", "", chain.h0], [n + "Y", n + "Y_h"], name=prefix,
                               hidden_size=H, activations=[ACTIVATIONS[chain.steps[0].act.op_type]]),
              helper.make_node("Squeeze", [n + "Y", n + "one"], [n + "Ys"])]
-    for t, s in enumerate(chain.steps[:-1]):
-        nodes.append(helper.make_node("Slice", [n + "Ys", f"{n}t{t}", f"{n}t{t + 1}", n + "axis"], [s.act.output[0]]))
-        inits += [numpy_helper.from_array(np.array([t], np.int64), f"{n}t{t}")]
-    inits.append(numpy_helper.from_array(np.array([T - 1], np.int64), f"{n}t{T - 1}"))
+    nodes += [helper.make_node("Slice", [n + "Ys", f"{n}t{t}", f"{n}t{t + 1}", n + "axis"], [s.act.output[0]])
+              for t, s in enumerate(chain.steps[:-1])]
     nodes.append(helper.make_node("Identity", [n + "Y_h"], [chain.steps[-1].act.output[0]]))
     return nodes, inits
 
@@ -192,14 +189,15 @@ def rewrite_unrolled_rnns(model: onnx.ModelProto) -> onnx.ModelProto:
     index = {id(n): k for k, n in enumerate(model.graph.node)}
     removed, inserted, inits = set(), {}, []
     for i, chain in enumerate(chains):
-        nodes, chain_inits = _rnn_nodes(chain, g, f"unrolled_rnn{i}", np.asarray(g.constant(chain.steps[0].R), np.float32))
+        prefix = f"unrolled_rnn{i}"
+        nodes, chain_inits = _rnn_nodes(chain, prefix)
         inits += chain_inits
         removed |= {index[id(n)] for s in chain.steps for n in [s.act, *s.nodes]}
         outputs = [s.act.output[0] for s in chain.steps]
         for c in g.consumers.get(outputs[0], []):  # a Concat of every step on axis 0 is Y itself
             if c.op_type == "Concat" and attr(c, "axis") == 0 and list(c.input) == outputs:
                 removed.add(index[id(c)])
-                nodes.append(helper.make_node("Identity", [nodes[2].output[0]], [c.output[0]]))
+                nodes.append(helper.make_node("Identity", [f"{prefix}_Ys"], [c.output[0]]))
         # after what the RNN node reads, before the first step (every reader of the steps comes after it)
         at = max(index[id(g.producers[x])] if x in g.producers else -1 for x in (chain.X, chain.h0))
         inserted.setdefault(at, []).extend(nodes)
