@@ -168,7 +168,7 @@ def _rnn_nodes(chain: _Chain, prefix: str) -> tuple[list, list]:
     T, H, n = len(chain.steps), chain.R.shape[0], f"{prefix}_"
     arrays = {"W": chain.W.T[None], "R": chain.R.T[None], "B": np.concatenate([chain.bias, np.zeros(H)])[None],
               "end": np.array([T]), "axis": np.array([0]), "one": np.array([1]), **{f"t{t}": np.array([t]) for t in range(T)}}
-    inits = [numpy_helper.from_array(a.astype(np.float32 if k in "WRB" else np.int64), n + k) for k, a in arrays.items()]
+    inits = [numpy_helper.from_array(a.astype(np.float32 if k in ("W", "R", "B") else np.int64), n + k) for k, a in arrays.items()]
     nodes = [helper.make_node("Slice", [chain.X, n + "t0", n + "end", n + "axis"], [n + "X"]),
              helper.make_node("RNN", [n + "X", n + "W", n + "R", n + "B", "", chain.h0], [n + "Y", n + "Y_h"], name=prefix,
                               hidden_size=H, activations=[ACTIVATIONS[chain.steps[0].act.op_type]]),
