@@ -23,14 +23,15 @@ def _flat(buffer, total):
 
 
 @functools.cache
-def device_copy(signature: tuple) -> tirx.PrimFunc:
+def device_copy(signature: tuple, name: str | None = None) -> tirx.PrimFunc:
     """signature: ((ndim, dtype), ...) of the tensors, in order; the kernel's arguments are A0.., then B0...
-    (contiguous both: one flat index each, no division by the dims)."""
+    (contiguous both: one flat index each, no division by the dims). name: its global symbol (default: by signature).
+    Either side may be page-locked host memory seen by the GPU (unified addressing): the runtime copies outputs so."""
     dims = [[tirx.Var(f"n{t}_{i}", "int64") for i in range(ndim)] for t, (ndim, _) in enumerate(signature)]
-    name = "_".join(f"{dtype}_{ndim}d" for ndim, dtype in signature)
+    name = name or "copy_" + "_".join(f"{dtype}_{ndim}d" for ndim, dtype in signature)
     with IRBuilder() as ib:
         with T.prim_func():
-            T.func_name(f"copy_{name}")
+            T.func_name(name)
             # op_pattern 8 (opaque): FuseOps must not merge it with neighbours
             T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8})
             sources = [T.arg(f"A{t}", T.Buffer(d, dtype)) for t, (d, (_, dtype)) in enumerate(zip(dims, signature))]

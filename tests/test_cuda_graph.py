@@ -12,6 +12,7 @@ from onnx_cases import Case
 from test_conformance import OPTIONAL
 from tvmrnn import bench
 from tvmrnn.errors import InputError, UnsupportedModelError
+from tvmrnn.runtime import OUTPUTS_TO_HOST, module_function
 
 CASE = Case(op="LSTM", direction="bidirectional", optional=OPTIONAL["LSTM"], hidden=48, input_size=20, clip=3.0)
 # stacked layers glued as exporters do (Transpose + Reshape), so kernels run between the input and the output
@@ -63,6 +64,8 @@ def test_every_kernel_but_the_boundary_copies_is_captured(bounded_stack):
     copies_in, copies_out = _outside_the_graph(lone)  # one launch copies every input, one every output
     assert copies_in == "copy_float32_3d_int32_1d_float32_3d_float32_3d"  # X, sequence_lens, initial_h, initial_c
     assert copies_out == "copy_float32_4d_float32_3d_float32_3d"  # Y, Y_h, Y_c
+    assert "@outputs_to_host" not in lone.executable.as_text()  # not called by main: the runtime launches it
+    assert module_function(lone.executable, OUTPUTS_TO_HOST) is not None  # outputs into page-locked host memory
     assert _outside_the_graph(bounded_stack) == ["copy_float32_3d", "copy_float32_3d"]  # X in, Y out
     assert "transpose" in " ".join(_calls(bounded_stack.executable.as_text(), "main_cuda_graph_capture"))
 

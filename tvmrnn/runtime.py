@@ -22,6 +22,7 @@ from .errors import InputError, UnsupportedModelError
 
 FORMAT = "tvmrnn-module/1"
 MAX_CACHED_SHAPES = 256  # host buffers kept per (name, shape); past it the cache starts over
+OUTPUTS_TO_HOST = "outputs_to_host"  # the copy of main's outputs a CUDA module built with a graph has (tvmrnn.cuda_graph)
 
 
 def cpu_threads() -> int:
@@ -257,8 +258,10 @@ class Module(ModuleInputs):
         self._staged: dict[tuple, tuple] = {}  # (input position, shape, dtype) -> (tensor, numpy view on the CPU, address)
         # on a GPU, page-locked host arrays by input and by output name that the copies go through; a caller may
         # assemble an input in `host_inputs(name, shape, dtype)` itself (the serving batcher), and its copy is skipped
-        self.host_inputs = None if self._on_cpu else HostBuffers(pinned=True)
-        self._host_outputs = None if self._on_cpu else HostBuffers(pinned=True)
+        self.host_inputs = None if self._on_cpu else HostBuffers(pinned=True, device_id=self.device.index)
+        self._host_outputs = None if self._on_cpu else HostBuffers(pinned=True, device_id=self.device.index)
+        # with it, the kernels read inputs from and write outputs to page-locked host memory: no cudaMemcpy a call
+        self._outputs_to_host = None if self._on_cpu else module_function(executable, OUTPUTS_TO_HOST)
 
     def to_device(self, feeds: Mapping[str, object]) -> list:
         """Checked inputs as device tensors, in the module's input order (for `invoke`)."""
@@ -285,20 +288,35 @@ class Module(ModuleInputs):
             return dict(zip(self.output_names, self.to_host(self._execute(self.stage(arrays)))))
 
     def stage(self, arrays: list[np.ndarray]) -> list:
-        """Checked arrays in the device tensors kept per input and shape (for invoke; valid until the next call)."""
+        """Checked arrays as tensors for invoke, valid until the next call: page-locked host arrays kept per input and
+        shape where the module's first kernel copies its inputs in (it reads them there), else device tensors so kept."""
+        if self._outputs_to_host is not None:
+            views = [self._host_input(name, a) for name, a in zip(self.input_names, arrays)]
+            if views[0] is not None:  # else no page-locked memory here
+                return views
         return [self._staged_input(i, a)[0] for i, a in enumerate(arrays)]
 
+    def _host_input(self, name: str, array: np.ndarray):
+        host = self.host_inputs(name, array.shape, array.dtype)
+        if host is not array:  # else assembled in place by the caller
+            np.copyto(host, array)
+        return self.host_inputs.on_device(name, array.shape, array.dtype)
+
     def to_host(self, outs: list) -> list[np.ndarray]:
-        """A GPU run's outputs as numpy arrays the caller owns, copied through page-locked host arrays kept per output and
-        shape: a copy from or to pageable memory is staged by the driver (about 15 us for a few KB on an H100, against
-        2.5 us page-locked)."""
+        """A GPU run's outputs as numpy arrays the caller owns, through page-locked host arrays kept per output and shape:
+        written there by one launch of the module's OUTPUTS_TO_HOST where it has it, else copied (a copy from or to
+        pageable memory is staged by the driver: about 15 us for a few KB on an H100, against 2.5 us page-locked)."""
         host = self._host_outputs
         keys = [(name, tuple(out.shape), out.dtype) for name, out in zip(self.output_names, outs)]
-        if host.tensor(*keys[0]) is None:
+        views = [host.on_device(*key) for key in keys]
+        if views[0] is None:  # no page-locked memory here
             return [out.numpy() for out in outs]
-        for out, key in zip(outs, keys):
-            out.copyto(host.tensor(*key))  # queued on the stream the kernels ran on: the host waits below
-        self.device.sync()
+        if self._outputs_to_host is not None:
+            self._outputs_to_host(*outs, *views)
+        else:
+            for out, key in zip(outs, keys):
+                out.copyto(host.tensor(*key))
+        self.device.sync()  # both are queued on the stream the kernels ran on
         return [host(*key).copy() for key in keys]
 
     def _run_on_cpu(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -340,19 +358,23 @@ class Module(ModuleInputs):
 class HostBuffers:
     """`buffers(name, shape, dtype)`: a host array kept per (name, shape), page-locked (cudaMallocHost, through TVM's
     cuda_host device) when `pinned`, so copies to and from the GPU need no staging; `buffers.tensor(...)` is the TVM
-    tensor that array views (None where not page-locked). Copy tensor to tensor: TVMTensorCopyFromBytes from a
-    page-locked address still takes about 20 us on an H100, a copy between tensors 2.5. Valid until the next use of
+    tensor that array views (None where not page-locked), `buffers.on_device(...)` the same memory as a CUDA tensor,
+    which kernels read and write over the bus (unified addressing). Copy tensor to tensor: TVMTensorCopyFromBytes from
+    a page-locked address still takes about 20 us on an H100, a copy between tensors 2.5. Valid until the next use of
     the same name: one batch is assembled and copied at a time per model."""
 
-    def __init__(self, pinned: bool):
-        self._pinned = pinned
-        self._entries: dict[tuple, tuple] = {}  # (name, shape, dtype) -> (array, tensor or None)
+    def __init__(self, pinned: bool, device_id: int = 0):
+        self._pinned, self._device_id = pinned, device_id
+        self._entries: dict[tuple, tuple] = {}  # (name, shape, dtype) -> (array, tensor or None, CUDA view or None)
 
     def __call__(self, name: str, shape: tuple, dtype) -> np.ndarray:
         return self._entry(name, shape, dtype)[0]
 
     def tensor(self, name: str, shape: tuple, dtype):
         return self._entry(name, shape, dtype)[1]
+
+    def on_device(self, name: str, shape: tuple, dtype):
+        return self._entry(name, shape, dtype)[2]
 
     def _entry(self, name: str, shape: tuple, dtype) -> tuple:
         dtype = np.dtype(dtype)
@@ -373,8 +395,45 @@ class HostBuffers:
             else:
                 raw = (ctypes.c_byte * (int(np.prod(shape)) * dtype.itemsize)).from_address(owner.data_ptr())
                 raw.owner = owner  # the array's base keeps the allocation alive
-                return np.frombuffer(raw, dtype).reshape(shape), owner
-        return np.empty(shape, dtype), None
+                array = np.frombuffer(raw, dtype).reshape(shape)
+                return array, owner, tvm.runtime.from_dlpack(_CudaView(array, self._device_id))
+        return np.empty(shape, dtype), None, None
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLTensorHead(ctypes.Structure):  # a DLManagedTensor begins with its DLTensor: data, then device
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice)]
+
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype, _capsule_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+KDL_CUDA = 2
+
+
+class _CudaView:
+    """A page-locked numpy array exported by DLPack as a CUDA tensor (TVM's kernels check that their arguments are on
+    the CUDA device; the GPU addresses page-locked memory directly). numpy's own capsule, its device changed, so that
+    numpy's deleter still owns the reference."""
+
+    def __init__(self, array: np.ndarray, device_id: int):
+        self.array, self.device_id = array, device_id
+
+    def __dlpack_device__(self):
+        return KDL_CUDA, self.device_id
+
+    def __dlpack__(self, **_):
+        capsule = self.array.__dlpack__()
+        _DLTensorHead.from_address(_capsule_pointer(capsule, b"dltensor")).device = _DLDevice(KDL_CUDA, self.device_id)
+        return capsule
+
+
+def module_function(executable, name: str):
+    """The compiled function `name` of a Relax executable (built here or loaded), or None where it has none."""
+    mod = getattr(executable, "mod", executable)
+    return mod.get_function(name, query_imports=True) if mod.implements_function(name, query_imports=True) else None
 
 
 def read_metadata(path) -> dict:
