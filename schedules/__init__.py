@@ -12,6 +12,7 @@ recurrent_tiled       CUDA, large batch: per step one tiled GEMM launch (R and h
 recurrent_mma         CUDA, large batch: per step one launch of tensor-core mma tiles
 recurrent_persistent_mma  CUDA, batch above 4: one cooperative launch, R in shared memory, tensor-core steps
 recurrent_wavefront   CUDA, stacked layers at persistent's batches: one cooperative launch for the whole stack
+recurrent_block_stack CUDA, a small stack at batch <= 4 whose weights fit one SM: one block, input projections inside
 recurrent_cluster     CUDA sm_90+, batch 1: one thread-block cluster per direction, h through distributed shared memory
 mma_tiles             the warp's mma.sync tiles (fp16/bf16, TF32, 3xTF32, f16x3) the tensor-core kernels are built from
 step_halves           f16x3 steps (exact fp32 as fp16 products of scaled halves): the scales of R's rows and of h
@@ -108,17 +109,20 @@ def point_kernel(spec, cell, target, config: KernelConfig, seq: int | None = Non
 class StackKernel:
     func: tirx.PrimFunc
     plans: tuple[KernelPlan, ...]  # one per layer, for the compile log and the module's metadata
+    reads_x: bool = False  # the first layer too projects its input in the step (block_stack): the kernel takes X, not XW
 
 
 WAVEFRONT_WARPS = 8  # unless the first layer's tuned persistent point says otherwise
 
 
 def stack_kernel(specs, cells, target, choice: str = "auto", tuned: list | None = None, batch_bound: int | None = None,
-                 device: Device | None = None):
-    """One wavefront kernel for a chain of stacked layers (recurrent_wavefront), or (None, why not) where it does not
-    apply: auto only, on CUDA, every batch the module accepts (batch_bound) within the persistent kernel's, where each
-    layer's own plan would run persistent (or cluster) there (tuning may say otherwise) and the split among the layers
-    fits."""
+                 device: Device | None = None, reads_x: bool = True):
+    """One kernel for a chain of stacked layers, or (None, why not) where none applies: auto only, on CUDA, every batch
+    the module accepts (batch_bound) within the persistent kernel's, where each layer's own plan would run persistent
+    (or cluster) there (tuning may say otherwise). One block (recurrent_block_stack) where the batch is small and every
+    layer's weights fit its shared memory (and reads_x: the first layer's weights are constants, which it takes as it
+    takes the others'), else the wavefront (recurrent_wavefront) where the split among layers fits."""
+    from . import recurrent_block_stack as block_stack
     from . import recurrent_wavefront as wavefront
 
     device = device or Device.of_target(target)
@@ -136,6 +140,10 @@ def stack_kernel(specs, cells, target, choice: str = "auto", tuned: list | None 
         # a layer alone runs cluster at batch 1; stacked, one wavefront step of all layers beats a cluster step per layer
         if not kinds_used <= {"persistent", "cluster"}:
             return None, f"{spec.op} node '{spec.name}' runs {'/'.join(sorted(kinds_used))} at batch <= {batch_bound}"
+    if reads_x and batch_bound <= block_stack.MAX_BATCH and block_stack.refusal(specs, cells) is None:
+        cfg = block_stack.plan(specs, cells, device, batch_bound)
+        if cfg is not None:
+            return _block_stack(specs, cells, cfg, batch_bound)
     first = own[0].branch_at(1)
     warps = first.config["warps"] if first.tuned and first.config.kind == "persistent" else WAVEFRONT_WARPS
     cfg = wavefront.plan(specs, cells, device, warps)
@@ -148,3 +156,14 @@ def stack_kernel(specs, cells, target, choice: str = "auto", tuned: list | None 
                                                                     blocks=cfg.blocks[i], grid=cfg.grid, warps=cfg.warps), False),), why)
                   for i in range(len(specs)))
     return StackKernel(func, plans), why
+
+
+def _block_stack(specs, cells, cfg, batch_bound: int):
+    from .recurrent_block_stack import block_stack_prim_func
+
+    func = block_stack_prim_func(specs, cells, cfg).with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
+    why = (f"block stack: {len(specs)} stacked layers in one block, their input projections included "
+           f"({'+'.join(map(str, cfg.warps))} warps of {cfg.units} units), layer l+1 one step behind layer l, batch <= {batch_bound}")
+    plans = tuple(KernelPlan("cuda", (Branch(None, KernelConfig.of("block_stack", layer=i, layers=len(specs), warps=w, units=cfg.units),
+                                             False),), why) for i, w in enumerate(cfg.warps))
+    return StackKernel(func, plans, reads_x=True), why

@@ -72,8 +72,6 @@ def stackable(spec, cell, first: bool) -> str | None:
         return "layout 1"
     if len(cell.phases) != 1:
         return f"{spec.op} cell without linear_before_reset: its h gate needs all of r*h first (two phases)"
-    if not first and (spec.has("initial_h") or spec.has("initial_c")):
-        return "initial states above the first layer"
     return None
 
 

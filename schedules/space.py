@@ -411,11 +411,13 @@ register(KernelKind("cluster", "cuda", lambda fit: fit.cluster, _cluster_knobs, 
 # ---- wavefront: stacked layers in one cooperative kernel (recurrent_wavefront); planned for a whole stack by
 # schedules.stack_kernel, not searched: no knobs of its own, its grid the stack's
 def _not_searched(*args):
-    raise KernelError("the wavefront kernel is planned for a stack of layers (schedules.stack_kernel), not point by point")
+    raise KernelError("stack kernels are planned for a stack of layers (schedules.stack_kernel), not point by point")
 
 
 register(KernelKind("wavefront", "cuda", lambda fit: False, _not_searched, _not_searched, _not_searched,
                     grid=lambda config, spec: config["grid"]))
+# a whole small stack in one block (recurrent_block_stack): an ordinary launch, block barriers only
+register(KernelKind("block_stack", "cuda", lambda fit: False, _not_searched, _not_searched, _not_searched))
 
 
 def _kind(name: str) -> KernelKind:

@@ -14,7 +14,7 @@ import tvmrnn.plan
 from onnx_cases import Case
 from schedules import Device
 from tvmrnn import bench
-from tvmrnn.plan import IN_THE_WAVEFRONT, PlanOptions, plan_model
+from tvmrnn.plan import IN_THE_STEP, PlanOptions, plan_model
 from tvmrnn.runtime import kernel_device
 
 SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
@@ -31,7 +31,7 @@ def test_stacked_layers_are_planned_as_one_wavefront_kernel_where_the_batch_is_b
     (chain,) = plan.chains
     assert chain.kernel is not None and chain.layers == (0, 1) and first.stack is chain and above.stack is None
     assert [b.config.kind for layer in plan.layers for b in layer.kernel.branches] == ["wavefront", "wavefront"]
-    assert first.projection is not None and above.projection is None and above.kernel.projection == IN_THE_WAVEFRONT
+    assert first.projection is not None and above.projection is None and above.kernel.projection == IN_THE_STEP
     assert first.graph_inputs == {"X": "X"} and above.graph_inputs == {}
     assert plan.graph.bounds == {"seq": 6, "batch": 1}
 

@@ -19,6 +19,7 @@ from schedules.device import Device
 from schedules.layer import Activation, RNNLayerSpec
 import tvmrnn
 from tvmrnn.frontend.stacks import find_chains
+from tvmrnn.plan import IN_THE_STEP
 
 SIGMOID_TANH = (Activation("Sigmoid"), Activation("Tanh"), Activation("Tanh"))
 
@@ -126,7 +127,7 @@ def test_layers_reading_the_same_lengths_are_stacked():
     assert _kinds(module) == ["wavefront"] * 3 and module.metadata["layers"][0]["graph_inputs"] == {"X": "X", "sequence_lens": "lengths"}
     # the first layer's input projection is one GEMM before the kernel; the layers above project inside it
     first, *above = [layer["projection"] for layer in module.metadata["layers"]]
-    assert first and first != "in the wavefront kernel" and above == ["in the wavefront kernel"] * 2
+    assert first and first != IN_THE_STEP and above == [IN_THE_STEP] * 2
     cases[2] = dataclasses.replace(cases[2], optional=("B",))
     assert [m.index for m in find_chains(stack_model(cases))[0]] == [1]
     model = stack_model(cases)
@@ -135,13 +136,23 @@ def test_layers_reading_the_same_lengths_are_stacked():
 
 
 def test_a_node_reading_more_than_constants_is_not_stacked():
-    """A node above with initial states (graph inputs) runs alone; so does one whose X is not the Y below reshaped."""
+    """A node above whose initial state is computed from the chain below runs alone (the chain is one kernel); so does one
+    whose X is not the Y below reshaped, or whose weights are not constants. One with states of its own joins."""
     cases = lstm_stack(2)
     cases[1] = dataclasses.replace(cases[1], optional=("B", "initial_h"))
-    assert find_chains(stack_model(cases)) == {}
+    model = stack_model(cases)
+    (member,) = find_chains(model)[0]
+    assert member.states == {"initial_h": "L1_initial_h"}
+    layer1 = [n for n in model.graph.node if n.op_type == "LSTM"][1]
+    layer1.input[5] = "L0_Y_h"  # its state: the layer below's last h
+    assert find_chains(model) == {}
     model = stack_model(lstm_stack(2))
     squeeze = next(n for n in model.graph.node if n.op_type == "Squeeze")
     squeeze.input[1] = "flatten"  # axes [0, 0, -1]: not the layer glue
+    assert find_chains(model) == {}
+    model = stack_model(lstm_stack(2))
+    model.graph.input.append(helper.make_tensor_value_info("R1", TensorProto.FLOAT, [1, 192, 48]))
+    [n for n in model.graph.node if n.op_type == "LSTM"][1].input[2] = "R1"  # computed weights
     assert find_chains(model) == {}
 
 
@@ -220,7 +231,7 @@ def module_specs(module):
 
 def test_pytorch_export_is_found_through_its_zero_states_and_constant_axes():
     """torch.onnx.export's stacks (models/lstm_lm.onnx): initial states as slices of ConstantOfShape(0), Squeeze's axes
-    from a Constant node. Zero states are the kernel's own start, so the layer above joins the chain."""
+    from a Constant node. Zero states are the kernel's own start; other states it reads: either way the layer above joins."""
     import os
 
     from test_models import MODELS
@@ -233,7 +244,8 @@ def test_pytorch_export_is_found_through_its_zero_states_and_constant_axes():
     slices = [n for n in model.graph.node if n.op_type == "Slice"]
     fill = next(n for n in model.graph.node if n.op_type == "ConstantOfShape").attribute[0].t
     fill.CopyFrom(numpy_helper.from_array(np.ones(1, np.float32)))  # states of ones: no longer the kernel's zeros
-    assert slices and find_chains(model) == {}
+    (member,) = find_chains(model)[0]
+    assert slices and set(member.states) == {"initial_h", "initial_c"}
 
 
 def test_bidirectional_stack_runs_layer_by_layer():

@@ -234,21 +234,23 @@ def _storage_dtype(bb, spec, results: list) -> list:
     return [bb.emit(op.astype(r, spec.dtype)) for r in results] if spec.dtype != "float32" else results
 
 
-def emit_rnn_stack(bb: relax.BlockBuilder, specs: list, gemm, first_inputs: list, constants: list[dict], target, kernel) -> list:
-    """Emit a chain of stacked layers as one wavefront kernel (schedules.stack_kernel, as planned): the first layer's
-    inputs as its own kernel would take them (its projection as one GEMM: gemm), then each higher layer's constants, in
-    one call that runs every layer. first_inputs: the first node's Relax inputs in ONNX order (the layers above read its
-    lengths); constants: for each layer above it, its W, R, B, P as arrays. Returns [[Y, Y_h(, Y_c)] per layer]; the
-    layers above the first project their input (the layer below's h) inside the kernel, step by step."""
+def emit_rnn_stack(bb: relax.BlockBuilder, chain, gemm, first_inputs: list, states: list[dict], target) -> list:
+    """Emit a chain of stacked layers (plan.ChainPlan) as one kernel (schedules.stack_kernel, as planned). The wavefront
+    takes the first layer's inputs as its own kernel would (its projection as one GEMM: gemm), the block stack X and
+    the first layer's constants as it takes every other layer's; then each layer above the first: its constants (the
+    chain's members'), and its initial states (states: per member, ONNX input name -> Relax expr). first_inputs: the
+    first node's Relax inputs in ONNX order (the layers above read its lengths). Returns [[Y, Y_h(, Y_c)] per layer];
+    the layers above the first project their input (the layer below's h) inside the kernel, step by step."""
+    specs, kernel = list(chain.specs), chain.kernel
     cells = [cell_for(s) for s in specs]
-    assert _xw_dtype(kernel.func) == gemm.xw_dtype, (specs[0].name, gemm)
-    args = _kernel_inputs(bb, specs[0], cells[0], first_inputs, target, "rows", gemm)
-    for spec, cell, w in zip(specs[1:], cells[1:], constants):
-        wr, bias, params = _stacked_weights(spec, cell, w)
-        wr = relax.const(wr)  # cast by Relax: numpy has no bfloat16 (FoldConstant folds it)
-        args += [wr if spec.dtype == "float32" else bb.emit(op.astype(wr, spec.dtype)), relax.const(bias)]
-        if params is not None:
-            args.append(relax.const(params))
+    named = dict(zip(("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"), first_inputs))
+    if kernel.reads_x:
+        args = [first_inputs[0]] + _stacked_layer(bb, specs[0], cells[0], chain.head, named)
+    else:
+        assert _xw_dtype(kernel.func) == gemm.xw_dtype, (specs[0].name, gemm)
+        args = _kernel_inputs(bb, specs[0], cells[0], first_inputs, target, "rows", gemm)
+    for spec, cell, member, given in zip(specs[1:], cells[1:], chain.members, states):
+        args += _stacked_layer(bb, spec, cell, member.constants, given)
     # every layer of a stack is unidirectional in layout 0: Y [seq, 1, batch, H] and states [1, batch, H], like the first's
     outs = [_output_types(spec, cell, first_inputs[0]) for spec, cell in zip(specs, cells)]
     results = _call(bb, kernel.func, "stack_" + specs[0].name, args, [t for layer in outs for t in layer])
@@ -257,6 +259,20 @@ def emit_rnn_stack(bb: relax.BlockBuilder, specs: list, gemm, first_inputs: list
         per_layer.append(_storage_dtype(bb, spec, results[at:at + len(layer)]))
         at += len(layer)
     return per_layer
+
+
+def _stacked_layer(bb, spec, cell, constants: dict, states: dict) -> list:
+    """A stacked layer's arguments (recurrent_common.KernelArgs.declare_inputs with stacked_rows): WR and the biases from
+    its constants, its initial states, its per-unit parameters."""
+    wr, bias, params = _stacked_weights(spec, cell, constants)
+    wr = relax.const(wr)  # cast by Relax: numpy has no bfloat16 (FoldConstant folds it)
+    args = [wr if spec.dtype == "float32" else bb.emit(op.astype(wr, spec.dtype)), relax.const(bias)]
+    for name in ("initial_h", "initial_c"):
+        if spec.has(name) and (name != "initial_c" or "c" in cell.states):
+            args.append(_f32(states[name]))
+    if params is not None:
+        args.append(relax.const(params))
+    return args
 
 
 def _stacked_weights(spec, cell, w: dict):

@@ -24,7 +24,8 @@ class Emitter:
         self.converted = 0
         self.stashed = {}  # index of a node above a stack's first -> its results
 
-    def convert(self, op_type: str, bb, inputs) -> relax.Expr:
+    def convert(self, op_type: str, bb, inputs, tensors: dict) -> relax.Expr:
+        """tensors: the import's Relax expression of each ONNX tensor so far (a stack's states are read there)."""
         layer = self.plan.layers[self.converted]
         self.converted += 1
         assert layer.spec.op == op_type, (layer.spec, op_type)  # the frontend converts the nodes in graph order
@@ -36,8 +37,8 @@ class Emitter:
         if layer.stack is None:
             return self._results(bb, layer, emit_rnn_layer(bb, layer, inputs, self.plan.target, self.plan.device))
         chain = layer.stack
-        results = emit_rnn_stack(bb, list(chain.specs), layer.projection, inputs, [m.constants for m in chain.members],
-                                 self.plan.target, chain.kernel)
+        states = [{k: tensors[v] for k, v in m.states.items()} for m in chain.members]  # computed before it (hoist_states)
+        results = emit_rnn_stack(bb, chain, layer.projection, inputs, states, self.plan.target)
         self.stashed.update(zip(chain.layers[1:], results[1:]))
         return self._results(bb, layer, results[0])
 
@@ -56,7 +57,7 @@ class _RNNConverter(OnnxOpConverter):
 
     @classmethod
     def _impl_v1(cls, bb, inputs, attr, params):
-        return cls.emitter.convert(cls.op_type, bb, inputs)
+        return cls.emitter.convert(cls.op_type, bb, inputs, params[0])
 
     # every opset that (re)defines these ops; rnn_spec checked what each version allows when the plan was made
     _impl_v7 = _impl_v14 = _impl_v22 = _impl_v1

@@ -4,7 +4,8 @@ Exporters write shape arithmetic into the graph (Shape -> Gather -> Concat -> Pa
 `squeeze(dim)` into an `If` on the dim's extent. TVM's frontend needs such values as constants, so the graph is first
 specialized (the dims and inputs the user fixes), then folded by onnxslim (ONNX shape inference plus its symbolic
 shape propagation, constant folding, `If` with a constant condition inlined), repeated while the graph keeps shrinking.
-Recurrent nodes' initial states that are provably zeros are then left out (`drop_zero_states`).
+Recurrent nodes' initial states that are provably zeros are then left out (`drop_zero_states`), and the nodes computing
+the other states of stacked layers move before the stack (`stacks.hoist_states`: the import emits a stack at once).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from schedules.layer import INPUT_NAMES
 
 from ..errors import UnsupportedModelError
 from .graph_index import GraphIndex
+from .stacks import hoist_states
 
 PREPARED = "tvmrnn.prepared"  # metadata_props key: the graph is already specialized and folded
 
@@ -35,6 +37,7 @@ def prepare(model: onnx.ModelProto, input_shapes: dict | None = None, consts: di
     forget_output_shapes(model)
     model = fold(model)
     drop_zero_states(model)
+    hoist_states(model)
     model.metadata_props.add(key=PREPARED, value="1")
     return model
 

@@ -3,15 +3,17 @@ node's X. The import may then run a chain as one wavefront kernel (schedules.rec
 
 ONNX has no multi-layer RNN op: PyTorch and our bench export a stack as one node per layer, joined by
 Squeeze(axes=[1]) (Y [T, 1, N, H] -> [T, N, H]) or Transpose(perm=[0, 2, 1, 3]) + Reshape([0, 0, -1]). A node above
-the first joins a chain only when everything it reads besides X is a constant (its weights, biases and peepholes as
-initializers or Constant nodes; initial states only where they are zeros, as PyTorch exports them: a slice of
-ConstantOfShape), since the kernel takes them at import time, and its sequence_lens, if any, is the very tensor the
-node below it reads (one set of lengths masks every layer of the kernel).
+the first joins a chain only when its weights, biases and peepholes are constants (initializers or Constant nodes),
+since the kernel takes them at import time, and its sequence_lens, if any, is the very tensor the node below it reads
+(one set of lengths masks every layer of the kernel). Its initial states may be zeros (left out: the kernel starts
+from zeros) or any tensor that does not depend on the chain (a streaming model's carried state, sliced per layer from
+one input); `hoist_states` moves the nodes computing them before the chain's first node, which is where the import
+emits the whole chain.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx
 
@@ -30,6 +32,7 @@ class StackMember:
     node: onnx.NodeProto
     constants: dict  # ONNX input name (W, R, B, P) -> numpy array
     lengths: bool = False  # it reads sequence_lens: the same tensor as the node below it
+    states: dict = field(default_factory=dict)  # ONNX input name (initial_h, initial_c) -> tensor name, where not zeros
 
 
 def _lengths(node) -> str:
@@ -38,24 +41,38 @@ def _lengths(node) -> str:
     return node.input[i] if len(node.input) > i else ""
 
 
-def _constants(graph: GraphIndex, node, below) -> dict | None:
-    """The node's inputs besides X by ONNX name, as arrays, if each present one is a constant, its lengths are the
-    node below's (left out here: the kernel reads the first node's) and the initial states are zeros (left out: the
-    kernel starts from zeros); else None."""
+def _inputs(graph: GraphIndex, node, below) -> tuple[dict, dict] | None:
+    """(the node's constants by ONNX input name, as arrays; its non-zero initial states by ONNX input name) where every
+    input besides X, its lengths (the node below's: the kernel reads the first node's) and its states is a constant;
+    else None. Zero initial states are left out."""
     if _lengths(node) != _lengths(below):
         return None
-    out = {}
+    constants, states = {}, {}
     for name, value in zip(INPUT_NAMES[node.op_type], node.input):
         if name in ("X", "sequence_lens") or not value:
             continue
         if name in ("initial_h", "initial_c"):
             if not graph.zeros(value):
-                return None
+                states[name] = value
             continue
         array = graph.constant(value)
         if array is None:
             return None
-        out[name] = array
+        constants[name] = array
+    return constants, states
+
+
+def head_constants(model: onnx.ModelProto, index: int) -> dict | None:
+    """The weights, biases and peepholes of the index-th recurrent node by ONNX input name, as arrays, where all are
+    constants (a kernel that projects the first layer's input itself takes them so); else None."""
+    graph = GraphIndex(model)
+    node = [n for n in model.graph.node if n.op_type in RNN_OPS][index]
+    out = {}
+    for name, value in zip(INPUT_NAMES[node.op_type], node.input):
+        if name in ("W", "R", "B", "P") and value:
+            out[name] = graph.constant(value)
+            if out[name] is None:
+                return None
     return out
 
 
@@ -70,16 +87,53 @@ def find_chains(model: onnx.ModelProto) -> dict[int, list[StackMember]]:
         below = graph.producers.get(y) if y else None
         if below is None or id(below) not in index or below.output[0] != y:
             continue
-        constants = _constants(graph, node, below)
-        if constants is not None:
-            above[index[id(below)]] = StackMember(index[id(node)], node, constants, bool(_lengths(node)))
+        inputs = _inputs(graph, node, below)
+        if inputs is not None:
+            above[index[id(below)]] = StackMember(index[id(node)], node, *inputs[:1], bool(_lengths(node)), inputs[1])
     chains, members = {}, {m.index for m in above.values()}
     for start in sorted(above):
         if start in members:
             continue  # a middle of some chain
         chain, at = [], start
-        while at in above:
+        while at in above and not _reads_chain(graph, above[at], [rnn[start]] + [m.node for m in chain]):
             chain.append(above[at])
             at = above[at].index
-        chains[start] = chain
+        if chain:
+            chains[start] = chain
     return chains
+
+
+def _key(node) -> tuple:
+    return tuple(node.output)  # a node's outputs name it: wrappers of one protobuf node need not be one object
+
+
+def _ancestors(graph: GraphIndex, names) -> set:
+    """The nodes (by _key) the tensors `names` are computed from."""
+    seen, todo = set(), list(names)
+    while todo:
+        node = graph.producers.get(todo.pop())
+        if node is not None and _key(node) not in seen:
+            seen.add(_key(node))
+            todo.extend(i for i in node.input if i)
+    return seen
+
+
+def _reads_chain(graph: GraphIndex, member: StackMember, chain_nodes: list) -> bool:
+    """Whether a member's initial states are computed from a node of the chain below it (then it cannot join: the
+    chain runs as one kernel)."""
+    return not _ancestors(graph, member.states.values()).isdisjoint(_key(n) for n in chain_nodes)
+
+
+def hoist_states(model: onnx.ModelProto) -> None:
+    """The nodes computing a chain's initial states moved, in their order, before the chain's first node (in place)."""
+    for start, members in find_chains(model).items():
+        moving = _ancestors(GraphIndex(model), [t for m in members for t in m.states.values()])
+        nodes = [onnx.NodeProto() for _ in model.graph.node]
+        for copy, node in zip(nodes, model.graph.node):
+            copy.CopyFrom(node)
+        at = [i for i, n in enumerate(nodes) if n.op_type in RNN_OPS][start]
+        later = nodes[at:]
+        if not any(_key(n) in moving for n in later):
+            continue
+        del model.graph.node[:]
+        model.graph.node.extend(nodes[:at] + [n for n in later if _key(n) in moving] + [n for n in later if _key(n) not in moving])

@@ -61,8 +61,8 @@ def inspect_command(path: str, echo=print, target: str | None = None) -> int:
 
 
 def _stacks(plan: ModelPlan, logs) -> list[str]:
-    """A line per chain of stacked layers: whether it runs as one wavefront kernel (at the model's static batch, or
-    at the largest batch bound that allows one)."""
+    """A line per chain of stacked layers: whether it runs as one kernel (at the model's static batch, or at the
+    largest batch bound that allows one)."""
     lines = []
     for chain in plan.chains:
         if len(chain.specs) < len(chain.layers):
@@ -71,7 +71,8 @@ def _stacks(plan: ModelPlan, logs) -> list[str]:
         static = isinstance(chain.batch, int)
         if not static:
             tuned = [logs.best(s) for s in chain.specs]
-            kernel, why = plan_stack(list(chain.specs), plan.target, "auto", tuned, PERSISTENT_MAX_BATCH, plan.device)
+            kernel, why = plan_stack(list(chain.specs), plan.target, "auto", tuned, PERSISTENT_MAX_BATCH, plan.device,
+                                    chain.head is not None)
         when = "" if static or kernel is None else f" when compiled with the batch bounded (--max-dim {chain.batch}=N, N <= {PERSISTENT_MAX_BATCH})"
         lines.append(f"  stack {' -> '.join(chain.names)}: " + (f"one {why}{when}" if kernel else f"layer by layer ({why})"))
     return lines

@@ -25,12 +25,12 @@ from ..frontend import TensorInfo, index_bounds, load_onnx, model_inputs, model_
 from ..frontend.graph_index import GraphIndex
 from ..frontend.inspect import FoundLayer, find_rnn_layers
 from ..frontend.rnn_spec import normalize_attrs, spec_from_node
-from ..frontend.stacks import StackMember, find_chains
+from ..frontend.stacks import StackMember, find_chains, head_constants
 from ..runtime import kernel_device
 from .projection import Projection, plan_projection
 
 STORAGE_DTYPES = ("float16", "bfloat16")
-IN_THE_WAVEFRONT = "in the wavefront kernel"  # a stacked layer above the first projects its input step by step
+IN_THE_STEP = "in the stack's kernel, step by step"  # a stacked layer above the first (or any, in a block stack) projects its input so
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ class ChainPlan:
     batch: object  # the first layer's batch dim: an int, or the symbolic dim's name
     kernel: StackKernel | None  # None: layer by layer
     why: str
+    head: dict | None = None  # the first layer's W, R, B, P as arrays where constants (a kernel reading X takes them so)
 
     def describe(self) -> str:
         names = " -> ".join(self.names)
@@ -123,11 +124,12 @@ def _graph_inputs(node, graph_inputs: set) -> dict:
 
 
 def _member_spec(member: StackMember, x_shape, dtype: str, opset: int, options: PlanOptions):
-    """The spec of a node above a chain's first as the wavefront kernel runs it: its X (of x_shape) the Y below,
+    """The spec of a node above a chain's first as the stack's kernel runs it: its X (of x_shape) the Y below,
     reshaped; its zero initial states left out (the kernel starts from zeros)."""
     node = member.node
     attrs = normalize_attrs({a.name: onnx.helper.get_attribute_value(a) for a in node.attribute})
     shapes = {"X": tuple(x_shape)} | {k: tuple(v.shape) for k, v in member.constants.items()}
+    shapes |= {k: (1, x_shape[1], attrs["hidden_size"]) for k in member.states}
     if member.lengths:  # the first node's, which the kernel reads for every layer
         shapes["sequence_lens"] = (x_shape[1],)
     name = node.name or f"{node.op_type}_{member.index}"
@@ -135,10 +137,10 @@ def _member_spec(member: StackMember, x_shape, dtype: str, opset: int, options: 
     return spec.compiled_as(options.storage, options.precision, cuda=True)
 
 
-def plan_stack(specs: list, target, kernel: str, tuned: list, batch_bound: int | None, device: Device):
-    """(the wavefront kernel of a chain of stacked layers or None, why) (schedules.stack_kernel)."""
+def plan_stack(specs: list, target, kernel: str, tuned: list, batch_bound: int | None, device: Device, reads_x: bool):
+    """(the kernel of a chain of stacked layers or None, why) (schedules.stack_kernel)."""
     with _kernel_refusals():
-        return stack_kernel(specs, [cell_for(s) for s in specs], target, kernel, tuned, batch_bound, device)
+        return stack_kernel(specs, [cell_for(s) for s in specs], target, kernel, tuned, batch_bound, device, reads_x)
 
 
 def _layer_kernel(spec, target, kernel: str, tuned, device: Device) -> KernelPlan:
@@ -156,11 +158,11 @@ def _kernel_refusals():
         raise UnsupportedModelError(str(err)) from err
 
 
-def _chain(opset: int, first: int, members, found, specs: dict, plan_args) -> ChainPlan:
+def _chain(opset: int, first: int, members, head: dict | None, found, specs: dict, plan_args) -> ChainPlan:
     target, device, options, tuned, enforced = plan_args
-    head = specs[first]
-    seq, batch = _seq_batch(head, found[first].x_shape)
-    chain, names = [head], (head.name,) + tuple(m.node.name or f"{m.node.op_type}_{m.index}" for m in members)
+    spec = specs[first]
+    seq, batch = _seq_batch(spec, found[first].x_shape)
+    chain, names = [spec], (spec.name,) + tuple(m.node.name or f"{m.node.op_type}_{m.index}" for m in members)
     layers = (first,) + tuple(m.index for m in members)
     for m in members:
         below = chain[-1]
@@ -168,10 +170,10 @@ def _chain(opset: int, first: int, members, found, specs: dict, plan_args) -> Ch
             chain.append(_member_spec(m, (seq, batch, below.num_directions * below.hidden_size), found[first].spec.dtype,
                                       opset, options))
         except UnsupportedModelError as err:  # the node says so itself at its own plan
-            return ChainPlan(layers, (head.name, m.node.name or m.node.op_type), tuple(chain), tuple(members), batch, None, str(err))
+            return ChainPlan(layers, (spec.name, m.node.name or m.node.op_type), tuple(chain), tuple(members), batch, None, str(err))
     bound = batch if isinstance(batch, int) else enforced.get(batch)
-    kernel, why = plan_stack(chain, target, options.kernel, [tuned(s) for s in chain], bound, device)
-    return ChainPlan(layers, names, tuple(chain), tuple(members), batch, kernel, why)
+    kernel, why = plan_stack(chain, target, options.kernel, [tuned(s) for s in chain], bound, device, head is not None)
+    return ChainPlan(layers, names, tuple(chain), tuple(members), batch, kernel, why, head)
 
 
 def _table_rows(graph: GraphIndex, node) -> int | None:
@@ -206,7 +208,7 @@ def plan_model(model, target, options: PlanOptions = PlanOptions(), logs=None, r
     cuda, opset, device = target.kind.name == "cuda", model_opset(model), kernel_device(target)
     tuned = logs.best if logs is not None else (lambda spec: None)
     specs = {i: f.spec.compiled_as(options.storage, options.precision, cuda) for i, f in enumerate(found) if f.supported}
-    chains = [_chain(opset, first, members, found, specs, (target, device, options, tuned, graph.enforced))
+    chains = [_chain(opset, first, members, head_constants(model, first), found, specs, (target, device, options, tuned, graph.enforced))
               for first, members in (find_chains(model).items() if cuda else ()) if first in specs]
     layers = _layers(model, found, specs, chains, (target, device, options, tuned, graph))
     return ModelPlan(target, device, options, opset, tuple(model_inputs(model)), tuple(layers), tuple(chains), graph,
@@ -229,10 +231,10 @@ def _layers(model, found, specs: dict, chains: list[ChainPlan], plan_args) -> li
             spec, kernel = chain.specs[at], chain.kernel.plans[at]
         else:
             kernel = _layer_kernel(spec, target, options.kernel, tuned(spec), device)
-        projection = None if above_first else plan_projection(spec, target, _rows(spec, found[i].x_shape),
-                                                              _table_rows(index, node))
+        in_step = above_first or (chain is not None and chain.kernel.reads_x)
+        projection = None if in_step else plan_projection(spec, target, _rows(spec, found[i].x_shape), _table_rows(index, node))
         layers.append(LayerPlan(
-            i, spec, found[i].x_shape, replace(kernel, projection=projection.label if projection else IN_THE_WAVEFRONT),
+            i, spec, found[i].x_shape, replace(kernel, projection=projection.label if projection else IN_THE_STEP),
             projection, converts=options.storage is not None and found[i].spec.dtype == "float32",
             graph_inputs={} if above_first else _graph_inputs(node, graph_inputs),
             stack=chain if chain is not None and not above_first else None))

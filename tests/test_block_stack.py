@@ -1,0 +1,102 @@
+"""A small stack in one block (schedules.recurrent_block_stack): streaming stacks whose layers carry state, as torch's
+legacy exporter writes them (one state input sliced per layer), are found with their states, planned as one kernel
+that projects every layer's input itself, built through NVRTC, and on a GPU match ONNX Runtime."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+
+import tvmrnn
+from tvmrnn.frontend import load_onnx
+from tvmrnn.frontend.stacks import find_chains
+from tvmrnn.plan import IN_THE_STEP
+
+SEQ, FEATURES = 10, 12
+
+
+def _streaming_stack(op: str, layers: int, hidden: int, seed: int = 0, **options) -> onnx.ModelProto:
+    """torch's nn.RNN/LSTM/GRU with its states as inputs and outputs, through the legacy exporter (batch symbolic)."""
+    import torch
+
+    torch.manual_seed(seed)
+    net = getattr(torch.nn, op)(FEATURES, hidden, num_layers=layers, **options)
+    names = ["h0", "c0"] if op == "LSTM" else ["h0"]
+
+    class Streaming(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x, *states):
+            y, out = self.net(x, tuple(states) if op == "LSTM" else states[0])
+            return (y, *out) if op == "LSTM" else (y, out)
+
+    x = torch.randn(SEQ, 1, FEATURES)
+    states = [torch.zeros(layers, 1, hidden) for _ in names]
+    outs = ["y"] + [n.replace("0", "n") for n in names]
+    axes = {n: {1: "batch"} for n in ["x", *names, *outs]}
+    buffer = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Streaming(), (x, *states), buffer, input_names=["x", *names], output_names=outs,
+                          dynamic_axes=axes, opset_version=17, dynamo=False)
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def _kinds(module) -> list[str]:
+    return [layer["schedule"][0]["config"]["kind"] for layer in module.metadata["layers"]]
+
+
+def test_carried_states_join_the_chain_and_their_slices_move_before_it():
+    model = _streaming_stack("RNN", 3, 25)
+    members = find_chains(model)[0]
+    assert [sorted(m.states) for m in members] == [["initial_h"], ["initial_h"]]  # slices of h0, not zeros
+    prepared = load_onnx(model)
+    ops = [n.op_type for n in prepared.graph.node]
+    first = ops.index("RNN")
+    assert all(ops.index(o) < first for o in ops if o == "Slice") and ops.count("Slice") == 3
+
+
+@pytest.mark.parametrize("options", [{}, {"nonlinearity": "relu"}])
+def test_a_small_rnn_stack_at_batch_one_is_one_block(options):
+    """Every layer's input projection inside the kernel: no GEMM before it; the stack's line says how it runs."""
+    module = tvmrnn.compile(_streaming_stack("RNN", 3, 16, **options), target="cuda", max_dims={"batch": 1}, logs=False)
+    assert _kinds(module) == ["block_stack"] * 3
+    assert module.metadata["stacks"][0].split(": ", 1)[1].startswith("block stack: ")
+    assert {layer["projection"] for layer in module.metadata["layers"]} == {IN_THE_STEP}
+    text = module.executable.as_text()
+    assert "rnn_stack_" in text and "matmul" not in text.split("@main_cuda_graph_capture")[1].split("\n\n")[0]
+
+
+@pytest.mark.parametrize("op, layers, hidden, batch", [("RNN", 3, 40, 4), ("RNN", 2, 120, 1), ("LSTM", 2, 16, 1), ("GRU", 2, 16, 1)])
+def test_other_stacks_keep_the_wavefront(op, layers, hidden, batch):
+    """Past MAX_STEP_ELEMENTS of weights a step for one SM (more rows, more units), and LSTM and GRU stacks (slower in
+    one block at every size measured), the wavefront runs."""
+    model = _streaming_stack(op, layers, hidden)
+    assert _kinds(tvmrnn.compile(model, target="cuda", max_dims={"batch": batch}, logs=False)) == ["wavefront"] * layers
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layers, hidden, batch, options", [(3, 25, 1, {}), (3, 25, 2, {}), (2, 40, 1, {"nonlinearity": "relu"}),
+                                                            (4, 12, 3, {})])
+def test_block_stack_matches_onnxruntime_with_states_carried(layers, hidden, batch, options):
+    """Three chunks streamed with the states carried, each against ONNX Runtime on the exported graph."""
+    import onnxruntime as ort
+
+    model = _streaming_stack("RNN", layers, hidden, seed=layers + hidden, **options)
+    module = tvmrnn.compile(model, target="cuda", max_dims={"batch": batch}, logs=False)
+    assert _kinds(module) == ["block_stack"] * layers
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(hidden)
+    states = {"h0": 0.5 * rng.standard_normal((layers, batch, hidden)).astype(np.float32)}
+    for _ in range(3):
+        feeds = {"x": rng.standard_normal((SEQ, batch, FEATURES)).astype(np.float32), **states}
+        want, got = sess.run(None, feeds), module.run(feeds)
+        for name, w in zip(module.output_names, want):
+            np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-6, err_msg=name)
+        states = {"h0": got["hn"]}
