@@ -218,7 +218,6 @@ def plan_model(model, target, options: PlanOptions = PlanOptions(), logs=None, r
 def _layers(model, found, specs: dict, chains: list[ChainPlan], plan_args) -> list[LayerPlan]:
     target, device, options, tuned, graph = plan_args
     nodes = [n for n in model.graph.node if n.op_type in INPUT_NAMES]
-    outputs = {o.name for o in model.graph.output}
     graph_inputs = {i.name for i in model_inputs(model)}
     index = GraphIndex(model)
     stacked = {i: c for c in chains if c.kernel is not None for i in c.layers}
