@@ -23,8 +23,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from .device import Device
-from .recurrent_cluster import _keep
-from .recurrent_common import KernelArgs, block_sync, i64, shared_dyn
+from .recurrent_common import KernelArgs, block_sync, i64, shared_dyn, store_unseen
 from .recurrent_cuda import epilogue, vector_width, weight_bytes
 from .recurrent_persistent import _strided, final_states, initial_states
 from .recurrent_wavefront import reduction, rows_per_unit, stackable
@@ -90,7 +89,7 @@ def block_stack_prim_func(specs, cells, cfg: BlockStackConfig) -> tirx.PrimFunc:
     for a in layers[1:]:
         a.seq, a.batch = layers[0].seq, layers[0].batch
     for a in layers:  # h's stores out of TVM's barrier planner's sight: the step's own barriers order them
-        a.shared = {"h": _keep}
+        a.shared = {"h": store_unseen}
     first = layers[0]
     with IRBuilder() as ib:
         with T.prim_func():
@@ -186,7 +185,7 @@ def _stage(X, a: KernelArgs, below, hbuf, hs: _Offset, t, n, threads: int, tid):
 
     with T.If(tirx.all(t >= i64(0), t < seq)):
         with T.Then():
-            _strided(In + H, threads, tid, lambda e: _keep(hs.buffer, [hs.at(e)], value(e)))  # ordered by the step's barriers
+            _strided(In + H, threads, tid, lambda e: store_unseen(hs.buffer, [hs.at(e)], value(e)))  # ordered by the step's barriers
 
 
 def _layer_step(a: KernelArgs, cfg: BlockStackConfig, warps: int, hbuf, wsm: _Offset, hs: _Offset, t, n, warp, lane):

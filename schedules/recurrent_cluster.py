@@ -33,7 +33,7 @@ from tvm.script.ir_builder import tirx as T
 from .cells import Cell
 from .device import Device
 from .layer import RNNLayerSpec
-from .recurrent_common import KernelArgs, block_sync, i64, load_xw_ahead, step_phases, shared_dyn
+from .recurrent_common import KernelArgs, block_sync, i64, load_xw_ahead, shared_dyn, step_phases, store_unseen
 from .recurrent_cuda import epilogue, operand_at, vector_width, weight_bytes
 from .recurrent_persistent import _strided
 from .warp_gemv import warp_gates
@@ -49,10 +49,6 @@ PUT_SRC = (f"__forceinline__ __device__ void {PUT}(float* p, float v, unsigned c
            "for (unsigned r = 0; r < ctas; ++r) { unsigned q; "
            'asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(q) : "r"(a), "r"(r)); '
            'asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(q), "f"(v) : "memory"); } }')
-STORE = "tvmrnn_shared_store"
-# a plain store, behind a call: TVM's barrier planner neither sees it nor adds __syncthreads for it (the kernel's writes
-# in the steps are ordered by its cluster barriers, which the planner does not know of)
-STORE_SRC = f"__forceinline__ __device__ void {STORE}(float* p, float v) {{ *p = v; }}"
 SEND = "tvmrnn_cluster_send"
 # sync 1: value into the same address of CTAs 0..ctas-1 by st.async, each store signalling its 4 bytes on the same
 # mbarrier of that CTA (mbarrier::complete_tx), so that a reader waits for the bytes, not for every CTA at a barrier
@@ -171,11 +167,6 @@ def _share(ctas: int):
         T.evaluate(T.cuda.func_call(PUT, tirx.address_of(buf[tuple(idx)]), value, tirx.IntImm("uint32", ctas),
                                     source_code=PUT_SRC))
     return put
-
-
-def _keep(buf, idx, value):
-    """store_operand's store of a value only its unit's owner reads (GRU's z): into its own CTA's copy."""
-    T.evaluate(T.cuda.func_call(STORE, tirx.address_of(buf[tuple(idx)]), value, source_code=STORE_SRC))
 
 
 def _rows_view(data, shape, strides, offset):
@@ -320,7 +311,8 @@ def _chunk(a: KernelArgs, cfg: ClusterConfig, rows: dict, regs: dict, weights: d
         share = {"h": arrivals.send(lambda idx: idx[0])} | {v: arrivals.send(i64(2)) for v in operands if v != "h"}
     else:
         share = {v: _share(cfg.ctas) for v in operands}
-    a.shared = {name: share.get(name, _keep) for name in ("h", *cell.stored_values)}
+    # a value only its unit's owner reads (GRU's z) goes into its own CTA's copy
+    a.shared = {name: share.get(name, store_unseen) for name in ("h", *cell.stored_values)}
 
     def init_h(e):  # all of h0 into the CTA's own copy
         n, k = n0 + e // i64(H), e % i64(H)

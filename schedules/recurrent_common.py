@@ -359,6 +359,16 @@ def shared_dyn(shape, dtype: str):
     return IRBuilder.name(f"smem_{dtype}", T.alloc_buffer(shape, dtype, scope="shared.dyn"))
 
 
+STORE = "tvmrnn_shared_store"
+STORE_SRC = f"__forceinline__ __device__ void {STORE}(float* p, float v) {{ *p = v; }}"
+
+
+def store_unseen(buf, idx, value):
+    """A plain fp32 store into shared memory behind a call: TVM's barrier planner neither sees it nor adds __syncthreads
+    for it (which it cannot place inside a step's conditions). For kernels whose own barriers order such writes."""
+    T.evaluate(T.cuda.func_call(STORE, tirx.address_of(buf[tuple(idx)]), value, source_code=STORE_SRC))
+
+
 def block_sync():
     """__syncthreads(): the block's shared-memory writes are visible to all its threads."""
     T.evaluate(tirx.op.tvm_storage_sync("shared"))
