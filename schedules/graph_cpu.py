@@ -319,8 +319,11 @@ def dense_packed(x: te.Tensor, wp: te.Tensor, columns: int, lanes: int, groups: 
     nb_count, k_dim, nb = wp.shape
     lead = tuple(x.shape[:-1] if groups == 1 else x.shape[:-2])
     per_group = int(nb_count) // groups
+    # the dims that make rows: leading dims of extent 1 (DeepFilterNet's batch before its frames) add none, and row m
+    # reads them at 0, so that one such dim and a symbolic one are one symbolic dim, not a product
+    spans = [d for d in lead if _static(d) != 1]
     rows = 1
-    for d in lead:
+    for d in spans:
         rows = rows * d
     rows = tvm.sym.Analyzer().simplify(rows)
     mr = dense_row_tile(rows, int(nb), lanes)
@@ -329,21 +332,26 @@ def dense_packed(x: te.Tensor, wp: te.Tensor, columns: int, lanes: int, groups: 
     # again (a bounds check in the last tile ran g2p-en's 30 x 256 x 74 head 2.4x slower). Over a product of static
     # and symbolic dims (madmom's batch x 10 frames, either order) TVM refuses both paddings (the rows the output
     # reads, i * 10 + j, are not proven written); there the last tile is bounds-checked
-    one_dim = all(_static(d) == 1 for d in lead[1:])
-    clamped = _static(rows) is None and not one_dim and all(_static(d) is None for d in lead)
+    one_dim = len(spans) <= 1
+    clamped = _static(rows) is None and not one_dim and all(_static(d) is None for d in spans)
     padded_rows = _whole_tiles(rows, mr) if _static(rows) is not None or one_dim or clamped else rows
     k = te.reduce_axis((0, k_dim), "k")
 
-    def row_of(m):  # the leading indices of row m (no modulo by the outermost dim: a symbolic one would read as opaque)
+    outermost = next((i for i, d in enumerate(lead) if _static(d) != 1), None)
+
+    def row_of(m):  # the leading indices of row m (no modulo by the outermost span: a symbolic one would read as opaque)
         idx = []
-        for d in reversed(lead[1:]):
-            idx.append(m % d)
-            m = m // d
-        return (m, *reversed(idx))
+        for i in reversed(range(len(lead))):
+            if i == outermost or _static(lead[i]) == 1:
+                idx.append(m if i == outermost else 0)
+            else:
+                idx.append(m % lead[i])
+                m = m // lead[i]
+        return tuple(reversed(idx))
 
     inner = (groups, k_dim) if groups > 1 else (k_dim,)  # a row of the GEMM's input: a group's K values each
-    if padded_rows is rows:
-        a = te.compute((rows, *inner), lambda m, *kk: x[row_of(m) + kk], name="dense_input") if len(lead) > 1 else x
+    if padded_rows is rows:  # x read in place (a copy first where a row's indices take a division)
+        a = te.compute((rows, *inner), lambda m, *kk: x[row_of(m) + kk], name="dense_input") if len(spans) > 1 else None
     elif not clamped:
         a = te.compute((padded_rows, *inner), lambda m, *kk: tirx.if_then_else(m < rows, x[row_of(m) + kk], tirx.const(0.0, x.dtype)),
                        name="dense_input")
@@ -352,7 +360,7 @@ def dense_packed(x: te.Tensor, wp: te.Tensor, columns: int, lanes: int, groups: 
 
     def a_at(m, n):
         kk = (k,) if groups == 1 else (n // nb // per_group, k)
-        return x[row_of(tirx.min(m, rows - 1)) + kk] if a is None else a[(m, *kk)]
+        return x[row_of(tirx.min(m, rows - 1) if clamped else m) + kk] if a is None else a[(m, *kk)]
 
     gemm = te.compute((padded_rows, nb_count * nb), lambda m, n: te.sum(a_at(m, n) * wp[n // nb, k, n % nb], axis=k),
                       name=DENSE_BLOCK, attrs={"tile_rows": mr})
@@ -362,7 +370,7 @@ def dense_packed(x: te.Tensor, wp: te.Tensor, columns: int, lanes: int, groups: 
     def back(*i):
         m = 0
         for d, v in zip(lead, i[:len(lead)]):
-            m = m * d + v
+            m = m if _static(d) == 1 else m * d + v
         return gemm[m, (i[-2] * (per_group * nb) if groups > 1 else 0) + i[-1]]
 
     return te.compute(lead + ((groups,) if groups > 1 else ()) + (columns,), back, name="dense_rows")
