@@ -34,7 +34,7 @@ from tvm.target.codegen import llvm_get_vector_width
 from .device import MIN_PARALLEL_WORK, parallel_pays
 
 CONV_BLOCK, DENSE_BLOCK = "conv2d_packed", "dense_packed"
-PADDED_INPUTS = ("pad_temp", "phase_split")  # the stages that lay a conv's input out zero-padded
+PADDED_INPUTS = ("spread_input", "pad_temp", "phase_split")  # the stages that lay a conv's input out (in order)
 # A register tile's accumulators: a "global"-scope buffer under 1 KB (runtime::kMaxStackAlloca), which TVM's lowering
 # puts on the stack, where LLVM keeps it in registers. TVM puts "local" buffers, and larger ones, on the heap
 # (TVMBackendAllocWorkspace), where LLVM may store every accumulator back at each step of the reduction: the dense
@@ -407,16 +407,20 @@ class ConvPacked(ScheduleRule):
         found = _main_and_epilogue(sch, self.block)
         if found is None:
             return None
-        self.schedule(sch, *found, vector_lanes(target))
-        for block in sch.get_child_blocks(sch.get_sblock("root")):
-            if sch.get(block).name_hint in PADDED_INPUTS:
+        outer = self.schedule(sch, *found, vector_lanes(target))
+        inputs = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint in PADDED_INPUTS]
+        for block in reversed(inputs):  # the stage next to the conv first: the one before it reads under the same loop
+            if sch.get(outer).kind == tirx.ForKind.PARALLEL:
+                _padded_input_under(sch, block, outer)
+            else:
                 _schedule_padded_input(sch, block)
         _schedule_rest(sch, exclude={self.block, sch.get(found[1]).name_hint, *PADDED_INPUTS})
         return sch
 
     def schedule(self, sch, conv, out, lanes: int):
+        """The tiles (_conv_tile); returns their outermost loop (parallel where the work pays)."""
         a = sch.get(conv).annotations  # the tile conv_tiling chose when the compute was made
-        _conv_tile(sch, conv, out, int(a["tile_channels"]), int(a["tile_columns"]), bool(int(a["vector_columns"])), lanes)
+        return _conv_tile(sch, conv, out, int(a["tile_channels"]), int(a["tile_columns"]), bool(int(a["vector_columns"])), lanes)
 
 
 def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool, lanes: int):
@@ -466,17 +470,26 @@ def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool, lanes: int):
     for loop in cunrolled:
         sch.unroll(loop)
     _vector_init(sch, sch.decompose_reduction(conv, reduction[0]), unrolled=len(cunrolled))
+    return outer
 
 
 def _schedule_padded_input(sch, block) -> None:
-    """pad_temp / phase_split: the rows (of every channel) on the thread pool where the work pays, the phases of a
-    phase split innermost and unrolled (the input read in order, not every stride-th value)."""
+    """A conv's input stage before a conv on the calling thread: its own pass, the phases of a phase split innermost
+    and unrolled (the input read in order, not every stride-th value)."""
     loops = sch.get_loops(block)
-    inner = 2 if sch.get(block).name_hint == "phase_split" else 1
-    outer = sch.fuse(*loops[:-inner]) if len(loops) > inner + 1 else loops[0]
-    if parallel_pays(_work(sch, block)):
-        sch.parallel(outer)
-    if inner == 2:
+    if sch.get(block).name_hint == "phase_split":
+        sch.reorder(loops[-1], loops[-2])
+        sch.unroll(loops[-2])
+
+
+def _padded_input_under(sch, block, outer) -> None:
+    """pad_temp / phase_split / a transposed conv's spread input computed under the tiles' outermost loop: the input
+    rows a row of tiles reads, laid out by the thread that reads them, so that the conv takes one launch of the
+    thread pool, not two (a launch wakes a sleeping worker: 9-27 us); the phases of a phase split innermost and
+    unrolled (the input read in order, not every stride-th value)."""
+    sch.compute_at(block, outer, preserve_unit_loops=True)
+    if sch.get(block).name_hint == "phase_split":
+        loops = sch.get_loops(block)
         sch.reorder(loops[-1], loops[-2])
         sch.unroll(loops[-2])
 

@@ -105,6 +105,34 @@ def test_packed_conv_with_epilogue_matches_numpy(c, o, h, w, stride, pad, symbol
     assert _rel_err(got, ref) < 1e-5
 
 
+@pytest.mark.parametrize("c,o,h,w,k,stride,pad,groups", [(48, 192, "h", 40, (3, 3), (1, 1), (1, 1, 1, 1), 1),
+                                                          (64, 64, "h", 32, (1, 3), (1, 2), (0, 1, 0, 1), 64),
+                                                          (16, 32, 30, "w", (3, 3), (2, 1), (1, 0, 1, 2), 2)])
+def test_a_parallel_conv_lays_out_its_input_in_the_same_launch(c, o, h, w, k, stride, pad, groups):
+    """The padded input (or its phase split) of a conv on the thread pool is computed under the tiles' parallel loop:
+    one launch of the pool a call, not two, and the same result as torch's."""
+    import torch
+
+    target = resolve_target("llvm")
+    lanes = graph_cpu.vector_lanes(target)
+    ob = graph_cpu.conv_channel_block(o // groups, lanes)
+    size = {"h": 50, "w": 37}
+    x_np = np.random.default_rng(3).standard_normal((1, c, size.get(h, h), size.get(w, w))).astype("f4")
+    w_np = np.random.default_rng(4).standard_normal((o, c // groups, *k)).astype("f4")
+    x, wp = te.placeholder(_i64(1, c, h, w)), te.placeholder(_i64(o // ob, c // groups, *k, ob))
+    y = graph_cpu.conv2d_packed(x, wp, list(stride), list(pad), [1, 1], lanes, groups)
+    out = te.compute(y.shape, lambda *i: te.max(y(*i), 0.0), name="relu")
+    func = te.create_prim_func([x, wp, out])
+    sch = graph_cpu.ConvPacked().apply(func, target, False)
+    script = sch.mod["main"].script()
+    assert script.count("T.parallel") == 1 and any(s in script for s in graph_cpu.PADDED_INPUTS), script
+    ref = torch.nn.functional.conv2d(torch.from_numpy(np.pad(x_np, [(0, 0), (0, 0), (pad[0], pad[2]), (pad[1], pad[3])])),
+                                     torch.from_numpy(w_np), None, stride, groups=groups).relu().numpy()
+    got = _run(graph_cpu.run_time_parallel(func, sch), target,
+               [x_np, graph_cpu.pack_conv_weight(w_np, ob), np.zeros(ref.shape, "f4")])
+    assert _rel_err(got, ref) < 1e-5
+
+
 @pytest.mark.parametrize("c,o,w,k,stride,pad,symbolic", [(1, 258, 640, 256, 128, (0, 0), False), (129, 128, 18, 3, 1, (1, 1), False),
                                                          (16, 24, 35, 3, 2, (1, 0), False), (5, 7, 9, 1, 1, (0, 0), False),
                                                          (16, 24, 35, 3, 2, (1, 0), True)])
