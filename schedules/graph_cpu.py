@@ -54,9 +54,10 @@ def vector_lanes(target, dtype_bits=32) -> int:
 
 
 def channel_block(channels: int, lanes: int) -> int:
-    """Output channels per conv tile: two vectors where they divide the channels, else three (48 channels: 3 x 5
-    accumulators, each input value broadcast to three vectors of weights), else the largest power of two that does."""
-    return next(b for b in (2 * lanes, 3 * lanes, lanes, 8, 4, 2, 1) if channels % b == 0)
+    """Output channels per conv tile: three vectors where they divide the channels (48: 3 x 5 accumulators, each input
+    value broadcast to three vectors of weights, 15 of the 32 registers), else two, else the largest power of two
+    that does."""
+    return next(b for b in (3 * lanes, 2 * lanes, lanes, 8, 4, 2, 1) if channels % b == 0)
 
 
 def conv_channel_block(channels: int, lanes: int) -> int:
@@ -410,7 +411,7 @@ class ConvPacked(ScheduleRule):
         outer = self.schedule(sch, *found, vector_lanes(target))
         inputs = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint in PADDED_INPUTS]
         for block in reversed(inputs):  # the stage next to the conv first: the one before it reads under the same loop
-            if sch.get(outer).kind == tirx.ForKind.PARALLEL:
+            if outer is not None:
                 _padded_input_under(sch, block, outer)
             else:
                 _schedule_padded_input(sch, block)
@@ -418,7 +419,7 @@ class ConvPacked(ScheduleRule):
         return sch
 
     def schedule(self, sch, conv, out, lanes: int):
-        """The tiles (_conv_tile); returns their outermost loop (parallel where the work pays)."""
+        """The tiles (_conv_tile); returns the loop the conv's input stages are computed under, or None."""
         a = sch.get(conv).annotations  # the tile conv_tiling chose when the compute was made
         return _conv_tile(sch, conv, out, int(a["tile_channels"]), int(a["tile_columns"]), bool(int(a["vector_columns"])), lanes)
 
@@ -470,14 +471,19 @@ def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool, lanes: int):
     for loop in cunrolled:
         sch.unroll(loop)
     _vector_init(sch, sch.decompose_reduction(conv, reduction[0]), unrolled=len(cunrolled))
-    return outer
+    # the input stages go under the parallel rows where the channel blocks are inner (each row's input laid out once);
+    # with the blocks outer, once per block: their own pass
+    return outer if pays and blocks_inner else None
 
 
 def _schedule_padded_input(sch, block) -> None:
-    """A conv's input stage before a conv on the calling thread: its own pass, the phases of a phase split innermost
-    and unrolled (the input read in order, not every stride-th value)."""
+    """A conv's input stage as its own pass: the rows (of every channel) on the thread pool where the work pays, the
+    phases of a phase split innermost and unrolled (the input read in order, not every stride-th value)."""
     loops = sch.get_loops(block)
-    if sch.get(block).name_hint == "phase_split":
+    inner = 2 if sch.get(block).name_hint == "phase_split" else 1
+    if parallel_pays(_work(sch, block)):
+        sch.parallel(sch.fuse(*loops[:-inner]) if len(loops) > inner + 1 else loops[0])
+    if inner == 2:
         sch.reorder(loops[-1], loops[-2])
         sch.unroll(loops[-2])
 
