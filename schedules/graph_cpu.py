@@ -427,15 +427,17 @@ class ConvPacked(ScheduleRule):
 def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool, lanes: int):
     """Tiles of oc channels x xc output columns, the conv's accumulators for a tile computed under it and the
     epilogue applied from them; the vector axis is the columns (in vectors of `lanes`) or the channels (whose
-    accumulators are then laid out channels-innermost). Over a wide input (WIDE_INPUT channels and more) or a symbolic
-    row count the tiles run per (image, row, column tile, channel block), the rows on the thread pool, so that a
-    tile's input columns stay in L1 across the channel blocks; over a narrow one per (image, channel block, row,
-    column tile), one block's outputs written in order. A conv1d is the same without rows."""
+    accumulators are then laid out channels-innermost). Over a wide input (WIDE_INPUT channels and more), a symbolic
+    row count or an input laid out padded for a conv on the thread pool the tiles run per (image, row, column tile,
+    channel block), the rows on the thread pool, so that a tile's input columns stay in L1 across the channel blocks
+    (and the padded rows are laid out under the row loop); over a narrow one per (image, channel block, row, column
+    tile), one block's outputs written in order. A conv1d is the same without rows."""
     pays = parallel_pays(_work(sch, conv))
     in_channels = next(iv.dom.extent for iv in sch.get(conv).iter_vars if iv.iter_type == tirx.IterVar.CommReduce)
     n, o, *rows, x = sch.get_loops(out)
+    laid_out = pays and any(r.source.name in PADDED_INPUTS for r in sch.get(conv).reads)
     # blocks fused with a symbolic row count fail TVM's reduction checks for grouped convs: blocks inner there
-    blocks_inner = int(in_channels) >= WIDE_INPUT or any(_static(sch.get(r).extent) is None for r in rows)
+    blocks_inner = int(in_channels) >= WIDE_INPUT or laid_out or any(_static(sch.get(r).extent) is None for r in rows)
     oo, oi = sch.split(o, [None, oc])
     xo, xi = sch.split(x, [None, xc])
     tile = [n, *rows, xo, oo] if blocks_inner else [n, oo, *rows, xo]
@@ -471,9 +473,7 @@ def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool, lanes: int):
     for loop in cunrolled:
         sch.unroll(loop)
     _vector_init(sch, sch.decompose_reduction(conv, reduction[0]), unrolled=len(cunrolled))
-    # the input stages go under the parallel rows where the channel blocks are inner (each row's input laid out once);
-    # with the blocks outer, once per block: their own pass
-    return outer if pays and blocks_inner else None
+    return outer if laid_out else None  # the rows the padded input stages are laid out under
 
 
 def _schedule_padded_input(sch, block) -> None:

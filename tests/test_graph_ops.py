@@ -107,10 +107,11 @@ def test_packed_conv_with_epilogue_matches_numpy(c, o, h, w, stride, pad, symbol
 
 @pytest.mark.parametrize("c,o,h,w,k,stride,pad,groups", [(48, 192, "h", 40, (3, 3), (1, 1), (1, 1, 1, 1), 1),
                                                           (64, 64, "h", 32, (1, 3), (1, 2), (0, 1, 0, 1), 64),
-                                                          (64, 32, 30, "w", (3, 3), (2, 1), (1, 0, 1, 2), 2)])
+                                                          (16, 32, 30, "w", (3, 3), (2, 1), (1, 0, 1, 2), 2)])
 def test_a_parallel_conv_lays_out_its_input_in_the_same_launch(c, o, h, w, k, stride, pad, groups):
-    """The padded input (or its phase split) of a conv on the thread pool whose channel blocks run inside each row is
-    computed under the tiles' parallel rows: one launch of the pool a call, not two, and the same result as torch's."""
+    """The padded input (or its phase split) of a conv on the thread pool is computed under the tiles' parallel rows,
+    over a narrow input too (16 channels in groups of 8: the channel blocks then run inside each row): one launch of
+    the pool a call, not two, and the same result as torch's."""
     import torch
 
     target = resolve_target("llvm")
