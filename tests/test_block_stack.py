@@ -100,3 +100,15 @@ def test_block_stack_matches_onnxruntime_with_states_carried(layers, hidden, bat
         for name, w in zip(module.output_names, want):
             np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-6, err_msg=name)
         states = {"h0": got["hn"]}
+
+
+def test_inspect_says_which_batch_bounds_run_a_block_stack(tmp_path):
+    from tvmrnn.interface.inspect import inspect_command
+
+    onnx.save(_streaming_stack("RNN", 3, 40), tmp_path / "rnn.onnx")  # 8,480 weights a row: one row fits, four do not
+    lines = []
+    inspect_command(str(tmp_path / "rnn.onnx"), echo=lines.append, target="cuda")
+    (stack,) = [line for line in lines if line.startswith("  stack ")]
+    block, wavefront = stack.split("; ")
+    assert block.split(": ", 1)[1].startswith("one block stack: 3 stacked layers") and block.endswith("N <= 1)")
+    assert wavefront.startswith("one wavefront: 3 stacked layers") and wavefront.endswith("N <= 4)")

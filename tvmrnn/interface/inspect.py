@@ -61,18 +61,28 @@ def inspect_command(path: str, echo=print, target: str | None = None) -> int:
 
 
 def _stacks(plan: ModelPlan, logs) -> list[str]:
-    """A line per chain of stacked layers: whether it runs as one kernel (at the model's static batch, or at the
-    largest batch bound that allows one)."""
+    """A line per chain of stacked layers: how it runs (at the model's static batch, or for a symbolic one at batch
+    bound 1 and at the largest bound that allows one kernel, where the two differ)."""
     lines = []
     for chain in plan.chains:
         if len(chain.specs) < len(chain.layers):
             continue  # a layer above the first is refused: its own line says why
-        kernel, why = chain.kernel, chain.why
-        static = isinstance(chain.batch, int)
-        if not static:
+        if isinstance(chain.batch, int):
+            parts = [_how(chain.kernel, chain.why, "")]
+        else:
             tuned = [logs.best(s) for s in chain.specs]
-            kernel, why = plan_stack(list(chain.specs), plan.target, "auto", tuned, PERSISTENT_MAX_BATCH, plan.device,
-                                    chain.head is not None)
-        when = "" if static or kernel is None else f" when compiled with the batch bounded (--max-dim {chain.batch}=N, N <= {PERSISTENT_MAX_BATCH})"
-        lines.append(f"  stack {' -> '.join(chain.names)}: " + (f"one {why}{when}" if kernel else f"layer by layer ({why})"))
+            planned = {n: plan_stack(list(chain.specs), plan.target, "auto", tuned, n, plan.device, chain.head is not None)
+                       for n in (1, PERSISTENT_MAX_BATCH)}
+            kinds = {n: k.plans[0].branches[0].config.kind if k else None for n, (k, _) in planned.items()}
+            bounds = (1, PERSISTENT_MAX_BATCH) if kinds[1] != kinds[PERSISTENT_MAX_BATCH] and kinds[1] else (PERSISTENT_MAX_BATCH,)
+            parts = [_how(*planned[n], _bounded(chain, n)) for n in bounds]
+        lines.append(f"  stack {' -> '.join(chain.names)}: " + "; ".join(parts))
     return lines
+
+
+def _how(kernel, why: str, when: str) -> str:
+    return f"one {why}{when}" if kernel else f"layer by layer ({why})"
+
+
+def _bounded(chain, bound: int) -> str:
+    return f" when compiled with the batch bounded (--max-dim {chain.batch}=N, N <= {bound})"
