@@ -57,9 +57,9 @@ class Runner(Protocol):
 class InProcessRunner:
     """Runs the module in this process: no IPC, but an input that crashes the compiled code takes the process down.
 
-    On a GPU, inputs are copied into device tensors kept per input shape (the batcher pads batches to buckets, so shapes
-    repeat), the module runs on them (replaying its CUDA graph for that shape where compiled with bounds) and only the
-    outputs are copied back. `phases` is the last run's split: copies in, the module to its end, copies out."""
+    On a GPU, batches are assembled in the module's page-locked input buffers, kept per input shape (the batcher pads
+    batches to buckets, so shapes repeat); the module's first kernel reads them there where it replays a CUDA graph
+    (compiled with bounds), else they are copied into device tensors kept per shape; the outputs come back the same way. `phases` is the last run's split: copies in, the module to its end, copies out."""
 
     def __init__(self, path: str, device: str | None = None):
         from ..runtime import load_module
