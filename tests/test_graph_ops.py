@@ -207,6 +207,37 @@ def test_symbolic_work_takes_the_thread_pool_only_where_it_pays():
         assert _rel_err(got, ref) < 1e-5
 
 
+@pytest.mark.parametrize("c,o,k,stride,pad", [(24, 24, 1, 1, 0), (24, 24, 3, 1, 1), (1, 24, 3, 2, 1)])
+def test_symbolic_width_convs_store_whole_vectors_but_in_the_last_tile(c, o, k, stride, pad):
+    """ddddocr's 24-channel convs over its symbolic image width (tiles of a vector of columns): vector_tails leaves the
+    bounds test to the last tile, so the other tiles store whole vectors (a per-lane test scalarized every store and
+    the epilogue), and the result is torch's at widths that end in whole, part and single-column tiles."""
+    import re
+
+    import torch
+
+    target = resolve_target("llvm")
+    lanes = graph_cpu.vector_lanes(target)
+    ob = graph_cpu.conv_channel_block(o, lanes)
+    x, wp, r = te.placeholder(_i64(1, c, 10, "w")), te.placeholder(_i64(o // ob, c, k, k, ob)), None
+    y = graph_cpu.conv2d_packed(x, wp, [stride] * 2, [pad] * 4, [1, 1], lanes)
+    r = te.placeholder(y.shape)
+    out = te.compute(y.shape, lambda *i: y(*i) + r(*i), name="residual")
+    func = te.create_prim_func([x, wp, r, out])
+    with target:
+        sch = graph_cpu.ConvPacked().apply(func, target, False)
+        tails = graph_cpu.vector_tails(graph_cpu.run_time_parallel(func, sch))
+    assert re.search(r"residual\w*\[[^\]]*:[^\]]*\] = ", _lowered(tails, target)), "no whole-vector store to the output"
+    rng = np.random.default_rng(5)
+    w_np = rng.standard_normal((o, c, k, k)).astype("f4")
+    for width in (1, 3 * lanes, 5 * lanes + 3, 160):
+        x_np = rng.standard_normal((1, c, 10, width)).astype("f4")
+        ref = torch.nn.functional.conv2d(torch.from_numpy(x_np).double(), torch.from_numpy(w_np).double(), None, stride, pad)
+        r_np = rng.standard_normal(ref.shape).astype("f4")
+        got = _run(tails, target, [x_np, graph_cpu.pack_conv_weight(w_np, ob), r_np, np.zeros(ref.shape, "f4")])
+        assert _rel_err(got, ref.numpy() + r_np) < 1e-5, width
+
+
 def _dense(lead, k, n, target, *scalars):
     lanes = graph_cpu.vector_lanes(target)
     nb = graph_cpu.dense_block(n, lanes)

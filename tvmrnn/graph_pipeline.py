@@ -276,8 +276,9 @@ def rule_schedule(func: tvm.tirx.PrimFunc, target):
 
 
 def _apply_cpu_rules():
-    """dlight's ApplyDefaultSchedule with graph_cpu's rules, each schedule made run_time_parallel."""
-    from schedules.graph_cpu import run_time_parallel
+    """dlight's ApplyDefaultSchedule with graph_cpu's rules, each schedule made run_time_parallel, its tiles' bounds
+    tests left to the last tile (vector_tails)."""
+    from schedules.graph_cpu import run_time_parallel, vector_tails
 
     @tvm.transform.module_pass(opt_level=0, name="tvmrnn.ApplyCpuRules")
     def _apply(mod, _ctx):
@@ -285,7 +286,7 @@ def _apply_cpu_rules():
         for gv, func in mod.functions_items():
             sch = rule_schedule(func, target) if isinstance(func, tvm.tirx.PrimFunc) and not _scheduled(func) else None
             if sch is not None:
-                updated[gv] = run_time_parallel(func, sch).with_attr("tirx.is_scheduled", True)
+                updated[gv] = vector_tails(run_time_parallel(func, sch)).with_attr("tirx.is_scheduled", True)
         for gv, func in updated.items():
             mod[gv] = func
         return mod
