@@ -211,7 +211,8 @@ def test_symbolic_work_takes_the_thread_pool_only_where_it_pays():
 def test_symbolic_width_convs_store_whole_vectors_but_in_the_last_tile(c, o, k, stride, pad):
     """ddddocr's 24-channel convs over its symbolic image width (tiles of a vector of columns): vector_tails leaves the
     bounds test to the last tile, so the other tiles store whole vectors (a per-lane test scalarized every store and
-    the epilogue), and the result is torch's at widths that end in whole, part and single-column tiles."""
+    the epilogue) and an unpadded conv reads its input without a padded copy; the result is torch's (float64) at widths
+    that end in whole, part and single-column tiles."""
     import re
 
     import torch
@@ -228,6 +229,7 @@ def test_symbolic_width_convs_store_whole_vectors_but_in_the_last_tile(c, o, k, 
         sch = graph_cpu.ConvPacked().apply(func, target, False)
         tails = graph_cpu.vector_tails(graph_cpu.run_time_parallel(func, sch))
     assert re.search(r"residual\w*\[[^\]]*:[^\]]*\] = ", _lowered(tails, target)), "no whole-vector store to the output"
+    assert (pad == 0) == ("pad_temp" not in tails.script())  # an unpadded conv reads x itself, tested in the last tile
     rng = np.random.default_rng(5)
     w_np = rng.standard_normal((o, c, k, k)).astype("f4")
     for width in (1, 3 * lanes, 5 * lanes + 3, 160):
