@@ -241,6 +241,33 @@ def test_symbolic_width_convs_store_whole_vectors_but_in_the_last_tile(c, o, k, 
         assert _rel_err(got, ref.numpy() + r_np) < 1e-5, width
 
 
+def test_a_conv_under_the_pool_threshold_lays_its_input_out_in_its_own_pass():
+    """ddddocr's first conv (1 -> 24, 3x3, stride 2) over its symbolic width: the calling thread's copy
+    (run_time_parallel, below MIN_PARALLEL_WORK) is ConvPacked's schedule for one thread, the phase split a pass over
+    all 65 padded rows, not laid out row by row as the pool's threads do; both copies match torch (float64)."""
+    import re
+
+    import torch
+
+    target = resolve_target("llvm")
+    lanes = graph_cpu.vector_lanes(target)
+    ob = graph_cpu.conv_channel_block(24, lanes)
+    x, wp = te.placeholder(_i64(1, 1, 64, "w")), te.placeholder(_i64(24 // ob, 1, 3, 3, ob))
+    y = graph_cpu.conv2d_packed(x, wp, [2, 2], [1] * 4, [1, 1], lanes)
+    func = te.create_prim_func([x, wp, te.compute(y.shape, lambda *i: te.max(y(*i), 0.0), name="relu")])
+    sch = graph_cpu.ConvPacked().apply(func, target, False)
+    versioned = graph_cpu.run_time_parallel(func, sch, target)
+    serial = versioned.script().split("else:")[1]
+    assert re.search(r"for .*T.grid\(T.int64\(65\)", serial.split('T.sblock("phase_split")')[0]), serial[:2000]
+    rng = np.random.default_rng(6)
+    w_np = rng.standard_normal((24, 1, 3, 3)).astype("f4")
+    for width in (160, 2600):  # the calling thread's copy, the pool's
+        x_np = rng.standard_normal((1, 1, 64, width)).astype("f4")
+        ref = torch.nn.functional.conv2d(torch.from_numpy(x_np).double(), torch.from_numpy(w_np).double(), None, 2, 1).relu()
+        got = _run(versioned, target, [x_np, graph_cpu.pack_conv_weight(w_np, ob), np.zeros(ref.shape, "f4")])
+        assert _rel_err(got, ref.numpy()) < 1e-5, width
+
+
 def _dense(lead, k, n, target, *scalars):
     lanes = graph_cpu.vector_lanes(target)
     nb = graph_cpu.dense_block(n, lanes)

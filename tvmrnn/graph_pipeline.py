@@ -286,7 +286,7 @@ def _apply_cpu_rules():
         for gv, func in mod.functions_items():
             sch = rule_schedule(func, target) if isinstance(func, tvm.tirx.PrimFunc) and not _scheduled(func) else None
             if sch is not None:
-                updated[gv] = vector_tails(run_time_parallel(func, sch)).with_attr("tirx.is_scheduled", True)
+                updated[gv] = vector_tails(run_time_parallel(func, sch, target)).with_attr("tirx.is_scheduled", True)
         for gv, func in updated.items():
             mod[gv] = func
         return mod
