@@ -26,7 +26,7 @@ from .device import Device
 from .recurrent_common import KernelArgs, block_sync, i64, shared_dyn, store_unseen
 from .recurrent_cuda import epilogue, vector_width, weight_bytes
 from .recurrent_persistent import _strided, final_states, initial_states
-from .recurrent_wavefront import reduction, rows_per_unit, stackable
+from .recurrent_wavefront import load_rows, reduction, rows_per_unit, stackable
 from .warp_gemv import warp_gates
 
 F32 = "float32"
@@ -127,7 +127,7 @@ def _body(X, layers: list[KernelArgs], cfg: BlockStackConfig):
                 hbufs = [T.decl_buffer((2, 1, MAX_BATCH, s.hidden_size), F32, data=hs.data, elem_offset=state_at[i + 1],
                                        scope="shared.dyn") for i, s in enumerate(specs)]
                 for i, a in enumerate(layers):
-                    _load_rows(a, _Offset(wsm, row_at[i]), threads, tid)
+                    load_rows(a, wsm, i64(0), a.spec.hidden_size, ks[i], rows_per_unit(a.cell, False), threads, tid, row_at[i])
                     initial_states(a, hbufs[i], i64(0), i64(0), a.spec.hidden_size, threads, tid)
                 block_sync()
                 with T.serial(0, seq + i64(L - 1)) as s:
@@ -159,17 +159,6 @@ class _Offset:
 
     def __getitem__(self, e):
         return self.buffer[self.at(e)]
-
-
-def _load_rows(a: KernelArgs, wsm: _Offset, threads: int, tid):
-    """The layer's rows of WR, unit-major then gate (rows_per_unit rows a unit), I+H columns each."""
-    H, G, K = a.spec.hidden_size, rows_per_unit(a.cell, False), reduction(a.spec, False)
-
-    def load(e):
-        u, g, k = e // i64(G * K), e // i64(K) % i64(G), e % i64(K)
-        T.buffer_store(wsm.buffer, a.R[0, g * i64(H) + u, k], [wsm.at(e)])
-
-    _strided(H * G * K, threads, tid, load)
 
 
 def _stage(X, a: KernelArgs, below, hbuf, hs: _Offset, t, n, threads: int, tid):

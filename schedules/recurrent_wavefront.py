@@ -162,7 +162,7 @@ def wavefront_body(layers: list[KernelArgs], cfg: WavefrontConfig):
                 for i, a in enumerate(layers):
                     with T.If(mine(i)):
                         with T.Then():
-                            _load_rows(a, wsm, first_unit(i), cfg.units[i], reduction(a.spec, i == 0), rows_per_unit(a.cell, i == 0),
+                            load_rows(a, wsm, first_unit(i), cfg.units[i], reduction(a.spec, i == 0), rows_per_unit(a.cell, i == 0),
                                        threads, tid)
                             initial_states(a, hbufs[i], i64(0), first_unit(i), cfg.units[i], threads, tid)
                 block_sync()
@@ -182,13 +182,14 @@ def wavefront_body(layers: list[KernelArgs], cfg: WavefrontConfig):
                             final_states(a, hbufs[i], i64(0), first_unit(i), cfg.units[i], threads, tid)
 
 
-def _load_rows(a: KernelArgs, wsm, j0, units: int, K: int, G: int, threads: int, tid):
-    """The block's rows of R (layer 0) or WR (above), unit-major then gate (G rows per unit), K columns each."""
+def load_rows(a: KernelArgs, wsm, j0, units: int, K: int, G: int, threads: int, tid, offset: int = 0):
+    """The block's rows of R (layer 0) or WR (above), unit-major then gate (G rows per unit), K columns each, into
+    wsm from element `offset`."""
     H = a.spec.hidden_size
 
     def load(e):
         u, g, k = e // i64(G * K), e // i64(K) % i64(G), e % i64(K)
-        T.buffer_store(wsm, a.R[0, g * i64(H) + tirx.min(j0 + u, i64(H - 1)), k], [e])
+        T.buffer_store(wsm, a.R[0, g * i64(H) + tirx.min(j0 + u, i64(H - 1)), k], [e + i64(offset) if offset else e])
 
     _strided(units * G * K, threads, tid, load)
 

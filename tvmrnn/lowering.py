@@ -243,8 +243,8 @@ def emit_rnn_stack(bb: relax.BlockBuilder, chain, gemm, first_inputs: list, stat
     the layers above the first project their input (the layer below's h) inside the kernel, step by step."""
     specs, kernel = list(chain.specs), chain.kernel
     cells = [cell_for(s) for s in specs]
-    named = dict(zip(("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"), first_inputs))
     if kernel.reads_x:
+        named = dict(zip(("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"), first_inputs))
         args = [first_inputs[0]] + _stacked_layer(bb, specs[0], cells[0], chain.head, named)
     else:
         assert _xw_dtype(kernel.func) == gemm.xw_dtype, (specs[0].name, gemm)

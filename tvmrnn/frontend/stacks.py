@@ -41,32 +41,8 @@ def _lengths(node) -> str:
     return node.input[i] if len(node.input) > i else ""
 
 
-def _inputs(graph: GraphIndex, node, below) -> tuple[dict, dict] | None:
-    """(the node's constants by ONNX input name, as arrays; its non-zero initial states by ONNX input name) where every
-    input besides X, its lengths (the node below's: the kernel reads the first node's) and its states is a constant;
-    else None. Zero initial states are left out."""
-    if _lengths(node) != _lengths(below):
-        return None
-    constants, states = {}, {}
-    for name, value in zip(INPUT_NAMES[node.op_type], node.input):
-        if name in ("X", "sequence_lens") or not value:
-            continue
-        if name in ("initial_h", "initial_c"):
-            if not graph.zeros(value):
-                states[name] = value
-            continue
-        array = graph.constant(value)
-        if array is None:
-            return None
-        constants[name] = array
-    return constants, states
-
-
-def head_constants(model: onnx.ModelProto, index: int) -> dict | None:
-    """The weights, biases and peepholes of the index-th recurrent node by ONNX input name, as arrays, where all are
-    constants (a kernel that projects the first layer's input itself takes them so); else None."""
-    graph = GraphIndex(model)
-    node = [n for n in model.graph.node if n.op_type in RNN_OPS][index]
+def _weights(graph: GraphIndex, node) -> dict | None:
+    """The node's weights, biases and peepholes by ONNX input name, as arrays, where all are constants; else None."""
     out = {}
     for name, value in zip(INPUT_NAMES[node.op_type], node.input):
         if name in ("W", "R", "B", "P") and value:
@@ -74,6 +50,27 @@ def head_constants(model: onnx.ModelProto, index: int) -> dict | None:
             if out[name] is None:
                 return None
     return out
+
+
+def _states(graph: GraphIndex, node) -> dict:
+    """The node's initial states that are not provably zeros (zeros are the kernel's own start), by ONNX input name."""
+    return {name: value for name, value in zip(INPUT_NAMES[node.op_type], node.input)
+            if name in ("initial_h", "initial_c") and value and not graph.zeros(value)}
+
+
+def _member(graph: GraphIndex, index: int, node, below) -> StackMember | None:
+    """The node as a member above `below`, where its weights are constants and its lengths the node below's (the
+    kernel reads the first node's); else None."""
+    constants = _weights(graph, node) if _lengths(node) == _lengths(below) else None
+    if constants is None:
+        return None
+    return StackMember(index, node, constants, lengths=bool(_lengths(node)), states=_states(graph, node))
+
+
+def head_constants(model: onnx.ModelProto, index: int) -> dict | None:
+    """The weights, biases and peepholes of the index-th recurrent node by ONNX input name, as arrays, where all are
+    constants (a kernel that projects the first layer's input itself takes them so); else None."""
+    return _weights(GraphIndex(model), [n for n in model.graph.node if n.op_type in RNN_OPS][index])
 
 
 def find_chains(model: onnx.ModelProto) -> dict[int, list[StackMember]]:
@@ -87,9 +84,9 @@ def find_chains(model: onnx.ModelProto) -> dict[int, list[StackMember]]:
         below = graph.producers.get(y) if y else None
         if below is None or id(below) not in index or below.output[0] != y:
             continue
-        inputs = _inputs(graph, node, below)
-        if inputs is not None:
-            above[index[id(below)]] = StackMember(index[id(node)], node, *inputs[:1], bool(_lengths(node)), inputs[1])
+        member = _member(graph, index[id(node)], node, below)
+        if member is not None:
+            above[index[id(below)]] = member
     chains, members = {}, {m.index for m in above.values()}
     for start in sorted(above):
         if start in members:
@@ -128,12 +125,12 @@ def hoist_states(model: onnx.ModelProto) -> None:
     """The nodes computing a chain's initial states moved, in their order, before the chain's first node (in place)."""
     for start, members in find_chains(model).items():
         moving = _ancestors(GraphIndex(model), [t for m in members for t in m.states.values()])
+        at = [i for i, n in enumerate(model.graph.node) if n.op_type in RNN_OPS][start]
+        if not any(_key(n) in moving for n in model.graph.node[at:]):
+            continue
         nodes = [onnx.NodeProto() for _ in model.graph.node]
         for copy, node in zip(nodes, model.graph.node):
             copy.CopyFrom(node)
-        at = [i for i, n in enumerate(nodes) if n.op_type in RNN_OPS][start]
         later = nodes[at:]
-        if not any(_key(n) in moving for n in later):
-            continue
         del model.graph.node[:]
         model.graph.node.extend(nodes[:at] + [n for n in later if _key(n) in moving] + [n for n in later if _key(n) not in moving])
