@@ -12,7 +12,7 @@ from onnx_cases import Case
 from test_conformance import OPTIONAL
 from tvmrnn import bench
 from tvmrnn.errors import InputError, UnsupportedModelError
-from tvmrnn.runtime import OUTPUTS_TO_HOST, module_function
+from tvmrnn.runtime import OUTPUTS_TO_HOST, WHOLE_CALL, module_function
 
 CASE = Case(op="LSTM", direction="bidirectional", optional=OPTIONAL["LSTM"], hidden=48, input_size=20, clip=3.0)
 # stacked layers glued as exporters do (Transpose + Reshape), so kernels run between the input and the output
@@ -68,6 +68,27 @@ def test_every_kernel_but_the_boundary_copies_is_captured(bounded_stack):
     assert module_function(lone.executable, OUTPUTS_TO_HOST) is not None  # outputs into page-locked host memory
     assert _outside_the_graph(bounded_stack) == ["copy_float32_3d", "copy_float32_3d"]  # X in, Y out
     assert "transpose" in " ".join(_calls(bounded_stack.executable.as_text(), "main_cuda_graph_capture"))
+
+
+def test_the_whole_call_is_main_returning_every_allocation_it_makes(bounded_stack):
+    """WHOLE_CALL (cuda_graph.with_whole_call): main as memory planning left it, its copies and every kernel launched
+    from the VM (RewriteCUDAGraph never saw it), returning its outputs and every buffer it allocated, which run() keeps
+    with the graph it captures."""
+    text = bounded_stack.executable.as_text()
+    whole = [c for c in _calls(text, WHOLE_CALL) if not c.startswith("shape_func")]  # (the VM's shape arithmetic)
+    assert whole[0] == "copy_float32_3d" and whole[-1] == "copy_float32_3d" and whole.count("rnn_lstm0") == 2
+    assert "run_or_capture" not in text[text.index(f"@{WHOLE_CALL}:"):].split("\n\n", 1)[0]
+    body = text[text.index(f"@{WHOLE_CALL}:"):].split("\n\n", 1)[0].splitlines()
+    allocated = [line.split("dst: ")[1] for line in body if "vm.builtin.alloc_storage" in line]
+    def args(line):
+        return [a.strip() for a in line.split("in: ")[1].split("dst:")[0].split(",")]
+
+    kept = args(next(line for line in reversed(body) if "make_tuple" in line))[1]  # (result, what it allocated)
+    returned = args(next(line for line in body if "make_tuple" in line and line.split("dst:")[1].strip() == kept))
+    in_storage = {args(line)[0]: line.split("dst:")[1].strip() for line in body if "vm.builtin.alloc_tensor" in line}
+    assert all(a in returned or in_storage.get(a) in returned for a in allocated), (allocated, returned)  # or a tensor in it
+    cpu = tvmrnn.compile(_row_model(LSTM_BI), target="llvm", logs=False)
+    assert f"@{WHOLE_CALL}:" not in cpu.executable.as_text()
 
 
 def test_without_bounds_there_is_no_graph_and_the_log_says_which_dims_need_one():
@@ -198,3 +219,37 @@ def test_static_model_graph_runs_match_float64():
             ref = reference(torch.from_numpy(x.astype("float64")))[0].numpy()
         err = np.abs(module.run({"X": x})["Y"] - ref).max() / np.abs(ref).max()
         assert err < 1e-5, f"rel. error {err:.2e}"
+
+
+@pytest.mark.gpu
+def test_whole_call_graphs_keep_their_buffers_from_other_tensors(monkeypatch):
+    """run() replays one graph per input signature (graph_replay), at most MAX_GRAPHS of them: shapes cycled past that
+    bound recapture and stay right, and device tensors that invoke() returned before are not overwritten by later
+    replays (the graph's buffers are its own, not the VM pool's)."""
+    import torch
+
+    from tvmrnn import graph_replay
+
+    monkeypatch.setattr(graph_replay, "MAX_GRAPHS", 2)
+    row = LSTM_BI
+    module = tvmrnn.compile(_row_model(row), target="cuda", max_dims=BOUNDS, logs=False)
+    assert module._graphs is not None
+    reference = bench.torch_module(row).double()
+    rng = np.random.default_rng(3)
+
+    def check(T, N):
+        x = rng.standard_normal((T, N, row.I)).astype("float32")
+        with torch.no_grad():
+            ref = reference(torch.from_numpy(x.astype("float64")))[0].numpy()
+        err = np.abs(module.run({"X": x})["Y"] - ref).max() / np.abs(ref).max()
+        assert err < 1e-5, f"T={T} N={N}: rel. error {err:.2e}"
+
+    for T, N in [(12, 5), (40, 17), (3, 1)]:
+        check(T, N)
+    assert sum(g is not None for g in module._graphs._graphs.values()) == 2  # captured, and evicted past the bound
+    held_x = rng.standard_normal((40, 17, row.I)).astype("float32")
+    held = module.invoke(module.to_device({"X": held_x}))  # the VM's pool hands it whatever a graph would have freed
+    expected = held[0].numpy()
+    for T, N in [(40, 17), (3, 1), (40, 17), (12, 5)]:
+        check(T, N)
+    np.testing.assert_array_equal(held[0].numpy(), expected)

@@ -15,6 +15,10 @@ them is one graph. The module also gets `OUTPUTS_TO_HOST`, the same copy of main
 runtime hands the copy-in kernel page-locked host memory and has the outputs written into page-locked host memory by
 one launch of it, so a call needs no cudaMemcpy (each a synchronous driver call: 27 of a one-kernel model's 66 us a run
 on an H100 host went to two small inputs' copies).
+
+run() goes further: the module also gets WHOLE_CALL (`with_whole_call`), main with every allocation it makes returned,
+which the runtime captures whole, copies included, as one graph per input signature (tvmrnn.graph_replay): one launch
+a call instead of the VM's instructions and its three launches. main and its graph stay for invoke() and the server.
 CPU targets have nothing to capture.
 """
 
@@ -26,7 +30,7 @@ from tvm import relax
 from schedules.device_copy import device_copy
 
 from .errors import UnsupportedModelError
-from .runtime import OUTPUTS_TO_HOST
+from .runtime import OUTPUTS_TO_HOST, WHOLE_CALL
 
 PASS_CONFIG = {"relax.backend.use_cuda_graph": True}
 
@@ -157,3 +161,45 @@ def isolate_boundary(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     out = bb.get()
     out["main"] = new_main
     return relax.transform.Normalize()(out)
+
+
+ALLOCATIONS = ("relax.memory.alloc_storage", "relax.builtin.alloc_tensor")
+
+
+def with_whole_call(finalize: list) -> list:
+    """A backend's finalization passes with main, as memory planning leaves it, also kept as WHOLE_CALL: the same
+    call with every allocation it makes returned beside its outputs. RewriteCUDAGraph does not see it (it is added
+    after), so run() captures it whole, its copies included, as one graph, and keeps what it returned: the graph's
+    buffers are then its own (the VM's pool would otherwise hand them to other tensors once the call returned)."""
+    at = next(i for i, p in enumerate(finalize) if p.info.name == "RewriteCUDAGraph")
+    planned = {}
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmrnn.KeepPlannedMain")
+    def keep(mod, _ctx):
+        planned["main"] = mod["main"]
+        return mod
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmrnn.AddWholeCall")
+    def add(mod, _ctx):
+        whole = whole_call(planned.pop("main"))
+        if whole is not None:
+            mod[WHOLE_CALL] = whole
+        return mod
+
+    return [*finalize[:at], keep, finalize[at], add, *finalize[at + 1:]]
+
+
+def whole_call(main: relax.Function) -> relax.Function | None:
+    """main returning (its result, (every allocation it made)); None where an allocation is not at its top level (in a
+    branch), which could not be returned."""
+    func = relax.utils.copy_with_new_vars(main)
+    allocs = [b.var for block in func.body.blocks for b in block.bindings
+              if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", None) in ALLOCATIONS]
+    count = [0]
+    relax.analysis.post_order_visit(func.body, lambda e: count.__setitem__(0, count[0] + (
+        isinstance(e, relax.Call) and getattr(e.op, "name", None) in ALLOCATIONS)))
+    if count[0] != len(allocs):
+        return None
+    body = relax.BlockBuilder().normalize(relax.SeqExpr(func.body.blocks, relax.Tuple([func.body.body, relax.Tuple(allocs)])))
+    attrs = {**func.attrs, "global_symbol": WHOLE_CALL} if func.attrs is not None else {"global_symbol": WHOLE_CALL}
+    return relax.Function(func.params, body, None, func.is_pure, tvm.ir.make_node("ir.DictAttrs", **attrs))

@@ -344,13 +344,28 @@ def _apply_database(on_tuned):
     return _apply
 
 
-def _graph_boundary(target) -> list:
-    """Where the module is built to replay as a CUDA graph: its inputs and outputs through copies (cuda_graph)."""
-    from .cuda_graph import PASS_CONFIG, isolate_boundary
+def _graph_on(target) -> bool:
+    """Whether the module is built to replay as a CUDA graph (cuda_graph.PASS_CONFIG in the pass context)."""
+    from .cuda_graph import PASS_CONFIG
 
     (key, _), = PASS_CONFIG.items()
-    on = target.kind.name == "cuda" and bool(tvm.transform.PassContext.current().config.get(key, False))
-    return [isolate_boundary] if on else []
+    return target.kind.name == "cuda" and bool(tvm.transform.PassContext.current().config.get(key, False))
+
+
+def _graph_boundary(target) -> list:
+    """Where the module replays as a CUDA graph: its inputs and outputs through copies (cuda_graph)."""
+    from .cuda_graph import isolate_boundary
+
+    return [isolate_boundary] if _graph_on(target) else []
+
+
+def _finalize(target) -> list:
+    """The backend's finalization; where the module replays as a CUDA graph, with main's whole call kept as a
+    function of its own (cuda_graph.with_whole_call), which run() captures as one graph."""
+    from .cuda_graph import with_whole_call
+
+    backend = _backend(target).finalize_passes(target)
+    return with_whole_call(backend) if _graph_on(target) else backend
 
 
 def passes(target: tvm.target.Target, database=None, on_tuned=None) -> list:
@@ -365,7 +380,7 @@ def passes(target: tvm.target.Target, database=None, on_tuned=None) -> list:
         + [_default_schedule(target)]
         + _graph_boundary(target)
         + backend.dataflow_lower_passes(target)
-        + backend.finalize_passes(target)
+        + _finalize(target)
     )
 
 

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -23,6 +24,7 @@ from .errors import InputError, UnsupportedModelError
 FORMAT = "tvmrnn-module/1"
 MAX_CACHED_SHAPES = 256  # host buffers kept per (name, shape); past it the cache starts over
 OUTPUTS_TO_HOST = "outputs_to_host"  # the copy of main's outputs a CUDA module built with a graph has (tvmrnn.cuda_graph)
+WHOLE_CALL = "main_whole_call"  # main returning its allocations too, which run() captures as one graph (tvmrnn.cuda_graph)
 
 
 def cpu_threads() -> int:
@@ -262,6 +264,18 @@ class Module(ModuleInputs):
         self._host_outputs = None if self._on_cpu else HostBuffers(pinned=True, device_id=self.device.index)
         # with it, the kernels read inputs from and write outputs to page-locked host memory: no cudaMemcpy a call
         self._outputs_to_host = None if self._on_cpu else module_function(executable, OUTPUTS_TO_HOST)
+        self._graphs = self._whole_call_graphs()
+        self.phases: dict[str, float] = {}  # the last GPU run's split: copies in, the module to its end, copies out
+
+    def _whole_call_graphs(self):
+        """run()'s whole call as one CUDA graph per input signature, where the module has WHOLE_CALL (tvmrnn.graph_replay)."""
+        if self._on_cpu or not self._vm.module.implements_function(WHOLE_CALL):
+            return None
+        from .graph_replay import WholeCallGraphs
+
+        graphs = WholeCallGraphs(self._vm[WHOLE_CALL], self._outputs_to_host, self.device, self.input_names,
+                                 self.output_names, self.host_inputs, self._host_outputs, self._run_through_vm)
+        return graphs if graphs.available else None
 
     def to_device(self, feeds: Mapping[str, object]) -> list:
         """Checked inputs as device tensors, in the module's input order (for `invoke`)."""
@@ -281,11 +295,30 @@ class Module(ModuleInputs):
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         """Outputs as numpy arrays the caller owns. One call at a time per module (the VM and the staged inputs are
         shared): concurrent callers wait for each other."""
-        arrays = self.check_inputs(feeds)  # everything checked, the bounds included
+        return dict(zip(self.output_names, self.run_checked(self.check_inputs(feeds))))
+
+    def run_checked(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """run() on arrays in input order whose values are already checked (check_inputs, or the server's per-request
+        checks); their dims are checked against the module's bounds here. On a GPU, a CUDA module built with a graph
+        replays its whole call as one (graph_replay) and the VM runs it otherwise."""
+        self.check_bounds([a.shape for a in arrays])
         with self._lock:
             if self._on_cpu:
-                return dict(zip(self.output_names, self._run_on_cpu(arrays)))
-            return dict(zip(self.output_names, self.to_host(self._execute(self.stage(arrays)))))
+                return self._run_on_cpu(arrays)
+            if self._graphs is not None:
+                return self._graphs.run(arrays, self.phases)
+            return self._run_through_vm(arrays)
+
+    def _run_through_vm(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        t0 = time.perf_counter()
+        tensors = self.stage(arrays)
+        t1 = time.perf_counter()
+        outs = self._execute(tensors)
+        self.device.sync()
+        t2 = time.perf_counter()
+        result = self.to_host(outs)
+        self.phases.update(input=t1 - t0, infer=t2 - t1, output=time.perf_counter() - t2)
+        return result
 
     def stage(self, arrays: list[np.ndarray]) -> list:
         """Checked arrays as tensors for invoke, valid until the next call: page-locked host arrays kept per input and

@@ -22,7 +22,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from multiprocessing.connection import Connection
 from typing import Protocol
 
@@ -58,8 +57,9 @@ class InProcessRunner:
     """Runs the module in this process: no IPC, but an input that crashes the compiled code takes the process down.
 
     On a GPU, batches are assembled in the module's page-locked input buffers, kept per input shape (the batcher pads
-    batches to buckets, so shapes repeat); the module's first kernel reads them there where it replays a CUDA graph
-    (compiled with bounds), else they are copied into device tensors kept per shape; the outputs come back the same way. `phases` is the last run's split: copies in, the module to its end, copies out."""
+    batches to buckets, so shapes repeat); where the module replays a CUDA graph (compiled with bounds), its whole call
+    is one graph that reads them there (tvmrnn.graph_replay), else they are copied into device tensors kept per shape;
+    the outputs come back the same way. `phases` is the last run's split: copies in, the module to its end, copies out."""
 
     def __init__(self, path: str, device: str | None = None):
         from ..runtime import load_module
@@ -84,14 +84,8 @@ class InProcessRunner:
 
     def _run_on_gpu(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """Inputs already checked per request (Signature.check); the module checks its bounds (max_dims)."""
-        t0 = time.perf_counter()
-        tensors = self._module.stage(inputs)
-        t1 = time.perf_counter()
-        outs = self._module.invoke(tensors)
-        self.device.sync()
-        t2 = time.perf_counter()
-        result = self._module.to_host(outs)
-        self.phases = {"input": t1 - t0, "infer": t2 - t1, "output": time.perf_counter() - t2}
+        result = self._module.run_checked(inputs)
+        self.phases = dict(self._module.phases)
         return result
 
     def close(self) -> None:
