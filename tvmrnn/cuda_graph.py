@@ -16,9 +16,9 @@ runtime hands the copy-in kernel page-locked host memory and has the outputs wri
 one launch of it, so a call needs no cudaMemcpy (each a synchronous driver call: 27 of a one-kernel model's 66 us a run
 on an H100 host went to two small inputs' copies).
 
-run() goes further: the module also gets WHOLE_CALL (`with_whole_call`), main with every allocation it makes returned,
-which the runtime captures whole, copies included, as one graph per input signature (tvmrnn.graph_replay): one launch
-a call instead of the VM's instructions and its three launches. main and its graph stay for invoke() and the server.
+run() goes further: the module also gets WHOLE_CALL (`with_whole_call`), main writing its outputs into tensors it is
+given and returning every buffer it allocates, which the runtime captures whole, copies included, as one graph per
+input signature (tvmrnn.graph_replay): one launch a call instead of the VM's instructions and its three launches. main and its graph stay for invoke() and the server.
 CPU targets have nothing to capture.
 """
 
@@ -167,10 +167,10 @@ ALLOCATIONS = ("relax.memory.alloc_storage", "relax.builtin.alloc_tensor")
 
 
 def with_whole_call(finalize: list) -> list:
-    """A backend's finalization passes with main, as memory planning leaves it, also kept as WHOLE_CALL: the same
-    call with every allocation it makes returned beside its outputs. RewriteCUDAGraph does not see it (it is added
-    after), so run() captures it whole, its copies included, as one graph, and keeps what it returned: the graph's
-    buffers are then its own (the VM's pool would otherwise hand them to other tensors once the call returned)."""
+    """A backend's finalization passes with main, as memory planning leaves it, also kept as WHOLE_CALL (whole_call).
+    RewriteCUDAGraph does not see it (it is added after), so run() captures it whole, its copies included, as one
+    graph, and keeps what it returned: the graph's buffers are then its own (the VM's pool would otherwise hand them to
+    other tensors once the call returned)."""
     at = next(i for i, p in enumerate(finalize) if p.info.name == "RewriteCUDAGraph")
     planned = {}
 
@@ -190,16 +190,40 @@ def with_whole_call(finalize: list) -> list:
 
 
 def whole_call(main: relax.Function) -> relax.Function | None:
-    """main returning (its result, (every allocation it made)); None where an allocation is not at its top level (in a
-    branch), which could not be returned."""
+    """main in destination-passing style, returning every buffer it allocates: WHOLE_CALL(inputs..., outputs...) writes
+    main's outputs into the tensors given after its inputs (the runtime's page-locked host arrays: main's copy out then
+    writes them over the bus) and returns what it allocated, which the caller keeps while it replays a capture of the
+    call. None where an output is not an allocation of its own, or an allocation is in a branch (not returnable)."""
     func = relax.utils.copy_with_new_vars(main)
-    allocs = [b.var for block in func.body.blocks for b in block.bindings
-              if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", None) in ALLOCATIONS]
+    bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    allocated = [v for v, value in bound.items() if _op(value) in ALLOCATIONS]
+    outputs = _leaves(func.body.body, bound)
     count = [0]
-    relax.analysis.post_order_visit(func.body, lambda e: count.__setitem__(0, count[0] + (
-        isinstance(e, relax.Call) and getattr(e.op, "name", None) in ALLOCATIONS)))
-    if count[0] != len(allocs):
+    relax.analysis.post_order_visit(func.body, lambda e: count.__setitem__(0, count[0] + (_op(e) in ALLOCATIONS)))
+    if (count[0] != len(allocated) or len(set(outputs)) != len(outputs)
+            or any(_op(bound.get(v)) != "relax.builtin.alloc_tensor" for v in outputs)):
         return None
-    body = relax.BlockBuilder().normalize(relax.SeqExpr(func.body.blocks, relax.Tuple([func.body.body, relax.Tuple(allocs)])))
+    destinations = {v: relax.Var(f"out{i}", v.ty) for i, v in enumerate(outputs)}
+    blocks = [relax.BindingBlock([relax.VarBinding(b.var, destinations[b.var]) if b.var in destinations else b
+                                  for b in block.bindings]) for block in func.body.blocks]
+    kept = relax.Tuple([v for v in allocated if v not in destinations])
+    body = relax.BlockBuilder().normalize(relax.SeqExpr(blocks, kept))
     attrs = {**func.attrs, "global_symbol": WHOLE_CALL} if func.attrs is not None else {"global_symbol": WHOLE_CALL}
-    return relax.Function(func.params, body, None, func.is_pure, tvm.ir.make_node("ir.DictAttrs", **attrs))
+    return relax.Function([*func.params, *destinations.values()], body, None, func.is_pure,
+                          tvm.ir.make_node("ir.DictAttrs", **attrs))
+
+
+def _op(expr) -> str | None:
+    return getattr(expr.op, "name", None) if isinstance(expr, relax.Call) else None
+
+
+def _leaves(expr, bound: dict) -> list:
+    """The variables a (nested) result is made of, seen through tuples, tuple items and aliases, in order."""
+    if isinstance(expr, relax.Tuple):
+        return [v for field in expr.fields for v in _leaves(field, bound)]
+    if isinstance(expr, relax.TupleGetItem):
+        tup = bound.get(expr.tuple_value, expr.tuple_value)
+        return _leaves(tup.fields[expr.index], bound) if isinstance(tup, relax.Tuple) else [expr]
+    if isinstance(expr, relax.Var) and isinstance(bound.get(expr), (relax.Tuple, relax.TupleGetItem, relax.Var)):
+        return _leaves(bound[expr], bound)
+    return [expr]

@@ -2,10 +2,11 @@
 copy out to page-locked host memory. One launch and one wait a call, instead of the VM's instructions, three launches
 and its graph's.
 
-The module's WHOLE_CALL function (tvmrnn.cuda_graph.with_whole_call) is main with every allocation it makes returned.
-Captured once per input signature on a stream of our own, its result is kept: the graph's buffers stay its own, never
-handed by the VM's pool to another tensor. The page-locked arrays the graph reads and writes are the entry's; run()
-copies inputs in and outputs out of them. Runtime-only: TVM's runtime and the CUDA driver through cuda-bindings.
+The module's WHOLE_CALL function (tvmrnn.cuda_graph.with_whole_call) is main writing its outputs into tensors it is
+given (page-locked host arrays here) and returning every buffer it allocates. Captured once per input signature on a
+stream of our own, its result is kept: the graph's buffers stay its own, never handed by the VM's pool to another
+tensor. The page-locked arrays the graph reads and writes are the entry's; run() copies inputs into them and outputs
+out of them. Runtime-only: TVM's runtime and the CUDA driver through cuda-bindings.
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ class WholeCallGraphs:
     """`graphs.run(arrays)`: the module's outputs for checked input arrays, through the graph captured for their
     signature (captured at its first run). A signature whose capture failed runs through `fallback` from then on."""
 
-    def __init__(self, whole, outputs_to_host, device, input_names, output_names, host_inputs, host_outputs, fallback):
+    def __init__(self, whole, device, input_names, output_names, host_inputs, host_outputs, fallback):
         self._driver = _driver()
-        self._whole, self._to_host, self._device = whole, outputs_to_host, device
+        self._whole, self._device = whole, device
         self._input_names, self._output_names = input_names, output_names
         self._host_inputs, self._host_outputs = host_inputs, host_outputs
         self._fallback = fallback
@@ -70,7 +71,7 @@ class WholeCallGraphs:
 
     @property
     def available(self) -> bool:
-        return self._driver is not None and self._whole is not None and self._to_host is not None
+        return self._driver is not None
 
     def run(self, arrays: list[np.ndarray], phases: dict) -> list[np.ndarray]:
         """Outputs in output order; `phases` gets the run's split (copies in, the graph to its end, copies out)."""
@@ -110,8 +111,8 @@ class WholeCallGraphs:
         views = [self._host_inputs.on_device(n, a.shape, a.dtype) for n, a in zip(self._input_names, arrays)]
         if views[0] is None:
             raise CaptureError("no page-locked memory")
-        for host, a in zip(hosts, arrays):
-            np.copyto(host, a)
+        keys = [(n, o.shape, o.dtype) for n, o in zip(self._output_names, self._fallback(arrays))]  # the shapes out
+        views += [self._host_outputs.on_device(*k) for k in keys]
         self._whole(*views)  # loads the kernels and sets their attributes before capture; its buffers go back to the pool
         if self._stream is None:
             self._stream = self._device.create_raw_stream()
@@ -120,9 +121,6 @@ class WholeCallGraphs:
             _check(driver, driver.cuStreamBeginCapture(self._stream, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
             try:
                 kept = self._whole(*views)
-                outs = _tensors(kept[0])
-                keys = [(n, tuple(o.shape), o.dtype) for n, o in zip(self._output_names, outs)]
-                self._to_host(*outs, *[self._host_outputs.on_device(*k) for k in keys])
             finally:
                 graph = _check(driver, driver.cuStreamEndCapture(self._stream))
         try:
@@ -130,9 +128,3 @@ class WholeCallGraphs:
         finally:
             driver.cuGraphDestroy(graph)
         return _Graph(driver, exe, kept, hosts, [self._host_outputs(*k) for k in keys])
-
-
-def _tensors(result) -> list:
-    import tvm.runtime
-
-    return [result] if isinstance(result, tvm.runtime.Tensor) else list(result)

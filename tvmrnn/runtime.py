@@ -24,7 +24,7 @@ from .errors import InputError, UnsupportedModelError
 FORMAT = "tvmrnn-module/1"
 MAX_CACHED_SHAPES = 256  # host buffers kept per (name, shape); past it the cache starts over
 OUTPUTS_TO_HOST = "outputs_to_host"  # the copy of main's outputs a CUDA module built with a graph has (tvmrnn.cuda_graph)
-WHOLE_CALL = "main_whole_call"  # main returning its allocations too, which run() captures as one graph (tvmrnn.cuda_graph)
+WHOLE_CALL = "main_whole_call"  # main writing into given outputs, returning its buffers: run() captures it (tvmrnn.cuda_graph)
 
 
 def cpu_threads() -> int:
@@ -273,8 +273,8 @@ class Module(ModuleInputs):
             return None
         from .graph_replay import WholeCallGraphs
 
-        graphs = WholeCallGraphs(self._vm[WHOLE_CALL], self._outputs_to_host, self.device, self.input_names,
-                                 self.output_names, self.host_inputs, self._host_outputs, self._run_through_vm)
+        graphs = WholeCallGraphs(self._vm[WHOLE_CALL], self.device, self.input_names, self.output_names,
+                                 self.host_inputs, self._host_outputs, self._run_through_vm)
         return graphs if graphs.available else None
 
     def to_device(self, feeds: Mapping[str, object]) -> list:
