@@ -807,3 +807,45 @@ def test_unit_reductions_match_onnxruntime_on_cuda(case):
     feeds = {"x": np.random.default_rng(6).standard_normal(shape).astype(np.float32)}
     (got,) = tvmrnn.compile(model, target="cuda", logs=False).run(feeds).values()
     assert _rel_err(got, _ort(model, feeds)[0]) < 1e-6
+
+
+@pytest.mark.parametrize("activation", ["sigmoid", "tanh"])
+def test_a_pointwise_activation_after_a_reshape_moves_into_its_producer(activation):
+    """Linear -> Reshape -> activation (a head as torch exports it): on CUDA the activation moves before the reshape
+    (graph_pipeline.pointwise_before_reshape) and fuses into the matmul's kernel; the rewritten function computes the
+    same values (both built for the CPU here)."""
+    from tvm import relax
+
+    from tvmrnn.graph_pipeline import pointwise_before_reshape
+
+    weight = np.random.default_rng(0).standard_normal((6, 10)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 6), "float32"))
+    with bb.function("main", [x]):
+        y = bb.emit(relax.op.matmul(x, relax.const(weight)))
+        out = bb.emit(getattr(relax.op, activation)(bb.emit(relax.op.reshape(y, (2, 20)))))
+        bb.emit_func_output(out)
+    before = bb.get()
+    after = pointwise_before_reshape(before)
+    script = after["main"].script()
+    assert f"R.{activation}(" in script and script.index(f"R.{activation}(") < script.index("R.reshape("), script
+    feed = np.random.default_rng(1).standard_normal((4, 6)).astype("float32")
+    outs = [relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(feed)).numpy()
+            for m in (before, after)]
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-6)
+    cuda = tvmrnn.compile(_head_model(activation), target="cuda", logs=False).executable.as_text()
+    kernels = [line.split()[1] for line in cuda[cuda.index("@main_whole_call:"):].split("\n\n")[0].splitlines()
+               if line.strip().startswith("call") and "builtin" not in line and "shape_func" not in line]
+    assert any(activation in k and "matmul" in k for k in kernels), kernels
+
+
+def _head_model(activation: str) -> onnx.ModelProto:
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.ones((6, 10), np.float32), "w")
+    shape = numpy_helper.from_array(np.array([2, 20], np.int64), "shape")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Reshape", ["y", "shape"], ["r"]),
+             helper.make_node(activation.capitalize(), ["r"], ["out"])]
+    graph = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 20])], [weight, shape])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

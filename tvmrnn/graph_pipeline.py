@@ -1,7 +1,8 @@
 """The last stage of the Relax pipeline a model is built with (build.pipeline): TVM's backend pipeline for the
 target, with the layers around the recurrent kernels scheduled.
 
-    decompose   batch norms into pointwise ops over folded constants (they then fuse into the conv before them)
+    decompose   batch norms into pointwise ops over folded constants (they then fuse into the conv before them); on
+                CUDA a pointwise activation after a reshape moved before it, into its producer's kernel
     legalize    ops to TIR; on LLVM conv2d (grouped and depthwise too), conv2d_transpose (a conv over the input
                 spread by its strides), conv1d, matmul and linear-layer einsums with constant weights as our
                 packed-weight computes (schedules.graph_cpu), their weights packed here, at compile time, and sigmoid
@@ -308,11 +309,39 @@ def _backend(target):
     return backend
 
 
+# one-input pointwise ops: f(reshape(x)) == reshape(f(x)), and f(x) then fuses into the kernel that made x
+POINTWISE = ("relax.sigmoid", "relax.tanh", "relax.nn.relu", "relax.exp", "relax.nn.silu")
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvmrnn.PointwiseBeforeReshape")
+def pointwise_before_reshape(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """f(reshape(x)) as reshape(f(x)) for the POINTWISE ops: a Linear exported as MatMul + Reshape + Sigmoid then runs
+    as one kernel with its activation (FuseOps fuses f into x's producer; it cannot through the reshape between), and
+    the reshape is a view where its result stays inside the dataflow block. CUDA only: the CPU's packed GEMMs take no
+    epilogue."""
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    x, shape = wildcard(), wildcard()
+    reshaped = is_op("relax.reshape")(x, shape)
+    pattern = is_op(POINTWISE[0])(reshaped)
+    for name in POINTWISE[1:]:
+        pattern = pattern | is_op(name)(reshaped)
+
+    def swap(call, matches):
+        return relax.op.reshape(relax.Call(call.op, [matches[x]], call.attrs), matches[shape])
+
+    for gv, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function):
+            mod[gv] = rewrite_call(pattern, swap, func)
+    return mod
+
+
 def fuse_passes(target: tvm.target.Target) -> list:
     """decompose, legalize, fuse: the module whose PrimFuncs the schedule stage (and `tvmrnn tune`) sees."""
     cpu = target.kind.name == "llvm"
     return (
         [relax.transform.DecomposeOpsForInference(), relax.transform.FoldConstant()]
+        + ([] if cpu else [pointwise_before_reshape])
         + _backend(target).library_dispatch_passes(target)
         + [relax.transform.LegalizeOps(CPU_LEGALIZE if cpu else LEGALIZE), relax.transform.AnnotateTIROpPattern(),
            relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
