@@ -254,3 +254,24 @@ def test_whole_call_graphs_keep_their_buffers_from_other_tensors(monkeypatch):
     for T, N in [(40, 17), (3, 1), (40, 17), (12, 5)]:
         check(T, N)
     np.testing.assert_array_equal(held[0].numpy(), expected)
+
+
+@pytest.mark.gpu
+def test_first_replay_of_each_shape_waits_for_the_calls_before_it():
+    """A capture runs the call once first (loading its kernels), on the default stream, and its buffers go back to the
+    pool while it may still run; the replay right after it must wait for it (graph_replay's stream is a blocking one:
+    TVM's own streams are not, and a 3-layer wavefront of 400 steps then read buffers the warm-up was still writing).
+    The first run of every shape against float64."""
+    import torch
+
+    row = bench.Row("graph-long", "GRU", 400, 2, 16, 64, 3)
+    module = tvmrnn.compile(_row_model(row), target="cuda", max_dims={"seq": row.T, "batch": row.N}, logs=False)
+    assert module._graphs is not None
+    reference = bench.torch_module(row).double()
+    rng = np.random.default_rng(13)
+    for T, N in [(400, 2), (399, 1), (250, 2)]:
+        x = rng.standard_normal((T, N, row.I)).astype("float32")
+        with torch.no_grad():
+            ref = reference(torch.from_numpy(x.astype("float64")))[0].numpy()
+        err = np.abs(module.run({"X": x})["Y"] - ref).max() / np.abs(ref).max()
+        assert err < 1e-5, f"T={T} N={N}: rel. error {err:.2e} on the first run of the shape"

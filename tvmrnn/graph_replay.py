@@ -67,7 +67,7 @@ class WholeCallGraphs:
     def __del__(self):
         self._graphs.clear()  # graphs before the stream they launch on
         if self._stream is not None:
-            self._device.free_raw_stream(self._stream)
+            self._driver.cuStreamDestroy(self._stream)
 
     @property
     def available(self) -> bool:
@@ -114,9 +114,10 @@ class WholeCallGraphs:
         keys = [(n, o.shape, o.dtype) for n, o in zip(self._output_names, self._fallback(arrays))]  # the shapes out
         views += [self._host_outputs.on_device(*k) for k in keys]
         self._whole(*views)  # loads the kernels and sets their attributes before capture; its buffers go back to the pool
-        if self._stream is None:
-            self._stream = self._device.create_raw_stream()
         driver = self._driver
+        if self._stream is None:  # blocking (TVM's own streams are not): ordered after the warm-up above, and after
+            # and before whatever else runs on the default stream (invoke, other modules), whose buffers may be these
+            self._stream = int(_check(driver, driver.cuStreamCreate(int(driver.CUstream_flags.CU_STREAM_DEFAULT))))
         with tvm_ffi.use_raw_stream(self._device, self._stream):
             _check(driver, driver.cuStreamBeginCapture(self._stream, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
             try:
