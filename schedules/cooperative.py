@@ -9,10 +9,13 @@ host and device code, keeping "tirx.use_dyn_shared_memory" last as the runtime e
 
 A cluster kernel (bound to clusterCtaIdx, schedules/recurrent_cluster.py) runs one CTA an SM, but ptxas, told only
 the block size, aimed at 64 registers a thread at 512 threads and spilled; "tirx.launch_bounds_min_blocks_per_sm" = 1
-makes the bound __launch_bounds__(threads, 1), so that it may take all 128.
+makes the bound __launch_bounds__(threads, 1), so that it may take all 128. So does a kernel of one block (the block
+stack, recurrent_block_stack): told only its 864 threads, ptxas aimed at two blocks an SM, 32 registers, and spilled.
 """
 
 from __future__ import annotations
+
+import re
 
 import tvm
 from tvm.tirx import compilation_pipeline as cp
@@ -46,17 +49,26 @@ def mark_cooperative_launch(mod, _ctx):
 _MIN_BLOCKS = "tirx.launch_bounds_min_blocks_per_sm"
 
 
-@tvm.transform.module_pass(opt_level=0, name="tvmrnn.OneClusterCtaPerSm")
-def one_cluster_cta_per_sm(mod, _ctx):
+_ONE_BLOCK = re.compile(r'launch_thread\("blockIdx\.x", (T\.int64\()?1\)?\)')
+
+
+def _one_block(func, tags) -> bool:
+    """The kernel's grid is one block: no other block dimension, blockIdx.x of extent 1 (its printed launch)."""
+    return not any(t in ("blockIdx.y", "blockIdx.z") for t in tags) and _ONE_BLOCK.search(func.script()) is not None
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvmrnn.OneCtaPerSm")
+def one_cta_per_sm(mod, _ctx):
+    """A cluster kernel's CTAs and a kernel of one block have their SM each to themselves: __launch_bounds__(threads, 1)."""
     for gv, func, tags in _kernels(mod):
-        if any(t.startswith("clusterCtaIdx") for t in tags) and _MIN_BLOCKS not in func.attrs:
+        if _MIN_BLOCKS not in func.attrs and (any(t.startswith("clusterCtaIdx") for t in tags) or _one_block(func, tags)):
             mod[gv] = func.with_attr(_MIN_BLOCKS, 1)
     return mod
 
 
 def _pipeline(**kwargs):
     base, host, device = cp.PIPELINE_MAP["s_tir"](**kwargs)
-    return tvm.transform.Sequential([base, mark_cooperative_launch, one_cluster_cta_per_sm]), host, device
+    return tvm.transform.Sequential([base, mark_cooperative_launch, one_cta_per_sm]), host, device
 
 
 def register() -> str:

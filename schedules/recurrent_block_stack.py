@@ -1,13 +1,15 @@
 """One thread block runs a whole small stack of layers: every layer's [W | R] in shared memory, the block's warps split
-among the layers, layer l one step behind layer l-1 (the wavefront's order), block barriers between steps.
+among the layers, layer l one step behind layer l-1 (the wavefront's order), one block barrier a step.
 
 For a stack whose weights fit one SM (madmom's onset detector: three layers of 25 units), the wavefront's grid
 barrier (about 1.1 us a step on an H100) and the input GEMM before it cost more than the arithmetic of a step. Here
 the first layer too multiplies [x_t; h_t-1] by its [W | R] rows inside the step (recurrent_wavefront's higher
-layers), reading X itself, so the stack is one launch. A global step s: every layer l with t = s - l in range stages
-[its input at t; its h at t-1] into its own part of shared memory, a barrier, each layer's warps compute their units'
-gates and gate program (the input of layer l is layer l-1's h at t, written at step s-1), a barrier. h stays in shared memory
-(reads only while staging, so the step's writes need no other barrier); Y goes out to global memory.
+layers), reading X itself, so the stack is one launch. A global step s: every layer l with t = s - l in range reads
+[its input at t; its h at t-1] where they live in shared memory (layer 0's x in a double-buffered tile of X, loaded a
+step ahead; a higher layer's input in the h the layer below wrote at step s-1), computes its units' gates and gate
+program, and writes h(t) into the other half of its own double buffer and Y to global memory; one barrier ends the
+step (_steps says why one is enough). Before the first step each thread issues its loads of the weights, h0 and
+X[0] together, then stores them.
 
 Applies to RNN stacks (one gate a unit) where every layer runs forward in layout 0 (recurrent_wavefront.stackable),
 without sequence_lens, at small batches (rows run one after another), with few enough weights for one SM.
@@ -16,6 +18,7 @@ without sequence_lens, at small batches (rows run one after another), with few e
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -25,8 +28,8 @@ from tvm.script.ir_builder import tirx as T
 from .device import Device
 from .recurrent_common import KernelArgs, block_sync, i64, shared_dyn, store_unseen
 from .recurrent_cuda import epilogue, vector_width, weight_bytes
-from .recurrent_persistent import _strided, final_states, initial_states
-from .recurrent_wavefront import load_rows, reduction, rows_per_unit, stackable
+from .recurrent_persistent import final_states
+from .recurrent_wavefront import reduction, row_element, rows_per_unit, stackable
 from .warp_gemv import warp_gates
 
 F32 = "float32"
@@ -73,8 +76,8 @@ def plan(specs, cells, device: Device, batch: int = 1) -> BlockStackConfig | Non
     step's weights are more than one SM should read (MAX_STEP_ELEMENTS for `batch` rows) or do not fit one block's
     shared memory."""
     elements = sum(_row_elements(s, c) for s, c in zip(specs, cells))
-    staged = 4 * sum(reduction(s, False) + 2 * MAX_BATCH * s.hidden_size for s in specs)
-    if elements * batch > MAX_STEP_ELEMENTS or elements * weight_bytes(specs[0]) + staged > device.smem_limit:
+    state = 4 * state_layout(specs)[-1]
+    if elements * batch > MAX_STEP_ELEMENTS or elements * weight_bytes(specs[0]) + state > device.smem_limit:
         return None
     for units in range(1, MAX_UNITS + 1):
         warps = tuple(-(-s.hidden_size // units) for s in specs)
@@ -88,7 +91,7 @@ def block_stack_prim_func(specs, cells, cfg: BlockStackConfig) -> tirx.PrimFunc:
     layers = [KernelArgs(s, c) for s, c in zip(specs, cells)]
     for a in layers[1:]:
         a.seq, a.batch = layers[0].seq, layers[0].batch
-    for a in layers:  # h's stores out of TVM's barrier planner's sight: the step's own barriers order them
+    for a in layers:  # h's stores out of TVM's barrier planner's sight: the step's barrier orders them (_steps)
         a.shared = {"h": store_unseen}
     first = layers[0]
     with IRBuilder() as ib:
@@ -108,78 +111,146 @@ def _offsets(sizes) -> list[int]:
     return [sum(sizes[:i]) for i in range(len(sizes))]
 
 
+def state_layout(specs) -> list[int]:
+    """Element offsets in the block's fp32 state: the first layer's x tile [2, MAX_BATCH, In], then each layer's h
+    [2, 1, MAX_BATCH, H], each from a multiple of 4 elements (16 bytes: warp_gates' float4 loads); the last entry is
+    the total."""
+    sizes = [2 * MAX_BATCH * specs[0].input_size] + [2 * MAX_BATCH * s.hidden_size for s in specs]
+    return _offsets([-(-n // 4) * 4 for n in sizes] + [0])
+
+
+LOADS_IN_FLIGHT = 32  # the most start loads a thread issues before storing them (each holds a register till then)
+
+
+@dataclass(frozen=True)
+class _Copy:
+    """`count` items (a static bound) from global into shared memory: item e is load(e) (fp32), stored by store(e,
+    value) where e < count and valid(e)."""
+
+    count: int
+    load: Callable
+    store: Callable
+    valid: Callable = lambda e: tirx.const(True)
+
+
+def _items(copies, threads: int) -> list:
+    """(copy, r) for each item e = r * threads + tid a thread takes of the copies."""
+    return [(c, r) for c in copies for r in range(-(-c.count // threads))]
+
+
+def _load(items, threads: int, tid) -> list:
+    """A thread's items loaded into registers one after another, no store between them (their latencies overlap);
+    returns what _store takes."""
+    regs = T.alloc_buffer((max(len(items), 1),), F32, scope="local")
+    pending = []
+    for slot, (c, r) in enumerate(items):
+        e = i64(r * threads) + tid
+        valid = c.valid(e) if (r + 1) * threads <= c.count else tirx.all(e < i64(c.count), c.valid(e))
+        with T.If(valid):
+            with T.Then():
+                T.buffer_store(regs, c.load(e), [i64(slot)])
+        pending.append((c, e, valid, regs[i64(slot)]))
+    return pending
+
+
+def _store(pending):
+    for c, e, valid, value in pending:
+        with T.If(valid):
+            with T.Then():
+                c.store(e, value)
+
+
+def _x_copy(X, xbuf, t, N, seq) -> _Copy:
+    """X[t] (every row) into the x tile's half t % 2, where t < seq: X[t] and the tile's rows are both contiguous."""
+    In = int(X.shape[2])
+
+    def store(e, value):
+        store_unseen(xbuf, [t % i64(2), e // i64(In), e % i64(In)], value)
+
+    return _Copy(MAX_BATCH * In, lambda e: X[t, e // i64(In), e % i64(In)].astype(F32), store,
+                 lambda e: tirx.all(t < seq, e < N * i64(In)))
+
+
+def _start_copies(X, xbuf, layers, hbufs, wsm, row_at, ks) -> list[_Copy]:
+    """What the block loads before its first step: every layer's [W | R] rows, its h0 (zeros where it has none) into
+    its h's half 0, and X[0] into the x tile's half 0."""
+    N, seq = layers[0].batch, layers[0].seq
+    copies = []
+    for i, a in enumerate(layers):
+        H, G = a.spec.hidden_size, rows_per_unit(a.cell, False)
+        copies.append(_Copy(H * G * ks[i], lambda e, a=a, G=G, K=ks[i]: row_element(a, i64(0), K, G, e).astype(F32),
+                            lambda e, v, at=row_at[i]: T.buffer_store(wsm, v.astype(wsm.dtype), [e + i64(at)])))
+        copies.append(_Copy(MAX_BATCH * H, lambda e, a=a, H=H: a.initial("h", i64(0), e // i64(H), e % i64(H)),
+                            lambda e, v, b=hbufs[i], H=H: store_unseen(b, [i64(0), i64(0), e // i64(H), e % i64(H)], v),
+                            lambda e, H=H: e < N * i64(H)))
+    return copies + [_x_copy(X, xbuf, i64(0), N, seq)]
+
+
 def _body(X, layers: list[KernelArgs], cfg: BlockStackConfig):
-    L, N, seq = len(layers), layers[0].batch, layers[0].seq
     specs = [a.spec for a in layers]
     ks = [reduction(s, False) for s in specs]
     rows = [_row_elements(a.spec, a.cell) for a in layers]
-    row_at, stage_at, warp_at = _offsets(rows), _offsets(ks), _offsets(list(cfg.warps))
+    row_at, state_at = _offsets(rows), state_layout(specs)
     threads = cfg.threads
     with T.thread_binding(0, i64(1), "blockIdx.x"):
         with T.thread_binding(0, i64(sum(cfg.warps)), "threadIdx.y") as ty:
             with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
                 tid = ty * i64(32) + lane
                 wsm = shared_dyn((sum(rows),), specs[0].dtype)
-                # each layer's [input; h], staged once a step, then each layer's h at t-1 and t for every row (batch <=
-                # MAX_BATCH), read only while staging
-                state_at = _offsets([sum(ks)] + [2 * MAX_BATCH * s.hidden_size for s in specs])
-                hs = shared_dyn((state_at[-1] + 2 * MAX_BATCH * specs[-1].hidden_size,), F32)
-                hbufs = [T.decl_buffer((2, 1, MAX_BATCH, s.hidden_size), F32, data=hs.data, elem_offset=state_at[i + 1],
+                state = shared_dyn((state_at[-1],), F32)
+                xbuf = T.decl_buffer((2, MAX_BATCH, specs[0].input_size), F32, data=state.data, elem_offset=state_at[0],
+                                     scope="shared.dyn")
+                hbufs = [T.decl_buffer((2, 1, MAX_BATCH, s.hidden_size), F32, data=state.data, elem_offset=state_at[i + 1],
                                        scope="shared.dyn") for i, s in enumerate(specs)]
-                for i, a in enumerate(layers):
-                    load_rows(a, wsm, i64(0), a.spec.hidden_size, ks[i], rows_per_unit(a.cell, False), threads, tid, row_at[i])
-                    initial_states(a, hbufs[i], i64(0), i64(0), a.spec.hidden_size, threads, tid)
+                items = _items(_start_copies(X, xbuf, layers, hbufs, wsm, row_at, ks), threads)
+                for first in range(0, len(items), LOADS_IN_FLIGHT):
+                    _store(_load(items[first:first + LOADS_IN_FLIGHT], threads, tid))
                 block_sync()
-                with T.serial(0, seq + i64(L - 1)) as s:
-                    with T.serial(0, N) as n:
-                        for i, a in enumerate(layers):
-                            _stage(X, a, hbufs[i - 1] if i else None, hbufs[i], _Offset(hs, stage_at[i]), s - i64(i), n,
-                                   threads, tid)
-                        block_sync()
-                        for i, a in enumerate(layers):
-                            t = s - i64(i)
-                            mine = tirx.all(ty >= i64(warp_at[i]), ty < i64(warp_at[i] + cfg.warps[i]), t >= i64(0), t < seq)
-                            with T.If(mine):  # warp-uniform: shuffles stay safe
-                                with T.Then():
-                                    _layer_step(a, cfg, cfg.warps[i], hbufs[i], _Offset(wsm, row_at[i]),
-                                                _Offset(hs, stage_at[i]), t, n, ty - i64(warp_at[i]), lane)
-                        block_sync()  # Y[t] and h[t] written; the next round restages
+                _steps(X, layers, cfg, xbuf, hbufs, [_Offset(wsm, at) for at in row_at], ty, lane)
                 for i, a in enumerate(layers):
                     final_states(a, hbufs[i], i64(0), i64(0), a.spec.hidden_size, threads, tid)
 
 
+def _steps(X, layers: list[KernelArgs], cfg: BlockStackConfig, xbuf, hbufs, weights, ty, lane):
+    """The global steps, one barrier each. At step s layer l runs its step t = s - l for every row, reading its input
+    at t (the x tile's half t % 2, or the layer below's h half (t + 1) % 2, written by that layer at step s - 1) and
+    its own h half t % 2 (h(t-1)), writing its h half (t + 1) % 2; X[s + 1] goes into the tile's half (s + 1) % 2.
+    Within a step a half is read or written, never both: the halves written at step s are read from step s + 1 on,
+    and each was last read at step s - 1. So the barrier that ends a step orders every read and write around it, and
+    needs no twin between the reads and the writes; rows are disjoint slices of every half."""
+    L, N, seq = len(layers), layers[0].batch, layers[0].seq
+    warp_at, threads = _offsets(list(cfg.warps)), cfg.threads
+    tid = ty * i64(32) + lane
+    with T.serial(0, seq + i64(L - 1)) as s:
+        x_next = _load(_items([_x_copy(X, xbuf, s + i64(1), N, seq)], threads), threads, tid)  # in flight all the step
+        for i, a in enumerate(layers):
+            t = s - i64(i)
+            with T.If(tirx.all(ty >= i64(warp_at[i]), ty < i64(warp_at[i] + cfg.warps[i]), t >= i64(0), t < seq)):
+                with T.Then():  # warp-uniform: shuffles stay safe
+                    with T.serial(0, N) as n:
+                        if i == 0:
+                            x_at = lambda k, n=n, t=t: xbuf[t % i64(2), n, k]  # noqa: E731
+                        else:
+                            x_at = lambda k, n=n, t=t, b=hbufs[i - 1]: b[(t + i64(1)) % i64(2), i64(0), n, k]  # noqa: E731
+                        _layer_step(a, cfg, hbufs[i], weights[i], x_at, t, n, ty - i64(warp_at[i]), lane)
+        _store(x_next)
+        block_sync()
+
+
 class _Offset:
-    """A buffer seen from an element offset: `view[e]` reads, `T.buffer_store(view.buffer, v, [view.at(e)])` writes."""
+    """A buffer seen from an element offset: `view[e]` reads."""
 
     def __init__(self, buffer, offset: int):
         self.buffer, self.offset = buffer, offset
 
-    def at(self, e):
-        return e + i64(self.offset)
-
     def __getitem__(self, e):
-        return self.buffer[self.at(e)]
+        return self.buffer[e + i64(self.offset)]
 
 
-def _stage(X, a: KernelArgs, below, hbuf, hs: _Offset, t, n, threads: int, tid):
-    """Layer a's [input at t; h at t-1] for row n into its part of shared memory, where t is one of its steps: the
-    input is X's row or the layer below's h at t (its half (t + 1) % 2, written in the last global step)."""
-    In, H, seq = a.spec.input_size, a.spec.hidden_size, a.seq
-    cur = t % i64(2)
-
-    def value(e):
-        k = tirx.min(e, i64(In - 1))
-        x = X[t, n, k].astype(F32) if below is None else below[(t + i64(1)) % i64(2), i64(0), n, k]
-        return tirx.if_then_else(e < i64(In), x, hbuf[cur, i64(0), n, tirx.max(e - i64(In), i64(0))])
-
-    with T.If(tirx.all(t >= i64(0), t < seq)):
-        with T.Then():
-            _strided(In + H, threads, tid, lambda e: store_unseen(hs.buffer, [hs.at(e)], value(e)))  # ordered by the step's barriers
-
-
-def _layer_step(a: KernelArgs, cfg: BlockStackConfig, warps: int, hbuf, wsm: _Offset, hs: _Offset, t, n, warp, lane):
-    """Layer a's step t for row n: each of its warps all gates of cfg.units units at once, then their gate programs in
-    as many lanes (the biases, W's and R's, added there: XW's part that the step does not compute)."""
+def _layer_step(a: KernelArgs, cfg: BlockStackConfig, hbuf, wsm: _Offset, x_at, t, n, warp, lane):
+    """Layer a's step t for row n, x_at(k) its input's element k at t: each of its warps all gates of cfg.units units
+    at once, reading [x_t; h_t-1] where they live, then their gate programs in as many lanes (the biases, W's and R's,
+    added there: XW's part that the step does not compute)."""
     spec, cell = a.spec, a.cell
     H, In, UW = spec.hidden_size, spec.input_size, cfg.units
     rows, K = rows_per_unit(cell, False), H + In
@@ -191,8 +262,8 @@ def _layer_step(a: KernelArgs, cfg: BlockStackConfig, warps: int, hbuf, wsm: _Of
     def w_at(u, g, k):
         return wsm[(tirx.min(j0 + i64(u), i64(H - 1)) * i64(rows) + i64(g)) * i64(K) + k]
 
-    segments = [(In, lambda _u, _b, k: hs[k], w_at),
-                (H, lambda _u, _b, k: hs[k + i64(In)], lambda u, g, k: w_at(u, g, k + i64(In)))]
+    segments = [(In, lambda _u, _b, k: x_at(k), w_at),
+                (H, lambda _u, _b, k: hbuf[cur, i64(0), n, k], lambda u, g, k: w_at(u, g, k + i64(In)))]
 
     def finish(u, _b, rec):
         j = j0 + u

@@ -182,16 +182,17 @@ def wavefront_body(layers: list[KernelArgs], cfg: WavefrontConfig):
                             final_states(a, hbufs[i], i64(0), first_unit(i), cfg.units[i], threads, tid)
 
 
-def load_rows(a: KernelArgs, wsm, j0, units: int, K: int, G: int, threads: int, tid, offset: int = 0):
-    """The block's rows of R (layer 0) or WR (above), unit-major then gate (G rows per unit), K columns each, into
-    wsm from element `offset`."""
+def row_element(a: KernelArgs, j0, K: int, G: int, e):
+    """Element e of the rows of R (layer 0) or WR (above) from unit j0 on, unit-major then gate (G rows per unit), K
+    columns each."""
     H = a.spec.hidden_size
+    u, g, k = e // i64(G * K), e // i64(K) % i64(G), e % i64(K)
+    return a.R[0, g * i64(H) + tirx.min(j0 + u, i64(H - 1)), k]
 
-    def load(e):
-        u, g, k = e // i64(G * K), e // i64(K) % i64(G), e % i64(K)
-        T.buffer_store(wsm, a.R[0, g * i64(H) + tirx.min(j0 + u, i64(H - 1)), k], [e + i64(offset) if offset else e])
 
-    _strided(units * G * K, threads, tid, load)
+def load_rows(a: KernelArgs, wsm, j0, units: int, K: int, G: int, threads: int, tid):
+    """The block's rows (row_element's order) into wsm."""
+    _strided(units * G * K, threads, tid, lambda e: T.buffer_store(wsm, row_element(a, j0, K, G, e), [e]))
 
 
 def _layer_step(a: KernelArgs, below: KernelArgs | None, cfg: WavefrontConfig, i: int, hbuf, wsm, hs, t, j0, ty, lane):

@@ -5,6 +5,7 @@ that projects every layer's input itself, built through NVRTC, and on a GPU matc
 from __future__ import annotations
 
 import io
+import re
 import warnings
 
 import numpy as np
@@ -12,6 +13,7 @@ import onnx
 import pytest
 
 import tvmrnn
+from compiled import cuda_sources
 from tvmrnn.frontend import load_onnx
 from tvmrnn.frontend.stacks import find_chains
 from tvmrnn.plan import IN_THE_STEP
@@ -19,12 +21,13 @@ from tvmrnn.plan import IN_THE_STEP
 SEQ, FEATURES = 10, 12
 
 
-def _streaming_stack(op: str, layers: int, hidden: int, seed: int = 0, **options) -> onnx.ModelProto:
+def _streaming_stack(op: str, layers: int, hidden: int, seed: int = 0, features: int = FEATURES, seq: int = SEQ,
+                     **options) -> onnx.ModelProto:
     """torch's nn.RNN/LSTM/GRU with its states as inputs and outputs, through the legacy exporter (batch symbolic)."""
     import torch
 
     torch.manual_seed(seed)
-    net = getattr(torch.nn, op)(FEATURES, hidden, num_layers=layers, **options)
+    net = getattr(torch.nn, op)(features, hidden, num_layers=layers, **options)
     names = ["h0", "c0"] if op == "LSTM" else ["h0"]
 
     class Streaming(torch.nn.Module):
@@ -36,7 +39,7 @@ def _streaming_stack(op: str, layers: int, hidden: int, seed: int = 0, **options
             y, out = self.net(x, tuple(states) if op == "LSTM" else states[0])
             return (y, *out) if op == "LSTM" else (y, out)
 
-    x = torch.randn(SEQ, 1, FEATURES)
+    x = torch.randn(seq, 1, features)
     states = [torch.zeros(layers, 1, hidden) for _ in names]
     outs = ["y"] + [n.replace("0", "n") for n in names]
     axes = {n: {1: "batch"} for n in ["x", *names, *outs]}
@@ -81,21 +84,46 @@ def test_other_stacks_keep_the_wavefront(op, layers, hidden, batch):
     assert _kinds(tvmrnn.compile(model, target="cuda", max_dims={"batch": batch}, logs=False)) == ["wavefront"] * layers
 
 
+def test_a_block_stack_step_has_one_barrier_and_its_sm_to_itself():
+    """NVRTC and ptxas for sm_90a (madmom's onset stack: 236 features, three layers of 25 units): the start's loads
+    unrolled, a barrier after them and one at the end of each step, neither inside a condition (TVM's planner sees
+    none of the step's shared stores); one block an SM in the launch bounds, so ptxas takes the registers it needs and
+    spills nothing."""
+    from schedules.ptxas import ptxas
+
+    module = tvmrnn.compile(_streaming_stack("RNN", 3, 25, features=236), target="cuda", max_dims={"batch": 1}, logs=False)
+    assert _kinds(module) == ["block_stack"] * 3
+    src = cuda_sources(module)
+    (kernel,) = set(re.findall(r"__launch_bounds__\(864, 1\) rnn_stack_\w+\([^)]*\) \{\n.*?\n\}\n", src, re.S))
+    barriers = [line for line in kernel.splitlines() if "__syncthreads()" in line]
+    # the kernel's body is indented 2 spaces, the steps' loop body 4: neither barrier sits in a branch or the row loop
+    assert barriers == ["  __syncthreads();", "    __syncthreads();"], barriers
+    assert "for (" not in kernel[:kernel.index("__syncthreads()")]  # the start's loads unrolled: issued together
+    report = ptxas(src, "sm_90a")
+    assert report.spill_stores == 0 and report.registers <= 72, report.describe()
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("layers, hidden, batch, options", [(3, 25, 1, {}), (3, 25, 2, {}), (2, 40, 1, {"nonlinearity": "relu"}),
-                                                            (4, 12, 3, {})])
-def test_block_stack_matches_onnxruntime_with_states_carried(layers, hidden, batch, options):
-    """Three chunks streamed with the states carried, each against ONNX Runtime on the exported graph."""
+@pytest.mark.parametrize("layers, hidden, features, batch, seq, options", [
+    (3, 25, FEATURES, 1, SEQ, {}), (3, 25, FEATURES, 2, SEQ, {}), (2, 40, FEATURES, 1, SEQ, {"nonlinearity": "relu"}),
+    (4, 12, FEATURES, 3, SEQ, {}),
+    (3, 25, 236, 1, SEQ, {}), (3, 25, 236, 1, 1, {}),  # madmom's onset stack; one step
+    (3, 12, 236, 4, SEQ, {}), (2, 16, 13, 3, 1, {}), (2, 16, 13, 2, SEQ, {"nonlinearity": "relu"}),
+    (3, 16, 12, 4, SEQ, {}),  # float4 loads of x and h (4 divides every width)
+])
+def test_block_stack_matches_onnxruntime_with_states_carried(layers, hidden, features, batch, seq, options):
+    """Three chunks streamed with the states carried, each against ONNX Runtime on the exported graph: rows 1-4, one
+    step and ten, input widths that 4 does and does not divide."""
     import onnxruntime as ort
 
-    model = _streaming_stack("RNN", layers, hidden, seed=layers + hidden, **options)
+    model = _streaming_stack("RNN", layers, hidden, seed=layers + hidden, features=features, seq=seq, **options)
     module = tvmrnn.compile(model, target="cuda", max_dims={"batch": batch}, logs=False)
     assert _kinds(module) == ["block_stack"] * layers
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(hidden)
+    rng = np.random.default_rng(hidden + features + seq)
     states = {"h0": 0.5 * rng.standard_normal((layers, batch, hidden)).astype(np.float32)}
     for _ in range(3):
-        feeds = {"x": rng.standard_normal((SEQ, batch, FEATURES)).astype(np.float32), **states}
+        feeds = {"x": rng.standard_normal((seq, batch, features)).astype(np.float32), **states}
         want, got = sess.run(None, feeds), module.run(feeds)
         for name, w in zip(module.output_names, want):
             np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-6, err_msg=name)
