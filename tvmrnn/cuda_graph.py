@@ -17,8 +17,8 @@ one launch of it, so a call needs no cudaMemcpy (each a synchronous driver call:
 on an H100 host went to two small inputs' copies).
 
 run() goes further: the module also gets WHOLE_CALL (`with_whole_call`), main writing its outputs into tensors it is
-given and returning every buffer it allocates, which the runtime captures whole, copies included, as one graph per
-input signature (tvmrnn.graph_replay): one launch a call instead of the VM's instructions and its three launches. main and its graph stay for invoke() and the server.
+given, over planned buffers it is given, which the runtime captures whole, copies included, as one graph per input
+signature (tvmrnn.graph_replay): one launch a call instead of the VM's instructions and its three launches. main and its graph stay for invoke() and the server.
 CPU targets have nothing to capture.
 """
 
@@ -30,7 +30,7 @@ from tvm import relax
 from schedules.device_copy import device_copy
 
 from .errors import UnsupportedModelError
-from .runtime import OUTPUTS_TO_HOST, WHOLE_CALL
+from .runtime import OUTPUTS_TO_HOST, WHOLE_CALL, WHOLE_CALL_BUFFERS
 
 PASS_CONFIG = {"relax.backend.use_cuda_graph": True}
 
@@ -167,10 +167,10 @@ ALLOCATIONS = ("relax.memory.alloc_storage", "relax.builtin.alloc_tensor")
 
 
 def with_whole_call(finalize: list) -> list:
-    """A backend's finalization passes with main, as memory planning leaves it, also kept as WHOLE_CALL (whole_call).
-    RewriteCUDAGraph does not see it (it is added after), so run() captures it whole, its copies included, as one
-    graph, and keeps what it returned: the graph's buffers are then its own (the VM's pool would otherwise hand them to
-    other tensors once the call returned)."""
+    """A backend's finalization passes with main, as memory planning leaves it, also kept as WHOLE_CALL and its planned
+    buffers as WHOLE_CALL_BUFFERS (whole_call). RewriteCUDAGraph does not see them (they are added after), so run()
+    captures WHOLE_CALL whole, its copies included, as one graph over buffers the runtime holds (the VM's pool would
+    otherwise hand them to other tensors once the call returned)."""
     at = next(i for i, p in enumerate(finalize) if p.info.name == "RewriteCUDAGraph")
     planned = {}
 
@@ -181,19 +181,21 @@ def with_whole_call(finalize: list) -> list:
 
     @tvm.transform.module_pass(opt_level=0, name="tvmrnn.AddWholeCall")
     def add(mod, _ctx):
-        whole = whole_call(planned.pop("main"))
-        if whole is not None:
-            mod[WHOLE_CALL] = whole
+        made = whole_call(planned.pop("main"))
+        if made is not None:
+            mod[WHOLE_CALL], mod[WHOLE_CALL_BUFFERS] = made
         return mod
 
     return [*finalize[:at], keep, finalize[at], add, *finalize[at + 1:]]
 
 
-def whole_call(main: relax.Function) -> relax.Function | None:
-    """main in destination-passing style, returning every buffer it allocates: WHOLE_CALL(inputs..., outputs...) writes
-    main's outputs into the tensors given after its inputs (the runtime's page-locked host arrays: main's copy out then
-    writes them over the bus) and returns what it allocated, which the caller keeps while it replays a capture of the
-    call. None where an output is not an allocation of its own, or an allocation is in a branch (not returnable)."""
+def whole_call(main: relax.Function) -> tuple[relax.Function, relax.Function] | None:
+    """(WHOLE_CALL, WHOLE_CALL_BUFFERS): main in destination-passing style and its planned buffers as a function of
+    their own. WHOLE_CALL(inputs..., outputs..., buffers) writes main's outputs into the tensors given after its inputs
+    (the runtime's page-locked host arrays: main's copy out then writes them over the bus), takes the buffers memory
+    planning sized statically from WHOLE_CALL_BUFFERS() (one set, shared by every capture: they replay one at a time),
+    and returns what else it allocates, which the caller keeps while it replays a capture of the call. None where an
+    output is not an allocation of its own, or an allocation is in a branch (not returnable)."""
     func = relax.utils.copy_with_new_vars(main)
     bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
     allocated = [v for v, value in bound.items() if _op(value) in ALLOCATIONS]
@@ -203,14 +205,33 @@ def whole_call(main: relax.Function) -> relax.Function | None:
     if (count[0] != len(allocated) or len(set(outputs)) != len(outputs)
             or any(_op(bound.get(v)) != "relax.builtin.alloc_tensor" for v in outputs)):
         return None
-    destinations = {v: relax.Var(f"out{i}", v.ty) for i, v in enumerate(outputs)}
-    blocks = [relax.BindingBlock([relax.VarBinding(b.var, destinations[b.var]) if b.var in destinations else b
+    planned = [v for v in allocated if _op(bound[v]) == "relax.memory.alloc_storage" and _static(bound[v].args[0])]
+    buffers = relax.Var("buffers", relax.TupleType([v.ty for v in planned]))
+    swapped = {v: relax.Var(f"out{i}", v.ty) for i, v in enumerate(outputs)}
+    swapped.update({v: relax.TupleGetItem(buffers, i) for i, v in enumerate(planned)})
+    blocks = [relax.BindingBlock([relax.VarBinding(b.var, swapped[b.var]) if b.var in swapped else b
                                   for b in block.bindings]) for block in func.body.blocks]
-    kept = relax.Tuple([v for v in allocated if v not in destinations])
-    body = relax.BlockBuilder().normalize(relax.SeqExpr(blocks, kept))
-    attrs = {**func.attrs, "global_symbol": WHOLE_CALL} if func.attrs is not None else {"global_symbol": WHOLE_CALL}
-    return relax.Function([*func.params, *destinations.values()], body, None, func.is_pure,
-                          tvm.ir.make_node("ir.DictAttrs", **attrs))
+    kept = relax.Tuple([v for v in allocated if v not in swapped])
+    whole = relax.Function([*func.params, *(swapped[v] for v in outputs), buffers],
+                           relax.BlockBuilder().normalize(relax.SeqExpr(blocks, kept)), None, func.is_pure,
+                           _attrs(func, WHOLE_CALL))
+    return whole, _buffers_function([bound[v] for v in planned])
+
+
+def _buffers_function(allocations: list) -> relax.Function:
+    """() -> the tuple of these allocations (calls of constant arguments only)."""
+    bb = relax.BlockBuilder()
+    with bb.function(WHOLE_CALL_BUFFERS, [], pure=True):
+        bb.emit_func_output(relax.Tuple([bb.emit(a) for a in allocations]))
+    return bb.get()[WHOLE_CALL_BUFFERS]
+
+
+def _static(shape) -> bool:
+    return isinstance(shape, relax.ShapeExpr) and all(isinstance(d, tvm.tirx.IntImm) for d in shape.values)
+
+
+def _attrs(func: relax.Function, name: str):
+    return tvm.ir.make_node("ir.DictAttrs", **{**(func.attrs or {}), "global_symbol": name})
 
 
 def _op(expr) -> str | None:

@@ -3,9 +3,9 @@ copy out to page-locked host memory. One launch and one wait a call, instead of 
 and its graph's.
 
 The module's WHOLE_CALL function (tvmrnn.cuda_graph.with_whole_call) is main writing its outputs into tensors it is
-given (page-locked host arrays here) and returning every buffer it allocates. Captured once per input signature on a
-stream of our own, its result is kept: the graph's buffers stay its own, never handed by the VM's pool to another
-tensor. The page-locked arrays the graph reads and writes are the entry's; run() copies inputs into them and outputs
+given (page-locked host arrays here), taking the buffers memory planning sized (one set a module, made once: graphs
+replay one at a time) and returning whatever else it allocates. Captured once per input signature on a stream of our
+own, its result is kept: the graph's buffers stay its own, never handed by the VM's pool to another tensor. The page-locked arrays the graph reads and writes are the entry's; run() copies inputs into them and outputs
 out of them. Runtime-only: TVM's runtime and the CUDA driver through cuda-bindings.
 """
 
@@ -55,9 +55,10 @@ class WholeCallGraphs:
     """`graphs.run(arrays)`: the module's outputs for checked input arrays, through the graph captured for their
     signature (captured at its first run). A signature whose capture failed runs through `fallback` from then on."""
 
-    def __init__(self, whole, device, input_names, output_names, host_inputs, host_outputs, fallback):
+    def __init__(self, whole, make_buffers, device, input_names, output_names, host_inputs, host_outputs, fallback):
         self._driver = _driver()
-        self._whole, self._device = whole, device
+        self._whole, self._make_buffers, self._device = whole, make_buffers, device
+        self._buffers = None  # WHOLE_CALL's planned buffers, made at the first capture, shared by every graph
         self._input_names, self._output_names = input_names, output_names
         self._host_inputs, self._host_outputs = host_inputs, host_outputs
         self._fallback = fallback
@@ -113,6 +114,9 @@ class WholeCallGraphs:
             raise CaptureError("no page-locked memory")
         keys = [(n, o.shape, o.dtype) for n, o in zip(self._output_names, self._fallback(arrays))]  # the shapes out
         views += [self._host_outputs.on_device(*k) for k in keys]
+        if self._buffers is None:
+            self._buffers = self._make_buffers()
+        views.append(self._buffers)
         self._whole(*views)  # loads the kernels and sets their attributes before capture; its buffers go back to the pool
         driver = self._driver
         if self._stream is None:  # blocking (TVM's own streams are not): ordered after the warm-up above, and after

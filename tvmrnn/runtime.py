@@ -25,6 +25,7 @@ FORMAT = "tvmrnn-module/1"
 MAX_CACHED_SHAPES = 256  # host buffers kept per (name, shape); past it the cache starts over
 OUTPUTS_TO_HOST = "outputs_to_host"  # the copy of main's outputs a CUDA module built with a graph has (tvmrnn.cuda_graph)
 WHOLE_CALL = "main_whole_call"  # main writing into given outputs, returning its buffers: run() captures it (tvmrnn.cuda_graph)
+WHOLE_CALL_BUFFERS = "main_whole_call_buffers"  # the buffers WHOLE_CALL takes, planned statically: one set a module
 
 
 def cpu_threads() -> int:
@@ -269,12 +270,12 @@ class Module(ModuleInputs):
 
     def _whole_call_graphs(self):
         """run()'s whole call as one CUDA graph per input signature, where the module has WHOLE_CALL (tvmrnn.graph_replay)."""
-        if self._on_cpu or not self._vm.module.implements_function(WHOLE_CALL):
+        if self._on_cpu or not all(self._vm.module.implements_function(f) for f in (WHOLE_CALL, WHOLE_CALL_BUFFERS)):
             return None
         from .graph_replay import WholeCallGraphs
 
-        graphs = WholeCallGraphs(self._vm[WHOLE_CALL], self.device, self.input_names, self.output_names,
-                                 self.host_inputs, self._host_outputs, self._run_through_vm)
+        graphs = WholeCallGraphs(self._vm[WHOLE_CALL], self._vm[WHOLE_CALL_BUFFERS], self.device, self.input_names,
+                                 self.output_names, self.host_inputs, self._host_outputs, self._run_through_vm)
         return graphs if graphs.available else None
 
     def to_device(self, feeds: Mapping[str, object]) -> list:
