@@ -110,18 +110,21 @@ class StackKernel:
     func: tirx.PrimFunc
     plans: tuple[KernelPlan, ...]  # one per layer, for the compile log and the module's metadata
     reads_x: bool = False  # the first layer too projects its input in the step (block_stack): the kernel takes X, not XW
+    joined_states: bool = False  # every layer's h0 one argument after X, their final h one output after the Ys
 
 
 WAVEFRONT_WARPS = 8  # unless the first layer's tuned persistent point says otherwise
 
 
 def stack_kernel(specs, cells, target, choice: str = "auto", tuned: list | None = None, batch_bound: int | None = None,
-                 device: Device | None = None, reads_x: bool = True):
+                 device: Device | None = None, reads_x: bool = True, joined_states: bool = False):
     """One kernel for a chain of stacked layers, or (None, why not) where none applies: auto only, on CUDA, every batch
     the module accepts (batch_bound) within the persistent kernel's, where each layer's own plan would run persistent
     (or cluster) there (tuning may say otherwise). One block (recurrent_block_stack) where the batch is small and every
     layer's weights fit its shared memory (and reads_x: the first layer's weights are constants, which it takes as it
-    takes the others'), else the wavefront (recurrent_wavefront) where the split among layers fits."""
+    takes the others'), else the wavefront (recurrent_wavefront) where the split among layers fits. joined_states: the
+    layers' initial and final h are each one [layers, batch, H] tensor (a block stack then takes and writes them so:
+    StackKernel.joined_states)."""
     from . import recurrent_block_stack as block_stack
     from . import recurrent_wavefront as wavefront
 
@@ -143,7 +146,7 @@ def stack_kernel(specs, cells, target, choice: str = "auto", tuned: list | None 
     if reads_x and batch_bound <= block_stack.MAX_BATCH and block_stack.refusal(specs, cells) is None:
         cfg = block_stack.plan(specs, cells, device, batch_bound)
         if cfg is not None:
-            return _block_stack(specs, cells, cfg, batch_bound)
+            return _block_stack(specs, cells, cfg, batch_bound, joined_states and _joinable(specs))
     first = own[0].branch_at(1)
     warps = first.config["warps"] if first.tuned and first.config.kind == "persistent" else WAVEFRONT_WARPS
     cfg = wavefront.plan(specs, cells, device, warps)
@@ -158,12 +161,17 @@ def stack_kernel(specs, cells, target, choice: str = "auto", tuned: list | None 
     return StackKernel(func, plans), why
 
 
-def _block_stack(specs, cells, cfg, batch_bound: int):
+def _joinable(specs) -> bool:
+    """Every layer has an initial h and one width (their states stack into one tensor)."""
+    return all(s.has("initial_h") and s.hidden_size == specs[0].hidden_size for s in specs)
+
+
+def _block_stack(specs, cells, cfg, batch_bound: int, joined_states: bool):
     from .recurrent_block_stack import block_stack_prim_func
 
-    func = block_stack_prim_func(specs, cells, cfg).with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
+    func = block_stack_prim_func(specs, cells, cfg, joined_states).with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
     why = (f"block stack: {len(specs)} stacked layers in one block, their input projections included "
            f"({'+'.join(map(str, cfg.warps))} warps of {cfg.units} units), layer l+1 one step behind layer l, batch <= {batch_bound}")
     plans = tuple(KernelPlan("cuda", (Branch(None, KernelConfig.of("block_stack", layer=i, layers=len(specs), warps=w, units=cfg.units),
                                              False),), why) for i, w in enumerate(cfg.warps))
-    return StackKernel(func, plans, reads_x=True), why
+    return StackKernel(func, plans, reads_x=True, joined_states=joined_states), why

@@ -86,25 +86,41 @@ def plan(specs, cells, device: Device, batch: int = 1) -> BlockStackConfig | Non
     return None
 
 
-def block_stack_prim_func(specs, cells, cfg: BlockStackConfig) -> tirx.PrimFunc:
-    """PrimFunc(X; each layer's WR, bias, [h0, c0], [params]; then each layer's Y, Yh, [Yc]), seq and batch symbolic."""
+def block_stack_prim_func(specs, cells, cfg: BlockStackConfig, joined_states: bool = False) -> tirx.PrimFunc:
+    """PrimFunc(X; each layer's WR, bias, [h0, c0], [params]; then each layer's Y, Yh, [Yc]), seq and batch symbolic.
+    joined_states (every layer of one width, RNN cells): every layer's h0 as one argument H0 [layers, batch, H] after X,
+    and every layer's final h as one output Yh [layers, batch, H] after the Ys, as a multi-layer RNN's state is carried
+    (its slices and their concatenation then cost no kernels of their own); each layer reads and writes its view."""
     layers = [KernelArgs(s, c) for s, c in zip(specs, cells)]
     for a in layers[1:]:
         a.seq, a.batch = layers[0].seq, layers[0].batch
     for a in layers:  # h's stores out of TVM's barrier planner's sight: the step's barrier orders them (_steps)
         a.shared = {"h": store_unseen}
     first = layers[0]
+    joined = (len(specs), first.batch, specs[0].hidden_size)
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("rnn_block_stack")
             T.func_attr({"tirx.noalias": True})
             X = T.arg("X", T.Buffer((first.seq, first.batch, specs[0].input_size), specs[0].dtype))
+            H0 = T.arg("h0", T.Buffer(joined, F32)) if joined_states else None
             for i, a in enumerate(layers):
-                a.declare_inputs("rows", specs[i].dtype, prefix=f"l{i}_", stacked_rows=rows_per_unit(a.cell, False))
+                a.declare_inputs("rows", specs[i].dtype, prefix=f"l{i}_", stacked_rows=rows_per_unit(a.cell, False),
+                                 states=not joined_states)
             for i, a in enumerate(layers):
-                a.declare_outputs(prefix=f"l{i}_")
+                a.declare_outputs(prefix=f"l{i}_", states=not joined_states)
+            if joined_states:
+                Yh = T.arg("Yh", T.Buffer(joined, F32))
+                for i, a in enumerate(layers):
+                    a.h0, a.Yh, a.Yc = _layer_view(H0, i, joined), _layer_view(Yh, i, joined), None
             _body(X, layers, cfg)
     return ib.get()
+
+
+def _layer_view(buf, i: int, shape):
+    """Layer i's [1, batch, H] of a [layers, batch, H] buffer."""
+    layers, batch, H = shape
+    return T.decl_buffer((1, batch, H), F32, data=buf.data, elem_offset=i64(i) * batch * i64(H))
 
 
 def _offsets(sizes) -> list[int]:

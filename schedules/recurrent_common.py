@@ -78,11 +78,12 @@ class KernelArgs:
         self.declare_outputs()
 
     def declare_inputs(self, r_layout: str, weight_dtype: str = "float32", prefix: str = "", stacked_rows: int = 0,
-                       xw_dtype: str = "float32"):
+                       xw_dtype: str = "float32", states: bool = True):
         """The inputs alone (a kernel of several layers declares every layer's inputs before any outputs, as call_tir
         passes them). stacked_rows: for a layer fed by the layer below it inside the kernel (recurrent_wavefront), its
         rows per unit: instead of XW it takes its input weights beside R, WR [D, rows*H, I+H] (W's columns, then R's),
-        and the bias XW would carry."""
+        and the bias XW would carry. states=False: no initial-state arguments (the kernel declares them itself, e.g. a
+        stack's views of one tensor of every layer's)."""
         dtype = "float32"
         s, H, G, D = self.spec, self.spec.hidden_size, self.cell.gates, self.spec.num_directions
         seq, n = self.seq, self.batch
@@ -101,16 +102,18 @@ class KernelArgs:
             else:
                 self.R = T.arg(prefix + "R", T.Buffer((D, G * H, H), weight_dtype))
         self.seq_lens = T.arg(prefix + "seq_lens", T.Buffer((n,), "int32")) if s.has("sequence_lens") and not stacked_rows else None
-        self.h0 = T.arg(prefix + "h0", T.Buffer(state_shape, dtype)) if s.has("initial_h") else None
-        self.c0 = T.arg(prefix + "c0", T.Buffer(state_shape, dtype)) if s.has("initial_c") and "c" in self.cell.states else None
+        self.h0 = T.arg(prefix + "h0", T.Buffer(state_shape, dtype)) if s.has("initial_h") and states else None
+        self.c0 = T.arg(prefix + "c0", T.Buffer(state_shape, dtype)) if s.has("initial_c") and "c" in self.cell.states and states else None
         self.params = T.arg(prefix + "params", T.Buffer((D, len(self.cell.params), H), dtype)) if self.cell.params else None
 
-    def declare_outputs(self, prefix: str = ""):
+    def declare_outputs(self, prefix: str = "", states: bool = True):
+        """Y, then Y_h (and Y_c) unless states=False (the kernel declares them itself)."""
         s, H, D, seq, n = self.spec, self.spec.hidden_size, self.spec.num_directions, self.seq, self.batch
         state_shape = (D, n, H) if s.layout == 0 else (n, D, H)
         self.Y = T.arg(prefix + "Y", T.Buffer((seq, D, n, H) if s.layout == 0 else (n, seq, D, H), "float32"))
-        self.Yh = T.arg(prefix + "Yh", T.Buffer(state_shape, "float32"))
-        self.Yc = T.arg(prefix + "Yc", T.Buffer(state_shape, "float32")) if "c" in self.cell.states else None
+        if states:
+            self.Yh = T.arg(prefix + "Yh", T.Buffer(state_shape, "float32"))
+            self.Yc = T.arg(prefix + "Yc", T.Buffer(state_shape, "float32")) if "c" in self.cell.states else None
 
     # -- index helpers (d, n, j, t are int64 PrimExprs) --
     def state_index(self, d, n, j):

@@ -76,6 +76,25 @@ def test_a_small_rnn_stack_at_batch_one_is_one_block(options):
     assert "rnn_stack_" in text and "matmul" not in text.split("@main_cuda_graph_capture")[1].split("\n\n")[0]
 
 
+def test_a_carried_state_is_read_and_written_whole():
+    """torch's exporter slices h0 per layer and concatenates the layers' final h: the block stack takes h0 and writes
+    hn whole (frontend.stacks.joined_states, StackKernel.joined_states), so the call runs the copy in, the stack and
+    the copy out, no slice or concatenation kernels."""
+    from tvmrnn.runtime import WHOLE_CALL
+
+    model = _streaming_stack("RNN", 3, 25)
+    module = tvmrnn.compile(model, target="cuda", max_dims={"batch": 1}, logs=False)
+    text = module.executable.as_text()
+    body = text[text.index(f"@{WHOLE_CALL}:"):].split("\n\n", 1)[0].splitlines()
+    kernels = [line.split()[1] for line in body if line.strip().startswith("call") and "builtin" not in line
+               and "shape_func" not in line]
+    assert [k.split("_")[0] for k in kernels] == ["copy", "rnn", "copy"], kernels
+    (stack,) = [line for line in body if "rnn_stack_" in line]
+    assert len(stack.split("in: ")[1].split(",")) == 1 + 1 + 3 * 2 + 3 + 1  # X, h0, WR and bias a layer, Y a layer, hn
+    assert _kinds(tvmrnn.compile(_streaming_stack("LSTM", 2, 16), target="cuda", max_dims={"batch": 1}, logs=False)) \
+        == ["wavefront"] * 2  # (an LSTM's states stay per layer: the wavefront takes them so)
+
+
 @pytest.mark.parametrize("op, layers, hidden, batch", [("RNN", 3, 40, 4), ("RNN", 2, 120, 1), ("LSTM", 2, 16, 1), ("GRU", 2, 16, 1)])
 def test_other_stacks_keep_the_wavefront(op, layers, hidden, batch):
     """Past MAX_STEP_ELEMENTS of weights a step for one SM (more rows, more units), and LSTM and GRU stacks (slower in

@@ -336,12 +336,57 @@ def pointwise_before_reshape(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     return mod
 
 
+@relax.expr_functor.mutator
+class _JoinedStatesFolder(relax.PyExprMutator):
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        source = _joined_slices(call, self.lookup_binding)
+        return source if source is not None else call
+
+
+def _ints(expr) -> list | None:
+    values = [getattr(v, "value", v) for v in getattr(expr, "fields", [])]
+    return [int(v) for v in values] if all(isinstance(v, int) or hasattr(v, "__int__") for v in values) else None
+
+
+def _joined_slices(call, lookup):
+    """x where `call` concatenates x[0:1], x[1:2], ..., x[n-1:n] along axis 0 (all of x, in order); else None."""
+    if not isinstance(call, relax.Call) or getattr(call.op, "name", None) != "relax.concat" or int(call.attrs.axis) != 0:
+        return None
+    parts = call.args[0] if isinstance(call.args[0], relax.Tuple) else lookup(call.args[0])
+    if not isinstance(parts, relax.Tuple) or not parts.fields:
+        return None
+    slices = [lookup(p) if isinstance(p, relax.Var) else p for p in parts.fields]
+    if not all(isinstance(c, relax.Call) and getattr(c.op, "name", None) == "relax.strided_slice" for c in slices):
+        return None
+    source = slices[0].args[0]
+    shape = getattr(source.ty, "shape", None)
+    if shape is None or not isinstance(shape[0], tvm.tirx.IntImm) or int(shape[0]) != len(slices):
+        return None
+    for i, c in enumerate(slices):
+        if (not c.args[0].same_as(source) or _ints(c.args[1]) != [0] or _ints(c.args[2]) != [i]
+                or _ints(c.args[3]) != [i + 1] or (len(c.args) > 4 and _ints(c.args[4]) not in (None, [1]))):
+            return None
+    return source
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvmrnn.FoldJoinedStates")
+def fold_joined_states(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """concat(x[0:1], ..., x[n-1:n], axis=0) as x itself: a stack kernel that writes its layers' final h as one tensor
+    (StackKernel.joined_states) hands each layer its slice, and the graph's concatenation of them folds back; the
+    slices, then unused, go with dead-code elimination."""
+    for gv, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function):
+            mod[gv] = _JoinedStatesFolder().visit_expr(func)
+    return relax.transform.DeadCodeElimination()(mod)
+
+
 def fuse_passes(target: tvm.target.Target) -> list:
     """decompose, legalize, fuse: the module whose PrimFuncs the schedule stage (and `tvmrnn tune`) sees."""
     cpu = target.kind.name == "llvm"
     return (
         [relax.transform.DecomposeOpsForInference(), relax.transform.FoldConstant()]
-        + ([] if cpu else [pointwise_before_reshape])
+        + ([] if cpu else [pointwise_before_reshape, fold_joined_states])
         + _backend(target).library_dispatch_passes(target)
         + [relax.transform.LegalizeOps(CPU_LEGALIZE if cpu else LEGALIZE), relax.transform.AnnotateTIROpPattern(),
            relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]

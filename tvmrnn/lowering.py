@@ -234,41 +234,54 @@ def _storage_dtype(bb, spec, results: list) -> list:
     return [bb.emit(op.astype(r, spec.dtype)) for r in results] if spec.dtype != "float32" else results
 
 
-def emit_rnn_stack(bb: relax.BlockBuilder, chain, gemm, first_inputs: list, states: list[dict], target) -> list:
+def emit_rnn_stack(bb: relax.BlockBuilder, chain, gemm, first_inputs: list, states: list[dict], target,
+                   joined=None) -> list:
     """Emit a chain of stacked layers (plan.ChainPlan) as one kernel (schedules.stack_kernel, as planned). The wavefront
     takes the first layer's inputs as its own kernel would (its projection as one GEMM: gemm), the block stack X and
     the first layer's constants as it takes every other layer's; then each layer above the first: its constants (the
     chain's members'), and its initial states (states: per member, ONNX input name -> Relax expr). first_inputs: the
-    first node's Relax inputs in ONNX order (the layers above read its lengths). Returns [[Y, Y_h(, Y_c)] per layer];
+    first node's Relax inputs in ONNX order (the layers above read its lengths). joined: where the kernel takes the
+    layers' initial h as one tensor (StackKernel.joined_states), that tensor. Returns [[Y, Y_h(, Y_c)] per layer];
     the layers above the first project their input (the layer below's h) inside the kernel, step by step."""
     specs, kernel = list(chain.specs), chain.kernel
     cells = [cell_for(s) for s in specs]
+    own_states = not kernel.joined_states
     if kernel.reads_x:
         named = dict(zip(("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"), first_inputs))
-        args = [first_inputs[0]] + _stacked_layer(bb, specs[0], cells[0], chain.head, named)
+        args = [first_inputs[0]] + ([] if own_states else [_f32(joined)])
+        args += _stacked_layer(bb, specs[0], cells[0], chain.head, named, own_states)
     else:
         assert _xw_dtype(kernel.func) == gemm.xw_dtype, (specs[0].name, gemm)
         args = _kernel_inputs(bb, specs[0], cells[0], first_inputs, target, "rows", gemm)
     for spec, cell, member, given in zip(specs[1:], cells[1:], chain.members, states):
-        args += _stacked_layer(bb, spec, cell, member.constants, given)
+        args += _stacked_layer(bb, spec, cell, member.constants, given, own_states)
     # every layer of a stack is unidirectional in layout 0: Y [seq, 1, batch, H] and states [1, batch, H], like the first's
-    outs = [_output_types(spec, cell, first_inputs[0]) for spec, cell in zip(specs, cells)]
-    results = _call(bb, kernel.func, "stack_" + specs[0].name, args, [t for layer in outs for t in layer])
+    outs = [_output_types(spec, cell, first_inputs[0])[: None if own_states else 1] for spec, cell in zip(specs, cells)]
+    joined_out = [] if own_states else [_joined_type(specs, first_inputs[0])]
+    results = _call(bb, kernel.func, "stack_" + specs[0].name, args, [t for layer in outs for t in layer] + joined_out)
     per_layer, at = [], 0
-    for spec, layer in zip(specs, outs):
-        per_layer.append(_storage_dtype(bb, spec, results[at:at + len(layer)]))
+    for i, (spec, layer) in enumerate(zip(specs, outs)):
+        mine = results[at:at + len(layer)]
+        if not own_states:  # its view of the joined final h: a concatenation of all of them folds back (fold_joined_states)
+            mine = mine + [bb.emit(op.strided_slice(results[-1], axes=[0], begin=[i], end=[i + 1]))]
+        per_layer.append(_storage_dtype(bb, spec, mine))
         at += len(layer)
     return per_layer
 
 
-def _stacked_layer(bb, spec, cell, constants: dict, states: dict) -> list:
+def _joined_type(specs, X) -> relax.TensorType:
+    """The layers' final h as one tensor [layers, batch, H] (layout 0: X is [seq, batch, In])."""
+    return relax.TensorType([len(specs), X.ty.shape[1], specs[0].hidden_size], "float32")
+
+
+def _stacked_layer(bb, spec, cell, constants: dict, states: dict, own_states: bool = True) -> list:
     """A stacked layer's arguments (recurrent_common.KernelArgs.declare_inputs with stacked_rows): WR and the biases from
-    its constants, its initial states, its per-unit parameters."""
+    its constants, its initial states (unless the kernel takes every layer's as one tensor), its per-unit parameters."""
     wr, bias, params = _stacked_weights(spec, cell, constants)
     wr = relax.const(wr)  # cast by Relax: numpy has no bfloat16 (FoldConstant folds it)
     args = [wr if spec.dtype == "float32" else bb.emit(op.astype(wr, spec.dtype)), relax.const(bias)]
     for name in ("initial_h", "initial_c"):
-        if spec.has(name) and (name != "initial_c" or "c" in cell.states):
+        if own_states and spec.has(name) and (name != "initial_c" or "c" in cell.states):
             args.append(_f32(states[name]))
     if params is not None:
         args.append(relax.const(params))

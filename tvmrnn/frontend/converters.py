@@ -38,7 +38,8 @@ class Emitter:
             return self._results(bb, layer, emit_rnn_layer(bb, layer, inputs, self.plan.target, self.plan.device))
         chain = layer.stack
         states = [{k: tensors[v] for k, v in m.states.items()} for m in chain.members]  # computed before it (hoist_states)
-        results = emit_rnn_stack(bb, chain, layer.projection, inputs, states, self.plan.target)
+        joined = tensors[chain.joined.source] if chain.joined is not None else None
+        results = emit_rnn_stack(bb, chain, layer.projection, inputs, states, self.plan.target, joined)
         self.stashed.update(zip(chain.layers[1:], results[1:]))
         return self._results(bb, layer, results[0])
 

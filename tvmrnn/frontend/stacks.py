@@ -19,7 +19,7 @@ import onnx
 
 from schedules.layer import INPUT_NAMES
 
-from .graph_index import GraphIndex
+from .graph_index import GraphIndex, attr
 
 RNN_OPS = tuple(INPUT_NAMES)
 
@@ -98,6 +98,56 @@ def find_chains(model: onnx.ModelProto) -> dict[int, list[StackMember]]:
         if chain:
             chains[start] = chain
     return chains
+
+
+@dataclass(frozen=True)
+class JoinedStates:
+    """A chain whose layers' initial h are the slices [i:i+1] of one tensor along its first axis, and whose final h
+    are concatenated in layer order along it: a multi-layer RNN's carried state as torch's exporter writes it."""
+
+    source: str  # the tensor every layer's initial h is sliced from ([layers, batch, H])
+    joined: str  # the Concat output that the layers' Y_h make
+
+
+def joined_states(model: onnx.ModelProto, first: int, members: list[StackMember]) -> JoinedStates | None:
+    """The chain's JoinedStates, or None where its states are not carried so."""
+    graph = GraphIndex(model)
+    nodes = [[n for n in model.graph.node if n.op_type in RNN_OPS][first]] + [m.node for m in members]
+    sliced = [_sliced_layer(graph, n.input[5] if len(n.input) > 5 else "") for n in nodes]
+    if None in sliced or any(len(n.input) > 6 and n.input[6] for n in nodes):  # (an LSTM's c: not joined)
+        return None
+    source = sliced[0][0]
+    if sliced != [(source, i) for i in range(len(nodes))] or _first_dim(model, source) != len(nodes):
+        return None
+    finals = [n.output[1] if len(n.output) > 1 else "" for n in nodes]
+    readers = [[r for r in model.graph.node if f and f in r.input] for f in finals]
+    concat = readers[0][0] if readers[0] else None
+    if (concat is None or concat.op_type != "Concat" or attr(concat, "axis") != 0 or list(concat.input) != finals
+            or any(len(r) != 1 or r[0] is not concat for r in readers)
+            or any(f in {o.name for o in model.graph.output} for f in finals)):
+        return None
+    return JoinedStates(source, concat.output[0])
+
+
+def _sliced_layer(graph: GraphIndex, name: str) -> tuple[str, int] | None:
+    """(tensor, i) where `name` is that tensor's slice [i:i+1] along its first axis (a Slice of constant bounds)."""
+    node = graph.producers.get(name)
+    if node is None or node.op_type != "Slice" or len(node.input) < 3:
+        return None
+    starts, ends = graph.constant_ints(node.input[1]), graph.constant_ints(node.input[2])
+    axes = graph.constant_ints(node.input[3]) if len(node.input) > 3 and node.input[3] else [0]
+    steps = graph.constant_ints(node.input[4]) if len(node.input) > 4 and node.input[4] else [1]
+    if starts is None or ends != [s + 1 for s in starts] or len(starts) != 1 or axes != [0] or steps != [1]:
+        return None
+    return node.input[0], starts[0]
+
+
+def _first_dim(model: onnx.ModelProto, name: str) -> int | None:
+    for v in list(model.graph.input) + list(model.graph.value_info):
+        if v.name == name and v.type.tensor_type.shape.dim:
+            d = v.type.tensor_type.shape.dim[0]
+            return d.dim_value if d.HasField("dim_value") else None
+    return None
 
 
 def _key(node) -> tuple:

@@ -25,7 +25,7 @@ from ..frontend import TensorInfo, index_bounds, load_onnx, model_inputs, model_
 from ..frontend.graph_index import GraphIndex
 from ..frontend.inspect import FoundLayer, find_rnn_layers
 from ..frontend.rnn_spec import normalize_attrs, spec_from_node
-from ..frontend.stacks import StackMember, find_chains, head_constants
+from ..frontend.stacks import JoinedStates, StackMember, find_chains, head_constants, joined_states
 from ..runtime import kernel_device
 from .projection import Projection, plan_projection
 
@@ -66,6 +66,7 @@ class ChainPlan:
     kernel: StackKernel | None  # None: layer by layer
     why: str
     head: dict | None = None  # the first layer's W, R, B, P as arrays where constants (a kernel reading X takes them so)
+    joined: JoinedStates | None = None  # the layers' states as one tensor in and one out, where the kernel takes them so
 
     def describe(self) -> str:
         names = " -> ".join(self.names)
@@ -137,10 +138,12 @@ def _member_spec(member: StackMember, x_shape, dtype: str, opset: int, options: 
     return spec.compiled_as(options.storage, options.precision, cuda=True)
 
 
-def plan_stack(specs: list, target, kernel: str, tuned: list, batch_bound: int | None, device: Device, reads_x: bool):
+def plan_stack(specs: list, target, kernel: str, tuned: list, batch_bound: int | None, device: Device, reads_x: bool,
+               joined_states: bool = False):
     """(the kernel of a chain of stacked layers or None, why) (schedules.stack_kernel)."""
     with _kernel_refusals():
-        return stack_kernel(specs, [cell_for(s) for s in specs], target, kernel, tuned, batch_bound, device, reads_x)
+        return stack_kernel(specs, [cell_for(s) for s in specs], target, kernel, tuned, batch_bound, device, reads_x,
+                            joined_states)
 
 
 def _layer_kernel(spec, target, kernel: str, tuned, device: Device) -> KernelPlan:
@@ -158,7 +161,7 @@ def _kernel_refusals():
         raise UnsupportedModelError(str(err)) from err
 
 
-def _chain(opset: int, first: int, members, head: dict | None, found, specs: dict, plan_args) -> ChainPlan:
+def _chain(opset: int, first: int, members, head: dict | None, joined, found, specs: dict, plan_args) -> ChainPlan:
     target, device, options, tuned, enforced = plan_args
     spec = specs[first]
     seq, batch = _seq_batch(spec, found[first].x_shape)
@@ -172,8 +175,10 @@ def _chain(opset: int, first: int, members, head: dict | None, found, specs: dic
         except UnsupportedModelError as err:  # the node says so itself at its own plan
             return ChainPlan(layers, (spec.name, m.node.name or m.node.op_type), tuple(chain), tuple(members), batch, None, str(err))
     bound = batch if isinstance(batch, int) else enforced.get(batch)
-    kernel, why = plan_stack(chain, target, options.kernel, [tuned(s) for s in chain], bound, device, head is not None)
-    return ChainPlan(layers, names, tuple(chain), tuple(members), batch, kernel, why, head)
+    kernel, why = plan_stack(chain, target, options.kernel, [tuned(s) for s in chain], bound, device, head is not None,
+                             joined is not None)
+    joined = joined if kernel is not None and kernel.joined_states else None
+    return ChainPlan(layers, names, tuple(chain), tuple(members), batch, kernel, why, head, joined)
 
 
 def _table_rows(graph: GraphIndex, node) -> int | None:
@@ -208,7 +213,8 @@ def plan_model(model, target, options: PlanOptions = PlanOptions(), logs=None, r
     cuda, opset, device = target.kind.name == "cuda", model_opset(model), kernel_device(target)
     tuned = logs.best if logs is not None else (lambda spec: None)
     specs = {i: f.spec.compiled_as(options.storage, options.precision, cuda) for i, f in enumerate(found) if f.supported}
-    chains = [_chain(opset, first, members, head_constants(model, first), found, specs, (target, device, options, tuned, graph.enforced))
+    chains = [_chain(opset, first, members, head_constants(model, first), joined_states(model, first, members), found,
+                     specs, (target, device, options, tuned, graph.enforced))
               for first, members in (find_chains(model).items() if cuda else ()) if first in specs]
     layers = _layers(model, found, specs, chains, (target, device, options, tuned, graph))
     return ModelPlan(target, device, options, opset, tuple(model_inputs(model)), tuple(layers), tuple(chains), graph,
