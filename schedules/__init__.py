@@ -171,7 +171,8 @@ def _block_stack(specs, cells, cfg, batch_bound: int, joined_states: bool):
 
     func = block_stack_prim_func(specs, cells, cfg, joined_states).with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
     why = (f"block stack: {len(specs)} stacked layers in one block, their input projections included "
-           f"({'+'.join(map(str, cfg.warps))} warps of {cfg.units} units), layer l+1 one step behind layer l, batch <= {batch_bound}")
-    plans = tuple(KernelPlan("cuda", (Branch(None, KernelConfig.of("block_stack", layer=i, layers=len(specs), warps=w, units=cfg.units),
+           f"({cfg.describe()}), layer l+1 one step behind layer l, batch <= {batch_bound}")
+    plans = tuple(KernelPlan("cuda", (Branch(None, KernelConfig.of("block_stack", layer=i, layers=len(specs), warps=w, units=cfg.units,
+                                                                    lanes=cfg.lanes),
                                              False),), why) for i, w in enumerate(cfg.warps))
     return StackKernel(func, plans, reads_x=True, joined_states=joined_states), why

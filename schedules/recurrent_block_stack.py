@@ -33,22 +33,32 @@ from .recurrent_wavefront import reduction, row_element, rows_per_unit, stackabl
 from .warp_gemv import warp_gates
 
 F32 = "float32"
+I32 = "int32"  # the lane step's index arithmetic
 MAX_WARPS = 32  # a block of 1024 threads
 MAX_BATCH = 4  # rows run one after another: past a few, the wavefront's blocks on many SMs win
 # weights one SM reads a step (every layer's [W | R], once per batch row): past about this many, one SM's step takes
 # as long as the wavefront's step across many SMs with its grid barrier (about 1.1 us on an H100)
 MAX_STEP_ELEMENTS = 16384
 MAX_UNITS = 8  # units a warp computes at once
+LANE_WARPS = 4  # a lane a unit where every layer's units take at most this many warps
+LANE_BLOCK_WARPS = 8  # the fewest warps of a block whose lanes compute units: the others load weights and X with them
 
 
 @dataclass(frozen=True)
 class BlockStackConfig:
-    warps: tuple[int, ...]  # warps per layer, in layer order
+    warps: tuple[int, ...]  # warps per layer's step, in layer order
     units: int  # units a warp computes at once (warp_gates' UW): loads of h shared, their sums independent
+    lanes: bool = False  # a lane computes a whole unit (32 units a warp): _lane_step instead of warp_gates
 
     @property
     def threads(self) -> int:
-        return 32 * sum(self.warps)
+        return 32 * max(sum(self.warps), LANE_BLOCK_WARPS if self.lanes else 0)
+
+    def describe(self) -> str:
+        warps = "+".join(map(str, self.warps))
+        if self.lanes:
+            return f"{warps} warps, a lane a unit, {self.threads // 32} warps in all"
+        return f"{warps} warps of {self.units} units"
 
 
 def refusal(specs, cells) -> str | None:
@@ -70,15 +80,40 @@ def _row_elements(spec, cell) -> int:
     return rows_per_unit(cell, False) * spec.hidden_size * reduction(spec, False)
 
 
+def _padded(n: int) -> int:
+    return -(-n // 4) * 4
+
+
+def lane_stride(spec) -> int:
+    """The words between two units' rows in shared memory where a lane computes a unit: W's columns from 0, R's from
+    In rounded up to 4 (both segments' float4 loads aligned), the total rounded up to 4 times an odd number, so that
+    the 8 lanes of each quarter warp's float4 loads start in 8 different groups of 4 banks."""
+    stride = _padded(spec.input_size) + spec.hidden_size
+    return stride + (4 - stride) % 8
+
+
+def _stored_rows(spec, cell, lanes: bool) -> int:
+    """Each layer's weights as the block stores them: its rows back to back, or at lane_stride (lanes)."""
+    return spec.hidden_size * lane_stride(spec) if lanes else _row_elements(spec, cell)
+
+
+def _lanes(specs) -> bool:
+    """Whether a lane computes a whole unit: fp32 weights (_lane_dot's float4 loads), every layer within LANE_WARPS."""
+    return specs[0].dtype == F32 and all(s.hidden_size <= 32 * LANE_WARPS for s in specs)
+
+
 def plan(specs, cells, device: Device, batch: int = 1) -> BlockStackConfig | None:
-    """The fewest units a warp such that every layer's units take one round of the block's warps (a round's latency,
-    the dot product, the warp's sum and the gate program, is what a step waits for); None where no such split fits, a
-    step's weights are more than one SM should read (MAX_STEP_ELEMENTS for `batch` rows) or do not fit one block's
-    shared memory."""
+    """A lane a unit where every layer's units fit a few warps (_lanes), else the fewest units a warp such that every
+    layer's units take one round of the block's warps (a round's latency, the dot product, the warp's sum and the
+    gate program, is what a step waits for); None where no such split fits, a step's weights are more than one SM
+    should read (MAX_STEP_ELEMENTS for `batch` rows) or do not fit one block's shared memory."""
     elements = sum(_row_elements(s, c) for s, c in zip(specs, cells))
-    state = 4 * state_layout(specs)[-1]
-    if elements * batch > MAX_STEP_ELEMENTS or elements * weight_bytes(specs[0]) + state > device.smem_limit:
+    lanes = _lanes(specs)
+    stored = sum(_stored_rows(s, c, lanes) for s, c in zip(specs, cells)) * weight_bytes(specs[0])
+    if elements * batch > MAX_STEP_ELEMENTS or stored + 4 * state_layout(specs)[-1] > device.smem_limit:
         return None
+    if lanes:
+        return BlockStackConfig(tuple(-(-s.hidden_size // 32) for s in specs), 32, True)
     for units in range(1, MAX_UNITS + 1):
         warps = tuple(-(-s.hidden_size // units) for s in specs)
         if sum(warps) <= MAX_WARPS:
@@ -129,10 +164,10 @@ def _offsets(sizes) -> list[int]:
 
 def state_layout(specs) -> list[int]:
     """Element offsets in the block's fp32 state: the first layer's x tile [2, MAX_BATCH, In], then each layer's h
-    [2, 1, MAX_BATCH, H], each from a multiple of 4 elements (16 bytes: warp_gates' float4 loads); the last entry is
-    the total."""
-    sizes = [2 * MAX_BATCH * specs[0].input_size] + [2 * MAX_BATCH * s.hidden_size for s in specs]
-    return _offsets([-(-n // 4) * 4 for n in sizes] + [0])
+    [2, 1, MAX_BATCH, H], each row from a multiple of 4 elements (16 bytes: float4 loads); the last entry is the
+    total."""
+    return _offsets([2 * MAX_BATCH * _padded(specs[0].input_size)] + [2 * MAX_BATCH * _padded(s.hidden_size) for s in specs]
+                    + [0])
 
 
 LOADS_IN_FLIGHT = 32  # the most start loads a thread issues before storing them (each holds a register till then)
@@ -187,7 +222,22 @@ def _x_copy(X, xbuf, t, N, seq) -> _Copy:
                  lambda e: tirx.all(t < seq, e < N * i64(In)))
 
 
-def _start_copies(X, xbuf, layers, hbufs, wsm, row_at, ks) -> list[_Copy]:
+def _row_store(spec, lanes: bool, K: int):
+    """Where element e of a layer's rows (row_element's order) goes from its first word in shared memory: e itself,
+    or (lanes) unit e // K's row at lane_stride, R's columns from In rounded up to 4."""
+    In = spec.input_size
+    if not lanes:
+        return lambda e: e
+
+    def at(e):
+        k = e % i64(K)
+        gap = _padded(In) - In
+        return e // i64(K) * i64(lane_stride(spec)) + (k if gap == 0 else k + tirx.Select(k < i64(In), i64(0), i64(gap)))
+
+    return at
+
+
+def _start_copies(X, xbuf, layers, hbufs, wsm, row_at, ks, lanes: bool) -> list[_Copy]:
     """What the block loads before its first step: every layer's [W | R] rows, its h0 (zeros where it has none) into
     its h's half 0, and X[0] into the x tile's half 0."""
     N, seq = layers[0].batch, layers[0].seq
@@ -195,60 +245,81 @@ def _start_copies(X, xbuf, layers, hbufs, wsm, row_at, ks) -> list[_Copy]:
     for i, a in enumerate(layers):
         H, G = a.spec.hidden_size, rows_per_unit(a.cell, False)
         copies.append(_Copy(H * G * ks[i], lambda e, a=a, G=G, K=ks[i]: row_element(a, i64(0), K, G, e).astype(F32),
-                            lambda e, v, at=row_at[i]: T.buffer_store(wsm, v.astype(wsm.dtype), [e + i64(at)])))
+                            lambda e, v, at=row_at[i], to=_row_store(a.spec, lanes, ks[i]):
+                            T.buffer_store(wsm, v.astype(wsm.dtype), [to(e) + i64(at)])))
         copies.append(_Copy(MAX_BATCH * H, lambda e, a=a, H=H: a.initial("h", i64(0), e // i64(H), e % i64(H)),
                             lambda e, v, b=hbufs[i], H=H: store_unseen(b, [i64(0), i64(0), e // i64(H), e % i64(H)], v),
                             lambda e, H=H: e < N * i64(H)))
     return copies + [_x_copy(X, xbuf, i64(0), N, seq)]
 
 
+@dataclass(frozen=True)
+class _Shared:
+    """The block's shared memory: every layer's weights (wsm, layer i's from row_at[i]) and the fp32 state (state,
+    state_layout's offsets at state_at), the x tile and each layer's h seen as buffers of their own over it."""
+
+    wsm: tirx.Buffer
+    row_at: list[int]
+    state: tirx.Buffer
+    state_at: list[int]
+    xbuf: tirx.Buffer
+    hbufs: list
+
+
+def _shared(specs, cells, lanes: bool) -> _Shared:
+    rows = [_stored_rows(s, c, lanes) for s, c in zip(specs, cells)]
+    state_at = state_layout(specs)
+    wsm = shared_dyn((sum(rows),), specs[0].dtype)
+    state = shared_dyn((state_at[-1],), F32)
+    xbuf = T.decl_buffer((2, MAX_BATCH, _padded(specs[0].input_size)), F32, data=state.data, elem_offset=state_at[0],
+                         scope="shared.dyn")
+    hbufs = [T.decl_buffer((2, 1, MAX_BATCH, _padded(s.hidden_size)), F32, data=state.data, elem_offset=state_at[i + 1],
+                           scope="shared.dyn") for i, s in enumerate(specs)]
+    return _Shared(wsm, _offsets(rows), state, state_at, xbuf, hbufs)
+
+
 def _body(X, layers: list[KernelArgs], cfg: BlockStackConfig):
     specs = [a.spec for a in layers]
     ks = [reduction(s, False) for s in specs]
-    rows = [_row_elements(a.spec, a.cell) for a in layers]
-    row_at, state_at = _offsets(rows), state_layout(specs)
     threads = cfg.threads
     with T.thread_binding(0, i64(1), "blockIdx.x"):
-        with T.thread_binding(0, i64(sum(cfg.warps)), "threadIdx.y") as ty:
+        with T.thread_binding(0, i64(threads // 32), "threadIdx.y") as ty:
             with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
                 tid = ty * i64(32) + lane
-                wsm = shared_dyn((sum(rows),), specs[0].dtype)
-                state = shared_dyn((state_at[-1],), F32)
-                xbuf = T.decl_buffer((2, MAX_BATCH, specs[0].input_size), F32, data=state.data, elem_offset=state_at[0],
-                                     scope="shared.dyn")
-                hbufs = [T.decl_buffer((2, 1, MAX_BATCH, s.hidden_size), F32, data=state.data, elem_offset=state_at[i + 1],
-                                       scope="shared.dyn") for i, s in enumerate(specs)]
-                items = _items(_start_copies(X, xbuf, layers, hbufs, wsm, row_at, ks), threads)
+                sm = _shared(specs, [a.cell for a in layers], cfg.lanes)
+                copies = _start_copies(X, sm.xbuf, layers, sm.hbufs, sm.wsm, sm.row_at, ks, cfg.lanes)
+                items = _items(copies, threads)
                 for first in range(0, len(items), LOADS_IN_FLIGHT):
                     _store(_load(items[first:first + LOADS_IN_FLIGHT], threads, tid))
+                if cfg.lanes:
+                    bias = _lane_biases(layers, cfg, ty, lane)
+                    step = lambda i, a, s, _t: _lane_step(a, i, sm, s.astype(I32) - i, _lane_unit(cfg, i, ty, lane), bias)  # noqa: E731
+                else:
+                    weights = [_Offset(sm.wsm, at) for at in sm.row_at]
+                    step = lambda i, a, _s, t: _warp_step(a, i, cfg, sm, weights[i], t, ty, lane)  # noqa: E731
                 block_sync()
-                _steps(X, layers, cfg, xbuf, hbufs, [_Offset(wsm, at) for at in row_at], ty, lane)
+                _steps(X, layers, cfg, sm.xbuf, step, ty, tid)
                 for i, a in enumerate(layers):
-                    final_states(a, hbufs[i], i64(0), i64(0), a.spec.hidden_size, threads, tid)
+                    final_states(a, sm.hbufs[i], i64(0), i64(0), a.spec.hidden_size, threads, tid)
 
 
-def _steps(X, layers: list[KernelArgs], cfg: BlockStackConfig, xbuf, hbufs, weights, ty, lane):
+def _steps(X, layers: list[KernelArgs], cfg: BlockStackConfig, xbuf, step, ty, tid):
     """The global steps, one barrier each. At step s layer l runs its step t = s - l for every row, reading its input
     at t (the x tile's half t % 2, or the layer below's h half (t + 1) % 2, written by that layer at step s - 1) and
     its own h half t % 2 (h(t-1)), writing its h half (t + 1) % 2; X[s + 1] goes into the tile's half (s + 1) % 2.
     Within a step a half is read or written, never both: the halves written at step s are read from step s + 1 on,
     and each was last read at step s - 1. So the barrier that ends a step orders every read and write around it, and
-    needs no twin between the reads and the writes; rows are disjoint slices of every half."""
+    needs no twin between the reads and the writes; rows are disjoint slices of every half. step(i, a, s, t): layer
+    i's step t, in its warps."""
     L, N, seq = len(layers), layers[0].batch, layers[0].seq
     warp_at, threads = _offsets(list(cfg.warps)), cfg.threads
-    tid = ty * i64(32) + lane
     with T.serial(0, seq + i64(L - 1)) as s:
         x_next = _load(_items([_x_copy(X, xbuf, s + i64(1), N, seq)], threads), threads, tid)  # in flight all the step
         for i, a in enumerate(layers):
             t = s - i64(i)
             with T.If(tirx.all(ty >= i64(warp_at[i]), ty < i64(warp_at[i] + cfg.warps[i]), t >= i64(0), t < seq)):
                 with T.Then():  # warp-uniform: shuffles stay safe
-                    with T.serial(0, N) as n:
-                        if i == 0:
-                            x_at = lambda k, n=n, t=t: xbuf[t % i64(2), n, k]  # noqa: E731
-                        else:
-                            x_at = lambda k, n=n, t=t, b=hbufs[i - 1]: b[(t + i64(1)) % i64(2), i64(0), n, k]  # noqa: E731
-                        _layer_step(a, cfg, hbufs[i], weights[i], x_at, t, n, ty - i64(warp_at[i]), lane)
+                    step(i, a, s, t)
         _store(x_next)
         block_sync()
 
@@ -261,6 +332,17 @@ class _Offset:
 
     def __getitem__(self, e):
         return self.buffer[e + i64(self.offset)]
+
+
+def _warp_step(a: KernelArgs, i: int, cfg: BlockStackConfig, sm: _Shared, wsm: _Offset, t, ty, lane):
+    """Layer i's step t by warp_gates, its rows one after another."""
+    warp = ty - i64(_offsets(list(cfg.warps))[i])
+    with T.serial(0, a.batch) as n:
+        if i == 0:
+            x_at = lambda k: sm.xbuf[t % i64(2), n, k]  # noqa: E731
+        else:
+            x_at = lambda k: sm.hbufs[i - 1][(t + i64(1)) % i64(2), i64(0), n, k]  # noqa: E731
+        _layer_step(a, cfg, sm.hbufs[i], wsm, x_at, t, n, warp, lane)
 
 
 def _layer_step(a: KernelArgs, cfg: BlockStackConfig, hbuf, wsm: _Offset, x_at, t, n, warp, lane):
@@ -289,3 +371,66 @@ def _layer_step(a: KernelArgs, cfg: BlockStackConfig, hbuf, wsm: _Offset, x_at, 
                          x=lambda gi: a.bias[i64(phase.gates[gi] * H) + j])
 
     warp_gates(lane, K, phase.gates, UW, 1, V, None, None, finish, segments=segments, in_parallel=True)
+
+
+def _lane_unit(cfg: BlockStackConfig, i: int, ty, lane):
+    """The unit a lane of layer i's warps computes (int32): the layer's warp w its units 32 w .. 32 w + 31."""
+    return (ty.astype(I32) - _offsets(list(cfg.warps))[i]) * 32 + lane.astype(I32)
+
+
+def _lane_biases(layers: list[KernelArgs], cfg: BlockStackConfig, ty, lane):
+    """Each lane's bias (W's and R's: XW's part that the step does not compute) in a register before the steps: a
+    lane's unit is the same every step. Lanes past H hold their layer's last unit's."""
+    bias = T.alloc_buffer((1,), F32, scope="local")
+    warp_at = _offsets(list(cfg.warps))
+    for i, a in enumerate(layers):
+        H = a.spec.hidden_size
+        with T.If(tirx.all(ty >= i64(warp_at[i]), ty < i64(warp_at[i] + cfg.warps[i]))):
+            with T.Then():
+                j = tirx.min(_lane_unit(cfg, i, ty, lane), H - 1)
+                T.buffer_store(bias, a.bias[a.cell.phases[0].gates[0] * H + j], [0])
+    return bias
+
+
+def _lane_step(a: KernelArgs, i: int, sm: _Shared, t, j, bias):
+    """Layer i's step t, unit j in this lane, for every row: the lane's own dot product of its [W | R] row with
+    [x_t; h_t-1] (_lane_dot), no shuffles, then the gate program (epilogue) in every lane at once; lanes past H
+    compute their layer's last unit and store nothing. t is int32, as is all index arithmetic here but Y's."""
+    spec = a.spec
+    H, In = spec.hidden_size, spec.input_size
+    cur, nxt = t % 2, (t + 1) % 2
+    row = tirx.min(j, H - 1) * lane_stride(spec) + sm.row_at[i]
+    below = 2 * MAX_BATCH * _padded(In)  # the input's double buffer: the x tile's, or the layer below's h
+    with T.serial(0, a.batch.astype(I32)) as n:
+        if i == 0:
+            x_at = sm.state_at[0] + cur * (below // 2) + n * _padded(In)
+        else:  # the layer below's h(t), which it wrote into its half (t + 1) % 2 at the last step
+            x_at = sm.state_at[i] + nxt * (below // 2) + n * _padded(In)
+        acc = T.alloc_buffer((4,), F32, scope="local")
+        for q in range(4):
+            T.buffer_store(acc, tirx.const(0.0, F32), [q])
+        _lane_dot(acc, sm.wsm, row, sm.state, x_at, In)
+        h_at = sm.state_at[i + 1] + cur * (MAX_BATCH * _padded(H)) + n * _padded(H)
+        _lane_dot(acc, sm.wsm, row + _padded(In), sm.state, h_at, H)
+        total = (acc[0] + acc[1]) + (acc[2] + acc[3])
+        with T.If(j < H):
+            with T.Then():
+                epilogue(a, a.cell.phases[0], True, sm.hbufs[i], {}, t, cur, nxt, tirx.IntImm(I32, 0), n, j,
+                         lambda _gi: total, x=lambda _gi: bias[0])
+
+
+def _lane_dot(acc, wsm, w_at, state, v_at, K: int):
+    """acc[q] += wsm[w_at + k] * state[v_at + k] for k < K, k % 4 == q: four independent sums, so loads and FMAs
+    overlap. float4 loads of both (the vector's at the same address in every lane: one broadcast), the loop unrolled
+    (constant offsets from two addresses), the last K % 4 elements one at a time."""
+    wv = T.alloc_buffer((4,), F32, scope="local")
+    vv = T.alloc_buffer((4,), F32, scope="local")
+    quad = tirx.Ramp(tirx.IntImm(I32, 0), tirx.IntImm(I32, 1), 4)
+    if K >= 4:
+        with T.unroll(0, K // 4) as c:
+            T.buffer_store(wv, wsm[tirx.Ramp(w_at + c * 4, tirx.IntImm(I32, 1), 4)], [quad])
+            T.buffer_store(vv, state[tirx.Ramp(v_at + c * 4, tirx.IntImm(I32, 1), 4)], [quad])
+            for q in range(4):
+                T.buffer_store(acc, acc[q] + wv[q] * vv[q], [q])
+    for k in range(K - K % 4, K):
+        T.buffer_store(acc, acc[k % 4] + wsm[w_at + k] * state[v_at + k], [k % 4])

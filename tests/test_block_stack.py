@@ -103,21 +103,74 @@ def test_other_stacks_keep_the_wavefront(op, layers, hidden, batch):
     assert _kinds(tvmrnn.compile(model, target="cuda", max_dims={"batch": batch}, logs=False)) == ["wavefront"] * layers
 
 
-def test_a_block_stack_step_has_one_barrier_and_its_sm_to_itself():
-    """NVRTC and ptxas for sm_90a (madmom's onset stack: 236 features, three layers of 25 units): the start's loads
-    unrolled, a barrier after them and one at the end of each step, neither inside a condition (TVM's planner sees
-    none of the step's shared stores); one block an SM in the launch bounds, so ptxas takes the registers it needs and
+def _kernel(src: str, threads: int) -> str:
+    (kernel,) = set(re.findall(rf"__launch_bounds__\({threads}, 1\) rnn_stack_\w+\([^)]*\) \{{\n.*?\n\}}\n", src, re.S))
+    return kernel
+
+
+def _one_barrier_a_step(kernel: str):
+    """A barrier after the start's loads and one at the end of each step, neither inside a condition (TVM's planner
+    sees none of the step's shared stores); the start's loads unrolled, issued together."""
+    barriers = [line for line in kernel.splitlines() if "__syncthreads()" in line]
+    # the kernel's body is indented 2 spaces, the steps' loop body 4: neither barrier sits in a branch or the row loop
+    assert barriers == ["  __syncthreads();", "    __syncthreads();"], barriers
+    assert "for (" not in kernel[:kernel.index("__syncthreads()")]
+
+
+def test_a_block_stack_step_has_one_barrier_a_lane_a_unit_and_its_sm_to_itself():
+    """NVRTC and ptxas for sm_90a (madmom's onset stack: 236 features, three layers of 25 units): a lane computes a
+    whole unit (one warp a layer, no shuffle in the step), the block has 8 warps for the start's loads, its index
+    arithmetic in the step 32-bit; one block an SM in the launch bounds, so ptxas takes the registers it needs and
     spills nothing."""
     from schedules.ptxas import ptxas
 
     module = tvmrnn.compile(_streaming_stack("RNN", 3, 25, features=236), target="cuda", max_dims={"batch": 1}, logs=False)
     assert _kinds(module) == ["block_stack"] * 3
+    assert "(1+1+1 warps, a lane a unit, 8 warps in all)" in module.metadata["stacks"][0]
     src = cuda_sources(module)
-    (kernel,) = set(re.findall(r"__launch_bounds__\(864, 1\) rnn_stack_\w+\([^)]*\) \{\n.*?\n\}\n", src, re.S))
-    barriers = [line for line in kernel.splitlines() if "__syncthreads()" in line]
-    # the kernel's body is indented 2 spaces, the steps' loop body 4: neither barrier sits in a branch or the row loop
-    assert barriers == ["  __syncthreads();", "    __syncthreads();"], barriers
-    assert "for (" not in kernel[:kernel.index("__syncthreads()")]  # the start's loads unrolled: issued together
+    kernel = _kernel(src, 256)
+    _one_barrier_a_step(kernel)
+    step = kernel[kernel.index("__syncthreads()"):kernel.rindex("__syncthreads()")]
+    assert "shfl" not in step and "warp_reduce" not in step
+    # the dot products: 59 + 6 float4 loads of W a step for layer 0, 12 + 6 for layers 1 and 2, at constant offsets
+    assert step.count("*(float4*)(_ptr") == 2 * (59 + 6 + 2 * (6 + 6))
+    loads = [re.sub(r"\(int\)\(\(int64_t\)threadIdx\.[xy]\)", "", line)  # but the thread index's cast
+             for line in step.splitlines() if "float4" in line]
+    assert not [line for line in loads if "int64_t" in line]  # 32-bit addresses
+    report = ptxas(src, "sm_90a")
+    assert report.spill_stores == 0 and report.registers <= 65536 // 256, report.describe()
+
+
+@pytest.mark.parametrize("layers, hidden, features", [(2, 40, 12), (4, 12, 13), (3, 64, 12)])
+def test_lane_steps_of_other_shapes_spill_nothing(layers, hidden, features, monkeypatch):
+    """Two warps a layer (40 and 64 units), widths 4 does not divide (13 features, 12 units), and the block's 8 warps."""
+    from schedules import recurrent_block_stack as block_stack
+    from schedules.ptxas import ptxas
+
+    monkeypatch.setattr(block_stack, "MAX_STEP_ELEMENTS", 1 << 30)  # 3x64 reads more than the block stack's default
+    module = tvmrnn.compile(_streaming_stack("RNN", layers, hidden, features=features), target="cuda",
+                            max_dims={"batch": 1}, logs=False)
+    warps = -(-hidden // 32)
+    assert f"({'+'.join([str(warps)] * layers)} warps, a lane a unit" in module.metadata["stacks"][0]
+    src = cuda_sources(module)
+    threads = 32 * max(8, warps * layers)
+    _one_barrier_a_step(_kernel(src, threads))
+    report = ptxas(src, "sm_90a")
+    assert report.spill_stores == 0 and report.registers <= 65536 // threads, report.describe()
+
+
+def test_past_a_few_warps_a_layer_the_warps_share_units(monkeypatch):
+    """warp_gates' step where a layer's units would take more than LANE_WARPS warps: lanes split K, shuffles sum."""
+    from schedules import recurrent_block_stack as block_stack
+    from schedules.ptxas import ptxas
+
+    monkeypatch.setattr(block_stack, "LANE_WARPS", 0)
+    module = tvmrnn.compile(_streaming_stack("RNN", 3, 25, features=236), target="cuda", max_dims={"batch": 1}, logs=False)
+    assert "(9+9+9 warps of 3 units)" in module.metadata["stacks"][0]
+    src = cuda_sources(module)
+    kernel = _kernel(src, 864)
+    _one_barrier_a_step(kernel)
+    assert "warp_reduce" in kernel
     report = ptxas(src, "sm_90a")
     assert report.spill_stores == 0 and report.registers <= 72, report.describe()
 
@@ -129,15 +182,22 @@ def test_a_block_stack_step_has_one_barrier_and_its_sm_to_itself():
     (3, 25, 236, 1, SEQ, {}), (3, 25, 236, 1, 1, {}),  # madmom's onset stack; one step
     (3, 12, 236, 4, SEQ, {}), (2, 16, 13, 3, 1, {}), (2, 16, 13, 2, SEQ, {"nonlinearity": "relu"}),
     (3, 16, 12, 4, SEQ, {}),  # float4 loads of x and h (4 divides every width)
+    (2, 40, 13, 2, SEQ, {"warps": True}), (3, 25, 236, 1, SEQ, {"warps": True}),  # warp_gates' step
 ])
-def test_block_stack_matches_onnxruntime_with_states_carried(layers, hidden, features, batch, seq, options):
+def test_block_stack_matches_onnxruntime_with_states_carried(layers, hidden, features, batch, seq, options, monkeypatch):
     """Three chunks streamed with the states carried, each against ONNX Runtime on the exported graph: rows 1-4, one
-    step and ten, input widths that 4 does and does not divide."""
+    step and ten, input widths that 4 does and does not divide; a lane a unit, and (warps) warp_gates' step."""
     import onnxruntime as ort
+    from schedules import recurrent_block_stack as block_stack
 
+    options = dict(options)
+    lanes = not options.pop("warps", False)
+    if not lanes:
+        monkeypatch.setattr(block_stack, "LANE_WARPS", 0)
     model = _streaming_stack("RNN", layers, hidden, seed=layers + hidden, features=features, seq=seq, **options)
     module = tvmrnn.compile(model, target="cuda", max_dims={"batch": batch}, logs=False)
     assert _kinds(module) == ["block_stack"] * layers
+    assert {layer["schedule"][0]["config"].get("lanes", 0) for layer in module.metadata["layers"]} == {int(lanes)}
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(hidden + features + seq)
     states = {"h0": 0.5 * rng.standard_normal((layers, batch, hidden)).astype(np.float32)}
