@@ -11,6 +11,12 @@ program, and writes h(t) into the other half of its own double buffer and Y to g
 step (_steps says why one is enough). Before the first step each thread issues its loads of the weights, h0 and
 X[0] together, then stores them.
 
+A step's shape (plan): where every layer's units fit a few warps (madmom's 25: one warp a layer), a lane computes a
+whole unit (_lane_step): its own dot product over its row, no shuffles, and the gate program in every lane at once.
+A step there is issue-bound, and this issues what the work needs; warp_gates' shape (lanes split K, a shuffle
+reduction a unit, the gate program in a few lanes of every warp) repeated its overhead in every warp of every layer.
+Past that, warp_gates' step runs.
+
 Applies to RNN stacks (one gate a unit) where every layer runs forward in layout 0 (recurrent_wavefront.stackable),
 without sequence_lens, at small batches (rows run one after another), with few enough weights for one SM.
 """
