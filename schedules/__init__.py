@@ -173,6 +173,6 @@ def _block_stack(specs, cells, cfg, batch_bound: int, joined_states: bool):
     why = (f"block stack: {len(specs)} stacked layers in one block, their input projections included "
            f"({cfg.describe()}), layer l+1 one step behind layer l, batch <= {batch_bound}")
     plans = tuple(KernelPlan("cuda", (Branch(None, KernelConfig.of("block_stack", layer=i, layers=len(specs), warps=w, units=cfg.units,
-                                                                    lanes=cfg.lanes),
+                                                                    lanes=cfg.lanes, project=cfg.project),
                                              False),), why) for i, w in enumerate(cfg.warps))
     return StackKernel(func, plans, reads_x=True, joined_states=joined_states), why

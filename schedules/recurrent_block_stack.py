@@ -15,7 +15,9 @@ A step's shape (plan): where every layer's units fit a few warps (madmom's 25: o
 whole unit (_lane_step): its own dot product over its row, no shuffles, and the gate program in every lane at once.
 A step there is issue-bound, and this issues what the work needs; warp_gates' shape (lanes split K, a shuffle
 reduction a unit, the gate program in a few lanes of every warp) repeated its overhead in every warp of every layer.
-Past that, warp_gates' step runs.
+Past that, warp_gates' step runs. Where layer 0's input is the widest part of any step (madmom's 236 features), the
+block's spare warps project it a step ahead, each a slice of its columns (_projection), and layer 0 adds their sums:
+its step no longer the longest, for one step more a call.
 
 Applies to RNN stacks (one gate a unit) where every layer runs forward in layout 0 (recurrent_wavefront.stackable),
 without sequence_lens, at small batches (rows run one after another), with few enough weights for one SM.
@@ -55,6 +57,9 @@ class BlockStackConfig:
     warps: tuple[int, ...]  # warps per layer's step, in layer order
     units: int  # units a warp computes at once (warp_gates' UW): loads of h shared, their sums independent
     lanes: bool = False  # a lane computes a whole unit (32 units a warp): _lane_step instead of warp_gates
+    # warps after the layers' that project layer 0's input a step ahead, a slice of its columns each (_projection);
+    # 0: layer 0 multiplies its x in its own step
+    project: int = 0
 
     @property
     def threads(self) -> int:
@@ -62,9 +67,10 @@ class BlockStackConfig:
 
     def describe(self) -> str:
         warps = "+".join(map(str, self.warps))
-        if self.lanes:
-            return f"{warps} warps, a lane a unit, {self.threads // 32} warps in all"
-        return f"{warps} warps of {self.units} units"
+        if not self.lanes:
+            return f"{warps} warps of {self.units} units"
+        ahead = f", layer 0's input projected a step ahead by {self.project} warps" if self.project else ""
+        return f"{warps} warps, a lane a unit{ahead}, {self.threads // 32} warps in all"
 
 
 def refusal(specs, cells) -> str | None:
@@ -108,6 +114,17 @@ def _lanes(specs) -> bool:
     return specs[0].dtype == F32 and all(s.hidden_size <= 32 * LANE_WARPS for s in specs)
 
 
+def _projectors(specs, warps: tuple[int, ...]) -> int:
+    """The warps that project layer 0's input a step ahead (0: none): the block's spare warps, at most one a float4
+    of its columns, where layer 0's units fit one warp (a projecting lane is a unit) and its x alone is a longer dot
+    product than any higher layer's whole step (then layer 0's step was the longest, by its x)."""
+    In, spare = specs[0].input_size, LANE_BLOCK_WARPS - sum(warps)
+    if specs[0].hidden_size > 32 or spare < 1 or In < 8 or In <= max((reduction(s, False) for s in specs[1:]), default=0):
+        return 0
+    chunks = In // 4
+    return -(-chunks // -(-chunks // spare))  # slices of whole float4s, none empty
+
+
 def plan(specs, cells, device: Device, batch: int = 1) -> BlockStackConfig | None:
     """A lane a unit where every layer's units fit a few warps (_lanes), else the fewest units a warp such that every
     layer's units take one round of the block's warps (a round's latency, the dot product, the warp's sum and the
@@ -115,16 +132,20 @@ def plan(specs, cells, device: Device, batch: int = 1) -> BlockStackConfig | Non
     should read (MAX_STEP_ELEMENTS for `batch` rows) or do not fit one block's shared memory."""
     elements = sum(_row_elements(s, c) for s, c in zip(specs, cells))
     lanes = _lanes(specs)
-    stored = sum(_stored_rows(s, c, lanes) for s, c in zip(specs, cells)) * weight_bytes(specs[0])
-    if elements * batch > MAX_STEP_ELEMENTS or stored + 4 * state_layout(specs)[-1] > device.smem_limit:
+    if elements * batch > MAX_STEP_ELEMENTS:
         return None
+    cfg = None
     if lanes:
-        return BlockStackConfig(tuple(-(-s.hidden_size // 32) for s in specs), 32, True)
+        warps = tuple(-(-s.hidden_size // 32) for s in specs)
+        cfg = BlockStackConfig(warps, 32, True, _projectors(specs, warps))
     for units in range(1, MAX_UNITS + 1):
         warps = tuple(-(-s.hidden_size // units) for s in specs)
-        if sum(warps) <= MAX_WARPS:
-            return BlockStackConfig(warps, units)
-    return None
+        if cfg is None and sum(warps) <= MAX_WARPS:
+            cfg = BlockStackConfig(warps, units)
+    stored = sum(_stored_rows(s, c, lanes) for s, c in zip(specs, cells)) * weight_bytes(specs[0])
+    if cfg is None or stored + 4 * state_layout(specs, cfg.project)[-1] > device.smem_limit:
+        return None
+    return cfg
 
 
 def block_stack_prim_func(specs, cells, cfg: BlockStackConfig, joined_states: bool = False) -> tirx.PrimFunc:
@@ -168,12 +189,12 @@ def _offsets(sizes) -> list[int]:
     return [sum(sizes[:i]) for i in range(len(sizes))]
 
 
-def state_layout(specs) -> list[int]:
+def state_layout(specs, project: int = 0) -> list[int]:
     """Element offsets in the block's fp32 state: the first layer's x tile [2, MAX_BATCH, In], then each layer's h
-    [2, 1, MAX_BATCH, H], each row from a multiple of 4 elements (16 bytes: float4 loads); the last entry is the
-    total."""
+    [2, 1, MAX_BATCH, H], each row from a multiple of 4 elements (16 bytes: float4 loads), then the partial sums of
+    layer 0's input projection [2, MAX_BATCH, project, 32] (_projection); the last entry is the total."""
     return _offsets([2 * MAX_BATCH * _padded(specs[0].input_size)] + [2 * MAX_BATCH * _padded(s.hidden_size) for s in specs]
-                    + [0])
+                    + [2 * MAX_BATCH * project * 32, 0])
 
 
 LOADS_IN_FLIGHT = 32  # the most start loads a thread issues before storing them (each holds a register till then)
@@ -272,9 +293,9 @@ class _Shared:
     hbufs: list
 
 
-def _shared(specs, cells, lanes: bool) -> _Shared:
-    rows = [_stored_rows(s, c, lanes) for s, c in zip(specs, cells)]
-    state_at = state_layout(specs)
+def _shared(specs, cells, cfg: BlockStackConfig) -> _Shared:
+    rows = [_stored_rows(s, c, cfg.lanes) for s, c in zip(specs, cells)]
+    state_at = state_layout(specs, cfg.project)
     wsm = shared_dyn((sum(rows),), specs[0].dtype)
     state = shared_dyn((state_at[-1],), F32)
     xbuf = T.decl_buffer((2, MAX_BATCH, _padded(specs[0].input_size)), F32, data=state.data, elem_offset=state_at[0],
@@ -292,37 +313,48 @@ def _body(X, layers: list[KernelArgs], cfg: BlockStackConfig):
         with T.thread_binding(0, i64(threads // 32), "threadIdx.y") as ty:
             with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
                 tid = ty * i64(32) + lane
-                sm = _shared(specs, [a.cell for a in layers], cfg.lanes)
+                sm = _shared(specs, [a.cell for a in layers], cfg)
                 copies = _start_copies(X, sm.xbuf, layers, sm.hbufs, sm.wsm, sm.row_at, ks, cfg.lanes)
                 items = _items(copies, threads)
                 for first in range(0, len(items), LOADS_IN_FLIGHT):
                     _store(_load(items[first:first + LOADS_IN_FLIGHT], threads, tid))
+                lag = 1 if cfg.project else 0
                 if cfg.lanes:
                     bias = _lane_biases(layers, cfg, ty, lane)
-                    step = lambda i, a, s, _t: _lane_step(a, i, sm, s.astype(I32) - i, _lane_unit(cfg, i, ty, lane), bias)  # noqa: E731
+                    step = lambda i, a, s, _t: _lane_step(a, i, sm, cfg, s.astype(I32) - (i + lag),  # noqa: E731
+                                                          _lane_unit(cfg, i, ty, lane), bias)
                 else:
                     weights = [_Offset(sm.wsm, at) for at in sm.row_at]
                     step = lambda i, a, _s, t: _warp_step(a, i, cfg, sm, weights[i], t, ty, lane)  # noqa: E731
+                project = lambda s: _projection(layers[0], sm, cfg, s.astype(I32), ty, lane)  # noqa: E731
                 block_sync()
-                _steps(X, layers, cfg, sm.xbuf, step, ty, tid)
+                _steps(X, layers, cfg, sm.xbuf, step, project, ty, tid)
                 for i, a in enumerate(layers):
                     final_states(a, sm.hbufs[i], i64(0), i64(0), a.spec.hidden_size, threads, tid)
 
 
-def _steps(X, layers: list[KernelArgs], cfg: BlockStackConfig, xbuf, step, ty, tid):
+def _steps(X, layers: list[KernelArgs], cfg: BlockStackConfig, xbuf, step, project, ty, tid):
     """The global steps, one barrier each. At step s layer l runs its step t = s - l for every row, reading its input
     at t (the x tile's half t % 2, or the layer below's h half (t + 1) % 2, written by that layer at step s - 1) and
     its own h half t % 2 (h(t-1)), writing its h half (t + 1) % 2; X[s + 1] goes into the tile's half (s + 1) % 2.
     Within a step a half is read or written, never both: the halves written at step s are read from step s + 1 on,
     and each was last read at step s - 1. So the barrier that ends a step orders every read and write around it, and
     needs no twin between the reads and the writes; rows are disjoint slices of every half. step(i, a, s, t): layer
-    i's step t, in its warps."""
+    i's step t, in its warps.
+
+    Where warps project layer 0's input a step ahead (cfg.project), they are the stack's first stage: at step s they
+    read X[s] (the x tile's half s % 2) and write their partial sums for t = s into the partials' half s % 2, and
+    layer l runs t = s - l - 1, layer 0 reading the partials' half t % 2 in place of x; the same argument holds."""
     L, N, seq = len(layers), layers[0].batch, layers[0].seq
-    warp_at, threads = _offsets(list(cfg.warps)), cfg.threads
-    with T.serial(0, seq + i64(L - 1)) as s:
+    warp_at, threads, lag = _offsets(list(cfg.warps)), cfg.threads, 1 if cfg.project else 0
+    with T.serial(0, seq + i64(L - 1 + lag)) as s:
         x_next = _load(_items([_x_copy(X, xbuf, s + i64(1), N, seq)], threads), threads, tid)  # in flight all the step
+        if cfg.project:
+            with T.If(tirx.all(ty >= i64(sum(cfg.warps)), ty < i64(sum(cfg.warps) + cfg.project), s < seq)):
+                with T.Then():
+                    project(s)
         for i, a in enumerate(layers):
-            t = s - i64(i)
+            t = s - i64(i + lag)
             with T.If(tirx.all(ty >= i64(warp_at[i]), ty < i64(warp_at[i] + cfg.warps[i]), t >= i64(0), t < seq)):
                 with T.Then():  # warp-uniform: shuffles stay safe
                     step(i, a, s, t)
@@ -398,10 +430,11 @@ def _lane_biases(layers: list[KernelArgs], cfg: BlockStackConfig, ty, lane):
     return bias
 
 
-def _lane_step(a: KernelArgs, i: int, sm: _Shared, t, j, bias):
+def _lane_step(a: KernelArgs, i: int, sm: _Shared, cfg: BlockStackConfig, t, j, bias):
     """Layer i's step t, unit j in this lane, for every row: the lane's own dot product of its [W | R] row with
-    [x_t; h_t-1] (_lane_dot), no shuffles, then the gate program (epilogue) in every lane at once; lanes past H
-    compute their layer's last unit and store nothing. t is int32, as is all index arithmetic here but Y's."""
+    [x_t; h_t-1] (_lane_dot; layer 0's x part from the partials where it was projected ahead), no shuffles, then the
+    gate program (epilogue) in every lane at once; lanes past H compute their layer's last unit and store nothing.
+    t is int32, as is all index arithmetic here but Y's."""
     spec = a.spec
     H, In = spec.hidden_size, spec.input_size
     cur, nxt = t % 2, (t + 1) % 2
@@ -415,10 +448,14 @@ def _lane_step(a: KernelArgs, i: int, sm: _Shared, t, j, bias):
         acc = T.alloc_buffer((4,), F32, scope="local")
         for q in range(4):
             T.buffer_store(acc, tirx.const(0.0, F32), [q])
-        _lane_dot(acc, sm.wsm, row, sm.state, x_at, In)
+        if i > 0 or not cfg.project:
+            _lane_dot(acc, sm.wsm, row, sm.state, x_at, In)
         h_at = sm.state_at[i + 1] + cur * (MAX_BATCH * _padded(H)) + n * _padded(H)
         _lane_dot(acc, sm.wsm, row + _padded(In), sm.state, h_at, H)
         total = (acc[0] + acc[1]) + (acc[2] + acc[3])
+        if i == 0 and cfg.project:
+            parts = _partials_at(sm, cfg, cur, n) + j
+            total = total + _sum([sm.state[parts + p * 32] for p in range(cfg.project)])
         with T.If(j < H):
             with T.Then():
                 epilogue(a, a.cell.phases[0], True, sm.hbufs[i], {}, t, cur, nxt, tirx.IntImm(I32, 0), n, j,
@@ -440,3 +477,39 @@ def _lane_dot(acc, wsm, w_at, state, v_at, K: int):
                 T.buffer_store(acc, acc[q] + wv[q] * vv[q], [q])
     for k in range(K - K % 4, K):
         T.buffer_store(acc, acc[k % 4] + wsm[w_at + k] * state[v_at + k], [k % 4])
+
+
+def _sum(values):
+    """A balanced sum: its additions depend on one another log2(len) deep."""
+    if len(values) == 1:
+        return values[0]
+    half = len(values) // 2
+    return _sum(values[:half]) + _sum(values[half:])
+
+
+def _partials_at(sm: _Shared, cfg: BlockStackConfig, half, n):
+    """The first word of row n's partial sums in the partials' half `half`: [project, 32], a projecting warp's 32
+    lanes' (units') sums for its slice of layer 0's input."""
+    return sm.state_at[-2] + half * (MAX_BATCH * cfg.project * 32) + n * (cfg.project * 32)
+
+
+def _projection(a: KernelArgs, sm: _Shared, cfg: BlockStackConfig, t, ty, lane):
+    """Layer 0's input projection for step t, every row: projecting warp p multiplies its slice of X[t] (whole float4s
+    of the x tile's half t % 2; the last slice to the end) by the same columns of W's row of unit `lane` (clamped to
+    H - 1) and stores the lane's sum into the partials' half t % 2, which layer 0 adds at its step t."""
+    H, In = a.spec.hidden_size, a.spec.input_size
+    per = -(-(In // 4) // cfg.project) * 4  # columns a slice
+    row = tirx.min(lane.astype(I32), H - 1) * lane_stride(a.spec) + sm.row_at[0]
+    warp = ty.astype(I32) - sum(cfg.warps)
+    with T.serial(0, a.batch.astype(I32)) as n:
+        x_at = sm.state_at[0] + t % 2 * (MAX_BATCH * _padded(In)) + n * _padded(In)
+        acc = T.alloc_buffer((4,), F32, scope="local")
+        for p in range(cfg.project):
+            with T.If(warp == p):
+                with T.Then():
+                    for q in range(4):
+                        T.buffer_store(acc, tirx.const(0.0, F32), [q])
+                    end = In if p == cfg.project - 1 else per * (p + 1)
+                    _lane_dot(acc, sm.wsm, row + per * p, sm.state, x_at + per * p, end - per * p)
+                    store_unseen(sm.state, [_partials_at(sm, cfg, t % 2, n) + p * 32 + lane.astype(I32)],
+                                 (acc[0] + acc[1]) + (acc[2] + acc[3]))

@@ -119,20 +119,22 @@ def _one_barrier_a_step(kernel: str):
 
 def test_a_block_stack_step_has_one_barrier_a_lane_a_unit_and_its_sm_to_itself():
     """NVRTC and ptxas for sm_90a (madmom's onset stack: 236 features, three layers of 25 units): a lane computes a
-    whole unit (one warp a layer, no shuffle in the step), the block has 8 warps for the start's loads, its index
-    arithmetic in the step 32-bit; one block an SM in the launch bounds, so ptxas takes the registers it needs and
-    spills nothing."""
+    whole unit (one warp a layer, no shuffle in the step), the block's 5 other warps project layer 0's input a step
+    ahead, its index arithmetic in the step 32-bit; one block an SM in the launch bounds, so ptxas takes the
+    registers it needs and spills nothing."""
     from schedules.ptxas import ptxas
 
     module = tvmrnn.compile(_streaming_stack("RNN", 3, 25, features=236), target="cuda", max_dims={"batch": 1}, logs=False)
     assert _kinds(module) == ["block_stack"] * 3
-    assert "(1+1+1 warps, a lane a unit, 8 warps in all)" in module.metadata["stacks"][0]
+    assert ("(1+1+1 warps, a lane a unit, layer 0's input projected a step ahead by 5 warps, 8 warps in all)"
+            in module.metadata["stacks"][0])
     src = cuda_sources(module)
     kernel = _kernel(src, 256)
     _one_barrier_a_step(kernel)
     step = kernel[kernel.index("__syncthreads()"):kernel.rindex("__syncthreads()")]
     assert "shfl" not in step and "warp_reduce" not in step
-    # the dot products: 59 + 6 float4 loads of W a step for layer 0, 12 + 6 for layers 1 and 2, at constant offsets
+    # the dot products, float4 loads of W and of x or h at constant offsets: 59 of X[t + 1] by the 5 projecting warps
+    # (12 a warp, 11 the last), 6 of h by layer 0, 6 + 6 by layers 1 and 2
     assert step.count("*(float4*)(_ptr") == 2 * (59 + 6 + 2 * (6 + 6))
     loads = [re.sub(r"\(int\)\(\(int64_t\)threadIdx\.[xy]\)", "", line)  # but the thread index's cast
              for line in step.splitlines() if "float4" in line]
@@ -141,9 +143,11 @@ def test_a_block_stack_step_has_one_barrier_a_lane_a_unit_and_its_sm_to_itself()
     assert report.spill_stores == 0 and report.registers <= 65536 // 256, report.describe()
 
 
-@pytest.mark.parametrize("layers, hidden, features", [(2, 40, 12), (4, 12, 13), (3, 64, 12)])
-def test_lane_steps_of_other_shapes_spill_nothing(layers, hidden, features, monkeypatch):
-    """Two warps a layer (40 and 64 units), widths 4 does not divide (13 features, 12 units), and the block's 8 warps."""
+@pytest.mark.parametrize("layers, hidden, features, projectors", [(2, 40, 12, 0), (4, 12, 13, 0), (3, 64, 12, 0),
+                                                                   (2, 16, 50, 6)])
+def test_lane_steps_of_other_shapes_spill_nothing(layers, hidden, features, projectors, monkeypatch):
+    """Two warps a layer (40 and 64 units), widths 4 does not divide (13 and 50 features, 12 units), the block's 8
+    warps, and 50 features projected a step ahead by 6 warps (2 float4s each, the last with the 2 columns after)."""
     from schedules import recurrent_block_stack as block_stack
     from schedules.ptxas import ptxas
 
@@ -151,7 +155,8 @@ def test_lane_steps_of_other_shapes_spill_nothing(layers, hidden, features, monk
     module = tvmrnn.compile(_streaming_stack("RNN", layers, hidden, features=features), target="cuda",
                             max_dims={"batch": 1}, logs=False)
     warps = -(-hidden // 32)
-    assert f"({'+'.join([str(warps)] * layers)} warps, a lane a unit" in module.metadata["stacks"][0]
+    ahead = f", layer 0's input projected a step ahead by {projectors} warps" if projectors else ""
+    assert f"({'+'.join([str(warps)] * layers)} warps, a lane a unit{ahead}, 8 warps in all)" in module.metadata["stacks"][0]
     src = cuda_sources(module)
     threads = 32 * max(8, warps * layers)
     _one_barrier_a_step(_kernel(src, threads))
@@ -182,6 +187,7 @@ def test_past_a_few_warps_a_layer_the_warps_share_units(monkeypatch):
     (3, 25, 236, 1, SEQ, {}), (3, 25, 236, 1, 1, {}),  # madmom's onset stack; one step
     (3, 12, 236, 4, SEQ, {}), (2, 16, 13, 3, 1, {}), (2, 16, 13, 2, SEQ, {"nonlinearity": "relu"}),
     (3, 16, 12, 4, SEQ, {}),  # float4 loads of x and h (4 divides every width)
+    (2, 16, 50, 3, SEQ, {}),  # layer 0's input projected a step ahead (also at 236 features), 2 columns past float4s
     (2, 40, 13, 2, SEQ, {"warps": True}), (3, 25, 236, 1, SEQ, {"warps": True}),  # warp_gates' step
 ])
 def test_block_stack_matches_onnxruntime_with_states_carried(layers, hidden, features, batch, seq, options, monkeypatch):
