@@ -222,8 +222,8 @@ def _load(items, threads: int, tid) -> list:
     regs = T.alloc_buffer((max(len(items), 1),), F32, scope="local")
     pending = []
     for slot, (c, r) in enumerate(items):
-        e = i64(r * threads) + tid
-        valid = c.valid(e) if (r + 1) * threads <= c.count else tirx.all(e < i64(c.count), c.valid(e))
+        e = tid + r * threads  # in tid's dtype
+        valid = c.valid(e) if (r + 1) * threads <= c.count else tirx.all(e < c.count, c.valid(e))
         with T.If(valid):
             with T.Then():
                 T.buffer_store(regs, c.load(e), [i64(slot)])
@@ -239,14 +239,14 @@ def _store(pending):
 
 
 def _x_copy(X, xbuf, t, N, seq) -> _Copy:
-    """X[t] (every row) into the x tile's half t % 2, where t < seq: X[t] and the tile's rows are both contiguous."""
+    """X[t] (every row) into the x tile's half t % 2, where t < seq: X[t] and the tile's rows are both contiguous.
+    The index arithmetic in t's dtype (t, N, seq and the items' e of one dtype)."""
     In = int(X.shape[2])
 
     def store(e, value):
-        store_unseen(xbuf, [t % i64(2), e // i64(In), e % i64(In)], value)
+        store_unseen(xbuf, [t % 2, e // In, e % In], value)
 
-    return _Copy(MAX_BATCH * In, lambda e: X[t, e // i64(In), e % i64(In)].astype(F32), store,
-                 lambda e: tirx.all(t < seq, e < N * i64(In)))
+    return _Copy(MAX_BATCH * In, lambda e: X[t, e // In, e % In].astype(F32), store, lambda e: tirx.all(t < seq, e < N * In))
 
 
 def _row_store(spec, lanes: bool, K: int):
@@ -348,7 +348,8 @@ def _steps(X, layers: list[KernelArgs], cfg: BlockStackConfig, xbuf, step, proje
     L, N, seq = len(layers), layers[0].batch, layers[0].seq
     warp_at, threads, lag = _offsets(list(cfg.warps)), cfg.threads, 1 if cfg.project else 0
     with T.serial(0, seq + i64(L - 1 + lag)) as s:
-        x_next = _load(_items([_x_copy(X, xbuf, s + i64(1), N, seq)], threads), threads, tid)  # in flight all the step
+        ahead = _x_copy(X, xbuf, s.astype(I32) + 1, N.astype(I32), seq.astype(I32))
+        x_next = _load(_items([ahead], threads), threads, tid.astype(I32))  # in flight all the step
         if cfg.project:
             with T.If(tirx.all(ty >= i64(sum(cfg.warps)), ty < i64(sum(cfg.warps) + cfg.project), s < seq)):
                 with T.Then():
