@@ -19,6 +19,9 @@ Past that, warp_gates' step runs. Where layer 0's input is the widest part of an
 block's spare warps project it a step ahead, each a slice of its columns (_projection), and layer 0 adds their sums:
 its step no longer the longest, for one step more a call.
 
+A state carried as one tensor (joined_states: every layer's h0 the slice [i:i+1] of one argument, their final h one
+output, as torch's exporter carries a multi-layer RNN's state) is read and written through per-layer views of it.
+
 Applies to RNN stacks (one gate a unit) where every layer runs forward in layout 0 (recurrent_wavefront.stackable),
 without sequence_lens, at small batches (rows run one after another), with few enough weights for one SM.
 """
