@@ -5,8 +5,9 @@ and its graph's.
 The module's WHOLE_CALL function (tvmrnn.cuda_graph.with_whole_call) is main writing its outputs into tensors it is
 given (page-locked host arrays here), taking the buffers memory planning sized (one set a module, made once: graphs
 replay one at a time) and returning whatever else it allocates. Captured once per input signature on a stream of our
-own, its result is kept: the graph's buffers stay its own, never handed by the VM's pool to another tensor. The page-locked arrays the graph reads and writes are the entry's; run() copies inputs into them and outputs
-out of them. Runtime-only: TVM's runtime and the CUDA driver through cuda-bindings.
+own, its result is kept: the graph's buffers stay its own, never handed by the VM's pool to another tensor. The
+page-locked arrays the graph reads and writes are the entry's; run() copies inputs into them and outputs out of them.
+Runtime-only: TVM's runtime and the CUDA driver through cuda-bindings.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-MAX_GRAPHS = 16  # captured signatures kept per module (each holds its buffers); the least recently used goes first
+MAX_GRAPHS = 16  # captured signatures kept per module (each holds its graph and host arrays); least recently used goes first
 
 
 def _driver():
@@ -117,10 +118,10 @@ class WholeCallGraphs:
         if self._buffers is None:
             self._buffers = self._make_buffers()
         views.append(self._buffers)
-        self._whole(*views)  # loads the kernels and sets their attributes before capture; its buffers go back to the pool
+        self._whole(*views)  # loads the kernels and sets their attributes before capture
         driver = self._driver
-        if self._stream is None:  # blocking (TVM's own streams are not): ordered after the warm-up above, and after
-            # and before whatever else runs on the default stream (invoke, other modules), whose buffers may be these
+        if self._stream is None:  # blocking (TVM's own streams are not): ordered after the warm-up above, whose unplanned
+            # buffers went back to the pool, and after and before whatever else runs on the default stream
             self._stream = int(_check(driver, driver.cuStreamCreate(int(driver.CUstream_flags.CU_STREAM_DEFAULT))))
         with tvm_ffi.use_raw_stream(self._device, self._stream):
             _check(driver, driver.cuStreamBeginCapture(self._stream, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
