@@ -18,7 +18,8 @@ on an H100 host went to two small inputs' copies).
 
 run() goes further: the module also gets WHOLE_CALL (`with_whole_call`), main writing its outputs into tensors it is
 given, over planned buffers it is given, which the runtime captures whole, copies included, as one graph per input
-signature (tvmrnn.graph_replay): one launch a call instead of the VM's instructions and its three launches. main and its graph stay for invoke() and the server.
+signature (tvmrnn.graph_replay): one launch a call instead of the VM's instructions and its three launches. main and
+its graph stay for invoke().
 CPU targets have nothing to capture.
 """
 

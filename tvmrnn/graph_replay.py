@@ -17,7 +17,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-MAX_GRAPHS = 16  # captured signatures kept per module (each holds its graph and host arrays); least recently used goes first
+MAX_GRAPHS = 16  # captured signatures kept a module (each its graph and host arrays); the least recently used goes first
 
 
 def _driver():
@@ -120,11 +120,12 @@ class WholeCallGraphs:
         views.append(self._buffers)
         self._whole(*views)  # loads the kernels and sets their attributes before capture
         driver = self._driver
-        if self._stream is None:  # blocking (TVM's own streams are not): ordered after the warm-up above, whose unplanned
-            # buffers went back to the pool, and after and before whatever else runs on the default stream
+        if self._stream is None:  # blocking (TVM's own streams are not): ordered after the warm-up above, whose
+            # unplanned buffers went back to the pool, and after and before whatever else runs on the default stream
             self._stream = int(_check(driver, driver.cuStreamCreate(int(driver.CUstream_flags.CU_STREAM_DEFAULT))))
         with tvm_ffi.use_raw_stream(self._device, self._stream):
-            _check(driver, driver.cuStreamBeginCapture(self._stream, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
+            relaxed = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+            _check(driver, driver.cuStreamBeginCapture(self._stream, relaxed))
             try:
                 kept = self._whole(*views)
             finally:
