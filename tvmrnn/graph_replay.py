@@ -17,7 +17,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-MAX_GRAPHS = 16  # captured signatures kept a module (each its graph and host arrays); the least recently used goes first
+MAX_GRAPHS = 16  # signatures captured a module (each its graph and host arrays); the least recently used goes first
 
 
 def _driver():
