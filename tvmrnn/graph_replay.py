@@ -79,13 +79,24 @@ class WholeCallGraphs:
         """Outputs in output order; `phases` gets the run's split (copies in, the graph to its end, copies out)."""
         key = tuple((a.shape, a.dtype.str) for a in arrays)
         if key not in self._graphs:
-            self._graphs[key] = self._capture_or_none(arrays)
-            while len(self._graphs) > MAX_GRAPHS:
-                self._graphs.popitem(last=False)
+            return self._first_run(key, arrays, phases)
         graph = self._graphs[key]
         self._graphs.move_to_end(key)
-        if graph is None:
-            return self._fallback(arrays)
+        return self._fallback(arrays) if graph is None else self._replay(graph, arrays, phases)
+
+    def _first_run(self, key, arrays, phases) -> list[np.ndarray]:
+        """A new signature: captured, and its first replay checked against the VM's own run of the same call (the same
+        kernels: anything else means the capture missed something). A signature that cannot be captured, or whose
+        replay differs, runs through the VM from then on; the VM's outputs are returned."""
+        graph, expected = self._capture_or_none(arrays)
+        if graph is not None and not _same(self._replay(graph, arrays, phases), expected):
+            graph = None
+        self._graphs[key] = graph
+        while len(self._graphs) > MAX_GRAPHS:
+            self._graphs.popitem(last=False)
+        return expected if expected is not None else self._fallback(arrays)
+
+    def _replay(self, graph: _Graph, arrays, phases) -> list[np.ndarray]:
         t0 = time.perf_counter()
         for host, a in zip(graph.inputs, arrays):
             if host is not a:  # else assembled in place by the caller
@@ -98,22 +109,24 @@ class WholeCallGraphs:
         phases.update(input=t1 - t0, infer=t2 - t1, output=time.perf_counter() - t2)
         return result
 
-    def _capture_or_none(self, arrays) -> _Graph | None:
-        """The signature's graph, or None where it cannot be captured here (no page-locked memory, a kernel the driver
-        refuses in a graph): the VM's path then serves that signature."""
+    def _capture_or_none(self, arrays) -> tuple[_Graph | None, list | None]:
+        """(the signature's graph, the VM's outputs for this call), the graph None where it cannot be captured here (no
+        page-locked memory, a kernel the driver refuses in a graph): the VM's path then serves that signature."""
+        expected = None
         try:
-            return self._capture(arrays)
+            expected = self._fallback(arrays)  # the outputs' shapes, and what the first replay must give
+            return self._capture(arrays, expected), expected
         except Exception:  # noqa: BLE001 - whatever refused the capture, the VM's path still runs the call
-            return None
+            return None, expected
 
-    def _capture(self, arrays) -> _Graph:
+    def _capture(self, arrays, expected: list[np.ndarray]) -> _Graph:
         import tvm_ffi
 
         hosts = [self._host_inputs(n, a.shape, a.dtype) for n, a in zip(self._input_names, arrays)]
         views = [self._host_inputs.on_device(n, a.shape, a.dtype) for n, a in zip(self._input_names, arrays)]
         if views[0] is None:
             raise CaptureError("no page-locked memory")
-        keys = [(n, o.shape, o.dtype) for n, o in zip(self._output_names, self._fallback(arrays))]  # the shapes out
+        keys = [(n, o.shape, o.dtype) for n, o in zip(self._output_names, expected)]
         views += [self._host_outputs.on_device(*k) for k in keys]
         if self._buffers is None:
             self._buffers = self._make_buffers()
@@ -135,3 +148,13 @@ class WholeCallGraphs:
         finally:
             driver.cuGraphDestroy(graph)
         return _Graph(driver, exe, kept, hosts, [self._host_outputs(*k) for k in keys])
+
+
+def _same(got: list[np.ndarray], expected: list[np.ndarray]) -> bool:
+    """The replay's outputs are the VM's (floats to rounding: a kernel may sum in another order from run to run)."""
+    def close(g, e):
+        if not np.issubdtype(e.dtype, np.inexact):
+            return np.array_equal(g, e)
+        return np.allclose(g, e, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+    return len(got) == len(expected) and all(g.shape == e.shape and close(g, e) for g, e in zip(got, expected))
