@@ -296,13 +296,17 @@ class Module(ModuleInputs):
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         """Outputs as numpy arrays the caller owns. One call at a time per module (the VM and the staged inputs are
         shared): concurrent callers wait for each other."""
-        return dict(zip(self.output_names, self.run_checked(self.check_inputs(feeds))))
+        return dict(zip(self.output_names, self._run_arrays(self.check_inputs(feeds))))  # (bounds checked there)
 
     def run_checked(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        """run() on arrays in input order whose values are already checked (check_inputs, or the server's per-request
-        checks); their dims are checked against the module's bounds here. On a GPU, a CUDA module built with a graph
-        replays its whole call as one (graph_replay) and the VM runs it otherwise."""
+        """run() on arrays in input order whose values are already checked (the server's per-request checks); their
+        dims are checked against the module's bounds here."""
         self.check_bounds([a.shape for a in arrays])
+        return self._run_arrays(arrays)
+
+    def _run_arrays(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """On a GPU, a CUDA module built with a graph replays its whole call as one (graph_replay); the VM runs it
+        otherwise."""
         with self._lock:
             if self._on_cpu:
                 return self._run_on_cpu(arrays)
