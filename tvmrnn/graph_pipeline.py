@@ -315,13 +315,14 @@ POINTWISE = ("relax.sigmoid", "relax.tanh", "relax.nn.relu", "relax.exp", "relax
 
 @tvm.transform.module_pass(opt_level=0, name="tvmrnn.PointwiseBeforeReshape")
 def pointwise_before_reshape(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """f(reshape(x)) as reshape(f(x)) for the POINTWISE ops: a Linear exported as MatMul + Reshape + Sigmoid then runs
-    as one kernel with its activation (FuseOps fuses f into x's producer; it cannot through the reshape between), and
-    the reshape is a view where its result stays inside the dataflow block. CUDA only: the CPU's packed GEMMs take no
-    epilogue."""
+    """f(reshape(x)) as reshape(f(x)) for the POINTWISE ops, where x is a matmul (plus a bias): a Linear exported as
+    MatMul + Add + Reshape + Sigmoid then runs as one kernel with its activation (FuseOps fuses f into x's producer; it
+    cannot through the reshape between), and the reshape is a view where its result stays inside the dataflow block.
+    Only after a matmul, whose GPU schedule takes an epilogue; CUDA only: the CPU's packed GEMMs take none."""
     from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-    x, shape = wildcard(), wildcard()
+    matmul = is_op("relax.matmul")(wildcard(), wildcard())
+    x, shape = matmul | is_op("relax.add")(matmul, wildcard()) | is_op("relax.add")(wildcard(), matmul), wildcard()
     reshaped = is_op("relax.reshape")(x, shape)
     pattern = is_op(POINTWISE[0])(reshaped)
     for name in POINTWISE[1:]:
