@@ -473,6 +473,8 @@ def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool, lanes: int, pool: b
     sch.vectorize(vec)
     for loop in unrolled:
         sch.unroll(loop)
+    if not columns_vector:
+        _staged_store(sch, out, tile[-1])
     sch.compute_at(conv, tile[-1], preserve_unit_loops=True)
     sch.set_scope(conv, 0, TILE_SCOPE)
     if not columns_vector:
@@ -492,6 +494,18 @@ def _conv_tile(sch, conv, out, oc, xc, columns_vector: bool, lanes: int, pool: b
         sch.unroll(loop)
     _vector_init(sch, sch.decompose_reduction(conv, reduction[0]), unrolled=len(cunrolled))
     return outer if laid_out else None  # the rows the padded input stages are laid out under
+
+
+def _staged_store(sch, out, tile_loop) -> None:
+    """A tile of a vector of channels writes its epilogue's results to a stack buffer laid out channels-innermost (whole
+    vector stores), then copies it out along the rows: each channel's columns are consecutive in the NCHW output,
+    where a store straight from the vector registers extracts every lane to its own row (vextractps per value)."""
+    staged = sch.cache_write(out, 0, TILE_SCOPE)
+    sch.reverse_compute_at(staged, tile_loop, preserve_unit_loops=True)
+    sch.transform_layout(out, ("write", 0), lambda b, o, *yx: (b, *yx, o))
+    columns = sch.get_loops(staged)[-1]
+    if isinstance(sch.get(columns).extent, tirx.IntImm):
+        sch.unroll(columns)
 
 
 def _schedule_padded_input(sch, block) -> None:

@@ -522,6 +522,33 @@ def test_register_tiles_stay_on_the_stack_over_symbolic_extents():
         assert "alloc_local" not in text
 
 
+def test_a_tile_of_channels_stores_its_outputs_along_the_rows():
+    """A tile of a vector of channels (ddddocr's 48 -> 192 3x3 conv over its image width) writes its epilogue to a stack
+    buffer laid out channels-innermost and copies that out column after column, not lane by lane across the NCHW rows;
+    the result is torch's at widths that end in whole, part and single-column tiles."""
+    import re
+
+    import torch
+
+    target = resolve_target("llvm")
+    lanes = graph_cpu.vector_lanes(target)
+    ob = graph_cpu.channel_block(192, lanes)
+    x, wp, b = te.placeholder(_i64(1, 48, 4, "w")), te.placeholder(_i64(192 // ob, 48, 3, 3, ob)), te.placeholder(_i64(192))
+    y = graph_cpu.conv2d_packed(x, wp, [1, 1], [1] * 4, [1, 1], lanes)
+    out = te.compute(y.shape, lambda n, k, i, j: te.max(y[n, k, i, j] + b[k], 0.0), name="relu")
+    assert not int(y.op.input_tensors[0].op.attrs["vector_columns"])  # conv_crop's input: the tile of channels
+    sch = graph_cpu.ConvPacked().apply(te.create_prim_func([x, wp, b, out]), target, False)
+    assert re.search(r"relu\[v0, v1, v2, v3\] = relu_global\[v0, v2, v3, v1\]", sch.mod["main"].script())
+    rng = np.random.default_rng(6)
+    w_np, b_np = rng.standard_normal((192, 48, 3, 3)).astype("f4"), rng.standard_normal(192).astype("f4")
+    for width in (1, 7, 40):
+        x_np = rng.standard_normal((1, 48, 4, width)).astype("f4")
+        ref = torch.nn.functional.conv2d(torch.from_numpy(x_np).double(), torch.from_numpy(w_np).double(),
+                                         torch.from_numpy(b_np).double(), 1, 1).relu().numpy()
+        got = _run(sch.mod["main"], target, [x_np, graph_cpu.pack_conv_weight(w_np, ob), b_np, np.zeros(ref.shape, "f4")])
+        assert _rel_err(got, ref) < 1e-5, width
+
+
 def test_crnn_builds_for_cuda_without_a_gpu(tmp_path):
     model, _ = build("captcha-crnn")
     compiled = tvmrnn.compile(model, target="cuda", logs=False)
