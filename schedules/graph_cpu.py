@@ -509,23 +509,25 @@ def _staged_store(sch, out, tile_loop) -> None:
 
 
 def _schedule_padded_input(sch, block) -> None:
-    """A conv's input stage as its own pass: the rows (of every channel) on the thread pool where the work pays, the
-    phases of a phase split innermost and unrolled (the input read in order, not every stride-th value)."""
+    """A conv's input stage as its own pass: the rows (of every channel) on the thread pool where the work pays, a
+    phase split's phases innermost (_phases_innermost)."""
     loops = sch.get_loops(block)
     inner = 2 if sch.get(block).name_hint == "phase_split" else 1
     if parallel_pays(_work(sch, block)):
         sch.parallel(sch.fuse(*loops[:-inner]) if len(loops) > inner + 1 else loops[0])
-    if inner == 2:
-        sch.reorder(loops[-1], loops[-2])
-        sch.unroll(loops[-2])
+    _phases_innermost(sch, block)
 
 
 def _padded_input_under(sch, block, outer) -> None:
     """pad_temp / phase_split / a transposed conv's spread input computed under the tiles' outermost loop: the input
     rows a row of tiles reads, laid out by the thread that reads them, so that the conv takes one launch of the
-    thread pool, not two (a launch wakes a sleeping worker: 9-27 us); the phases of a phase split innermost and
-    unrolled (the input read in order, not every stride-th value)."""
+    thread pool, not two (a launch wakes a sleeping worker: 9-27 us); a phase split's phases innermost."""
     sch.compute_at(block, outer, preserve_unit_loops=True)
+    _phases_innermost(sch, block)
+
+
+def _phases_innermost(sch, block) -> None:
+    """A phase split's phases innermost and unrolled: the input read in order, not every stride-th value."""
     if sch.get(block).name_hint == "phase_split":
         loops = sch.get_loops(block)
         sch.reorder(loops[-1], loops[-2])

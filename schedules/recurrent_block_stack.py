@@ -65,6 +65,11 @@ class BlockStackConfig:
     project: int = 0
 
     @property
+    def warp_at(self) -> list[int]:
+        """Each layer's first warp."""
+        return _offsets(list(self.warps))
+
+    @property
     def threads(self) -> int:
         return 32 * max(sum(self.warps), LANE_BLOCK_WARPS if self.lanes else 0)
 
@@ -137,14 +142,12 @@ def plan(specs, cells, device: Device, batch: int = 1) -> BlockStackConfig | Non
     lanes = _lanes(specs)
     if elements * batch > MAX_STEP_ELEMENTS:
         return None
-    cfg = None
     if lanes:
         warps = tuple(-(-s.hidden_size // 32) for s in specs)
         cfg = BlockStackConfig(warps, 32, True, _projectors(specs, warps))
-    for units in range(1, MAX_UNITS + 1):
-        warps = tuple(-(-s.hidden_size // units) for s in specs)
-        if cfg is None and sum(warps) <= MAX_WARPS:
-            cfg = BlockStackConfig(warps, units)
+    else:
+        splits = (tuple(-(-s.hidden_size // units) for s in specs) for units in range(1, MAX_UNITS + 1))
+        cfg = next((BlockStackConfig(w, units) for units, w in enumerate(splits, 1) if sum(w) <= MAX_WARPS), None)
     stored = sum(_stored_rows(s, c, lanes) for s, c in zip(specs, cells)) * weight_bytes(specs[0])
     if cfg is None or stored + 4 * state_layout(specs, cfg.project)[-1] > device.smem_limit:
         return None
@@ -349,7 +352,7 @@ def _steps(X, layers: list[KernelArgs], cfg: BlockStackConfig, xbuf, step, proje
     read X[s] (the x tile's half s % 2) and write their partial sums for t = s into the partials' half s % 2, and
     layer l runs t = s - l - 1, layer 0 reading the partials' half t % 2 in place of x; the same argument holds."""
     L, N, seq = len(layers), layers[0].batch, layers[0].seq
-    warp_at, threads, lag = _offsets(list(cfg.warps)), cfg.threads, 1 if cfg.project else 0
+    warp_at, threads, lag = cfg.warp_at, cfg.threads, 1 if cfg.project else 0
     with T.serial(0, seq + i64(L - 1 + lag)) as s:
         ahead = _x_copy(X, xbuf, s.astype(I32) + 1, N.astype(I32), seq.astype(I32))
         x_next = _load(_items([ahead], threads), threads, tid.astype(I32))  # in flight all the step
@@ -378,7 +381,7 @@ class _Offset:
 
 def _warp_step(a: KernelArgs, i: int, cfg: BlockStackConfig, sm: _Shared, wsm: _Offset, t, ty, lane):
     """Layer i's step t by warp_gates, its rows one after another."""
-    warp = ty - i64(_offsets(list(cfg.warps))[i])
+    warp = ty - i64(cfg.warp_at[i])
     with T.serial(0, a.batch) as n:
         if i == 0:
             x_at = lambda k: sm.xbuf[t % i64(2), n, k]  # noqa: E731
@@ -417,14 +420,14 @@ def _layer_step(a: KernelArgs, cfg: BlockStackConfig, hbuf, wsm: _Offset, x_at, 
 
 def _lane_unit(cfg: BlockStackConfig, i: int, ty, lane):
     """The unit a lane of layer i's warps computes (int32): the layer's warp w its units 32 w .. 32 w + 31."""
-    return (ty.astype(I32) - _offsets(list(cfg.warps))[i]) * 32 + lane.astype(I32)
+    return (ty.astype(I32) - cfg.warp_at[i]) * 32 + lane.astype(I32)
 
 
 def _lane_biases(layers: list[KernelArgs], cfg: BlockStackConfig, ty, lane):
     """Each lane's bias (W's and R's: XW's part that the step does not compute) in a register before the steps: a
     lane's unit is the same every step. Lanes past H hold their layer's last unit's."""
     bias = T.alloc_buffer((1,), F32, scope="local")
-    warp_at = _offsets(list(cfg.warps))
+    warp_at = cfg.warp_at
     for i, a in enumerate(layers):
         H = a.spec.hidden_size
         with T.If(tirx.all(ty >= i64(warp_at[i]), ty < i64(warp_at[i] + cfg.warps[i]))):

@@ -67,16 +67,21 @@ def _member(graph: GraphIndex, index: int, node, below) -> StackMember | None:
     return StackMember(index, node, constants, lengths=bool(_lengths(node)), states=_states(graph, node))
 
 
+def rnn_nodes(model: onnx.ModelProto) -> list:
+    """The graph's recurrent nodes in graph order (a chain's indices count among them)."""
+    return [n for n in model.graph.node if n.op_type in RNN_OPS]
+
+
 def head_constants(model: onnx.ModelProto, index: int) -> dict | None:
     """The weights, biases and peepholes of the index-th recurrent node by ONNX input name, as arrays, where all are
     constants (a kernel that projects the first layer's input itself takes them so); else None."""
-    return _weights(GraphIndex(model), [n for n in model.graph.node if n.op_type in RNN_OPS][index])
+    return _weights(GraphIndex(model), rnn_nodes(model)[index])
 
 
 def find_chains(model: onnx.ModelProto) -> dict[int, list[StackMember]]:
     """{index of a chain's first node among the graph's recurrent nodes: the nodes above it, in order}."""
     graph = GraphIndex(model)
-    rnn = [n for n in model.graph.node if n.op_type in RNN_OPS]
+    rnn = rnn_nodes(model)
     index = {id(n): i for i, n in enumerate(rnn)}
     above = {}  # index of a node -> the member fed by its Y
     for node in rnn:
@@ -112,9 +117,10 @@ class JoinedStates:
 def joined_states(model: onnx.ModelProto, first: int, members: list[StackMember]) -> JoinedStates | None:
     """The chain's JoinedStates, or None where its states are not carried so."""
     graph = GraphIndex(model)
-    nodes = [[n for n in model.graph.node if n.op_type in RNN_OPS][first]] + [m.node for m in members]
-    sliced = [_sliced_layer(graph, n.input[5] if len(n.input) > 5 else "") for n in nodes]
-    if None in sliced or any(len(n.input) > 6 and n.input[6] for n in nodes):  # (an LSTM's c: not joined)
+    nodes = [rnn_nodes(model)[first]] + [m.node for m in members]
+    named = [dict(zip(INPUT_NAMES[n.op_type], n.input)) for n in nodes]
+    sliced = [_sliced_layer(graph, given.get("initial_h", "")) for given in named]
+    if None in sliced or any(given.get("initial_c") for given in named):  # (an LSTM's c: not joined)
         return None
     source = sliced[0][0]
     if sliced != [(source, i) for i in range(len(nodes))] or _first_dim(model, source) != len(nodes):

@@ -77,12 +77,6 @@ class InProcessRunner:
         pass
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        if not self.on_gpu:
-            outs = self._module.run(dict(zip(self._module.input_names, inputs)))
-            return [outs[n] for n in self._module.output_names]
-        return self._run_on_gpu(inputs)
-
-    def _run_on_gpu(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """Inputs already checked per request (Signature.check); the module checks its bounds (max_dims)."""
         result = self._module.run_checked(inputs)
         self.phases = dict(self._module.phases)
