@@ -590,14 +590,16 @@ def test_cuda_convs_and_dense_layers_get_dlight_matmul(name):
         assert sch is not None and "reindex" in sch.mod.script() and "scope=\"shared\"" in sch.mod.script(), fname
 
 
-def _conv1d_model(c, length, o, k, stride, pad, seed=0):
+def _conv1d_model(c, length, o, k, stride, pad, seed=0, epilogue=True, batch=1):
+    """Conv (with bias and Relu, or alone: Silero's STFT has neither) over [batch, c, length]; batch may be a name."""
     rng = np.random.default_rng(seed)
     w = onnx.numpy_helper.from_array(rng.standard_normal((o, c, k)).astype(np.float32), "W")
     b = onnx.numpy_helper.from_array(rng.standard_normal(o).astype(np.float32), "B")
+    conv = onnx.helper.make_node("Conv", ["x", "W", "B"] if epilogue else ["x", "W"], ["c" if epilogue else "y"],
+                                 strides=[stride], pads=[pad, pad], kernel_shape=[k])
     graph = onnx.helper.make_graph(
-        [onnx.helper.make_node("Conv", ["x", "W", "B"], ["c"], strides=[stride], pads=[pad, pad], kernel_shape=[k]),
-         onnx.helper.make_node("Relu", ["c"], ["y"])], "conv1d",
-        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, c, length])],
+        [conv, onnx.helper.make_node("Relu", ["c"], ["y"])] if epilogue else [conv], "conv1d",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [batch, c, length])],
         [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], [w, b])
     return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=9)
 
@@ -618,6 +620,31 @@ def test_cuda_convs_of_few_outputs_get_one_block_per_output():
     assert tvmrnn.compile(_conv1d_model(*SMALL_CONVS[0]), target="cuda", logs=False)
 
 
+def _conv_rules(model, target, max_dims=None) -> set:
+    """The rules that take the model's conv functions, main's symbolic dims bounded by max_dims as compile does."""
+    from tvmrnn.cuda_graph import annotate
+    from tvmrnn.graph_pipeline import dim_bounds_to_kernels, fuse_passes
+
+    mod = annotate(_relax(model, target), max_dims or {})
+    with target:
+        mod = dim_bounds_to_kernels(tvm.transform.Sequential(fuse_passes(target))(mod))
+    return {_first_rule(f, target) for gv, f in mod.functions_items() if "conv1d" in gv.name_hint}
+
+
+def test_cuda_conv_without_epilogue_and_of_bounded_batch_gets_one_block_per_output():
+    """Silero's STFT conv (no bias, no activation: GeneralReduction wants an injective block after the reduction, so
+    the rule adds a copy) and its batch of chunks: a symbolic batch counts at its bound, and without a bound the
+    conv stays with Matmul's tiles (the batch may be large)."""
+    target = resolve_target("nvidia/nvidia-h100")
+    stft = SMALL_CONVS[0]
+    assert _conv_rules(_conv1d_model(*stft, epilogue=False), target) == {"FewOutputReduction"}
+    chunks = _conv1d_model(*stft, epilogue=False, batch="chunks")
+    assert _conv_rules(chunks, target, {"chunks": 8}) == {"FewOutputReduction"}
+    assert _conv_rules(chunks, target, {"chunks": 64}) == {"Matmul"}  # 64 x 258 x 4 outputs: too many for a block each
+    assert _conv_rules(chunks, target) == {"Matmul"}
+    assert tvmrnn.compile(chunks, target="cuda", logs=False, max_dims={"chunks": 8})
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", SMALL_CONVS + [LARGE_CONV], ids=str)
 def test_cuda_small_convs_match_onnxruntime(shape):
@@ -625,6 +652,15 @@ def test_cuda_small_convs_match_onnxruntime(shape):
     feeds = {"x": np.random.default_rng(4).standard_normal((1, shape[0], shape[1])).astype(np.float32)}
     ours = tvmrnn.compile(model, target="cuda", logs=False).run(feeds)
     assert _rel_err(list(ours.values())[0], _ort(model, feeds)[0]) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunks", [1, 3, 8])
+def test_cuda_conv_without_epilogue_of_bounded_batch_matches_onnxruntime(chunks):
+    model = _conv1d_model(*SMALL_CONVS[0], seed=5, epilogue=False, batch="chunks")
+    module = tvmrnn.compile(model, target="cuda", logs=False, max_dims={"chunks": 8})
+    feeds = {"x": np.random.default_rng(chunks).standard_normal((chunks, 1, SMALL_CONVS[0][1])).astype(np.float32)}
+    assert _rel_err(list(module.run(feeds).values())[0], _ort(model, feeds)[0]) < 1e-5
 
 
 @pytest.mark.gpu

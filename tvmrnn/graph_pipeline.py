@@ -295,10 +295,29 @@ def _apply_cpu_rules():
     return _apply
 
 
+@tvm.transform.module_pass(opt_level=0, name="tvmrnn.DimBoundsToKernels")
+def dim_bounds_to_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """main's bounds on its symbolic dims (tir_var_upper_bound) copied onto the unscheduled kernels, whose rules size
+    their launches by them (schedules.graph_cuda)."""
+    from schedules.graph_cuda import DIM_BOUNDS_ATTR
+
+    main = mod["main"] if "main" in [gv.name_hint for gv in mod.get_global_vars()] else None
+    bounds = dict(main.attrs["tir_var_upper_bound"]) if main is not None and main.attrs is not None \
+        and "tir_var_upper_bound" in main.attrs else {}
+    if not bounds:
+        return mod
+    for gv, func in list(mod.functions_items()):
+        if isinstance(func, tvm.tirx.PrimFunc) and not _scheduled(func):
+            mod[gv] = func.with_attr(DIM_BOUNDS_ATTR, {k: int(v) for k, v in bounds.items()})
+    return mod
+
+
 def _default_schedule(target):
     from tvm.s_tir import dlight as dl
 
-    return _apply_cpu_rules() if target.kind.name == "llvm" else dl.ApplyDefaultSchedule(*_schedule_rules(target))
+    if target.kind.name == "llvm":
+        return _apply_cpu_rules()
+    return tvm.transform.Sequential([dim_bounds_to_kernels, dl.ApplyDefaultSchedule(*_schedule_rules(target))])
 
 
 def _backend(target):

@@ -29,17 +29,20 @@ class ZooModel:
     consts: dict = field(default_factory=dict)
     carry: dict = field(default_factory=dict)  # output -> the input it feeds in the next run (streamed state)
     cuda_shapes: dict = field(default_factory=dict)  # dims fixed on CUDA only (where a symbolic one does not build)
+    cuda_max_dims: dict = field(default_factory=dict)  # bounds on CUDA only: the call then replays as one CUDA graph
     tolerance: float = 1e-4  # per output: max |ours - ONNX Runtime| / max |ONNX Runtime|
     slow: bool = False
 
     def compile_options(self, target: str = "llvm") -> dict:
         shapes = {**self.input_shapes, **(self.cuda_shapes if target == "cuda" else {})}
-        return {"input_shapes": shapes or None, "consts": self.consts or None}
+        max_dims = self.cuda_max_dims if target == "cuda" else {}
+        return {"input_shapes": shapes or None, "consts": self.consts or None, **({"max_dims": max_dims} if max_dims else {})}
 
 
-def _silero(variant, input_shapes, consts=None, feeds=silero_vad.state_feeds, carry=None):
+def _silero(variant, input_shapes, consts=None, feeds=silero_vad.state_feeds, carry=None, cuda_max_dims=None):
     return ZooModel(variant, silero_vad.PACKAGE, silero_vad.VERSION, "shipped", partial(silero_vad.build, variant), feeds,
-                    input_shapes, consts or {}, carry if carry is not None else {"stateN": "state"})
+                    input_shapes, consts or {}, carry if carry is not None else {"stateN": "state"},
+                    cuda_max_dims=cuda_max_dims or {})
 
 
 _WINDOW = silero_vad.CONTEXT + silero_vad.CHUNK
@@ -50,7 +53,9 @@ MODELS = {m.name: m for m in [
     _silero("silero_vad_half", {"batch": 1, "sequence": _WINDOW}),
     _silero("silero_vad_op18_ifless", {"batch": 1, "sequence": _WINDOW}, _SR),
     _silero("silero_vad_openvino_16k", {}),
-    _silero("silero_vad_16k_sequence", {}, feeds=silero_vad.sequence_feeds, carry={"hn": "h", "cn": "c"}),
+    # up to 8 chunks (256 ms) a call, as a streaming caller sends them: the bound lets the call replay as one graph
+    _silero("silero_vad_16k_sequence", {}, feeds=silero_vad.sequence_feeds, carry={"hn": "h", "cn": "c"},
+            cuda_max_dims={"sequence_length": silero_vad.SEQUENCE_CHUNKS}),
     # on CUDA a symbolic image width stops TVM's lowering ("Can only handle constant size stack allocation"): dlight's
     # Matmul tiles compact their accumulators to min((width - 1) // 256 * 32 + 32, 4) rows, not provably 4 (width >= 1)
     ZooModel("ddddocr", ddddocr.PACKAGE, ddddocr.VERSION, "shipped", ddddocr.build, ddddocr.feeds,

@@ -14,6 +14,7 @@ from .fetch import cached_onnx, package_dir
 
 PACKAGE, VERSION = "silero-vad", "6.2.3"
 CHUNK, CONTEXT, CHUNKS = 512, 64, 6
+SEQUENCE_CHUNKS = 8  # silero_vad_16k_sequence on CUDA: at most this many chunks a call
 
 
 def build(variant: str):
