@@ -2,7 +2,9 @@
 # The GPU runs, one verb a call; each fits in 10 minutes. Run from the checkout's root; results go to $OUT (/tmp/out).
 #   setup [WHEEL_DIR]               TVM importable (else installed from WHEEL_DIR's wheels, no package index needed);
 #                                   prints TVM, PyTorch, the GPU and its driver
-#   pytest-gpu [N] [PYTEST ARGS]    pytest -m gpu in N processes (default 4), each a share of the collected tests: the
+#   pytest-gpu [N] [K/P] [PYTEST ARGS]
+#                                   pytest -m gpu in N processes (default 4), each a share of the collected tests (of
+#                                   part K of P, in collection order, where K/P is given: the suite in P calls); the
 #                                   whole GPU suite in one call (about 9 minutes on an H100; TESTS_S caps each process)
 #   bench [BENCH ARGS]              tvmrnn bench against cuDNN (default: every row, fp32 and fp16, exact and TF32)
 #   profile [ROW ...]               each row's kernels and the GPU's idle time between them (profile_rows.py)
@@ -25,11 +27,13 @@ pytest_ids() {  # pytest_ids FILE SECONDS LOG: pytest -m gpu on the node ids in 
     "$1" 2>&1 | quiet > "$3"
 }
 
-pytest_gpu() {  # pytest_gpu [N] [PYTEST ARGS]
-  local shards=4; [[ ${1:-} =~ ^[0-9]+$ ]] && { shards=$1; shift; }
+pytest_gpu() {  # pytest_gpu [N] [K/P] [PYTEST ARGS]
+  local shards=4 part=1/1; [[ ${1:-} =~ ^[0-9]+$ ]] && { shards=$1; shift; }
+  [[ ${1:-} =~ ^[0-9]+/[0-9]+$ ]] && { part=$1; shift; }
   [ $# -eq 0 ] && set -- tests/
   local ids; ids=$(mktemp -d)
-  python3 -m pytest -m gpu -n 0 --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep "^tests/.*::" > "$ids/all"
+  python3 -m pytest -m gpu -n 0 --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep "^tests/.*::" > "$ids/collected"
+  split -n "l/$part" "$ids/collected" > "$ids/all"  # part K of P: whole lines, the same on every call
   split -n "r/$shards" -d "$ids/all" "$ids/shard."
   echo "$(wc -l < "$ids/all") GPU tests in $shards processes"
   for f in "$ids"/shard.*; do  # 4 processes take the suite in ~450 s on 16 cores; 6 contend and take longer
