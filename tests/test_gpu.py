@@ -141,6 +141,17 @@ def test_exact_fp32_on_tensor_cores_is_fp32_accurate():
     assert errors["mma"] <= 4 * errors["stepwise"] and errors["persistent_mma"] <= 4 * errors["stepwise"], errors
 
 
+def test_auto_exact_fp32_above_the_resident_batch_tiles():
+    """Exact fp32 at batch 40 (above persistent_mma's resident batch tiles) under auto, whichever kind it picks there:
+    within 1e-5 of the float64 reference, sequence lengths and initial states included."""
+    case = Case(op="LSTM", optional=("B", "sequence_lens", "initial_h", "initial_c"), hidden=256, input_size=64)
+    module = tvmrnn.compile(case.model(), target="cuda", kernel="auto", logs=False)
+    feeds = case.feeds(np.random.default_rng(10), 30, 40)
+    ours, ref = module.run(feeds), case.reference(feeds)
+    for name, value in ours.items():
+        assert np.abs(value - ref[name]).max() / np.abs(ref[name]).max() < 1e-5, name
+
+
 def test_cuda_tf32_precision():
     """precision="tf32": the fp32 model on TF32 tensor cores, within TF32's rounding of the float64 reference."""
     case = Case(op="LSTM", direction="bidirectional", optional=("B", "sequence_lens", "initial_h"), hidden=256, input_size=64)
