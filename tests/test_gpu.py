@@ -141,10 +141,13 @@ def test_exact_fp32_on_tensor_cores_is_fp32_accurate():
     assert errors["mma"] <= 4 * errors["stepwise"] and errors["persistent_mma"] <= 4 * errors["stepwise"], errors
 
 
-def test_auto_exact_fp32_above_the_resident_batch_tiles():
+@pytest.mark.parametrize("op,linear_before_reset", [("LSTM", 0), ("GRU", 0), ("GRU", 1)])
+def test_auto_exact_fp32_above_the_resident_batch_tiles(op, linear_before_reset):
     """Exact fp32 at batch 40 (above persistent_mma's resident batch tiles) under auto, whichever kind it picks there:
     within 1e-5 of the float64 reference, sequence lengths and initial states included."""
-    case = Case(op="LSTM", optional=("B", "sequence_lens", "initial_h", "initial_c"), hidden=256, input_size=64)
+    states = ("initial_h", "initial_c") if op == "LSTM" else ("initial_h",)
+    case = Case(op=op, optional=("B", "sequence_lens", *states), hidden=256, input_size=64,
+                linear_before_reset=linear_before_reset)
     module = tvmrnn.compile(case.model(), target="cuda", kernel="auto", logs=False)
     feeds = case.feeds(np.random.default_rng(10), 30, 40)
     ours, ref = module.run(feeds), case.reference(feeds)
