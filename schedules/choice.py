@@ -29,6 +29,10 @@ TILED_MIN_HIDDEN = 1024  # tiled only from this hidden size (too few blocks fill
 CLUSTER_MIN_HIDDEN, CLUSTER_MAX_BATCH = 256, 1
 RESIDENT_MAX_BATCH = 32  # persistent_mma with R resident gives way to mma above here in half precision and TF32
 STREAMED_MAX_BATCH = 64  # persistent_mma streaming part of R runs STEPWISE_MAX_BATCH+1 .. here (its 64 rows per pass)
+# exact fp32 above RESIDENT_MAX_BATCH: the per-step mma (3xTF32) up to this hidden size, where persistent_mma's blocks of
+# 8 units fill a quarter of the H100's SMs (blog-b, H256 at batch 64: 2.80 ms against 3.67), persistent_mma above
+# (b64-h1024-l2: 2.91 against mma's 3.54; benchmarks/results/h100-exact-fp32-batch64.md)
+EXACT_MMA_MAX_HIDDEN = 256
 # a tuned point replaces the default only when it measured this much faster: a kernel timed alone (R left in L2 between
 # repeats) can win by a hair yet lose inside a model
 TUNED_MARGIN = 0.05
@@ -46,10 +50,15 @@ def _always(fit: Fit) -> bool:
     return True
 
 
+def _exact_mma(fit: Fit) -> bool:
+    """Exact fp32 with R on chip and few units: the per-step mma beats persistent_mma above its resident batch tiles."""
+    return fit.resident and not fit.tensor_cores and fit.hidden_size <= EXACT_MMA_MAX_HIDDEN
+
+
 # CUDA under auto, in batch order. R too large for shared memory but streamed by persistent_mma: the per-step kind, the
 # streaming kernel, the per-step kind again. R on chip: persistent at small batch, then persistent_mma's batch tiles
-# (exact fp32 to any batch; half precision and TF32 to RESIDENT_MAX_BATCH, mma above). Neither: persistent if it fits,
-# then mma where tensor cores take the dtype, else stepwise and (for wide layers) tiled
+# (exact fp32 above EXACT_MMA_MAX_HIDDEN to any batch; the rest to RESIDENT_MAX_BATCH, mma above). Neither: persistent
+# if it fits, then mma where tensor cores take the dtype, else stepwise and (for wide layers) tiled
 CUDA_DEFAULTS = (
     Default("mma", STEPWISE_MAX_BATCH, STEPWISE_MAX_BATCH, lambda f: f.streams and f.tensor_cores),
     Default("stepwise", STEPWISE_MAX_BATCH, STEPWISE_MAX_BATCH, lambda f: f.streams and not f.tensor_cores),
@@ -62,8 +71,8 @@ CUDA_DEFAULTS = (
     Default("persistent_mma", RESIDENT_SMALL_BATCH, RESIDENT_SMALL_BATCH, lambda f: f.resident),
     Default("persistent_mma", RESIDENT_MID_BATCH, RESIDENT_MID_BATCH, lambda f: f.resident),
     Default("persistent_mma", RESIDENT_WIDE_BATCH, RESIDENT_WIDE_BATCH, lambda f: f.resident and not f.tensor_cores),
-    Default("persistent_mma", RESIDENT_MAX_BATCH, None, lambda f: f.resident),
-    Default("mma", None, None, lambda f: f.tensor_cores and not f.streams),
+    Default("persistent_mma", RESIDENT_MAX_BATCH, None, lambda f: f.resident and not _exact_mma(f)),
+    Default("mma", None, None, lambda f: (f.tensor_cores or _exact_mma(f)) and not f.streams),
     Default("stepwise", STEPWISE_MAX_BATCH, None, lambda f: not (f.resident or f.streams or f.tensor_cores)),
     Default("tiled", None, None, lambda f: f.wide and not (f.resident or f.streams or f.tensor_cores)),
 )

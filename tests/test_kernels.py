@@ -737,6 +737,9 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
     ("float32", 1024, 1, "sm_90", [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 32), ("persistent_mma", None)]),
     ("float16", 1024, 1, "sm_90", [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 32), ("mma", None)]),
     ("float32", 800, 2, "sm_90", [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", None)]),
+    # exact fp32 at H <= EXACT_MMA_MAX_HIDDEN: the per-step mma above the resident tiles (persistent_mma's blocks are few)
+    ("float32", 256, 1, "sm_90", [("cluster", 1), ("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24),
+                                  ("persistent_mma", 32), ("mma", None)]),
     ("float32", 1100, 1, "sm_90", [("persistent", 4), ("stepwise", 32), ("tiled", None)]),  # 138 blocks of 8 units: no wave
     # R is 52 MB (fp16) or 105 MB (fp32): persistent_mma streams part of it from L2 at batch 33-64
     ("float16", 2560, 1, "sm_90", [("mma", 32), ("persistent_mma", 64), ("mma", None)]),
