@@ -50,11 +50,6 @@ def _always(fit: Fit) -> bool:
     return True
 
 
-def _exact_mma(fit: Fit) -> bool:
-    """Exact fp32 with R on chip and few units: the per-step mma beats persistent_mma above its resident batch tiles."""
-    return fit.resident and not fit.tensor_cores and fit.hidden_size <= EXACT_MMA_MAX_HIDDEN
-
-
 # CUDA under auto, in batch order. R too large for shared memory but streamed by persistent_mma: the per-step kind, the
 # streaming kernel, the per-step kind again. R on chip: persistent at small batch, then persistent_mma's batch tiles
 # (exact fp32 above EXACT_MMA_MAX_HIDDEN to any batch; the rest to RESIDENT_MAX_BATCH, mma above). Neither: persistent
@@ -71,8 +66,8 @@ CUDA_DEFAULTS = (
     Default("persistent_mma", RESIDENT_SMALL_BATCH, RESIDENT_SMALL_BATCH, lambda f: f.resident),
     Default("persistent_mma", RESIDENT_MID_BATCH, RESIDENT_MID_BATCH, lambda f: f.resident),
     Default("persistent_mma", RESIDENT_WIDE_BATCH, RESIDENT_WIDE_BATCH, lambda f: f.resident and not f.tensor_cores),
-    Default("persistent_mma", RESIDENT_MAX_BATCH, None, lambda f: f.resident and not _exact_mma(f)),
-    Default("mma", None, None, lambda f: (f.tensor_cores or _exact_mma(f)) and not f.streams),
+    Default("persistent_mma", RESIDENT_MAX_BATCH, None, lambda f: f.resident and not f.exact_mma),
+    Default("mma", None, None, lambda f: (f.tensor_cores or f.exact_mma) and not f.streams),
     Default("stepwise", STEPWISE_MAX_BATCH, None, lambda f: not (f.resident or f.streams or f.tensor_cores)),
     Default("tiled", None, None, lambda f: f.wide and not (f.resident or f.streams or f.tensor_cores)),
 )

@@ -81,16 +81,21 @@ class Fit:
     wide: bool  # hidden size of at least TILED_MIN_HIDDEN (choice.py)
     cluster: bool = False  # R (each direction's) in the shared memory of one thread-block cluster (sm_90 and newer)
     hidden_size: int = 0
+    # exact fp32 with R resident and at most EXACT_MMA_MAX_HIDDEN units (choice.py): the per-step mma (3xTF32) runs, and
+    # is auto's kind above persistent_mma's resident batch tiles
+    exact_mma: bool = False
 
     @staticmethod
     def of(spec, cell, target, device: Device) -> Fit:
         from . import recurrent_cluster as cluster
         from . import recurrent_persistent as persistent
-        from .choice import TILED_MIN_HIDDEN
+        from .choice import EXACT_MMA_MAX_HIDDEN, TILED_MIN_HIDDEN
 
-        return Fit(persistent.fits(spec, cell, device), persistent_mma_fits(spec, cell, target, device),
-                   persistent_mma_streams(spec, cell, target, device), rounding_mode(spec, target) is not None,
-                   spec.hidden_size >= TILED_MIN_HIDDEN, cluster.fits(spec, cell, device), spec.hidden_size)
+        resident, half_or_tf32 = persistent_mma_fits(spec, cell, target, device), rounding_mode(spec, target) is not None
+        exact_mma = resident and not half_or_tf32 and tensor_cores(target) and spec.hidden_size <= EXACT_MMA_MAX_HIDDEN
+        return Fit(persistent.fits(spec, cell, device), resident, persistent_mma_streams(spec, cell, target, device),
+                   half_or_tf32, spec.hidden_size >= TILED_MIN_HIDDEN, cluster.fits(spec, cell, device), spec.hidden_size,
+                   exact_mma)
 
 
 @dataclass(frozen=True)
@@ -355,7 +360,7 @@ def _mma_emit(config, spec, cell, device):
     return lambda a: mma_body(a, cfg)
 
 
-register(KernelKind("mma", "cuda", lambda fit: fit.tensor_cores,
+register(KernelKind("mma", "cuda", lambda fit: fit.tensor_cores or fit.exact_mma,
                     lambda spec, cell, device: {"units": (8, 16), "n_tiles": (1, 2, 4), "n_warps": (1, 2), "k_warps": (1, 2, 4),
                                                 "depth": (1, 2, 4)} | _half_operand(spec),
                     _mma_default, _mma_emit, later_knobs={"chunk_acc": 0}))
