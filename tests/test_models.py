@@ -73,11 +73,14 @@ def test_zoo_model_compiles_for_cuda_and_exports(entry, target, tmp_path):
 def test_zoo_model_builds_tensor_core_kernels(entry, options):
     """Half storage, TF32 and exact fp32 (3xTF32) build for CUDA without a GPU (NVRTC), every layer's large-batch
     branches on tensor-core kernels (the zoo's layers all fit in shared memory: the persistent one, up to batch 32
-    where a rounding mode has the per-step one above)."""
+    where a rounding mode or at most EXACT_MMA_MAX_HIDDEN units have the per-step one above)."""
+    from schedules.choice import EXACT_MMA_MAX_HIDDEN
+
     module = tvmrnn.compile(os.path.join(MODELS, entry.filename), target="nvidia/nvidia-h100", logs=False, **options)
     for layer in module.metadata["layers"]:
         kinds = [branch["config"]["kind"] for branch in layer["schedule"]]
-        assert kinds[-2:] == (["persistent_mma", "mma"] if options else ["persistent_mma", "persistent_mma"]), layer["kernel"]
+        per_step_above = options or layer["hidden_size"] <= EXACT_MMA_MAX_HIDDEN
+        assert kinds[-2:] == (["persistent_mma", "mma"] if per_step_above else ["persistent_mma", "persistent_mma"]), layer["kernel"]
         assert layer["dtype"] == options.get("dtype", "float32") and layer["precision"] == options.get("precision", "exact")
 
 
