@@ -2,7 +2,9 @@
 a GPU, PyTorch eager where the model came from torch. Each model is compiled with the zoo's options and run on the
 zoo's feeds (a streamed model: its chunks, each timed as one call).
 
-    python benchmarks/zoo_bench.py [--target llvm|cuda] [--repeats N] [--out DIR] [--logs DIR|default] [NAME ...]
+    python benchmarks/zoo_bench.py [--target llvm|cuda] [--repeats N] [--out DIR] [--logs DIR|default] [--all] [NAME ...]
+
+Without names: every model but the slow ones (ddddocr's 76 MB wheel); --all takes those too.
 
 --logs compiles with tuning logs: a folder as `tvmrnn compile --logs` takes, or `default` for compile's own (the
 user's folder and the repo's tuning_logs/); the table then says which.
@@ -80,8 +82,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=100)
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--logs", help="compile with these tuning logs ('default': compile's own); untuned without")
+    parser.add_argument("--all", action="store_true", help="without names: the slow models too")
     args = parser.parse_args()
-    names = args.names or [n for n in zoo.MODELS if not zoo.MODELS[n].slow] + list(keras_zoo.BY_NAME)
+    names = args.names or [n for n in zoo.MODELS if args.all or not zoo.MODELS[n].slow] + list(keras_zoo.BY_NAME)
     env, results = bench.environment(args.target == "cuda"), []
     logs = False if args.logs is None else None if args.logs == "default" else args.logs
     command = "python benchmarks/zoo_bench.py " + " ".join(sys.argv[1:])
