@@ -4,8 +4,8 @@
 #                                   prints TVM, PyTorch, the GPU and its driver
 #   pytest-gpu [N] [K/P] [PYTEST ARGS]
 #                                   pytest -m gpu in N processes (default 4), each a share of the collected tests (of
-#                                   part K of P, in collection order, where K/P is given: the suite in P calls); the
-#                                   whole GPU suite in one call (about 9 minutes on an H100; TESTS_S caps each process)
+#                                   part K of P, in collection order, where K/P is given); the whole suite takes
+#                                   about 11 minutes on an H100, so two calls: 4 1/2, then 4 2/2 (TESTS_S caps each process)
 #   bench [BENCH ARGS]              tvmrnn bench against cuDNN (default: every row, fp32 and fp16, exact and TF32)
 #   profile [ROW ...]               each row's kernels and the GPU's idle time between them (profile_rows.py)
 #   ncu [ROW DTYPE T]               Nsight Compute on one row's recurrent kernel (ncu_row.py; default blog-a float16 20)

@@ -301,9 +301,8 @@ def dim_bounds_to_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     their launches by them (schedules.graph_cuda)."""
     from schedules.graph_cuda import DIM_BOUNDS_ATTR
 
-    main = mod["main"] if "main" in [gv.name_hint for gv in mod.get_global_vars()] else None
-    bounds = dict(main.attrs["tir_var_upper_bound"]) if main is not None and main.attrs is not None \
-        and "tir_var_upper_bound" in main.attrs else {}
+    main = next((f for gv, f in mod.functions_items() if gv.name_hint == "main"), None)
+    bounds = dict((main.attrs or {}).get("tir_var_upper_bound", {})) if main is not None else {}
     if not bounds:
         return mod
     for gv, func in list(mod.functions_items()):

@@ -35,8 +35,8 @@ class ZooModel:
 
     def compile_options(self, target: str = "llvm") -> dict:
         shapes = {**self.input_shapes, **(self.cuda_shapes if target == "cuda" else {})}
-        max_dims = self.cuda_max_dims if target == "cuda" else {}
-        return {"input_shapes": shapes or None, "consts": self.consts or None, **({"max_dims": max_dims} if max_dims else {})}
+        max_dims = self.cuda_max_dims if target == "cuda" else None
+        return {"input_shapes": shapes or None, "consts": self.consts or None, "max_dims": max_dims or None}
 
 
 def _silero(variant, input_shapes, consts=None, feeds=silero_vad.state_feeds, carry=None, cuda_max_dims=None):

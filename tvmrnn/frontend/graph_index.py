@@ -18,6 +18,15 @@ def attr(node, name, default=None):
     return default
 
 
+def declared_dims(graph: onnx.GraphProto, name: str) -> list[int | None] | None:
+    """The dims the graph declares for tensor `name` (value_info, inputs, outputs), None for each symbolic one; None
+    where no shape is declared."""
+    for v in list(graph.value_info) + list(graph.input) + list(graph.output):
+        if v.name == name and v.type.tensor_type.HasField("shape"):
+            return [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+    return None
+
+
 class GraphIndex:
     def __init__(self, model: onnx.ModelProto):
         self.producers = {o: n for n in model.graph.node for o in n.output if o}

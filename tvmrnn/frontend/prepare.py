@@ -17,7 +17,7 @@ from onnx import numpy_helper
 from schedules.layer import INPUT_NAMES
 
 from ..errors import UnsupportedModelError
-from .graph_index import GraphIndex
+from .graph_index import GraphIndex, declared_dims
 from .stacks import hoist_states
 
 PREPARED = "tvmrnn.prepared"  # metadata_props key: the graph is already specialized and folded
@@ -155,11 +155,8 @@ def fold_static_sizes(model: onnx.ModelProto):
 
 
 def _static_shape(graph, name):
-    for v in list(graph.value_info) + list(graph.input) + list(graph.output):
-        if v.name == name and v.type.tensor_type.HasField("shape"):
-            dims = v.type.tensor_type.shape.dim
-            return [d.dim_value for d in dims] if all(d.HasField("dim_value") for d in dims) else None
-    return None
+    dims = declared_dims(graph, name)
+    return dims if dims is not None and None not in dims else None
 
 
 def _size(model):

@@ -19,7 +19,7 @@ import onnx
 
 from schedules.layer import INPUT_NAMES
 
-from .graph_index import GraphIndex, attr
+from .graph_index import GraphIndex, attr, declared_dims
 
 RNN_OPS = tuple(INPUT_NAMES)
 
@@ -123,7 +123,7 @@ def joined_states(model: onnx.ModelProto, first: int, members: list[StackMember]
     if None in sliced or any(given.get("initial_c") for given in named):  # (an LSTM's c: not joined)
         return None
     source = sliced[0][0]
-    if sliced != [(source, i) for i in range(len(nodes))] or _first_dim(model, source) != len(nodes):
+    if sliced != [(source, i) for i in range(len(nodes))] or (declared_dims(model.graph, source) or [None])[0] != len(nodes):
         return None
     finals = [n.output[1] if len(n.output) > 1 else "" for n in nodes]
     readers = [[r for r in model.graph.node if f and f in r.input] for f in finals]
@@ -146,14 +146,6 @@ def _sliced_layer(graph: GraphIndex, name: str) -> tuple[str, int] | None:
     if starts is None or ends != [s + 1 for s in starts] or len(starts) != 1 or axes != [0] or steps != [1]:
         return None
     return node.input[0], starts[0]
-
-
-def _first_dim(model: onnx.ModelProto, name: str) -> int | None:
-    for v in list(model.graph.input) + list(model.graph.value_info):
-        if v.name == name and v.type.tensor_type.shape.dim:
-            d = v.type.tensor_type.shape.dim[0]
-            return d.dim_value if d.HasField("dim_value") else None
-    return None
 
 
 def _key(node) -> tuple:
