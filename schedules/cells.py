@@ -15,6 +15,7 @@ the new states ("h", "c") and whatever a later phase reads.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -91,20 +92,46 @@ class Terms:
     """What a phase program of one hidden unit (one direction, batch row and unit) can read.
 
     activate(k, pre) applies the cell's activation k (LSTM f, g, h; GRU f, g; RNN f).
+    activated: gate -> its gate(k, g), where a kernel computed it ahead (a lane of its own: recurrent_cluster).
     """
 
-    def __init__(self, x, rec, state, param, value, activate, clip):
+    def __init__(self, x, rec, state, param, value, activate, clip, activated=None):
         self.x, self.rec, self.state, self.param, self.value = x, rec, state, param, value
-        self._activate, self._clip = activate, clip
+        self._activate, self._clip, self.activated = activate, clip, activated or {}
+
+    def gate(self, k: int, g: int) -> Expr:
+        """Activation k of gate g's own pre-activation x + rec, which reads nothing of the unit's other gates or
+        state: the gates own_gate_activations finds, which a kernel may compute apart from the rest of the program."""
+        if g in self.activated:
+            return self.activated[g]
+        return self.act(k, self.x(g) + self.rec(g))
 
     def act(self, k: int, pre: Expr) -> Expr:
         """Activation k with the cell clip applied to its input (ONNX clips every gate's pre-activation)."""
-        if self._clip is not None:
-            pre = tirx.max(tirx.min(pre, _f32(self._clip)), _f32(-self._clip))
-        return self._activate(k, pre)
+        return self._activate(k, self.clipped(pre))
+
+    def clipped(self, pre: Expr) -> Expr:
+        if self._clip is None:
+            return pre
+        return tirx.max(tirx.min(pre, _f32(self._clip)), _f32(-self._clip))
 
     def act_noclip(self, k: int, pre: Expr) -> Expr:
         return self._activate(k, pre)
+
+
+def own_gate_activations(phase: "Phase") -> dict[int, int]:
+    """gate -> activation index of the gates a phase program activates through Terms.gate, found by running the
+    program on zeros."""
+    calls = {}
+
+    class Recorder(Terms):
+        def gate(self, k, g):
+            calls[g] = k
+            return _f32(0.0)
+
+    zero = lambda *_: _f32(0.0)  # noqa: E731
+    phase.program(Recorder(zero, zero, defaultdict(zero), zero, defaultdict(zero), lambda k, pre: pre, None))
+    return calls
 
 
 @dataclass(frozen=True)
@@ -137,12 +164,11 @@ def lstm_cell(spec: RNNLayerSpec) -> Cell:
     def program(t: Terms):
         c_prev = t.state["c"]
         def gate(g, peephole, cell):
-            pre = t.x(g) + t.rec(g)
-            return t.act(0, pre + t.param(peephole) * cell if peep else pre)
+            return t.act(0, t.x(g) + t.rec(g) + t.param(peephole) * cell) if peep else t.gate(0, g)
 
         i = gate(I, "P_i", c_prev)
         f = 1.0 - i if spec.input_forget else gate(F, "P_f", c_prev)  # coupled: forget what is let in
-        c = f * c_prev + i * t.act(1, t.x(C) + t.rec(C))
+        c = f * c_prev + i * t.gate(1, C)
         o = gate(O, "P_o", c)  # the output gate's peephole sees the new cell state
         return {"c": c, "h": o * t.act_noclip(2, c)}
 
@@ -156,8 +182,7 @@ def gru_cell(spec: RNNLayerSpec) -> Cell:
     if spec.linear_before_reset:
         # h~ = g(x_h + r * (R_h h + Rb_h)): Rb_h sits inside the product with r, so it is not folded
         def program(t: Terms):
-            z = t.act(0, t.x(Z) + t.rec(Z))
-            r = t.act(0, t.x(R) + t.rec(R))
+            z, r = t.gate(0, Z), t.gate(0, R)
             hh = t.act(1, t.x(H) + r * (t.rec(H) + t.param("Rb_h")))
             return {"h": (1.0 - z) * hh + z * t.state["h"]}
 
@@ -165,12 +190,11 @@ def gru_cell(spec: RNNLayerSpec) -> Cell:
 
     # h~ = g(x_h + R_h (r*h) + Rb_h): needs all of r*h before the h gate's product, so two phases
     def gates_zr(t: Terms):
-        z = t.act(0, t.x(Z) + t.rec(Z))
-        r = t.act(0, t.x(R) + t.rec(R))
+        z, r = t.gate(0, Z), t.gate(0, R)
         return {"z": z, "rh": r * t.state["h"]}
 
     def candidate(t: Terms):
-        hh = t.act(1, t.x(H) + t.rec(H))
+        hh = t.gate(1, H)
         z = t.value["z"]
         return {"h": (1.0 - z) * hh + z * t.state["h"]}
 
@@ -179,7 +203,7 @@ def gru_cell(spec: RNNLayerSpec) -> Cell:
 
 def rnn_cell(spec: RNNLayerSpec) -> Cell:
     def program(t: Terms):
-        return {"h": t.act(0, t.x(0) + t.rec(0))}
+        return {"h": t.gate(0, 0)}
 
     return Cell("RNN", 1, ("h",), (Phase((0,), "h", program),), (), (0,))
 

@@ -30,13 +30,15 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
+from . import cells, vector_math
 from .cells import Cell
 from .device import Device
 from .layer import RNNLayerSpec
-from .recurrent_common import KernelArgs, block_sync, i64, load_xw_ahead, shared_dyn, step_phases, store_unseen
-from .recurrent_cuda import epilogue, operand_at, vector_width, weight_bytes
+from .recurrent_common import (KernelArgs, block_sync, direction_activation, i64, load_xw_ahead, shared_dyn, step_phases,
+                               store_unseen)
+from .recurrent_cuda import accurate_math, epilogue, operand_at, vector_width, weight_bytes
 from .recurrent_persistent import _strided
-from .warp_gemv import warp_gates
+from .warp_gemv import scattered_slot, warp_gates
 
 F32 = "float32"
 CLUSTER_SIZES = (8, 16)  # 8 is CUDA's portable cluster size; 16 the largest sm_90 allows (non-portable)
@@ -49,16 +51,27 @@ PUT_SRC = (f"__forceinline__ __device__ void {PUT}(float* p, float v, unsigned c
            "for (unsigned r = 0; r < ctas; ++r) { unsigned q; "
            'asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(q) : "r"(a), "r"(r)); '
            'asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(q), "f"(v) : "memory"); } }')
-SEND = "tvmrnn_cluster_send"
-# sync 1: value into the same address of CTAs 0..ctas-1 by st.async, each store signalling its 4 bytes on the same
-# mbarrier of that CTA (mbarrier::complete_tx), so that a reader waits for the bytes, not for every CTA at a barrier
-SEND_SRC = (f"__forceinline__ __device__ void {SEND}(void* p, float v, void* bar, unsigned ctas) {{ "
-            "unsigned a = (unsigned)__cvta_generic_to_shared(p), m = (unsigned)__cvta_generic_to_shared(bar); "
-            "for (unsigned r = 0; r < ctas; ++r) { unsigned qa, qm; "
-            'asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(qa) : "r"(a), "r"(r)); '
-            'asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(qm) : "r"(m), "r"(r)); '
-            'asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" '
-            ':: "r"(qa), "r"(__float_as_uint(v)), "r"(qm) : "memory"); } }')
+# sync 1: `width` consecutive values of the CTA's staged units into the same address of CTA `rank` by one st.async,
+# which counts its bytes on that CTA's mbarrier (mbarrier::complete_tx), so that a reader waits for the bytes, not for
+# every CTA at a barrier
+_VEC = {1: ("float", "b32", "%1", '"r"(__float_as_uint(v))'),
+        2: ("float2", "v2.b32", "{%1, %2}", '"r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y))'),
+        4: ("float4", "v4.b32", "{%1, %2, %3, %4}", '"r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), '
+                                                    '"r"(__float_as_uint(v.z)), "r"(__float_as_uint(v.w))')}
+
+
+def _send_source(width: int) -> tuple[str, str]:
+    ctype, suffix, operands, regs = _VEC[width]
+    bar = len(operands.split(",")) + 1
+    name = f"tvmrnn_cluster_send{width}"
+    return name, (f"__forceinline__ __device__ void {name}(const float* src, float* dst, void* bar, unsigned rank) {{ "
+                  f"{ctype} v = *(const {ctype}*)src; unsigned qa, qm; "
+                  'asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(qa) : "r"((unsigned)__cvta_generic_to_shared(dst)), "r"(rank)); '
+                  'asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(qm) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(rank)); '
+                  f'asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.{suffix} [%0], {operands}, [%{bar}];" '
+                  f':: "r"(qa), {regs}, "r"(qm) : "memory"); }}')
+
+
 MBAR_INIT = "tvmrnn_mbarrier_init"
 MBAR_INIT_SRC = (f"__forceinline__ __device__ void {MBAR_INIT}(void* bar) {{ "
                  "unsigned m = (unsigned)__cvta_generic_to_shared(bar); "
@@ -82,7 +95,7 @@ BARRIER_SRC = (f"__forceinline__ __device__ void {BARRIER}() {{ "
 # 32-bit registers a lane may give R's elements at batch_tile 1, divided by the batch tile above (of at most 128 a
 # thread at 512 threads: the rest for the reduction's sums, which grow with the batch tile, and the gate program; 48
 # and more spilled in GRU H512 fp32)
-REG_WEIGHTS = 40
+REG_WEIGHTS = 56
 
 
 @dataclass(frozen=True)
@@ -147,12 +160,14 @@ def fits(spec: RNNLayerSpec, cell: Cell, device: Device, cfg: ClusterConfig | No
 
 
 def default_config(spec: RNNLayerSpec, cell: Cell, device: Device) -> ClusterConfig:
-    """As much of R in registers as they take, and the cluster size whose CTAs read the fewest bytes of R from shared
-    memory a step (its bandwidth bounds the step), the smaller at a tie (fewer CTAs to store each value into and to
-    meet at the barrier); st.async and mbarriers (sync 1) where every CTA owns units."""
+    """As much of R in registers as they take; the cluster size where every CTA owns units (sync 1 needs it), whose
+    CTAs read the fewest bytes of R from shared memory a step (its bandwidth bounds the step), the larger at a tie
+    (fewer units a warp: a shorter gate program and exchange a step); st.async and mbarriers (sync 1) where every CTA
+    owns units."""
     configs = [ClusterConfig(ctas=c).with_registers(spec) for c in CLUSTER_SIZES]
     fitting = [c for c in configs if c.smem_bytes(spec, cell) <= device.smem_limit] or configs[-1:]
-    best = min(fitting, key=lambda c: (c.units_per_cta(spec) * (spec.hidden_size - c.reg_k), c.ctas))
+    best = min(fitting, key=lambda c: (not c.all_ctas_own_units(spec), c.units_per_cta(spec) * (spec.hidden_size - c.reg_k),
+                                       -c.ctas))
     # sync 1 where every CTA owns units: 0.6-0.7x sync 0's step at H256 and H512 (benchmarks/results/h100-cluster-step.md)
     return dataclasses.replace(best, sync=1) if best.all_ctas_own_units(spec) else best
 
@@ -178,26 +193,56 @@ def _rows_view(data, shape, strides, offset):
 def cluster_body(a: KernelArgs, cfg: ClusterConfig):
     """One cluster per direction: R's rows into shared memory, then the batch chunk by chunk (_chunk)."""
     spec, cell = a.spec, a.cell
-    H, D, C, NB, UPC = spec.hidden_size, spec.num_directions, cfg.ctas, cfg.batch_tile, cfg.units_per_cta(spec)
+    D, C = spec.num_directions, cfg.ctas
     assert cfg.valid(spec), (cfg, spec.hidden_size)
     with T.thread_binding(0, i64(D * C), "blockIdx.x") as bx:
         with T.thread_binding(0, i64(C), "clusterCtaIdx.x") as rank:
             with T.thread_binding(0, i64(cfg.warps), "threadIdx.y") as ty:
                 with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
                     tid = ty * i64(32) + lane
-                    d, j0 = bx // i64(C), rank * i64(UPC)
+                    d, j0 = bx // i64(C), rank * i64(cfg.units_per_cta(spec))
                     weights = _load_weights(a, cfg, d, j0, ty, lane, tid)
-                    # h's two slots, then (sync 1) the mbarriers, 8 bytes each: TVM places a shared buffer by the loads and
-                    # stores it sees, and the mbarriers are only ever passed by address
-                    rows = {"h": shared_dyn((2 * NB * H + 2 * len(_Arrivals.BARS) * cfg.sync,), F32)}
-                    rows |= {v: shared_dyn((NB, H), F32) for v in cell.stored_values}
-                    # per lane: the cell state and next step's XW of the (unit, row) it finishes (warp_gemv), in registers
-                    regs = {"xw": T.alloc_buffer((len(cell.phases), max(len(p.gates) for p in cell.phases)), F32, scope="local")}
+                    layout = _Rows(spec, cell, cfg)
+                    # one buffer, so that the offsets _Rows gives are those of shared memory: TVM places a shared buffer
+                    # by the loads and stores it sees, and the staged values and mbarriers are only passed by address
+                    rows = shared_dyn((layout.size,), F32)
+                    # every element access by a view of its own, which CompactBufferAllocation leaves alone (its region
+                    # bound divided by zero on the staged sends' indices)
+                    rows = T.decl_buffer((layout.size,), F32, data=rows.data, scope="shared.dyn")
+                    # per lane: the cell state and next step's XW of the (unit, row) it finishes (warp_gemv), and the
+                    # XW of the gate whose scattered sum it holds, in registers
+                    regs = {"xw": T.alloc_buffer((len(cell.phases), max(len(p.gates) for p in cell.phases)), F32, scope="local"),
+                            "own_xw": T.alloc_buffer((len(cell.phases),), F32, scope="local")}
                     if a.Yc is not None:
                         regs["c"] = T.alloc_buffer((1,), F32, scope="local")
-                    arrivals = _Arrivals(a, cfg, tid, rows["h"], 2 * NB * H) if cfg.sync else None
-                    with T.serial(0, tirx.ceildiv(a.batch, i64(NB))) as chunk:
-                        _chunk(a, cfg, rows, regs, weights, d, j0, chunk, ty, lane, tid, arrivals)
+                    arrivals = _Arrivals(a, cfg, tid, rows, layout, j0) if cfg.sync else None
+                    with T.serial(0, tirx.ceildiv(a.batch, i64(cfg.batch_tile))) as chunk:
+                        _chunk(a, cfg, rows, layout, regs, weights, d, j0, chunk, ty, lane, tid, arrivals)
+
+
+class _Rows:
+    """Offsets (in floats) into the one shared buffer of the values CTAs exchange: h's two slots, each stored value
+    (GRU's z and r*h), and with sync 1 the CTA's own units of each operand staged for sending (h's by the slot it goes
+    to), then the mbarriers (8 bytes each). Staged rows and the mbarriers start at multiples of 4 floats (16-byte
+    stores and loads)."""
+
+    def __init__(self, spec: RNNLayerSpec, cell: Cell, cfg: ClusterConfig):
+        H, NB = spec.hidden_size, cfg.batch_tile
+        self.nb = NB
+        self.stage_row = -(-cfg.units_per_cta(spec) // 4) * 4
+        self.value = {v: (2 + i) * NB * H for i, v in enumerate(cell.stored_values)}
+        at = -(-(2 + len(cell.stored_values)) * NB * H // 4) * 4
+        self.stage = {}
+        for name in dict.fromkeys(p.operand for p in cell.phases) if cfg.sync else ():
+            self.stage[name] = at
+            at += (2 if name == "h" else 1) * NB * self.stage_row
+        self.bars = at
+        self.size = at + 2 * len(_Arrivals.BARS) * cfg.sync
+
+    def staged(self, name, slot, b):
+        """Where row b of the chunk's staged units of operand `name` start (h's in its slot `slot`)."""
+        row = slot * i64(self.nb) + b if name == "h" else b
+        return i64(self.stage[name]) + row * i64(self.stage_row)
 
 
 def _load_weights(a: KernelArgs, cfg: ClusterConfig, d, j0, ty, lane, tid) -> dict:
@@ -229,36 +274,60 @@ def _load_weights(a: KernelArgs, cfg: ClusterConfig, d, j0, ty, lane, tid) -> di
 
 
 class _Arrivals:
-    """sync 1: per CTA one mbarrier for each slot of h and one for a value a later phase multiplies (GRU's r*h). Each
-    value goes to every CTA by st.async, which counts its bytes on the receiver's mbarrier; a phase's readers wait for
-    the phase of the mbarrier that completes when all of the operand (H values a row) has come. Thread 0 arms each
-    phase (one arrival expecting those bytes) after the wait on the one before, and only for values that will be sent,
-    so that no phase is left open when the kernel ends.
+    """sync 1: per CTA one mbarrier for each slot of h and one for a value a later phase multiplies (GRU's r*h). A phase's
+    finishing lanes stage the CTA's own units of such a value in its shared memory; after a block barrier, threads send
+    them to every CTA, up to 4 consecutive units a st.async (send_staged), which counts its bytes on the receiver's
+    mbarrier; a phase's readers wait for the phase of the mbarrier that completes when all of the operand (H values a
+    row) has come. Thread 0 arms each phase (one arrival expecting those bytes) after the wait on the one before, and
+    only for values that will be sent, so that no phase is left open when the kernel ends.
 
     A writer never overwrites what a reader still reads: a CTA sends h[t+1] into slot (t+1) % 2 only after h[t] has
-    come whole, and every warp that reads an operand sends at least one value of the next after its reads (warps
-    without units below H skip the reduction). Phases of the mbarriers run on across batch chunks (one init a launch):
-    each one's parity is counted from the step and the chunk."""
+    come whole, so after every CTA's block barrier that followed its last reads of h[t-1] (every CTA owns units, so
+    every CTA sends). A staged value is read by the senders before the next phase's block barrier, and h's are staged
+    by slot, so that no lane stages over values not yet sent. Phases of the mbarriers run on across batch chunks (one
+    init a launch): each one's parity is counted from the step and the chunk."""
 
     BARS = ("h slot 0", "h slot 1", "stored operand")
 
-    def __init__(self, a: KernelArgs, cfg: ClusterConfig, tid, buf, offset: int):
-        self.a, self.cfg, self.tid, self.buf, self.offset = a, cfg, tid, buf, offset  # offset: a multiple of 2 floats
+    def __init__(self, a: KernelArgs, cfg: ClusterConfig, tid, buf, layout: _Rows, j0):
+        self.a, self.cfg, self.tid, self.buf, self.layout, self.j0 = a, cfg, tid, buf, layout, j0
         with T.If(tid == i64(0)):
             with T.Then():
                 for i in range(len(self.BARS)):
                     T.evaluate(T.cuda.func_call(MBAR_INIT, self._at(i64(i)), source_code=MBAR_INIT_SRC))
 
     def _at(self, i):
-        return tirx.address_of(self.buf[i64(self.offset) + i * i64(2)])
+        return tirx.address_of(self.buf[i64(self.layout.bars) + i * i64(2)])
 
-    def send(self, bar):
-        """store_operand's store: the value to every CTA, counted on mbarrier `bar` (an index, or idx -> index)."""
-        def put(buf, idx, value):
-            at = bar(idx) if callable(bar) else bar
-            T.evaluate(T.cuda.func_call(SEND, tirx.address_of(buf[tuple(idx)]), value, self._at(at),
-                                        tirx.IntImm("uint32", self.cfg.ctas), source_code=SEND_SRC))
+    def stage(self, name, n0):
+        """store_operand's store: the value into this CTA's staged units (h's by the slot idx[0] it goes to)."""
+        def put(_buf, idx, value):
+            slot, n, j = (idx[0] if name == "h" else 0), idx[-2], idx[-1]
+            at = self.layout.staged(name, slot, n - n0) + j - self.j0
+            store_unseen(self.buf, [at], value)
         return put
+
+    def send_staged(self, name, slot, n0, dests):
+        """After a block barrier: the staged units of `name` (into h's slot `slot`) to the same place in every CTA,
+        `width` units a st.async from the threads of the block, (destination, row, units) apart."""
+        spec, cfg = self.a.spec, self.cfg
+        H, NB, UPC = spec.hidden_size, cfg.batch_tile, cfg.units_per_cta(spec)
+        width = next(w for w in (4, 2, 1) if UPC % w == 0 and H % w == 0)
+        func, source = _send_source(width)
+        per_row = -(-UPC // width)
+        bar = slot if name == "h" else i64(2)
+
+        def one(e):
+            rank, b, q = e // i64(NB * per_row), e // i64(per_row) % i64(NB), e % i64(per_row)
+            j = self.j0 + q * i64(width)
+            with T.If(tirx.all(n0 + b < self.a.batch, j < i64(H))):
+                with T.Then():
+                    src = self.layout.staged(name, slot, b) + q * i64(width)
+                    dst = dests(b, j)
+                    T.evaluate(T.cuda.func_call(func, tirx.address_of(self.buf[src]), tirx.address_of(self.buf[dst]),
+                                                self._at(bar), rank.astype("uint32"), source_code=source))
+
+        _strided(cfg.ctas * NB * per_row, cfg.warps * 32, self.tid, one)
 
     def _arm(self, i, n0, when):
         rows = tirx.min(i64(self.cfg.batch_tile), self.a.batch - n0)
@@ -292,15 +361,18 @@ class _Arrivals:
         T.evaluate(T.cuda.func_call(WAIT, self._at(i), (done % i64(2)).astype("uint32"), source_code=WAIT_SRC))
 
 
-def _chunk(a: KernelArgs, cfg: ClusterConfig, rows: dict, regs: dict, weights: dict, d, j0, chunk, ty, lane, tid,
-           arrivals: _Arrivals | None = None):
+def _chunk(a: KernelArgs, cfg: ClusterConfig, rows, layout: _Rows, regs: dict, weights: dict, d, j0, chunk, ty, lane,
+           tid, arrivals: _Arrivals | None = None):
     """Rows n0.. of the batch through the whole sequence: initial states, a barrier, the steps, the final states."""
     spec, cell = a.spec, a.cell
     H, D, NB, threads = spec.hidden_size, spec.num_directions, cfg.batch_tile, cfg.warps * 32
     N, xw, n0 = a.batch, regs["xw"], chunk * i64(cfg.batch_tile)
-    hbuf = _rows_view(rows["h"].data, (2, D, N, H), (NB * H, 0, H, 1), n0 * i64(H))
-    scratch = {v: _rows_view(rows[v].data, (D, N, H), (0, H, 1), n0 * i64(H)) for v in cell.stored_values}
-    yc = a.Yc
+    hbuf = _rows_view(rows.data, (2, D, N, H), (NB * H, 0, H, 1), n0 * i64(H))
+    scratch = {v: _rows_view(rows.data, (D, N, H), (0, H, 1), n0 * i64(H) - i64(layout.value[v])) for v in cell.stored_values}
+    yc, params = a.Yc, a.params
+    if params is not None:  # the unit's parameters (peepholes, GRU's Rb_h) in registers, as params is indexed
+        regs["params"] = _own_params(a, cfg, d, j0, ty, lane)
+        a.params = T.decl_buffer(params.shape, F32, data=regs["params"].data, strides=[i64(0), i64(1), i64(0)], scope="local")
     if yc is not None:  # the lane's cell state as Yc is indexed: its own (unit, row) at 0
         slot, b = _lane_unit(cfg, spec, ty, lane)
         strides = (0, 1, NB) if spec.layout == 0 else (1, 0, NB)
@@ -308,7 +380,7 @@ def _chunk(a: KernelArgs, cfg: ClusterConfig, rows: dict, regs: dict, weights: d
                              elem_offset=-((j0 + slot) * i64(NB) + n0 + b), scope="local")
     operands = dict.fromkeys(p.operand for p in cell.phases)
     if arrivals:
-        share = {"h": arrivals.send(lambda idx: idx[0])} | {v: arrivals.send(i64(2)) for v in operands if v != "h"}
+        share = {v: arrivals.stage(v, n0) for v in operands}
     else:
         share = {v: _share(cfg.ctas) for v in operands}
     # a value only its unit's owner reads (GRU's z) goes into its own CTA's copy
@@ -330,7 +402,7 @@ def _chunk(a: KernelArgs, cfg: ClusterConfig, rows: dict, regs: dict, weights: d
     # under auto's batch dispatch (the kernel is one branch of it)
     block_sync()
     _cluster_barrier()  # every CTA started (DSMEM needs it), holds the initial states (and sees the mbarriers armed)
-    _prefetch_xw(a, cfg, xw, i64(0), d, j0, n0, ty, lane)
+    _prefetch_xw(a, cfg, regs, i64(0), d, j0, n0, ty, lane)
 
     def phase_step(pi, phase, last, operand, s, cur, nxt):
         if arrivals and phase.operand == "h":
@@ -339,9 +411,15 @@ def _chunk(a: KernelArgs, cfg: ClusterConfig, rows: dict, regs: dict, weights: d
                     arrivals.wait_h(s, chunk, n0)
         elif arrivals:
             arrivals.wait_stored(s, chunk, n0)
-        _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, weights, xw, s, cur, nxt, d, j0, n0, ty, lane)
+        _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, weights, regs, s, cur, nxt, d, j0, n0, ty, lane)
+        if arrivals:  # the values this phase staged, once all its lanes have
+            block_sync()
+            for name in (["h"] if last else []) + [v for v in phase.stores if v in operands]:
+                dests = ((lambda b, j: nxt * i64(NB * H) + b * i64(H) + j) if name == "h"
+                         else (lambda b, j, name=name: i64(layout.value[name]) + b * i64(H) + j))
+                arrivals.send_staged(name, nxt, n0, dests)
         if last:  # the next step's XW, in flight across the wait
-            _prefetch_xw(a, cfg, xw, s + i64(1), d, j0, n0, ty, lane)
+            _prefetch_xw(a, cfg, regs, s + i64(1), d, j0, n0, ty, lane)
         if not arrivals:
             _cluster_barrier()
 
@@ -358,7 +436,17 @@ def _chunk(a: KernelArgs, cfg: ClusterConfig, rows: dict, regs: dict, weights: d
 
     _each_owned(a, cfg, d, j0, n0, ty, lane, final)
     block_sync()  # the next chunk's initial states overwrite what this one's final states read
-    a.Yc, a.shared = yc, {}
+    a.Yc, a.params, a.shared = yc, params, {}
+
+
+def _own_params(a: KernelArgs, cfg: ClusterConfig, d, j0, ty, lane):
+    """The parameters of the unit this lane finishes (clamped: a lane past them loads a value it never uses)."""
+    slot, _ = _lane_unit(cfg, a.spec, ty, lane)
+    count = len(a.cell.params)
+    regs = T.alloc_buffer((count,), F32, scope="local")
+    for k in range(count):
+        T.buffer_store(regs, a.params[d, i64(k), tirx.min(j0 + slot, i64(a.spec.hidden_size - 1))], [i64(k)])
+    return regs
 
 
 def _lane_unit(cfg: ClusterConfig, spec, ty, lane):
@@ -376,18 +464,67 @@ def _each_owned(a: KernelArgs, cfg: ClusterConfig, d, j0, n0, ty, lane, body):
             body(n0 + b, j0 + slot)
 
 
-def _prefetch_xw(a: KernelArgs, cfg: ClusterConfig, xw, s, d, j0, n0, ty, lane):
-    """XW of step s for every phase, for the unit and row this lane finishes (clamped: a lane past them loads a value it
-    never uses); nothing past the sequence's end."""
-    H = a.spec.hidden_size
+def _prefetch_xw(a: KernelArgs, cfg: ClusterConfig, regs, s, d, j0, n0, ty, lane):
+    """XW of step s for every phase: of the unit and row this lane finishes, and of the (unit, gate, row) whose
+    scattered sum it holds (warp_gemv.scattered_slot); clamped, so that a lane past them loads a value it never uses.
+    Nothing past the sequence's end."""
+    H, N, UW, NB, UPC = a.spec.hidden_size, a.batch, cfg.units_per_warp(a.spec), cfg.batch_tile, cfg.units_per_cta(a.spec)
     slot, b = _lane_unit(cfg, a.spec, ty, lane)
     with T.If(s < a.seq):
         with T.Then():
             for pi, phase in enumerate(a.cell.phases):
-                load_xw_ahead(a, phase, s, d, tirx.min(n0 + b, a.batch - 1), tirx.min(j0 + slot, i64(H - 1)), xw, [i64(pi)])
+                load_xw_ahead(a, phase, s, d, tirx.min(n0 + b, N - 1), tirx.min(j0 + slot, i64(H - 1)), regs["xw"], [i64(pi)])
+                own = scattered_slot(lane, UW, len(phase.gates), NB)
+                if own is None:
+                    continue
+                u, gi, ob = own
+                n, j = tirx.min(n0 + ob, N - 1), tirx.min(j0 + tirx.min(ty * i64(UW) + u, i64(UPC - 1)), i64(H - 1))
+                gate = i64(phase.gates[0])
+                for k, g in list(enumerate(phase.gates))[1:]:
+                    gate = tirx.Select(gi == i64(k), i64(g), gate)
+                t = tirx.max(a.time_index(d, n, s), i64(0))
+                T.buffer_store(regs["own_xw"], a.xw(d, n, t, gate, j), [i64(pi)])
 
 
-def _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, weights, xw, s, cur, nxt, d, j0, n0, ty, lane):
+def _lane_activation(a: KernelArgs, cfg: ClusterConfig, phase, pi, regs, d, lane):
+    """warp_gates' lane_activation: the gates the phase program activates from their own sums alone
+    (cells.own_gate_activations), each computed in the lanes holding its sum. Every lane computes every distinct
+    function and keeps its gate's (a select between registers: a branch would run them one after another); sigmoid
+    and tanh, the usual pair, as one sigmoid, tanh(x) = 2 sigmoid(2x) - 1."""
+    own = cells.own_gate_activations(phase)
+    own_gi = {gi: own[g] for gi, g in enumerate(phase.gates) if g in own}
+    found = scattered_slot(lane, cfg.units_per_warp(a.spec), len(phase.gates), cfg.batch_tile)
+    if not own_gi or found is None:
+        return None
+    activation = vector_math.RegisterTemps().activation if accurate_math(a.spec) else cells.apply_activation
+    terms = cells.Terms(None, None, None, None, None, direction_activation(a, d, activation), a.spec.clip)
+    names = {k: {acts[k].name for acts in a.spec.activations} for k in set(own_gi.values())}
+    tanh = [k for k, n in names.items() if n == {"Tanh"}]
+    is_tanh = tirx.any(*[found[1] == i64(gi) for gi, k in own_gi.items() if k in tanh]) if tanh else None
+
+    def act(total):
+        pre = _register(regs["own_xw"][i64(pi)] + total)
+        if sorted(map(sorted, names.values())) == [["Sigmoid"], ["Tanh"]]:
+            sigmoid = min(k for k, n in names.items() if n == {"Sigmoid"})
+            x = _register(terms.clipped(pre))
+            s = _register(terms.act_noclip(sigmoid, tirx.Select(is_tanh, x + x, x)))
+            return tirx.Select(is_tanh, s + s - tirx.const(1.0, F32), s)
+        by_function = {k: _register(terms.act(k, pre)) for k in sorted(names)}
+        value = by_function[min(by_function)]
+        for gi, k in own_gi.items():
+            value = tirx.Select(found[1] == i64(gi), by_function[k], value)
+        return value
+
+    return own_gi, act
+
+
+def _register(value):
+    reg = T.alloc_buffer((1,), F32, scope="local")
+    T.buffer_store(reg, value, [i64(0)])
+    return reg[i64(0)]
+
+
+def _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, weights, regs, s, cur, nxt, d, j0, n0, ty, lane):
     """Each warp: all gates of its units from the CTA's copy of the operand, the gate program in the lanes that own
     (unit, row), and the results stored into every CTA's copy (store_operand's hook)."""
     spec = a.spec
@@ -406,11 +543,13 @@ def _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, weights, xw, s, cur,
         segments.append((H - RK, lambda u, b, k: h_at(u, b, k + i64(RK)),
                          lambda u, g, k: weights["smem"][tirx.min(first + i64(u), i64(UPC - 1)), i64(g), k]))
 
-    def finish(u, b, rec):  # u, b: the lane's (warp_gates in_parallel)
+    def finish(u, b, rec, activated=None):  # u, b: the lane's (warp_gates in_parallel)
         slot, n = first + u, n0 + b
+        gates = {phase.gates[gi]: v for gi, v in (activated or {}).items()}
         with T.If(tirx.all(slot < i64(UPC), j0 + slot < i64(H), n < N)):
             with T.Then():
-                epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j0 + slot, rec, x=lambda gi: xw[i64(pi), i64(gi)])
+                epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j0 + slot, rec,
+                         x=lambda gi: regs["xw"][i64(pi), i64(gi)], activated=gates)
                 for name in phase.stores:  # a row past its end stores nothing, yet a later phase waits for it
                     if name in operand_names:
                         with T.If(s >= a.length(n)):
@@ -421,4 +560,5 @@ def _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, weights, xw, s, cur,
     with T.If(tirx.all(first < i64(UPC), j0 + first < i64(H))):  # warp-uniform: a warp with no unit below H has nothing to do
         with T.Then():
             warp_gates(lane, H, phase.gates, UW, NB, V, h_at=None, w_at=None, finish=finish,
-                       row_valid=(lambda b: n0 + i64(b) < N) if NB > 1 else None, segments=segments, in_parallel=True)
+                       row_valid=(lambda b: n0 + i64(b) < N) if NB > 1 else None, segments=segments, in_parallel=True,
+                       lane_activation=_lane_activation(a, cfg, phase, pi, regs, d, lane))

@@ -154,13 +154,8 @@ class KernelArgs:
         return self.cell.params.index(name)
 
 
-def unit_results(args: KernelArgs, phase, d, n, t, j, rec, state, value, activation=apply_activation, x=None) -> dict:
-    """Evaluate one phase program for hidden unit j: returns name -> PrimExpr (nothing stored yet).
-
-    rec(gi): the recurrent term of the phase's gi-th gate; state/value: name -> PrimExpr;
-    activation(act, x): cells.apply_activation or a target's own formulation of it;
-    x(gi): the input projection of the phase's gi-th gate where a kernel loaded it ahead (default: read XW here).
-    """
+def direction_activation(args: KernelArgs, d, activation=apply_activation):
+    """activate(k, pre): the cell's activation k of direction slot d (cells.Terms' activate)."""
     per_dir = args.spec.activations
 
     def activate(k, pre):
@@ -169,6 +164,19 @@ def unit_results(args: KernelArgs, phase, d, n, t, j, rec, state, value, activat
         # a bidirectional node may give each direction its own functions: pick by slot
         return tirx.Select(d == i64(0), activation(per_dir[0][k], pre), activation(per_dir[1][k], pre))
 
+    return activate
+
+
+def unit_results(args: KernelArgs, phase, d, n, t, j, rec, state, value, activation=apply_activation, x=None,
+                 activated=None) -> dict:
+    """Evaluate one phase program for hidden unit j: returns name -> PrimExpr (nothing stored yet).
+
+    rec(gi): the recurrent term of the phase's gi-th gate; state/value: name -> PrimExpr;
+    activation(act, x): cells.apply_activation or a target's own formulation of it;
+    x(gi): the input projection of the phase's gi-th gate where a kernel loaded it ahead (default: read XW here);
+    activated: gate -> its Terms.gate, where a kernel computed it ahead.
+    """
+    activate = direction_activation(args, d, activation)
     gate_pos = {g: gi for gi, g in enumerate(phase.gates)}
     terms = Terms(
         x=(lambda g: args.xw(d, n, t, g, j)) if x is None else (lambda g: x(gate_pos[g])),
@@ -178,21 +186,23 @@ def unit_results(args: KernelArgs, phase, d, n, t, j, rec, state, value, activat
         value=value,
         activate=activate,
         clip=args.spec.clip,
+        activated=activated,
     )
     return phase.program(terms)
 
 
-def unit_values(a: KernelArgs, phase, hbuf, scratch, cur, d, n, t, j, rec, temps=None, x=None) -> dict:
+def unit_values(a: KernelArgs, phase, hbuf, scratch, cur, d, n, t, j, rec, temps=None, x=None, activated=None) -> dict:
     """The results of one phase program for unit j that get stored: name -> PrimExpr (nothing stored yet)."""
     state = {"h": hbuf[cur, d, n, j]}
     if a.Yc is not None:
         state["c"] = a.Yc[tuple(a.state_index(d, n, j))]
     value = {v: buf[d, n, j] for v, buf in scratch.items()}
-    res = unit_results(a, phase, d, n, t, j, rec, state, value, apply_activation if temps is None else temps.activation, x)
+    res = unit_results(a, phase, d, n, t, j, rec, state, value, apply_activation if temps is None else temps.activation, x,
+                       activated)
     return {k: v for k, v in res.items() if k in phase.stores or k in ("h", "c")}
 
 
-def unit_step(a: KernelArgs, phase, hbuf, scratch, cur, nxt, d, n, t, j, rec, temps=None, x=None):
+def unit_step(a: KernelArgs, phase, hbuf, scratch, cur, nxt, d, n, t, j, rec, temps=None, x=None, activated=None):
     """Run one phase program for unit j of batch row n at position t and store its results.
 
     Everything is evaluated into registers before the first store, since the results read
@@ -200,7 +210,7 @@ def unit_step(a: KernelArgs, phase, hbuf, scratch, cur, nxt, d, n, t, j, rec, te
     gives instead of a local buffer per call: temps.bind(value) stores value in the lane's own
     slot and returns its load; temps.activation(act, x) replaces cells.apply_activation.
     """
-    res = unit_values(a, phase, hbuf, scratch, cur, d, n, t, j, rec, temps, x)
+    res = unit_values(a, phase, hbuf, scratch, cur, d, n, t, j, rec, temps, x, activated)
     if temps is None:
         tmp = T.alloc_buffer((len(res),), "float32", scope="local")
         for i, v in enumerate(res.values()):

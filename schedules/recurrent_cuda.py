@@ -158,13 +158,14 @@ def accurate_math(spec) -> bool:
     return spec.dtype == "float32" and spec.precision == "exact"
 
 
-def epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec, x=None):
+def epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec, x=None, activated=None):
     """The gate program for a valid step, or (after the last phase) the padding rule past the sequence's end.
-    x(gi): the gates' input projections where the kernel loaded them ahead (recurrent_common.unit_results)."""
+    x(gi): the gates' input projections where the kernel loaded them ahead, activated: the gates it activated ahead
+    (recurrent_common.unit_results)."""
     with T.If(s < a.length(n)):
         with T.Then():
             unit_step(a, phase, hbuf, scratch, cur, nxt, d, n, a.time_index(d, n, s), j, rec,
-                      temps=vector_math.RegisterTemps() if accurate_math(a.spec) else None, x=x)
+                      temps=vector_math.RegisterTemps() if accurate_math(a.spec) else None, x=x, activated=activated)
         if last:
             with T.Else():
                 unit_padding(a, hbuf, cur, nxt, d, n, s, j)

@@ -18,6 +18,10 @@ from .recurrent_common import i64
 
 F32 = "float32"
 
+SHFL_XOR, SHFL = "tvmrnn_shfl_xor", "tvmrnn_shfl"
+SHFL_XOR_SRC = f"__forceinline__ __device__ float {SHFL_XOR}(float v, int m) {{ return __shfl_xor_sync(0xffffffffu, v, m); }}"
+SHFL_SRC = f"__forceinline__ __device__ float {SHFL}(float v, int src) {{ return __shfl_sync(0xffffffffu, v, src); }}"
+
 
 def _grid(*extents):
     return [[i64(i) for i in idx] for idx in itertools.product(*(range(e) for e in extents))]
@@ -51,7 +55,8 @@ def _fma_row(acc, wv, hv, u, gi, b, V):
         T.buffer_store(acc, acc[tuple(idx)] + prod, idx)
 
 
-def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None, segments=None, h_vec=None, in_parallel=False):
+def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None, segments=None, h_vec=None, in_parallel=False,
+               lane_activation=None):
     """Accumulate sum_k w_at(u, g, k) * h_at(u, b, k) for UW units, the given gates and NB batch rows.
 
     h_at(u, b, k) / w_at(u, g, k): loads (callers clamp indices so every load is in bounds); h must not
@@ -66,6 +71,9 @@ def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None, se
     h_at's (the persistent kernel's tagged words, schedules.step_sync).
     in_parallel: finish is emitted once, for lanes u*NB + b at once (u = lane // NB, b = lane % NB, each lane's sums
     picked by selects), instead of once per (u, b) in a branch of its own, which a warp runs one after another.
+    lane_activation: (own, act): where scattered_slot applies, the sums are scattered (_reduce_scatter) instead of
+    summed in every lane; each lane then computes act(total) for its own (unit, gate, row), and finish(u, b, rec,
+    activated) gets activated[gi] of the gates in `own` and rec(gi) of the others, both moved in by shuffles.
     """
     gp = len(gates)
     acc = T.alloc_buffer((UW, gp, NB), F32, scope="local")
@@ -87,6 +95,9 @@ def warp_gates(lane, H, gates, UW, NB, V, h_at, w_at, finish, row_valid=None, se
                             T.buffer_store(wv, w_at_k(u, g, k0 + v).astype(F32), [v])
                         for b in range(NB):
                             _maybe(row_valid, b, lambda b=b, u=u, gi=gi: _fma_row(acc, wv, hv, u, gi, b, V))
+    if lane_activation is not None and scattered_slot(lane, UW, gp, NB) is not None:
+        _finish_scattered(acc, lane, UW, gp, NB, finish, *lane_activation)
+        return
     for idx in _grid(UW, gp, NB):
         T.buffer_store(acc, cuda_op.cuda_warp_sum(acc[tuple(idx)]), idx)
     if in_parallel:
@@ -109,3 +120,66 @@ def _finish_in_parallel(acc, lane, UW, NB, finish):
     with T.If(lane < i64(UW * NB)):
         with T.Then():
             finish(lane // i64(NB), lane % i64(NB), rec)
+
+
+def _shfl_xor(value, mask: int):
+    return T.cuda.func_call(SHFL_XOR, value, tirx.IntImm("int32", mask), source_code=SHFL_XOR_SRC, return_type=F32)
+
+
+def _shfl(value, src):
+    return T.cuda.func_call(SHFL, value, src.astype("int32"), source_code=SHFL_SRC, return_type=F32)
+
+
+def _register(value):
+    reg = T.alloc_buffer((1,), F32, scope="local")
+    T.buffer_store(reg, value, [i64(0)])
+    return reg[i64(0)]
+
+
+def _scatter_width(UW, gp, NB) -> int:
+    """The warp's sums padded to a power of two, or 0 where they outnumber the lanes."""
+    n = 1 << (UW * gp * NB - 1).bit_length()
+    return n if n <= 32 else 0
+
+
+def scattered_slot(lane, UW, gp, NB):
+    """(u, gi, b) whose sum _reduce_scatter leaves in this lane (lanes of a group of 32 / n hold the same one; a lane
+    past the warp's sums gets a clamped slot), or None where the sums outnumber the lanes."""
+    n = _scatter_width(UW, gp, NB)
+    if not n:
+        return None
+    v = tirx.min(lane // i64(32 // n), i64(UW * gp * NB - 1))
+    return v // i64(gp * NB), v // i64(NB) % i64(gp), v % i64(NB)
+
+
+def _reduce_scatter(acc, lane, UW, gp, NB):
+    """Each of the warp's sums whole in the lanes of its group (lane // (32 / n), n the sums padded to a power of two):
+    at masks 16, 8, ... a lane keeps the half of its values that its bit picks and adds the partner's copy of it,
+    then a butterfly within the group. LSTM's 4 gates take 6 shuffles, against 20 for a butterfly each."""
+    n = _scatter_width(UW, gp, NB)
+    vals = [acc[tuple(idx)] for idx in _grid(UW, gp, NB)] + [tirx.const(0.0, F32)] * (n - UW * gp * NB)
+    mask = 16
+    while len(vals) > 1:
+        half, upper = len(vals) // 2, lane // i64(mask) % i64(2) == i64(1)
+        vals = [_register(tirx.Select(upper, vals[half + i], vals[i])
+                          + _shfl_xor(tirx.Select(upper, vals[i], vals[half + i]), mask)) for i in range(half)]
+        mask //= 2
+    total = vals[0]
+    while mask:
+        total = _register(total + _shfl_xor(total, mask))
+        mask //= 2
+    return total, 32 // n
+
+
+def _finish_scattered(acc, lane, UW, gp, NB, finish, own, act):
+    """finish in lanes u*NB + b with the activations of the gates in `own` computed in the lanes holding their sums
+    (act(total): all lanes at once, so the gates' functions run side by side), and the other gates' sums."""
+    total, group = _reduce_scatter(acc, lane, UW, gp, NB)
+    activated = _register(act(total)) if own else None
+    u, b = lane // i64(NB), lane % i64(NB)
+    src = lambda gi: i64(group) * ((tirx.min(u, i64(UW - 1)) * i64(gp) + i64(gi)) * i64(NB) + b)  # noqa: E731
+    acts = {gi: _register(_shfl(activated, src(gi))) for gi in own}
+    sums = {gi: _register(_shfl(total, src(gi))) for gi in range(gp) if gi not in own}
+    with T.If(lane < i64(UW * NB)):
+        with T.Then():
+            finish(u, b, lambda gi: sums[gi], acts)
