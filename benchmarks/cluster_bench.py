@@ -6,11 +6,11 @@
 One layer, input size = H, 1000 steps, batch 1, timed as `tvmrnn bench` times a row (the whole model, input projection
 included, replayed as one CUDA graph; cuDNN eager, from a CUDA graph and with its own algorithms, persistent ones
 included, through cudnnRNNForward). Ours: the persistent kind's default point and the cluster kind's
-(schedules/recurrent_cluster.py), with a cluster barrier a phase (at its cluster size and at 8 CTAs) and with
-mbarriers (sync 1); --all adds the persistent kind with sync 1 (staged, prefetched) and the cluster kind with 8 warps
-and with sync 1 at 8 CTAs. Each (row, dtype) runs in a process of its own, and each sync-1 variant in one more under a
-time limit (a wrong mbarrier count would hang), so that a failed launch cannot take the other cases with it; every
-failure is printed in its cell (a point whose R does not fit fails at launch).
+(schedules/recurrent_cluster.py: values staged and sent by st.async onto mbarriers), at 8 CTAs and with a cluster
+barrier a phase (sync 0); --all adds the persistent kind with sync 1 (staged, prefetched) and the cluster kind with 8
+warps. Each (row, dtype) runs in a process of its own under a time limit (a wrong mbarrier count would hang), so that a
+failed launch cannot take the other rows with it; every failure is printed in its cell (a point whose R does not fit
+fails at launch).
 """
 
 import json
@@ -19,11 +19,9 @@ import sys
 
 ROWS = ("step-lstm-h256-b1", "step-lstm-h512-b1", "step-gru-h256-b1", "step-gru-h512-b1")
 DEFAULT = {"persistent": ("persistent", {}), "cluster": ("cluster", {}), "cluster 8 CTAs": ("cluster", {"ctas": 8}),
-           "cluster sync 1": ("cluster", {"sync": 1})}
-MORE = {"persistent sync 1": ("persistent", {"sync": 1, "stage_h": True, "prefetch": 1}),
-        "cluster 8 warps": ("cluster", {"warps": 8}), "cluster sync 1, 8 CTAs": ("cluster", {"sync": 1, "ctas": 8})}
-# variants that wait on mbarriers: a wrong count would hang, so each runs in a process of its own under a time limit
-ISOLATED_S = 240
+           "cluster barrier": ("cluster", {"sync": 0})}
+MORE = {"persistent sync 1": ("persistent", {"sync": 1, "stage_h": True, "prefetch": 1}), "cluster 8 warps": ("cluster", {"warps": 8})}
+CASE_S = 300  # a (row, dtype)'s process: a wrong mbarrier count would hang
 # cuDNN's settings: each column the fastest of its keys present (fp32 exact and TF32 allowed, or fp16's tensor math)
 CUDNN = {"cuDNN eager": ("cudnn_fp32_ms", "cudnn_tf32_ms"), "cuDNN graph": ("cudnn_graph_fp32_ms", "cudnn_graph_tf32_ms"),
          **{f"cuDNN persist. {a}": tuple(f"cudnn_persist_{a}_{m}_ms" for m in ("fma", "default", "tensor")) for a in ("static", "dynamic")}}
@@ -116,14 +114,9 @@ def main(argv):
     kernels = []
     for name in rows:
         for dtype in dtypes:
-            shared = {k: v for k, v in variants.items() if not v[1].get("sync")}
-            case = run_case(name, dtype, shared, None)
+            case = run_case(name, dtype, variants, CASE_S)
             if case is None:
                 continue
-            for label, variant in variants.items():
-                if label not in shared:
-                    alone = run_case(name, dtype, {label: variant}, ISOLATED_S)
-                    case["variants"][label] = alone["variants"][label] if alone else {"error": "process failed or timed out"}
             us = lambda v: f"{v:.2f}" if v else "n/a"  # noqa: E731
             cudnn = case.get("cudnn", {})
             print(f"| {name} | {dtype} | " + " | ".join(cell(case["variants"][v]) for v in variants) + " | "
