@@ -87,12 +87,13 @@ def test_bad_options_are_refused_by_name():
 
 def test_the_plan_is_made_for_the_device_kernel_device_gives(monkeypatch):
     """The plan carries the Device its kernels are sized for (tvmrnn.runtime.kernel_device, which emission builds for
-    too): a part with fewer SMs than the arch's flagship gets persistent grids it can launch."""
+    too): a part with fewer SMs than the arch's flagship gets persistent grids it can launch (batch 2: batch 1 runs
+    the cluster kernel)."""
     model = Case(hidden=160).model()  # R over one block's share (recurrent_persistent.ONE_BLOCK_MAX_R_BYTES)
     assert plan_model(model, SM90A).device == kernel_device(SM90A)
     monkeypatch.setattr(tvmrnn.plan, "kernel_device", lambda target: Device.cuda("sm_90a", sm_count=114))
     plan = plan_model(model, SM90A)
-    assert plan.device.sm_count == 114 and plan.layers[0].kernel.branch_at(1).config["blocks"] == 114
+    assert plan.device.sm_count == 114 and plan.layers[0].kernel.branch_at(2).config["blocks"] == 114
 
 
 def test_a_fixed_batch_builds_only_the_cpu_kernel_branch_that_runs_it():
