@@ -5,12 +5,14 @@ each direction is one cluster of `ctas` CTAs (8 portable, 16 with the non-portab
 cuLaunchKernelEx's cluster dimension (TVM's runtime does so for a kernel bound to "clusterCtaIdx.x"). Each CTA owns
 ceil(H / ctas) hidden units: the first reg_k columns of their rows of R (all gates) in the registers of the lanes that
 multiply them, the rest in shared memory, beside the CTA's own copy of all of h. A step is warp_gemv's gates from
-that copy, the gate program in the lanes that own (unit, row), and each new value of h stored into the copy of every
-CTA of the cluster (mapa + st.shared::cluster, distributed shared memory); then one cluster barrier
-(barrier.cluster.arrive.release / wait.acquire), and the next step reads h from its own shared memory. With sync 1
-the values go by st.async and each CTA waits on mbarriers of its own for their bytes instead (_Arrivals).
+that copy, with the sums reduce-scattered so that each gate's activation runs in the lanes holding its sum
+(_lane_activation), and the rest of the gate program in the lanes that own (unit, row). With sync 1 (the default) the
+new values are staged in the CTA, and after a block barrier its threads send them to every CTA's copy, 4 units a
+st.async that the receiver's mbarrier counts; each CTA waits for its operand's bytes alone (_Arrivals). With sync 0
+each value goes into every CTA's copy (mapa + st.shared::cluster), then one cluster barrier a phase
+(barrier.cluster.arrive.release / wait.acquire). Either way the next step reads h from its own shared memory.
 
-Why one barrier a phase suffices: h is double-buffered by the step's parity, and a CTA writes slot t+1 of a peer only
+Why one barrier a phase suffices (sync 0): h is double-buffered by the step's parity, and a CTA writes slot t+1 of a peer only
 after the barrier that ended step t, which that peer reached after reading slot t-1 (the one overwritten) for the last
 time. GRU's r*h (an operand written and read within a step) has one buffer, written in phase 1 after the barrier that
 ended the last step's phase 2. The barrier after the initial states is also the one DSMEM needs before a CTA writes
@@ -366,7 +368,7 @@ def _chunk(a: KernelArgs, cfg: ClusterConfig, rows, layout: _Rows, regs: dict, w
     """Rows n0.. of the batch through the whole sequence: initial states, a barrier, the steps, the final states."""
     spec, cell = a.spec, a.cell
     H, D, NB, threads = spec.hidden_size, spec.num_directions, cfg.batch_tile, cfg.warps * 32
-    N, xw, n0 = a.batch, regs["xw"], chunk * i64(cfg.batch_tile)
+    N, n0 = a.batch, chunk * i64(cfg.batch_tile)
     hbuf = _rows_view(rows.data, (2, D, N, H), (NB * H, 0, H, 1), n0 * i64(H))
     scratch = {v: _rows_view(rows.data, (D, N, H), (0, H, 1), n0 * i64(H) - i64(layout.value[v])) for v in cell.stored_values}
     yc, params = a.Yc, a.params
@@ -496,32 +498,27 @@ def _lane_activation(a: KernelArgs, cfg: ClusterConfig, phase, pi, regs, d, lane
     found = scattered_slot(lane, cfg.units_per_warp(a.spec), len(phase.gates), cfg.batch_tile)
     if not own_gi or found is None:
         return None
-    activation = vector_math.RegisterTemps().activation if accurate_math(a.spec) else cells.apply_activation
+    temps = vector_math.RegisterTemps()
+    activation = temps.activation if accurate_math(a.spec) else cells.apply_activation
     terms = cells.Terms(None, None, None, None, None, direction_activation(a, d, activation), a.spec.clip)
     names = {k: {acts[k].name for acts in a.spec.activations} for k in set(own_gi.values())}
     tanh = [k for k, n in names.items() if n == {"Tanh"}]
     is_tanh = tirx.any(*[found[1] == i64(gi) for gi, k in own_gi.items() if k in tanh]) if tanh else None
 
     def act(total):
-        pre = _register(regs["own_xw"][i64(pi)] + total)
+        pre = temps.bind(regs["own_xw"][i64(pi)] + total)
         if sorted(map(sorted, names.values())) == [["Sigmoid"], ["Tanh"]]:
             sigmoid = min(k for k, n in names.items() if n == {"Sigmoid"})
-            x = _register(terms.clipped(pre))
-            s = _register(terms.act_noclip(sigmoid, tirx.Select(is_tanh, x + x, x)))
+            x = temps.bind(terms.clipped(pre))
+            s = temps.bind(terms.act_noclip(sigmoid, tirx.Select(is_tanh, x + x, x)))
             return tirx.Select(is_tanh, s + s - tirx.const(1.0, F32), s)
-        by_function = {k: _register(terms.act(k, pre)) for k in sorted(names)}
+        by_function = {k: temps.bind(terms.act(k, pre)) for k in sorted(names)}
         value = by_function[min(by_function)]
         for gi, k in own_gi.items():
             value = tirx.Select(found[1] == i64(gi), by_function[k], value)
         return value
 
     return own_gi, act
-
-
-def _register(value):
-    reg = T.alloc_buffer((1,), F32, scope="local")
-    T.buffer_store(reg, value, [i64(0)])
-    return reg[i64(0)]
 
 
 def _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, weights, regs, s, cur, nxt, d, j0, n0, ty, lane):

@@ -15,6 +15,9 @@ from tvm.backend.cuda import op as cuda_op
 from tvm.script.ir_builder import tirx as T
 
 from .recurrent_common import i64
+from .vector_math import RegisterTemps
+
+_register = RegisterTemps().bind  # a value into a register of its own, its load returned
 
 F32 = "float32"
 
@@ -128,12 +131,6 @@ def _shfl_xor(value, mask: int):
 
 def _shfl(value, src):
     return T.cuda.func_call(SHFL, value, src.astype("int32"), source_code=SHFL_SRC, return_type=F32)
-
-
-def _register(value):
-    reg = T.alloc_buffer((1,), F32, scope="local")
-    T.buffer_store(reg, value, [i64(0)])
-    return reg[i64(0)]
 
 
 def _scatter_width(UW, gp, NB) -> int:

@@ -96,6 +96,28 @@ def test_cluster_other_points(layer, knobs, sync):
     _run(case, spec, config, batches=(1, 3, 5), steps=(50, 9, 1))
 
 
+# the gate programs whose activations do not all run in the lanes of their sums (warp_gemv lane_activation): LSTM
+# peepholes (only the cell gate apart) with a clip, input_forget, GRU's candidate under linear_before_reset, functions
+# other than sigmoid and tanh, and a function per direction
+CELL_VARIANTS = [dict(op="LSTM", optional=("B", "P", "initial_h", "initial_c"), clip=2.5),
+                 dict(op="LSTM", input_forget=1, activations=("HardSigmoid", "Tanh", "Softsign"), activation_alpha=(0.3,),
+                      activation_beta=(0.4,)),
+                 dict(op="GRU", optional=("B",), linear_before_reset=1, activations=("Sigmoid", "Relu"), clip=1.5),
+                 dict(op="GRU", direction="bidirectional", activations=("Sigmoid", "Tanh", "HardSigmoid", "Softsign"),
+                      activation_alpha=(0.25,), activation_beta=(0.5,)),
+                 dict(op="RNN", activations=("Relu",))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", CELL_VARIANTS, ids=lambda v: "-".join(f"{k}={v[k]}" for k in v)[:60])
+def test_cluster_cell_variants(variant):
+    """The default point (sync 1) against float64 for cells whose gates are activated apart from their sums in part
+    or not at all: batch 1 and 2, T 1 and 50."""
+    case = Case(**{"hidden": 128, "input_size": 16, "direction": "forward", **variant})
+    spec = case.spec()
+    _run(case, spec, _point(spec))
+
+
 def _config_valid(spec, config) -> bool:
     from schedules.space import _cluster_config
 
