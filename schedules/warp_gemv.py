@@ -4,6 +4,8 @@ Lanes split the reduction over k (V consecutive elements each, 16-byte loads for
 weight element read is reused for NB batch rows, and a butterfly shuffle leaves every sum in
 every lane, so lane u*NB + b then finishes unit u of batch row b (the gate program) in parallel.
 The stepwise kernel feeds it weights from global memory, the persistent one from shared memory.
+The cluster kernel has the sums reduce-scattered instead (lane_activation): each gate's sum ends
+in lanes of its own, which compute its activation side by side with the other gates'.
 """
 
 from __future__ import annotations
