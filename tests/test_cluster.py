@@ -15,7 +15,7 @@ import tvmrnn
 from compiled import target_of
 from onnx_cases import Case
 from schedules import KernelError, cooperative, plan_kernel, point_kernel
-from schedules.cells import cell_for
+from schedules.cells import cell_for, own_gate_activations
 from schedules.device import Device
 from schedules.ptxas import ptxas
 from schedules.recurrent_cluster import fits
@@ -177,6 +177,22 @@ def test_cluster_builds_without_a_gpu(layer, sync):
     assert src.count("__syncthreads();") == 3 + phases * sync and "__launch_bounds__(512, 1)" in src
     report = ptxas(src, "sm_90a")
     assert report.spill_stores <= 32, report.describe()
+
+
+def test_gates_activated_apart_read_only_their_own_sum():
+    """cells.own_gate_activations: the gates whose activation reads nothing but its own sum and XW, which the cluster
+    kernel computes in the lanes holding the sum. LSTM's four (its cell gate with tanh), none of the peephole gates,
+    no forget gate under input_forget; GRU's z and r, and the candidate only in the two-phase form; RNN's one."""
+    def found(**kw):
+        spec = Case(**{"hidden": 8, "input_size": 4, **kw}).spec()
+        return [own_gate_activations(p) for p in cell_for(spec).phases]
+
+    assert found(op="LSTM") == [{0: 0, 1: 0, 2: 0, 3: 1}]
+    assert found(op="LSTM", optional=("B", "P")) == [{3: 1}]
+    assert found(op="LSTM", input_forget=1) == [{0: 0, 1: 0, 3: 1}]
+    assert found(op="GRU", optional=("B",), linear_before_reset=1) == [{0: 0, 1: 0}]
+    assert found(op="GRU") == [{0: 0, 1: 0}, {2: 1}]
+    assert found(op="RNN") == [{0: 0}]
 
 
 def test_cluster_launch_params(tmp_path):
