@@ -24,8 +24,8 @@ KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma", "persistent_
 PERSISTENT_MAX_BATCH = 4  # persistent up to here (2-2.3x stepwise at batch 1, 1.4x slower at batch 8)
 STEPWISE_MAX_BATCH = 32  # stepwise (fp32, R not on chip) up to here, tiled above
 TILED_MIN_HIDDEN = 1024  # tiled only from this hidden size (too few blocks fill the GPU below)
-# cluster (sync 1) at batch 1 from this hidden size where R fits one cluster: 0.67-0.92 us a step against persistent's
-# 1.7-3.1 at H64-H256, 1.4-1.65 against 1.8-2.2 at H512 (benchmarks/results/h100-cluster-step.md; below H64 not measured)
+# cluster (sync 1) at batch 1 from this hidden size where R fits one cluster: 0.67-0.90 us a step against persistent's
+# 1.7-3.1 at H64-H256, 1.36-1.65 against 1.8-2.2 at H512 (benchmarks/results/h100-cluster-step.md; below H64 not measured)
 CLUSTER_MIN_HIDDEN, CLUSTER_MAX_BATCH = 64, 1
 RESIDENT_MAX_BATCH = 32  # persistent_mma with R resident gives way to mma above here in half precision and TF32
 STREAMED_MAX_BATCH = 64  # persistent_mma streaming part of R runs STEPWISE_MAX_BATCH+1 .. here (its 64 rows per pass)
