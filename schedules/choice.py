@@ -24,9 +24,10 @@ KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma", "persistent_
 PERSISTENT_MAX_BATCH = 4  # persistent up to here (2-2.3x stepwise at batch 1, 1.4x slower at batch 8)
 STEPWISE_MAX_BATCH = 32  # stepwise (fp32, R not on chip) up to here, tiled above
 TILED_MIN_HIDDEN = 1024  # tiled only from this hidden size (too few blocks fill the GPU below)
-# cluster (sync 1) at batch 1 from this hidden size where R fits one cluster: 0.67-0.90 us a step against persistent's
-# 1.7-3.1 at H64-H256, 1.36-1.65 against 1.8-2.2 at H512 (benchmarks/results/h100-cluster-step.md; below H64 not measured)
-CLUSTER_MIN_HIDDEN, CLUSTER_MAX_BATCH = 64, 1
+# cluster (sync 1) at batch 1 between these hidden sizes where R fits one cluster: 0.67-0.90 us a step against
+# persistent's 1.7-3.1 at H64-H256, 1.36-1.65 against 1.8-2.2 at H512 (benchmarks/results/h100-cluster-step.md); below
+# H64 not measured, nor wider layers that fit (GRU H800 fp16 does at 56 registers a lane)
+CLUSTER_MIN_HIDDEN, CLUSTER_MAX_HIDDEN, CLUSTER_MAX_BATCH = 64, 512, 1
 RESIDENT_MAX_BATCH = 32  # persistent_mma with R resident gives way to mma above here in half precision and TF32
 STREAMED_MAX_BATCH = 64  # persistent_mma streaming part of R runs STEPWISE_MAX_BATCH+1 .. here (its 64 rows per pass)
 # exact fp32 above RESIDENT_MAX_BATCH: the per-step mma (3xTF32) up to this hidden size, where persistent_mma's blocks of
@@ -61,7 +62,8 @@ CUDA_DEFAULTS = (
     Default("mma", None, None, lambda f: f.streams and f.tensor_cores),
     Default("tiled", None, None, lambda f: f.streams and not f.tensor_cores),
     Default("cluster", CLUSTER_MAX_BATCH, CLUSTER_MAX_BATCH,
-            lambda f: f.cluster and f.persistent and not f.streams and f.hidden_size >= CLUSTER_MIN_HIDDEN),
+            lambda f: (f.cluster and f.persistent and not f.streams
+                       and CLUSTER_MIN_HIDDEN <= f.hidden_size <= CLUSTER_MAX_HIDDEN)),
     Default("persistent", PERSISTENT_MAX_BATCH, None, lambda f: f.persistent and not f.streams),
     Default("persistent_mma", RESIDENT_SMALL_BATCH, RESIDENT_SMALL_BATCH, lambda f: f.resident),
     Default("persistent_mma", RESIDENT_MID_BATCH, RESIDENT_MID_BATCH, lambda f: f.resident),
