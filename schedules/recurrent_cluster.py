@@ -470,13 +470,13 @@ def _prefetch_xw(a: KernelArgs, cfg: ClusterConfig, regs, s, d, j0, n0, ty, lane
     """XW of step s for every phase: of the unit and row this lane finishes, and of the (unit, gate, row) whose
     scattered sum it holds (warp_gemv.scattered_slot); clamped, so that a lane past them loads a value it never uses.
     Nothing past the sequence's end."""
-    H, N, UW, NB, UPC = a.spec.hidden_size, a.batch, cfg.units_per_warp(a.spec), cfg.batch_tile, cfg.units_per_cta(a.spec)
+    H, N, UW, UPC = a.spec.hidden_size, a.batch, cfg.units_per_warp(a.spec), cfg.units_per_cta(a.spec)
     slot, b = _lane_unit(cfg, a.spec, ty, lane)
     with T.If(s < a.seq):
         with T.Then():
             for pi, phase in enumerate(a.cell.phases):
                 load_xw_ahead(a, phase, s, d, tirx.min(n0 + b, N - 1), tirx.min(j0 + slot, i64(H - 1)), regs["xw"], [i64(pi)])
-                own = scattered_slot(lane, UW, len(phase.gates), NB)
+                own = _own_slot(a, cfg, phase, lane)
                 if own is None:
                     continue
                 u, gi, ob = own
@@ -488,27 +488,34 @@ def _prefetch_xw(a: KernelArgs, cfg: ClusterConfig, regs, s, d, j0, n0, ty, lane
                 T.buffer_store(regs["own_xw"], a.xw(d, n, t, gate, j), [i64(pi)])
 
 
+def _own_slot(a: KernelArgs, cfg: ClusterConfig, phase, lane):
+    """(unit, gate position, row) whose scattered sum this lane holds (warp_gemv.scattered_slot), where the phase
+    activates some gate from its own sum alone (cells.own_gate_activations); else None."""
+    if not cells.own_gate_activations(phase):
+        return None
+    return scattered_slot(lane, cfg.units_per_warp(a.spec), len(phase.gates), cfg.batch_tile)
+
+
 def _lane_activation(a: KernelArgs, cfg: ClusterConfig, phase, pi, regs, d, lane):
     """warp_gates' lane_activation: the gates the phase program activates from their own sums alone
     (cells.own_gate_activations), each computed in the lanes holding its sum. Every lane computes every distinct
     function and keeps its gate's (a select between registers: a branch would run them one after another); sigmoid
     and tanh, the usual pair, as one sigmoid, tanh(x) = 2 sigmoid(2x) - 1."""
+    found = _own_slot(a, cfg, phase, lane)
+    if found is None:
+        return None
     own = cells.own_gate_activations(phase)
     own_gi = {gi: own[g] for gi, g in enumerate(phase.gates) if g in own}
-    found = scattered_slot(lane, cfg.units_per_warp(a.spec), len(phase.gates), cfg.batch_tile)
-    if not own_gi or found is None:
-        return None
     temps = vector_math.RegisterTemps()
     activation = temps.activation if accurate_math(a.spec) else cells.apply_activation
     terms = cells.Terms(None, None, None, None, None, direction_activation(a, d, activation), a.spec.clip)
     names = {k: {acts[k].name for acts in a.spec.activations} for k in set(own_gi.values())}
-    tanh = [k for k, n in names.items() if n == {"Tanh"}]
-    is_tanh = tirx.any(*[found[1] == i64(gi) for gi, k in own_gi.items() if k in tanh]) if tanh else None
+    sigmoid, tanh = (next((k for k, n in names.items() if n == {name}), None) for name in ("Sigmoid", "Tanh"))
 
     def act(total):
         pre = temps.bind(regs["own_xw"][i64(pi)] + total)
-        if sorted(map(sorted, names.values())) == [["Sigmoid"], ["Tanh"]]:
-            sigmoid = min(k for k, n in names.items() if n == {"Sigmoid"})
+        if len(names) == 2 and None not in (sigmoid, tanh):
+            is_tanh = tirx.any(*[found[1] == i64(gi) for gi, k in own_gi.items() if k == tanh])
             x = temps.bind(terms.clipped(pre))
             s = temps.bind(terms.act_noclip(sigmoid, tirx.Select(is_tanh, x + x, x)))
             return tirx.Select(is_tanh, s + s - tirx.const(1.0, F32), s)

@@ -163,7 +163,7 @@ def test_cluster_builds_without_a_gpu(layer, sync):
     and a cluster barrier ends each phase (sync 0), or staged, sent up to 4 units a st.async after a block barrier a
     phase, and counted on mbarriers that each phase waits on, with one cluster barrier a chunk (sync 1); the other
     block barriers are the three outside the steps (TVM's planner sees none of the kernel's own stores); ptxas spills
-    at most a few words (4-20 bytes in some fp32 H512 kernels)."""
+    at most a few words (8 bytes in LSTM H512 fp32 bidirectional)."""
     op, hidden, dtype, lbr, batch_tile, direction = layer
     _, spec = _layer(op, hidden, direction, dtype, lbr)
     src = _source(spec, _point(spec, batch_tile=batch_tile, sync=sync))

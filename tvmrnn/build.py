@@ -211,7 +211,8 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
     graph), [2/4] plan (tvmrnn.plan: every layer's kernels, the stacks, the CUDA graph), [3/4] build (emit Relax as
     planned, `pipeline`, tvm.compile); [4/4] is the module's export. `log` gets a line per stage.
 
-    kernel: the recurrent schedule on CUDA: "auto" (persistent where R fits on chip and the batch is
+    kernel: the recurrent schedule on CUDA: "auto" (at batch 1 on sm_90 and newer, the cluster kernel for 64 to
+    512 units where R fits one thread-block cluster; persistent where R fits on chip and the batch is
     small; above that persistent_mma where R fits in shared memory across one wave, to any batch in exact fp32
     of more than 256 units, else to batch 32 and mma above; otherwise mma on tensor cores for fp16/bf16 and
     TF32, stepwise and at large batch tiled for exact fp32, with persistent_mma streaming part of R from L2 at
