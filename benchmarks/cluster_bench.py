@@ -1,6 +1,6 @@
 """The cluster kernel's µs per step beside the persistent kernel's and cuDNN's, on the batch-1 step rows.
 
-    python3 benchmarks/cluster_bench.py [ROW,ROW,...] [DTYPE,DTYPE] [--all]
+    python3 benchmarks/cluster_bench.py [ROW,ROW,...] [DTYPE,DTYPE] [--all] [--grid=QxCwW,...]
     (default: step-lstm-h256-b1, step-lstm-h512-b1, step-gru-h256-b1, step-gru-h512-b1; float32,float16)
 
 One layer, input size = H, 1000 steps, batch 1, timed as `tvmrnn bench` times a row (the whole model, input projection
@@ -8,7 +8,8 @@ included, replayed as one CUDA graph; cuDNN eager, from a CUDA graph and with it
 included, through cudnnRNNForward). Ours: the persistent kind's default point and the cluster kind's
 (schedules/recurrent_cluster.py: values staged and sent by st.async onto mbarriers), at 8 CTAs and with a cluster
 barrier a phase (sync 0); --all adds the persistent kind with sync 1 (staged, prefetched) and the cluster kind with 8
-warps. Each (row, dtype) runs in a process of its own under a time limit (a wrong mbarrier count would hang), so that a
+warps; --grid=8x8w8,... the persistent kind (both syncs) and the cluster kind's default beside Q clusters of C CTAs of W
+warps a direction. Each (row, dtype) runs in a process of its own under a time limit (a wrong mbarrier count would hang), so that a
 failed launch cannot take the other rows with it; every failure is printed in its cell (a point whose R does not fit
 fails at launch).
 """
@@ -108,6 +109,13 @@ def main(argv):
     rows = args[0].split(",") if args else list(ROWS)
     dtypes = args[1].split(",") if len(args) > 1 else ["float32", "float16"]
     variants = DEFAULT | (MORE if "--all" in flags else {})
+    grids = next((f.split("=", 1)[1] for f in flags if f.startswith("--grid=")), None)
+    if grids:  # --grid=QxCwW,...: the persistent kind beside these grids of clusters
+        variants = {k: variants[k] for k in ("persistent", "cluster")} | {"persistent sync 1": MORE["persistent sync 1"]}
+        for g in grids.split(","):
+            q, rest = g.split("x")
+            c, w = rest.split("w")
+            variants[f"grid {g}"] = ("cluster", {"clusters": int(q), "ctas": int(c), "warps": int(w), "sync": 1})
     print("| row | dtype | " + " | ".join(f"{v} µs/step (rel. err)" for v in variants) + " | "
           + " | ".join(CUDNN) + " | best cuDNN |")
     print("|---|---|" + "---|" * (len(variants) + len(CUDNN) + 1), flush=True)

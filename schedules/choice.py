@@ -14,6 +14,7 @@ from typing import Callable
 
 from .device import Device
 from .errors import KernelError
+from .recurrent_cluster import GRID_MIN_HIDDEN
 from .recurrent_cpu import ROW_TILE
 from .recurrent_persistent_mma import MID_BATCH as RESIDENT_MID_BATCH
 from .recurrent_persistent_mma import SMALL_BATCH as RESIDENT_SMALL_BATCH
@@ -24,10 +25,12 @@ KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma", "persistent_
 PERSISTENT_MAX_BATCH = 4  # persistent up to here (2-2.3x stepwise at batch 1, 1.4x slower at batch 8)
 STEPWISE_MAX_BATCH = 32  # stepwise (fp32, R not on chip) up to here, tiled above
 TILED_MIN_HIDDEN = 1024  # tiled only from this hidden size (too few blocks fill the GPU below)
-# cluster (sync 1) at batch 1 between these hidden sizes where R fits one cluster: 0.67-0.90 us a step against
-# persistent's 1.7-3.1 at H64-H256, 1.36-1.65 against 1.8-2.2 at H512 (benchmarks/results/h100-cluster-step.md); below
-# H64 not measured, nor wider layers that fit (GRU H800 fp16 does at 56 registers a lane)
-CLUSTER_MIN_HIDDEN, CLUSTER_MAX_HIDDEN, CLUSTER_MAX_BATCH = 64, 512, 1
+# cluster (sync 1) at batch 1 between these hidden sizes: one cluster below H512 (0.67-0.90 us a step against
+# persistent's 1.7-3.1 at H64-H256), a grid of them from H512 where one fits (recurrent_cluster.GRID_MIN_HIDDEN:
+# 1.00-1.17 us at H512, 1.67-1.95 at H768, 1.53-1.93 at H1024, against persistent's 1.8-2.9;
+# benchmarks/results/h100-cluster-step.md). Below H64, above H1024 and one cluster from H512 (GRU H800 fp16 fits) not
+# measured
+CLUSTER_MIN_HIDDEN, CLUSTER_MAX_HIDDEN, CLUSTER_MAX_BATCH = 64, 1024, 1
 RESIDENT_MAX_BATCH = 32  # persistent_mma with R resident gives way to mma above here in half precision and TF32
 STREAMED_MAX_BATCH = 64  # persistent_mma streaming part of R runs STEPWISE_MAX_BATCH+1 .. here (its 64 rows per pass)
 # exact fp32 above RESIDENT_MAX_BATCH: the per-step mma (3xTF32) up to this hidden size, where persistent_mma's blocks of
@@ -63,7 +66,8 @@ CUDA_DEFAULTS = (
     Default("tiled", None, None, lambda f: f.streams and not f.tensor_cores),
     Default("cluster", CLUSTER_MAX_BATCH, CLUSTER_MAX_BATCH,
             lambda f: (f.cluster and f.persistent and not f.streams
-                       and CLUSTER_MIN_HIDDEN <= f.hidden_size <= CLUSTER_MAX_HIDDEN)),
+                       and CLUSTER_MIN_HIDDEN <= f.hidden_size <= CLUSTER_MAX_HIDDEN
+                       and (f.hidden_size < GRID_MIN_HIDDEN or f.cluster_grid))),
     Default("persistent", PERSISTENT_MAX_BATCH, None, lambda f: f.persistent and not f.streams),
     Default("persistent_mma", RESIDENT_SMALL_BATCH, RESIDENT_SMALL_BATCH, lambda f: f.resident),
     Default("persistent_mma", RESIDENT_MID_BATCH, RESIDENT_MID_BATCH, lambda f: f.resident),

@@ -32,19 +32,29 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from . import cells, vector_math
+from . import cells, step_sync, vector_math
 from .cells import Cell
 from .device import Device
 from .layer import RNNLayerSpec
 from .recurrent_common import (KernelArgs, block_sync, direction_activation, i64, load_xw_ahead, shared_dyn, step_phases,
-                               store_unseen)
+                               store_operand, store_unseen)
 from .recurrent_cuda import accurate_math, epilogue, operand_at, vector_width, weight_bytes
-from .recurrent_persistent import _strided
+from .recurrent_persistent import _grid_sync, _strided
 from .warp_gemv import scattered_slot, warp_gates
 
 F32 = "float32"
 CLUSTER_SIZES = (8, 16)  # 8 is CUDA's portable cluster size; 16 the largest sm_90 allows (non-portable)
 MIN_ARCH = 90  # thread-block clusters and distributed shared memory: sm_90 and newer
+GRID_CLUSTERS = (2, 4, 8, 16)  # clusters a direction where R fits no one cluster
+# CTAs of a grid of clusters, at most, per SM of the device: the H100's cooperative launch took 64 CTAs in clusters of 8
+# and 16 and refused 128 (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: clusters must fit whole in a GPC)
+GRID_SM_SHARE = 0.5
+# from this hidden size a grid of clusters where one fits: 2 x 16 CTAs took 0.71-0.79x one cluster's step at H512
+GRID_MIN_HIDDEN = 512
+# the grids measured fastest all give each CTA 16 units (2 x 16 at H512, 4 x 16 at H1024); 8 or 12 units a CTA in 4 or
+# 8 clusters took 1.5-2x their step (benchmarks/results/h100-cluster-step.md); none fits at H768 (2 x 16: 24 units)
+GRID_UNITS = 16
+GRID_MAX_UNITS = 24  # 32 units a CTA (2 x 16 at H1024 fp16) took 1.5x the step of 16
 
 PUT = "tvmrnn_cluster_put"
 # value into the same shared-memory address of CTAs 0..ctas-1 of the cluster (the caller's own included)
@@ -62,16 +72,31 @@ _VEC = {1: ("float", "b32", "%1", '"r"(__float_as_uint(v))'),
                                                     '"r"(__float_as_uint(v.z)), "r"(__float_as_uint(v.w))')}
 
 
-def _send_source(width: int) -> tuple[str, str]:
-    ctype, suffix, operands, regs = _VEC[width]
+def _st_async(width: int) -> str:
+    """The body that sends `v` (a float, float2 or float4) to `dst` and `bar` in CTA `rank`."""
+    _ctype, suffix, operands, regs = _VEC[width]
     bar = len(operands.split(",")) + 1
+    return ("unsigned qa, qm; "
+            'asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(qa) : "r"((unsigned)__cvta_generic_to_shared(dst)), "r"(rank)); '
+            'asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(qm) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(rank)); '
+            f'asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.{suffix} [%0], {operands}, [%{bar}];" '
+            f':: "r"(qa), {regs}, "r"(qm) : "memory"); ')
+
+
+def _send_source(width: int) -> tuple[str, str]:
+    """`width` staged values from the sender's shared memory."""
+    ctype = _VEC[width][0]
     name = f"tvmrnn_cluster_send{width}"
     return name, (f"__forceinline__ __device__ void {name}(const float* src, float* dst, void* bar, unsigned rank) {{ "
-                  f"{ctype} v = *(const {ctype}*)src; unsigned qa, qm; "
-                  'asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(qa) : "r"((unsigned)__cvta_generic_to_shared(dst)), "r"(rank)); '
-                  'asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(qm) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(rank)); '
-                  f'asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.{suffix} [%0], {operands}, [%{bar}];" '
-                  f':: "r"(qa), {regs}, "r"(qm) : "memory"); }}')
+                  f"{ctype} v = *(const {ctype}*)src; {_st_async(width)}}}")
+
+
+def _forward_source(width: int) -> tuple[str, str]:
+    """`width` values in registers (polled from another cluster's tagged words)."""
+    ctype = _VEC[width][0]
+    name = f"tvmrnn_cluster_forward{width}"
+    return name, (f"__forceinline__ __device__ void {name}({ctype} v, float* dst, void* bar, unsigned rank) {{ "
+                  f"{_st_async(width)}}}")
 
 
 MBAR_INIT = "tvmrnn_mbarrier_init"
@@ -94,15 +119,15 @@ BARRIER_SRC = (f"__forceinline__ __device__ void {BARRIER}() {{ "
                'asm volatile("barrier.cluster.arrive.release.aligned;\\n\\tbarrier.cluster.wait.acquire.aligned;" ::: "memory"); }')
 
 
-# 32-bit registers a lane may give R's elements at batch_tile 1, divided by the batch tile above (of at most 128 a
-# thread at 512 threads: the rest for the reduction's sums, which grow with the batch tile, and the gate program; 48
-# and more spilled in GRU H512 fp32)
-REG_WEIGHTS = 56
+# 32-bit registers a lane may give R's elements at batch_tile 1, divided by the batch tile above: what a thread may
+# have (65536 a CTA, at most 255 a thread) less REG_OTHERS for the reduction's sums, which grow with the batch tile, and
+# the gate program (at 512 threads, 56 of 128; R at 64 spilled in LSTM H512)
+REG_OTHERS = 72
 
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    ctas: int = 8  # CTAs per cluster, one cluster per direction
+    ctas: int = 8  # CTAs per cluster
     warps: int = 16  # each owns units_per_warp units of its CTA (all gates)
     batch_tile: int = 1  # batch rows a pass over the sequence computes together
     # the first reg_k columns of the warp's rows of R stay in the registers of the lanes that multiply them (a multiple
@@ -112,9 +137,16 @@ class ClusterConfig:
     # how a phase waits for the last one's values: 0 all CTAs meet at a cluster barrier; 1 each CTA waits on an mbarrier
     # of its own for the bytes st.async brings it (_Arrivals)
     sync: int = 0
+    # clusters per direction: above 1, each CTA also publishes its units as tagged words in global memory, and CTA r of
+    # a cluster forwards those of CTA r of every other cluster into its cluster's copies (_Arrivals.forward)
+    clusters: int = 1
 
     def units_per_cta(self, spec: RNNLayerSpec) -> int:
-        return -(-spec.hidden_size // self.ctas)
+        return -(-spec.hidden_size // (self.ctas * self.clusters))
+
+    def reg_weights(self) -> int:
+        """32-bit registers a lane may give R's elements at batch_tile 1."""
+        return max(0, min(255, 65536 // (self.warps * 32)) - REG_OTHERS)
 
     def units_per_warp(self, spec: RNNLayerSpec) -> int:
         return -(-self.units_per_cta(spec) // self.warps)
@@ -133,18 +165,18 @@ class ClusterConfig:
         """Each (unit, row) of a warp is finished by a lane of its own (warp_gemv); reg_k whole loads of all lanes."""
         step = 32 * vector_width(spec, spec.hidden_size)
         return (self.units_per_warp(spec) * self.batch_tile <= 32 and self.reg_k % step == 0
-                and self.reg_k <= spec.hidden_size and self.reg_words(spec) <= REG_WEIGHTS // self.batch_tile
-                and (not self.sync or self.all_ctas_own_units(spec)))
+                and self.reg_k <= spec.hidden_size and self.reg_words(spec) <= self.reg_weights() // self.batch_tile
+                and (not self.sync or self.all_ctas_own_units(spec)) and (self.clusters == 1 or self.sync == 1))
 
     def all_ctas_own_units(self, spec: RNNLayerSpec) -> bool:
         """sync 1 needs it: a CTA that sends nothing would not hold the others back from overwriting what it reads."""
-        return (self.ctas - 1) * self.units_per_cta(spec) < spec.hidden_size
+        return (self.ctas * self.clusters - 1) * self.units_per_cta(spec) < spec.hidden_size
 
     def with_registers(self, spec: RNNLayerSpec) -> ClusterConfig:
-        """This point with as many of R's columns in registers as REG_WEIGHTS allows."""
+        """This point with as many of R's columns in registers as reg_weights allows."""
         step = 32 * vector_width(spec, spec.hidden_size)
         per_round = self.units_per_warp(spec) * spec.gates * step // 32 * weight_bytes(spec) // 4
-        rounds = REG_WEIGHTS // self.batch_tile // per_round
+        rounds = self.reg_weights() // self.batch_tile // per_round
         return dataclasses.replace(self, reg_k=min(rounds * step, spec.hidden_size // step * step))
 
 
@@ -153,23 +185,48 @@ def clusters_run_on(device: Device) -> bool:
     return int(digits or 0) >= MIN_ARCH
 
 
+def grid_configs(spec: RNNLayerSpec, cell: Cell, device: Device) -> list[ClusterConfig]:
+    """The points with several clusters a direction that fit: every CTA owns units (at most GRID_MAX_UNITS) and its
+    rows of R fit beside its registers, and the grid takes at most GRID_SM_SHARE of the SMs."""
+    configs = [ClusterConfig(ctas=c, clusters=q, warps=w, sync=1).with_registers(spec)
+               for c in CLUSTER_SIZES for q in GRID_CLUSTERS for w in (16, 8)]
+    return [c for c in configs if c.valid(spec) and c.smem_bytes(spec, cell) <= device.smem_limit
+            and c.units_per_cta(spec) <= GRID_MAX_UNITS and spec.num_directions * c.clusters * c.ctas <= device.sm_count * GRID_SM_SHARE]
+
+
+def widest_grid(spec: RNNLayerSpec, device: Device) -> ClusterConfig:
+    """The grid of clusters with the most CTAs a direction (the least of R each), registers as full as they go."""
+    per_direction = int(device.sm_count * GRID_SM_SHARE) // spec.num_directions
+    ctas = max(CLUSTER_SIZES)
+    return ClusterConfig(ctas=ctas, clusters=max(1, per_direction // ctas), warps=8, sync=1).with_registers(spec)
+
+
 def fits(spec: RNNLayerSpec, cell: Cell, device: Device, cfg: ClusterConfig | None = None) -> bool:
-    """Whether this layer's R fits in the shared memory of one cluster per direction (at cfg, else at some size)."""
+    """Whether this layer's R fits in the shared memory of one cluster per direction, or of several (at cfg, else at
+    some point)."""
     if not clusters_run_on(device):
         return False
-    configs = [cfg] if cfg else [ClusterConfig(ctas=c).with_registers(spec) for c in CLUSTER_SIZES]
-    return any(c.smem_bytes(spec, cell) <= device.smem_limit for c in configs)
+    if cfg is not None:
+        return cfg.smem_bytes(spec, cell) <= device.smem_limit
+    configs = [ClusterConfig(ctas=c).with_registers(spec) for c in CLUSTER_SIZES]
+    return any(c.smem_bytes(spec, cell) <= device.smem_limit for c in configs) or bool(grid_configs(spec, cell, device))
 
 
 def default_config(spec: RNNLayerSpec, cell: Cell, device: Device) -> ClusterConfig:
     """As much of R in registers as they take; the cluster size where every CTA owns units (sync 1 needs it), whose
     CTAs read the fewest bytes of R from shared memory a step (its bandwidth bounds the step), the larger at a tie
     (fewer units a warp: a shorter gate program and exchange a step); st.async and mbarriers (sync 1) where every CTA
-    owns units."""
+    owns units. From GRID_MIN_HIDDEN, or where R fits no one cluster, a grid of clusters: one whose CTAs own GRID_UNITS
+    units if there is one, then the fewest clusters, the fewest bytes of R read from shared memory, the most CTAs, the
+    fewest warps (the most registers a lane)."""
     configs = [ClusterConfig(ctas=c).with_registers(spec) for c in CLUSTER_SIZES]
-    fitting = [c for c in configs if c.smem_bytes(spec, cell) <= device.smem_limit] or configs[-1:]
-    best = min(fitting, key=lambda c: (not c.all_ctas_own_units(spec), c.units_per_cta(spec) * (spec.hidden_size - c.reg_k),
-                                       -c.ctas))
+    fitting = [c for c in configs if c.smem_bytes(spec, cell) <= device.smem_limit]
+    grids = grid_configs(spec, cell, device) if spec.hidden_size >= GRID_MIN_HIDDEN or not fitting else []
+    if grids:
+        return min(grids, key=lambda c: (c.units_per_cta(spec) != GRID_UNITS, c.clusters,
+                                         c.units_per_cta(spec) * (spec.hidden_size - c.reg_k), -c.ctas, c.warps))
+    best = min(fitting or configs[-1:], key=lambda c: (not c.all_ctas_own_units(spec),
+                                                        c.units_per_cta(spec) * (spec.hidden_size - c.reg_k), -c.ctas))
     # sync 1 where every CTA owns units: 0.6-0.7x sync 0's step at H256 and H512 (benchmarks/results/h100-cluster-step.md)
     return dataclasses.replace(best, sync=1) if best.all_ctas_own_units(spec) else best
 
@@ -195,15 +252,21 @@ def _rows_view(data, shape, strides, offset):
 def cluster_body(a: KernelArgs, cfg: ClusterConfig):
     """One cluster per direction: R's rows into shared memory, then the batch chunk by chunk (_chunk)."""
     spec, cell = a.spec, a.cell
-    D, C = spec.num_directions, cfg.ctas
+    D, C, Q = spec.num_directions, cfg.ctas, cfg.clusters
     assert cfg.valid(spec), (cfg, spec.hidden_size)
-    with T.thread_binding(0, i64(D * C), "blockIdx.x") as bx:
+    words = _tagged_words(a) if Q > 1 else None
+    with T.thread_binding(0, i64(D * Q * C), "blockIdx.x") as bx:
         with T.thread_binding(0, i64(C), "clusterCtaIdx.x") as rank:
             with T.thread_binding(0, i64(cfg.warps), "threadIdx.y") as ty:
                 with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
                     tid = ty * i64(32) + lane
-                    d, j0 = bx // i64(C), rank * i64(cfg.units_per_cta(spec))
+                    d, q, j0 = bx // i64(C), None, rank * i64(cfg.units_per_cta(spec))
+                    if Q > 1:  # bound to variables: a view's offset built on j0 (the cell state's) must not divide (FlattenBuffer)
+                        d, q = T.bind(bx // i64(Q * C)), T.bind(bx // i64(C) % i64(Q))
+                        j0 = T.bind((q * i64(C) + rank) * i64(cfg.units_per_cta(spec)))
                     weights = _load_weights(a, cfg, d, j0, ty, lane, tid)
+                    if words:
+                        _clear_words(a, cfg, words, d, j0, tid)
                     layout = _Rows(spec, cell, cfg)
                     # one buffer, so that the offsets _Rows gives are those of shared memory: TVM places a shared buffer
                     # by the loads and stores it sees, and the staged values and mbarriers are only passed by address
@@ -217,7 +280,7 @@ def cluster_body(a: KernelArgs, cfg: ClusterConfig):
                             "own_xw": T.alloc_buffer((len(cell.phases),), F32, scope="local")}
                     if a.Yc is not None:
                         regs["c"] = T.alloc_buffer((1,), F32, scope="local")
-                    arrivals = _Arrivals(a, cfg, tid, rows, layout, j0) if cfg.sync else None
+                    arrivals = _Arrivals(a, cfg, tid, rows, layout, j0, words and _Remote(words, d, q, rank)) if cfg.sync else None
                     with T.serial(0, tirx.ceildiv(a.batch, i64(cfg.batch_tile))) as chunk:
                         _chunk(a, cfg, rows, layout, regs, weights, d, j0, chunk, ty, lane, tid, arrivals)
 
@@ -245,6 +308,45 @@ class _Rows:
         """Where row b of the chunk's staged units of operand `name` start (h's in its slot `slot`)."""
         row = slot * i64(self.nb) + b if name == "h" else b
         return i64(self.stage[name]) + row * i64(self.stage_row)
+
+
+def _tagged_words(a: KernelArgs) -> dict:
+    """clusters > 1: the global words each exchanged operand is published in (step_sync): h double-buffered by the
+    step's parity, a value stored for a later phase of the step (GRU's r*h) in one buffer."""
+    D, N, H = a.spec.num_directions, a.batch, a.spec.hidden_size
+    names = dict.fromkeys(p.operand for p in a.cell.phases)
+    return {name: step_sync.alloc_words((2, D, N, H) if name == "h" else (D, N, H)) for name in names}
+
+
+def _clear_words(a: KernelArgs, cfg: ClusterConfig, words: dict, d, j0, tid):
+    """Every word of the CTA's units INVALID, then one grid barrier: what an earlier launch left there can never pass
+    for a step of this one. h[0] is never polled (each CTA loads all of h0 itself)."""
+    N, UPC = a.batch, cfg.units_per_cta(a.spec)
+
+    def clear(e):
+        j, n = j0 + e // N, e % N
+        with T.If(j < i64(a.spec.hidden_size)):
+            with T.Then():
+                for name, buf in words.items():
+                    for idx in ([[i64(0), d, n, j], [i64(1), d, n, j]] if name == "h" else [[d, n, j]]):
+                        step_sync.publish(buf, idx, tirx.const(0.0, F32), step_sync.invalid())
+
+    _strided(i64(UPC) * N, cfg.warps * 32, tid, clear)
+    _grid_sync()
+
+
+@dataclass(frozen=True)
+class _Remote:
+    """clusters > 1: the tagged words, and where this CTA sits: direction d, cluster q, rank in the cluster."""
+    words: dict
+    d: tirx.PrimExpr
+    q: tirx.PrimExpr
+    rank: tirx.PrimExpr
+
+    def published(self, phase, s) -> dict:
+        """store_operand's publishing during step s: h (of step s + 1) with tag s + 1, a stored value with tag s."""
+        return {name: (buf, step_sync.tag_of(s + i64(1)) if name == "h" else step_sync.tag_of(s))
+                for name, buf in self.words.items()}
 
 
 def _load_weights(a: KernelArgs, cfg: ClusterConfig, d, j0, ty, lane, tid) -> dict:
@@ -291,8 +393,8 @@ class _Arrivals:
 
     BARS = ("h slot 0", "h slot 1", "stored operand")
 
-    def __init__(self, a: KernelArgs, cfg: ClusterConfig, tid, buf, layout: _Rows, j0):
-        self.a, self.cfg, self.tid, self.buf, self.layout, self.j0 = a, cfg, tid, buf, layout, j0
+    def __init__(self, a: KernelArgs, cfg: ClusterConfig, tid, buf, layout: _Rows, j0, remote: _Remote | None = None):
+        self.a, self.cfg, self.tid, self.buf, self.layout, self.j0, self.remote = a, cfg, tid, buf, layout, j0, remote
         with T.If(tid == i64(0)):
             with T.Then():
                 for i in range(len(self.BARS)):
@@ -330,6 +432,38 @@ class _Arrivals:
                                                 self._at(bar), rank.astype("uint32"), source_code=source))
 
         _strided(cfg.ctas * NB * per_row, cfg.warps * 32, self.tid, one)
+
+    def forward(self, name, slot, n0, dests, s):
+        """clusters > 1, after send_staged: the units of `name` that CTA `rank` of each other cluster published (h of
+        step s + 1, for slot `slot`; a stored value of step s), polled until their tags say so, then sent on to every
+        CTA of this cluster, `width` units a st.async onto the mbarrier the cluster's own units count on. Lanes that
+        send one group to different CTAs poll the same words (one load for the warp).
+
+        Nothing is overwritten early, by the argument of the class docstring: this CTA polls h[s+1] after it had all of
+        h[s]; and a CTA publishes h[s+1] over the words of h[s-1] only once its cluster had all of h[s], which every
+        other cluster sent only after its forwarders had polled h[s-1]."""
+        spec, cfg, remote = self.a.spec, self.cfg, self.remote
+        H, NB, UPC, C, Q = spec.hidden_size, cfg.batch_tile, cfg.units_per_cta(spec), cfg.ctas, cfg.clusters
+        width = 4 if UPC % 4 == 0 and H % 4 == 0 else 1
+        func, source = _forward_source(width)
+        per_row = UPC // width
+        bar = slot if name == "h" else i64(2)
+        tag = step_sync.tag_of(s + i64(1) if name == "h" else s)
+
+        def one(e):
+            dest, group = e % i64(C), e // i64(C) % i64(per_row)
+            b, k = e // i64(C * per_row) % i64(NB), e // i64(C * per_row * NB)
+            other = tirx.Select(k >= remote.q, k + i64(1), k)  # every cluster but this one
+            j = (other * i64(C) + remote.rank) * i64(UPC) + group * i64(width)
+            with T.If(tirx.all(n0 + b < self.a.batch, j < i64(H))):
+                with T.Then():
+                    n = n0 + b
+                    idx = [slot, remote.d, n, j] if name == "h" else [remote.d, n, j]
+                    value = step_sync.wait(remote.words[name], idx, tag, width)
+                    T.evaluate(T.cuda.func_call(func, value, tirx.address_of(self.buf[dests(b, j)]), self._at(bar),
+                                                dest.astype("uint32"), source_code=source))
+
+        _strided((Q - 1) * NB * per_row * C, cfg.warps * 32, self.tid, one)
 
     def _arm(self, i, n0, when):
         rows = tirx.min(i64(self.cfg.batch_tile), self.a.batch - n0)
@@ -413,13 +547,19 @@ def _chunk(a: KernelArgs, cfg: ClusterConfig, rows, layout: _Rows, regs: dict, w
                     arrivals.wait_h(s, chunk, n0)
         elif arrivals:
             arrivals.wait_stored(s, chunk, n0)
+        remote = arrivals and arrivals.remote
+        a.published = remote.published(phase, s) if remote else {}
         _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, weights, regs, s, cur, nxt, d, j0, n0, ty, lane)
+        a.published = {}
         if arrivals:  # the values this phase staged, once all its lanes have
             block_sync()
-            for name in (["h"] if last else []) + [v for v in phase.stores if v in operands]:
-                dests = ((lambda b, j: nxt * i64(NB * H) + b * i64(H) + j) if name == "h"
-                         else (lambda b, j, name=name: i64(layout.value[name]) + b * i64(H) + j))
+            sent = [(name, (lambda b, j: nxt * i64(NB * H) + b * i64(H) + j) if name == "h"
+                     else (lambda b, j, name=name: i64(layout.value[name]) + b * i64(H) + j))
+                    for name in (["h"] if last else []) + [v for v in phase.stores if v in operands]]
+            for name, dests in sent:
                 arrivals.send_staged(name, nxt, n0, dests)
+            for name, dests in sent if remote else ():  # after the cluster's own: those are ready, these are polled
+                arrivals.forward(name, nxt, n0, dests, s)
         if last:  # the next step's XW, in flight across the wait
             _prefetch_xw(a, cfg, regs, s + i64(1), d, j0, n0, ty, lane)
         if not arrivals:
@@ -558,7 +698,7 @@ def _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, weights, regs, s, cu
                     if name in operand_names:
                         with T.If(s >= a.length(n)):
                             with T.Then():
-                                a.shared[name](scratch[name], [d, n, j0 + slot], tirx.const(0.0, F32))
+                                store_operand(a, name, scratch[name], tirx.const(0.0, F32), [d, n, j0 + slot])
 
     operand_names = {p.operand for p in a.cell.phases}
     with T.If(tirx.all(first < i64(UPC), j0 + first < i64(H))):  # warp-uniform: a warp with no unit below H has nothing to do

@@ -79,11 +79,12 @@ class Fit:
     streams: bool  # R does not fit, and persistent_mma runs with part of it read from L2 every step (streaming_config)
     tensor_cores: bool  # the per-step mma kernel runs: fp16/bf16 or TF32 on sm_80 and newer
     wide: bool  # hidden size of at least TILED_MIN_HIDDEN (choice.py)
-    cluster: bool = False  # R (each direction's) in the shared memory of one thread-block cluster (sm_90 and newer)
+    cluster: bool = False  # R (each direction's) in the shared memory of thread-block clusters (sm_90 and newer)
     hidden_size: int = 0
     # exact fp32 with R resident and at most EXACT_MMA_MAX_HIDDEN units (choice.py): the per-step mma (3xTF32) runs, and
     # is auto's kind above persistent_mma's resident batch tiles
     exact_mma: bool = False
+    cluster_grid: bool = False  # the cluster kind's default is a grid of clusters a direction (recurrent_cluster)
 
     @staticmethod
     def of(spec, cell, target, device: Device) -> Fit:
@@ -93,9 +94,10 @@ class Fit:
 
         resident, half_or_tf32 = persistent_mma_fits(spec, cell, target, device), rounding_mode(spec, target) is not None
         exact_mma = resident and not half_or_tf32 and tensor_cores(target) and spec.hidden_size <= EXACT_MMA_MAX_HIDDEN
+        on_clusters = cluster.fits(spec, cell, device)
         return Fit(persistent.fits(spec, cell, device), resident, persistent_mma_streams(spec, cell, target, device),
-                   half_or_tf32, spec.hidden_size >= TILED_MIN_HIDDEN, cluster.fits(spec, cell, device), spec.hidden_size,
-                   exact_mma)
+                   half_or_tf32, spec.hidden_size >= TILED_MIN_HIDDEN, on_clusters, spec.hidden_size, exact_mma,
+                   on_clusters and cluster.default_config(spec, cell, device).clusters > 1)
 
 
 @dataclass(frozen=True)
@@ -374,7 +376,8 @@ register(KernelKind("mma", "cuda", lambda fit: fit.tensor_cores or fit.exact_mma
 def _cluster_config(config, spec):
     from .recurrent_cluster import ClusterConfig
 
-    cfg = ClusterConfig(ctas=config["ctas"], warps=config["warps"], batch_tile=config["batch_tile"], sync=config["sync"])
+    cfg = ClusterConfig(ctas=config["ctas"], warps=config["warps"], batch_tile=config["batch_tile"], sync=config["sync"],
+                        clusters=config["clusters"])
     return cfg.with_registers(spec) if config["registers"] else cfg
 
 
@@ -387,7 +390,8 @@ def _cluster_knobs(spec, cell, device):
 
     def fit(point):
         cfg = _cluster_config(KernelConfig.of("cluster", **point), spec)
-        return cfg.valid(spec) and cfg.smem_bytes(spec, cell) <= device.smem_limit
+        return (cfg.valid(spec) and cfg.smem_bytes(spec, cell) <= device.smem_limit
+                and (cfg.clusters == 1 or spec.num_directions * cfg.clusters * cfg.ctas <= device.sm_count))
 
     default = dict(_cluster_default(spec, cell, device, None).knobs)
     for name in space:  # each knob's values that fit with the others at their default
@@ -400,7 +404,8 @@ def _cluster_default(spec, cell, device, batch):
     from .recurrent_cluster import default_config
 
     c = default_config(spec, cell, device)
-    return KernelConfig.of("cluster", ctas=c.ctas, warps=c.warps, batch_tile=c.batch_tile, registers=int(c.reg_k > 0), sync=c.sync)
+    return KernelConfig.of("cluster", ctas=c.ctas, warps=c.warps, batch_tile=c.batch_tile, registers=int(c.reg_k > 0), sync=c.sync,
+                           clusters=c.clusters)
 
 
 def _cluster_emit(config, spec, cell, device):
@@ -410,7 +415,14 @@ def _cluster_emit(config, spec, cell, device):
     return lambda a: cluster_body(a, cfg)
 
 
-register(KernelKind("cluster", "cuda", lambda fit: fit.cluster, _cluster_knobs, _cluster_default, _cluster_emit))
+def _cluster_grid(config, spec):
+    """Several clusters a direction meet at one grid barrier (a cooperative launch); one does not."""
+    clusters = config["clusters"]
+    return spec.num_directions * clusters * config["ctas"] if clusters > 1 else 0
+
+
+register(KernelKind("cluster", "cuda", lambda fit: fit.cluster, _cluster_knobs, _cluster_default, _cluster_emit,
+                    grid=_cluster_grid, later_knobs={"clusters": 1}))
 
 
 # ---- wavefront: stacked layers in one cooperative kernel (recurrent_wavefront); planned for a whole stack by
@@ -493,13 +505,15 @@ def kinds(spec, cell, target, choice: str = "auto", device: Device | None = None
                           f"memory or part of it streamed from L2, and hidden size {spec.hidden_size} x {spec.num_directions} "
                           f"direction(s) in {spec.dtype} fits neither on {device.arch}; use auto, mma or stepwise")
     if choice == "cluster" and not fit.cluster:
-        from .recurrent_cluster import CLUSTER_SIZES, ClusterConfig, clusters_run_on
+        from .recurrent_cluster import CLUSTER_SIZES, ClusterConfig, clusters_run_on, widest_grid
 
         need = min(ClusterConfig(ctas=c).with_registers(spec).smem_bytes(spec, cell) for c in CLUSTER_SIZES) / 1024
-        why = (f"R of one direction needs {need:.0f} KB of shared memory per CTA across a cluster of 16 (beside what registers "
-               f"hold) and a CTA has {device.smem_limit / 1024:.0f} KB"
+        grid = widest_grid(spec, device)
+        why = (f"R of one direction needs {need:.0f} KB of shared memory per CTA across a cluster of 16, and "
+               f"{grid.smem_bytes(spec, cell) / 1024:.0f} KB across {grid.clusters} clusters of {grid.ctas} (beside what "
+               f"registers hold), and a CTA has {device.smem_limit / 1024:.0f} KB"
                if clusters_run_on(device) else f"thread-block clusters need sm_90 or newer; the target is {device.arch}")
-        raise KernelError(f"{spec.op} node '{spec.name}': kernel 'cluster' keeps R in one thread-block cluster per direction: "
+        raise KernelError(f"{spec.op} node '{spec.name}': kernel 'cluster' keeps R in thread-block clusters: "
                           f"{why}; use auto or persistent")
     if choice != "auto":
         return (choice,)

@@ -19,7 +19,7 @@ from schedules.cells import cell_for, own_gate_activations
 from schedules.device import Device
 from schedules.ptxas import ptxas
 from schedules.recurrent_cluster import fits
-from schedules.space import KernelConfig, default_config, knob_space
+from schedules.space import KernelConfig, cooperative_blocks, default_config, knob_space
 from test_kernels import _check_kernel
 
 SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
@@ -35,9 +35,13 @@ def _layer(op, hidden, direction="forward", dtype="float32", lbr=0, layout=0):
     return dataclasses.replace(case, dtype=dtype), spec
 
 
-def _point(spec, **knobs) -> KernelConfig:
-    base = default_config("cluster", spec, cell_for(spec), SM90A)
-    return KernelConfig.of("cluster", **{**dict(base.knobs), **knobs})
+def _point(spec, grid=False, **knobs) -> KernelConfig:
+    """The default point with `knobs` set; one cluster a direction (at 16 warps) where the default is a grid of them,
+    unless `grid` or the knobs name clusters."""
+    base = dict(default_config("cluster", spec, cell_for(spec), SM90A).knobs)
+    if not grid and base.get("clusters", 1) > 1:
+        base.update(clusters=1, warps=16)
+    return KernelConfig.of("cluster", **{**base, **knobs})
 
 
 def _run(case, spec, config, batches=(1, 2, 1, 2), steps=(1, 1, 50, 50)):
@@ -93,6 +97,28 @@ def test_cluster_other_points(layer, knobs, sync):
     config = _point(spec, **knobs, sync=sync)
     if not _config_valid(spec, config):
         pytest.skip(f"{config.describe()} is not a point of the space for H{hidden}")
+    _run(case, spec, config, batches=(1, 3, 5), steps=(50, 9, 1))
+
+
+# several clusters a direction, exchanging through tagged words in global memory: the default grids of H1024 (4 clusters
+# of 16 CTAs) in both cells and dtypes, both directions at once (4 clusters of 8 each), GRU without
+# linear_before_reset (its r*h forwarded too), single values forwarded (19 units a CTA), batch tiles, 8-CTA clusters
+GRID_POINTS = [(("LSTM", 1024, "forward", "float32", 0, 0), {}), (("LSTM", 1024, "reverse", "float16", 0, 0), {}),
+               (("GRU", 1024, "forward", "float32", 1, 0), {}), (("GRU", 1024, "bidirectional", "float16", 0, 1), {"clusters": 4, "ctas": 8, "warps": 8}),
+               (("GRU", 600, "forward", "float32", 0, 0), {"clusters": 2, "ctas": 16, "warps": 16}),
+               (("LSTM", 512, "bidirectional", "float32", 0, 0), {"clusters": 2, "ctas": 16, "batch_tile": 2}),
+               (("LSTM", 512, "forward", "float16", 0, 0), {"clusters": 4, "ctas": 8, "warps": 8})]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layer, knobs", GRID_POINTS, ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else str(v))
+def test_cluster_grid_matches_float64(layer, knobs):
+    """Batches of one and several chunks, T 50, 9 and 1, against float64: what each CTA forwards from the other
+    clusters' words is what their CTAs computed, at every step and row."""
+    op, hidden, direction, dtype, lbr, layout = layer
+    case, spec = _layer(op, hidden, direction, dtype, lbr, layout)
+    config = _point(spec, grid=True, **knobs)
+    assert config["clusters"] > 1 and _config_valid(spec, config), config.describe()
     _run(case, spec, config, batches=(1, 3, 5), steps=(50, 9, 1))
 
 
@@ -179,6 +205,24 @@ def test_cluster_builds_without_a_gpu(layer, sync):
     assert report.spill_stores <= 32, report.describe()
 
 
+@pytest.mark.parametrize("layer", [("LSTM", 1024, "float32"), ("GRU", 600, "float32")], ids=lambda v: "-".join(map(str, v)))
+def test_cluster_grid_builds_without_a_gpu(layer):
+    """A grid of clusters: one grid barrier after its words are cleared, each unit published as a tagged word, the
+    other clusters' polled (4 words at a time where a CTA's units come in fours) and sent on by st.async; launched
+    cooperatively (all clusters resident); ptxas spills at most a few words."""
+    op, hidden, dtype = layer
+    _, spec = _layer(op, hidden, dtype=dtype)
+    config = _point(spec, grid=True, **({} if hidden == 1024 else {"clusters": 2, "ctas": 16, "warps": 16}))
+    func = point_kernel(spec, cell_for(spec), SM90A, config)
+    built = tvm.tirx.build(func, target=SM90A, pipeline=cooperative.register())
+    src = built.imports[0].inspect_source()
+    width = 4 if config["clusters"] * config["ctas"] * 4 <= hidden and hidden % 64 == 0 else 1
+    assert src.count("tvm_builtin_cuda_grid_sync();") == 1 and "tvmrnn_publish_tagged(" in src
+    assert f"tvmrnn_cluster_forward{width}(tvmrnn_wait_tagged{'4' if width == 4 else ''}(" in src, width
+    assert cooperative_blocks(config, spec) == config["clusters"] * config["ctas"]  # what load checks against the SMs
+    assert ptxas(src, "sm_90a").spill_stores <= 32
+
+
 def test_gates_activated_apart_read_only_their_own_sum():
     """cells.own_gate_activations: the gates whose activation reads nothing but its own sum and XW, which the cluster
     kernel computes in the lanes holding the sum. LSTM's four (its cell gate with tanh), none of the peephole gates,
@@ -207,19 +251,28 @@ def test_cluster_launch_params(tmp_path):
 
 
 def test_only_layers_that_fit_name_it():
-    """kernel='cluster' where each direction's R fits a cluster's shared memory (smallest cluster first), a one-line
-    error elsewhere (R too large, or no clusters before sm_90); auto picks it at batch 1 only (choice.CLUSTER_MAX_BATCH)."""
-    _, fits16 = _layer("LSTM", 512)  # 4 MB of R: 16 CTAs, half of each row in registers
+    """kernel='cluster' where each direction's R fits a cluster's shared memory (smallest cluster first), else a grid of
+    clusters', a one-line error elsewhere (R too large, or no clusters before sm_90); auto picks it at batch 1 only
+    (choice.CLUSTER_MAX_BATCH)."""
+    _, fits16 = _layer("LSTM", 512)  # 4 MB of R: two clusters of 16 CTAs, all of R in registers (one cluster fits too)
     cell = cell_for(fits16)
     plan = plan_kernel(fits16, cell, SM90A, "cluster")
-    assert plan.branches[0].config.describe() == "cluster(batch_tile=1, ctas=16, registers=1, sync=1, warps=16)"
+    assert plan.branches[0].config.describe() == "cluster(batch_tile=1, clusters=2, ctas=16, registers=1, sync=1, warps=8)"
     _, small = _layer("LSTM", 256)  # all of R in registers takes 16 CTAs (8 would read half of it from shared memory)
     assert default_config("cluster", small, cell_for(small), SM90A)["ctas"] == 16
     auto = plan_kernel(small, cell_for(small), SM90A).branches
     assert auto[0].up_to == 1 and auto[0].config.kind == "cluster" and auto[0].config["sync"] == 1, auto[0]
     assert all(b.config.kind != "cluster" for b in auto[1:])
-    _, big = _layer("LSTM", 1024, dtype="float16")
-    with pytest.raises(KernelError, match="kernel 'cluster' keeps R in one thread-block cluster per direction: R of one direction needs 520 KB of shared memory per CTA"):
+    _, wide = _layer("LSTM", 1024)  # 16 MB of R: 4 clusters of 16 CTAs, 16 units and 96 KB of R in shared memory each
+    assert plan_kernel(wide, cell_for(wide), SM90A, "cluster").branches[0].config.describe() == \
+        "cluster(batch_tile=1, clusters=4, ctas=16, registers=1, sync=1, warps=8)"
+    auto = plan_kernel(wide, cell_for(wide), SM90A).branches
+    assert auto[0].up_to == 1 and auto[0].config["clusters"] == 4, auto[0]
+    _, odd = _layer("GRU", 800, dtype="float16")  # one cluster fits, no grid of at most 24 units a CTA: not auto's
+    assert plan_kernel(odd, cell_for(odd), SM90A).branches[0].config.kind == "persistent"
+    _, big = _layer("LSTM", 2048)
+    with pytest.raises(KernelError, match="kernel 'cluster' keeps R in thread-block clusters: R of one direction needs "
+                                          "4112 KB of shared memory per CTA across a cluster of 16, and 912 KB across 4 clusters of 16"):
         plan_kernel(big, cell_for(big), SM90A, "cluster")
     with pytest.raises(KernelError, match="thread-block clusters need sm_90 or newer; the target is sm_80"):
         plan_kernel(small, cell_for(small), tvm.target.Target({"kind": "cuda", "arch": "sm_80"}), "cluster")

@@ -149,7 +149,7 @@ def test_tuned_point_needs_the_default_measured_beside_it():
 
 def test_tuned_bucket_leaves_smaller_batches_their_default():
     """A tuned bucket runs from the boundary below it: where only bucket 8 is usable (lat-b1-h1024's layer, tuned at batch
-    8 for b8-h1024-l2), batches 1-4 keep the default persistent kernel rather than run bucket 8's point."""
+    8 for b8-h1024-l2), batches 1-4 keep the default cluster and persistent kernels rather than run bucket 8's point."""
     import tvm
 
     from schedules import plan_kernel
@@ -163,8 +163,8 @@ def test_tuned_bucket_leaves_smaller_batches_their_default():
     faster8 = KernelConfig.of("persistent_mma", **{**dict(default8.knobs), "depth": 1})
     plan = plan_kernel(spec, cell, target, tuned={8: [(faster8, 1.0), (default8, 2.0)]})
     got = [(b.up_to, b.config.kind, b.tuned) for b in plan.branches]
-    assert got[:2] == [(4, "persistent", False), (8, "persistent_mma", True)] and plan.branches[1].config == faster8, got
-    assert plan.branches[2:] == untuned.branches[2:]
+    assert got[:3] == [(1, "cluster", False), (4, "persistent", False), (8, "persistent_mma", True)], got
+    assert plan.branches[2].config == faster8 and plan.branches[3:] == untuned.branches[3:]
 
 
 def test_every_cuda_default_is_a_point_of_its_space_trace():
