@@ -12,6 +12,11 @@ st.async that the receiver's mbarrier counts; each CTA waits for its operand's b
 each value goes into every CTA's copy (mapa + st.shared::cluster), then one cluster barrier a phase
 (barrier.cluster.arrive.release / wait.acquire). Either way the next step reads h from its own shared memory.
 
+Where R does not fit one cluster (or from GRID_MIN_HIDDEN, where a grid is faster), `clusters` clusters share a
+direction, each CTA owning ceil(H / (clusters * ctas)) units: its units also go out as tagged words in global memory
+(step_sync), and CTA r of each cluster polls those of CTA r of the others and sends them on to its cluster
+(_Arrivals.forward). One grid barrier after the words are cleared makes it a cooperative launch.
+
 Why one barrier a phase suffices (sync 0): h is double-buffered by the step's parity, and a CTA writes slot t+1 of a peer only
 after the barrier that ended step t, which that peer reached after reading slot t-1 (the one overwritten) for the last
 time. GRU's r*h (an operand written and read within a step) has one buffer, written in phase 1 after the barrier that
@@ -343,7 +348,7 @@ class _Remote:
     q: tirx.PrimExpr
     rank: tirx.PrimExpr
 
-    def published(self, phase, s) -> dict:
+    def published(self, s) -> dict:
         """store_operand's publishing during step s: h (of step s + 1) with tag s + 1, a stored value with tag s."""
         return {name: (buf, step_sync.tag_of(s + i64(1)) if name == "h" else step_sync.tag_of(s))
                 for name, buf in self.words.items()}
@@ -548,7 +553,7 @@ def _chunk(a: KernelArgs, cfg: ClusterConfig, rows, layout: _Rows, regs: dict, w
         elif arrivals:
             arrivals.wait_stored(s, chunk, n0)
         remote = arrivals and arrivals.remote
-        a.published = remote.published(phase, s) if remote else {}
+        a.published = remote.published(s) if remote else {}
         _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, weights, regs, s, cur, nxt, d, j0, n0, ty, lane)
         a.published = {}
         if arrivals:  # the values this phase staged, once all its lanes have
