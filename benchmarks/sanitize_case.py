@@ -3,8 +3,9 @@
     python3 benchmarks/sanitize_case.py [KERNEL [LSTM|GRU [streamed|ring|ring-h|h0]]]
     python3 benchmarks/sanitize_case.py wavefront     two stacked LSTM layers in one wavefront kernel
     python3 benchmarks/sanitize_case.py persistent LSTM sync   the persistent kernel with sync=1 (steps wait on h's tagged words)
-    python3 benchmarks/sanitize_case.py cluster GRU [sync]   the cluster kernel, hidden 128 (h through distributed shared
-                                  memory, a cluster barrier a phase or with sync mbarriers; GRU's two phases; R in registers)
+    python3 benchmarks/sanitize_case.py cluster GRU [sync|grid]   the cluster kernel, hidden 128 (h through distributed
+                                  shared memory, a cluster barrier a phase or with sync mbarriers; GRU's two phases; R in
+                                  registers; grid: two clusters a direction, the other's units polled and forwarded)
 
 streamed (persistent_mma only): half of each block's R read from global memory every step (the path layers too large
 for shared memory run), instead of all of it resident. ring: hidden 128, three of its four chunks streamed through
@@ -37,6 +38,9 @@ if sys.argv[3:] == ["sync"]:
     _module = recurrent_cluster if kernel == "cluster" else recurrent_persistent
     _default = _module.default_config
     _module.default_config = lambda *a, **k: dataclasses.replace(_default(*a, **k), sync=1)
+if sys.argv[3:] == ["grid"]:  # two clusters of 8 CTAs a direction: units forwarded through tagged words
+    recurrent_cluster.default_config = lambda spec, *_: recurrent_cluster.ClusterConfig(
+        ctas=8, clusters=2, warps=8, sync=1).with_registers(spec)
 if kernel == "wavefront":
     from test_wavefront import lstm_stack, stack_model, stack_reference
 
