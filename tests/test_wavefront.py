@@ -192,6 +192,7 @@ def test_compile_runs_a_bounded_small_batch_stack_as_one_kernel():
     ({}, {"seq": 50, "batch": 8}, "batch up to 8; a wavefront runs batch <= 4"),
     ({"kernel": "persistent"}, {"seq": 50, "batch": 1}, "only kernel='auto' on CUDA"),
     ({"op": "GRU"}, {"seq": 50, "batch": 1}, "GRU cell without linear_before_reset: its h gate needs all of r*h first"),
+    ({"hidden": 512, "input_size": 512}, {"seq": 50, "batch": 1}, "each layer runs a grid of clusters at batch 1"),
 ])
 def test_stacks_that_do_not_qualify_run_layer_by_layer_and_say_why(change, bounds, why):
     kernel = change.pop("kernel", "auto")
