@@ -44,7 +44,7 @@ from .layer import RNNLayerSpec
 from .recurrent_common import (KernelArgs, block_sync, direction_activation, i64, load_xw_ahead, shared_dyn, step_phases,
                                store_operand, store_unseen)
 from .recurrent_cuda import accurate_math, epilogue, operand_at, vector_width, weight_bytes
-from .recurrent_persistent import _grid_sync, _strided
+from .recurrent_persistent import _grid_sync, _strided, _tagged_words
 from .warp_gemv import scattered_slot, warp_gates
 
 F32 = "float32"
@@ -255,7 +255,8 @@ def _rows_view(data, shape, strides, offset):
 
 
 def cluster_body(a: KernelArgs, cfg: ClusterConfig):
-    """One cluster per direction: R's rows into shared memory, then the batch chunk by chunk (_chunk)."""
+    """One cluster (or, clusters > 1, a grid of them) per direction: R's rows into registers and shared memory, the
+    grid's words cleared, then the batch chunk by chunk (_chunk)."""
     spec, cell = a.spec, a.cell
     D, C, Q = spec.num_directions, cfg.ctas, cfg.clusters
     assert cfg.valid(spec), (cfg, spec.hidden_size)
@@ -313,14 +314,6 @@ class _Rows:
         """Where row b of the chunk's staged units of operand `name` start (h's in its slot `slot`)."""
         row = slot * i64(self.nb) + b if name == "h" else b
         return i64(self.stage[name]) + row * i64(self.stage_row)
-
-
-def _tagged_words(a: KernelArgs) -> dict:
-    """clusters > 1: the global words each exchanged operand is published in (step_sync): h double-buffered by the
-    step's parity, a value stored for a later phase of the step (GRU's r*h) in one buffer."""
-    D, N, H = a.spec.num_directions, a.batch, a.spec.hidden_size
-    names = dict.fromkeys(p.operand for p in a.cell.phases)
-    return {name: step_sync.alloc_words((2, D, N, H) if name == "h" else (D, N, H)) for name in names}
 
 
 def _clear_words(a: KernelArgs, cfg: ClusterConfig, words: dict, d, j0, tid):
