@@ -44,7 +44,7 @@ from .layer import RNNLayerSpec
 from .recurrent_common import (KernelArgs, block_sync, direction_activation, i64, load_xw_ahead, shared_dyn, step_phases,
                                store_operand, store_unseen)
 from .recurrent_cuda import accurate_math, epilogue, operand_at, vector_width, weight_bytes
-from .recurrent_persistent import _grid_sync, _strided, _tagged_words
+from .recurrent_persistent import _each_unit_row, _grid_sync, _strided, _tagged_words
 from .warp_gemv import scattered_slot, warp_gates
 
 F32 = "float32"
@@ -177,6 +177,11 @@ class ClusterConfig:
         """sync 1 needs it: a CTA that sends nothing would not hold the others back from overwriting what it reads."""
         return (self.ctas * self.clusters - 1) * self.units_per_cta(spec) < spec.hidden_size
 
+    def grid_fits(self, spec: RNNLayerSpec, device: Device) -> bool:
+        """One cluster a direction, or a grid of them within GRID_SM_SHARE of the device's SMs (a larger cooperative
+        grid is refused at launch)."""
+        return self.clusters == 1 or spec.num_directions * self.clusters * self.ctas <= device.sm_count * GRID_SM_SHARE
+
     def with_registers(self, spec: RNNLayerSpec) -> ClusterConfig:
         """This point with as many of R's columns in registers as reg_weights allows."""
         step = 32 * vector_width(spec, spec.hidden_size)
@@ -196,7 +201,7 @@ def grid_configs(spec: RNNLayerSpec, cell: Cell, device: Device) -> list[Cluster
     configs = [ClusterConfig(ctas=c, clusters=q, warps=w, sync=1).with_registers(spec)
                for c in CLUSTER_SIZES for q in GRID_CLUSTERS for w in (16, 8)]
     return [c for c in configs if c.valid(spec) and c.smem_bytes(spec, cell) <= device.smem_limit
-            and c.units_per_cta(spec) <= GRID_MAX_UNITS and spec.num_directions * c.clusters * c.ctas <= device.sm_count * GRID_SM_SHARE]
+            and c.units_per_cta(spec) <= GRID_MAX_UNITS and c.grid_fits(spec, device)]
 
 
 def widest_grid(spec: RNNLayerSpec, device: Device) -> ClusterConfig:
@@ -206,13 +211,10 @@ def widest_grid(spec: RNNLayerSpec, device: Device) -> ClusterConfig:
     return ClusterConfig(ctas=ctas, clusters=max(1, per_direction // ctas), warps=8, sync=1).with_registers(spec)
 
 
-def fits(spec: RNNLayerSpec, cell: Cell, device: Device, cfg: ClusterConfig | None = None) -> bool:
-    """Whether this layer's R fits in the shared memory of one cluster per direction, or of several (at cfg, else at
-    some point)."""
+def fits(spec: RNNLayerSpec, cell: Cell, device: Device) -> bool:
+    """Whether this layer's R fits in the shared memory of one cluster per direction, or of a grid of them."""
     if not clusters_run_on(device):
         return False
-    if cfg is not None:
-        return cfg.smem_bytes(spec, cell) <= device.smem_limit
     configs = [ClusterConfig(ctas=c).with_registers(spec) for c in CLUSTER_SIZES]
     return any(c.smem_bytes(spec, cell) <= device.smem_limit for c in configs) or bool(grid_configs(spec, cell, device))
 
@@ -319,17 +321,12 @@ class _Rows:
 def _clear_words(a: KernelArgs, cfg: ClusterConfig, words: dict, d, j0, tid):
     """Every word of the CTA's units INVALID, then one grid barrier: what an earlier launch left there can never pass
     for a step of this one. h[0] is never polled (each CTA loads all of h0 itself)."""
-    N, UPC = a.batch, cfg.units_per_cta(a.spec)
+    def clear(n, j):
+        for name, buf in words.items():
+            for idx in ([[i64(0), d, n, j], [i64(1), d, n, j]] if name == "h" else [[d, n, j]]):
+                step_sync.publish(buf, idx, tirx.const(0.0, F32), step_sync.invalid())
 
-    def clear(e):
-        j, n = j0 + e // N, e % N
-        with T.If(j < i64(a.spec.hidden_size)):
-            with T.Then():
-                for name, buf in words.items():
-                    for idx in ([[i64(0), d, n, j], [i64(1), d, n, j]] if name == "h" else [[d, n, j]]):
-                        step_sync.publish(buf, idx, tirx.const(0.0, F32), step_sync.invalid())
-
-    _strided(i64(UPC) * N, cfg.warps * 32, tid, clear)
+    _each_unit_row(a, j0, cfg.units_per_cta(a.spec), cfg.warps * 32, tid, clear)
     _grid_sync()
 
 

@@ -384,14 +384,13 @@ def _cluster_config(config, spec):
 def _cluster_knobs(spec, cell, device):
     import itertools
 
-    from .recurrent_cluster import CLUSTER_SIZES, GRID_SM_SHARE
+    from .recurrent_cluster import CLUSTER_SIZES
 
     space = {"ctas": CLUSTER_SIZES, "warps": (16, 8), "batch_tile": (1, 2, 4), "registers": (1, 0), "sync": (0, 1)}
 
     def fit(point):
         cfg = _cluster_config(KernelConfig.of("cluster", **point), spec)
-        return (cfg.valid(spec) and cfg.smem_bytes(spec, cell) <= device.smem_limit
-                and (cfg.clusters == 1 or spec.num_directions * cfg.clusters * cfg.ctas <= device.sm_count * GRID_SM_SHARE))
+        return cfg.valid(spec) and cfg.smem_bytes(spec, cell) <= device.smem_limit and cfg.grid_fits(spec, device)
 
     default = dict(_cluster_default(spec, cell, device, None).knobs)
     for name in space:  # each knob's values that fit with the others at their default
