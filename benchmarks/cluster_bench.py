@@ -1,20 +1,23 @@
-"""The cluster kernel's µs per step beside the persistent kernel's and cuDNN's, on the batch-1 step rows.
+"""The cluster kernel's µs per step beside the persistent kernel's and cuDNN's, on the step rows (batch 1 by default).
 
-    python3 benchmarks/cluster_bench.py [ROW,ROW,...] [DTYPE,DTYPE] [--all] [--grid=QxCwW,...]
+    python3 benchmarks/cluster_bench.py [ROW,ROW,...] [DTYPE,DTYPE] [--all] [--grid=QxCwW[bNB][pP],...] [--batch=KIND]
     (default: step-lstm-h256-b1, step-lstm-h512-b1, step-gru-h256-b1, step-gru-h512-b1; float32,float16)
 
-One layer, input size = H, 1000 steps, batch 1, timed as `tvmrnn bench` times a row (the whole model, input projection
+One layer, input size = H, 1000 steps, timed as `tvmrnn bench` times a row (the whole model, input projection
 included, replayed as one CUDA graph; cuDNN eager, from a CUDA graph and with its own algorithms, persistent ones
-included, through cudnnRNNForward). Ours: the persistent kind's default point and the cluster kind's
-(schedules/recurrent_cluster.py: values staged and sent by st.async onto mbarriers), at 8 CTAs and with a cluster
-barrier a phase (sync 0); --all adds the persistent kind with sync 1 (staged, prefetched) and the cluster kind with 8
-warps; --grid=8x8w8,... the persistent kind (both syncs) and the cluster kind's default beside Q clusters of C CTAs of W
-warps a direction. Each (row, dtype) runs in a process of its own under a time limit (a wrong mbarrier count would hang), so that a
-failed launch cannot take the other rows with it; every failure is printed in its cell (a point whose R does not fit
-fails at launch).
+included, through cudnnRNNForward); a row step-CELL-hH-bB of any H and batch B. Ours: the persistent kind's default
+point and the cluster kind's (schedules/recurrent_cluster.py: values staged and sent by st.async onto mbarriers), at 8
+CTAs and with a cluster barrier a phase (sync 0); --all adds the persistent kind with sync 1 (staged, prefetched) and
+the cluster kind with 8 warps. --grid=8x8w8,...: auto and the cluster kind's default (with the persistent kind, both
+syncs, on batch-1 rows) beside Q clusters of C CTAs of W warps a direction (bNB: batch_tile NB; pP: P clusters running
+batch chunks side by side, with Q = 1). --batch=KIND: auto beside KIND's default point (rows above batch 1: what auto
+ran there before batch groups). Each (row, dtype) runs in a process of its own under a time limit (a wrong mbarrier
+count would hang), so that a failed launch cannot take the other rows with it; every failure is printed in its cell
+(a point whose R does not fit fails at launch).
 """
 
 import json
+import re
 import subprocess
 import sys
 
@@ -110,12 +113,17 @@ def main(argv):
     dtypes = args[1].split(",") if len(args) > 1 else ["float32", "float16"]
     variants = DEFAULT | (MORE if "--all" in flags else {})
     grids = next((f.split("=", 1)[1] for f in flags if f.startswith("--grid=")), None)
+    before = next((f.split("=", 1)[1] for f in flags if f.startswith("--batch=")), None)
+    if before:  # rows above batch 1: auto beside the kind it ran there before batch groups
+        variants = {"auto": ("auto", {}), before: (before, {})}
     if grids:  # --grid=QxCwW,...: the persistent kind beside these grids of clusters
-        variants = {k: variants[k] for k in ("persistent", "cluster")} | {"persistent sync 1": MORE["persistent sync 1"]}
+        variants = {"auto": ("auto", {}), "cluster": variants["cluster"]}
+        if all(r.endswith("-b1") for r in rows):
+            variants |= {"persistent": DEFAULT["persistent"], "persistent sync 1": MORE["persistent sync 1"]}
         for g in grids.split(","):
-            q, rest = g.split("x")
-            c, w = rest.split("w")
-            variants[f"grid {g}"] = ("cluster", {"clusters": int(q), "ctas": int(c), "warps": int(w), "sync": 1})
+            q, c, w, nb, p = re.fullmatch(r"(\d+)x(\d+)w(\d+)(?:b(\d+))?(?:p(\d+))?", g).groups()
+            variants[f"grid {g}"] = ("cluster", {"clusters": int(q), "ctas": int(c), "warps": int(w), "sync": 1,
+                                                 "batch_tile": int(nb or 1), "batch_groups": int(p or 1)})
     print("| row | dtype | " + " | ".join(f"{v} µs/step (rel. err)" for v in variants) + " | "
           + " | ".join(CUDNN) + " | best cuDNN |")
     print("|---|---|" + "---|" * (len(variants) + len(CUDNN) + 1), flush=True)

@@ -31,6 +31,11 @@ TILED_MIN_HIDDEN = 1024  # tiled only from this hidden size (too few blocks fill
 # benchmarks/results/h100-cluster-step.md). Below H64, above H1024 and one cluster from H512 (GRU H800 fp16 fits) not
 # measured
 CLUSTER_MIN_HIDDEN, CLUSTER_MAX_HIDDEN, CLUSTER_MAX_BATCH = 64, 1024, 1
+# above batch 1 where one cluster holds R: as many clusters a direction side by side, one row each
+# (recurrent_cluster.batch_config), up to batch 4 to H512 and batch 8 to H256 (LSTM H256 at batch 4 and 8, H512 at 4:
+# 0.79-1.86 us a step against persistent's or persistent_mma's 2.4-6.0; at H512 batch 8 they lost:
+# benchmarks/results/h100-cluster-batch.md): (batch bound, largest hidden size)
+CLUSTER_BATCHES = ((4, 512), (8, 256))
 RESIDENT_MAX_BATCH = 32  # persistent_mma with R resident gives way to mma above here in half precision and TF32
 STREAMED_MAX_BATCH = 64  # persistent_mma streaming part of R runs STEPWISE_MAX_BATCH+1 .. here (its 64 rows per pass)
 # exact fp32 above RESIDENT_MAX_BATCH: the per-step mma (3xTF32) up to this hidden size, where persistent_mma's blocks of
@@ -68,6 +73,8 @@ CUDA_DEFAULTS = (
             lambda f: (f.cluster and f.persistent and not f.streams
                        and CLUSTER_MIN_HIDDEN <= f.hidden_size <= CLUSTER_MAX_HIDDEN
                        and (f.hidden_size < GRID_MIN_HIDDEN or f.cluster_grid))),
+    *(Default("cluster", b, b, lambda f, b=b, h=h: f.cluster_batch >= b and not f.streams and CLUSTER_MIN_HIDDEN <= f.hidden_size <= h)
+      for b, h in CLUSTER_BATCHES),
     Default("persistent", PERSISTENT_MAX_BATCH, None, lambda f: f.persistent and not f.streams),
     Default("persistent_mma", RESIDENT_SMALL_BATCH, RESIDENT_SMALL_BATCH, lambda f: f.resident),
     Default("persistent_mma", RESIDENT_MID_BATCH, RESIDENT_MID_BATCH, lambda f: f.resident),
@@ -81,6 +88,8 @@ CUDA_DEFAULTS = (
 CPU_DEFAULTS = tuple(Default("cpu", b, b, _always) for b in range(1, ROW_TILE)) + (Default("cpu", None, None, _always),)
 # a kind the user named runs every batch; persistent_mma's default point changes with the batch as under auto
 NAMED_DEFAULTS = (
+    Default("cluster", CLUSTER_MAX_BATCH, CLUSTER_MAX_BATCH, _always),
+    *(Default("cluster", b, b, _always) for b, _ in CLUSTER_BATCHES),
     Default("persistent_mma", RESIDENT_SMALL_BATCH, RESIDENT_SMALL_BATCH, _always),
     Default("persistent_mma", RESIDENT_MID_BATCH, RESIDENT_MID_BATCH, _always),
     Default("persistent_mma", RESIDENT_WIDE_BATCH, RESIDENT_WIDE_BATCH, _always),
@@ -138,7 +147,14 @@ def default_rows(spec, cell, target, choice: str, device: Device) -> list[Defaul
     else:
         fit = Fit.of(spec, cell, target, device)
         rows = [r for r in CUDA_DEFAULTS if r.when(fit)]
+    # a row whose batches an earlier row already runs (persistent's after cluster's batch groups) would be dead code
+    rows = [r for i, r in enumerate(rows[:-1]) if not _runs_before(r, rows[:i])] + rows[-1:]
     return rows[:-1] + [Default(rows[-1].kind, None, rows[-1].batch, _always)]
+
+
+def _runs_before(row: Default, earlier: list[Default]) -> bool:
+    """Whether the earlier rows already run every batch `row` would (a bound at or below one of theirs)."""
+    return row.up_to is not None and any(p.up_to is not None and p.up_to >= row.up_to for p in earlier)
 
 
 def default_branches(spec, cell, target, choice: str, device: Device) -> list[Branch]:

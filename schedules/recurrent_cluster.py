@@ -24,8 +24,9 @@ ended the last step's phase 2. The barrier after the initial states is also the 
 into a peer (all CTAs started), and the last phase's barrier the one before any exits.
 
 The batch runs in chunks of `batch_tile` rows, each chunk the whole sequence (rows are independent), so shared memory
-holds batch_tile rows of h. XW of step s+1 is loaded into registers at the end of step s, its latency hidden behind the
-barrier; the cell state stays in a register of the lane that owns its unit until the chunk ends.
+holds batch_tile rows of h; with `batch_groups` clusters a direction (each holding all of R) that many chunks run at
+once, every cluster on its own. XW of step s+1 is loaded into registers at the end of step s, its latency hidden
+behind the barrier; the cell state stays in a register of the lane that owns its unit until the chunk ends.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ GRID_MIN_HIDDEN = 512
 # 8 clusters took 1.5-2x their step (benchmarks/results/h100-cluster-step.md); none fits at H768 (2 x 16: 24 units)
 GRID_UNITS = 16
 GRID_MAX_UNITS = 24  # 32 units a CTA (2 x 16 at H1024 fp16) took 1.5x the step of 16
+# batch groups: the clusters of a batch all at once within this share of the SMs (the H100 ran 4 clusters of 16 or 8
+# of 8 side by side at about batch 1's step; 8 of 16 took twice that: two waves; h100-cluster-batch.md)
+BATCH_SM_SHARE = 0.5
 
 PUT = "tvmrnn_cluster_put"
 # value into the same shared-memory address of CTAs 0..ctas-1 of the cluster (the caller's own included)
@@ -145,6 +149,9 @@ class ClusterConfig:
     # clusters per direction: above 1, each CTA also publishes its units as tagged words in global memory, and CTA r of
     # a cluster forwards those of CTA r of every other cluster into its cluster's copies (_Arrivals.forward)
     clusters: int = 1
+    # one cluster a direction (clusters 1): this many clusters run the batch's chunks side by side, cluster p chunks
+    # p, p + batch_groups, ... (rows are independent: no cluster waits for another, the launch is not cooperative)
+    batch_groups: int = 1
 
     def units_per_cta(self, spec: RNNLayerSpec) -> int:
         return -(-spec.hidden_size // (self.ctas * self.clusters))
@@ -171,7 +178,8 @@ class ClusterConfig:
         step = 32 * vector_width(spec, spec.hidden_size)
         return (self.units_per_warp(spec) * self.batch_tile <= 32 and self.reg_k % step == 0
                 and self.reg_k <= spec.hidden_size and self.reg_words(spec) <= self.reg_weights() // self.batch_tile
-                and (not self.sync or self.all_ctas_own_units(spec)) and (self.clusters == 1 or self.sync == 1))
+                and (not self.sync or self.all_ctas_own_units(spec)) and (self.clusters == 1 or self.sync == 1)
+                and (self.clusters == 1 or self.batch_groups == 1))
 
     def all_ctas_own_units(self, spec: RNNLayerSpec) -> bool:
         """sync 1 needs it: a CTA that sends nothing would not hold the others back from overwriting what it reads."""
@@ -219,23 +227,40 @@ def fits(spec: RNNLayerSpec, cell: Cell, device: Device) -> bool:
     return any(c.smem_bytes(spec, cell) <= device.smem_limit for c in configs) or bool(grid_configs(spec, cell, device))
 
 
-def default_config(spec: RNNLayerSpec, cell: Cell, device: Device) -> ClusterConfig:
+def default_config(spec: RNNLayerSpec, cell: Cell, device: Device, batch: int | None = None) -> ClusterConfig:
     """As much of R in registers as they take; the cluster size where every CTA owns units (sync 1 needs it), whose
     CTAs read the fewest bytes of R from shared memory a step (its bandwidth bounds the step), the larger at a tie
     (fewer units a warp: a shorter gate program and exchange a step); st.async and mbarriers (sync 1) where every CTA
     owns units. From GRID_MIN_HIDDEN, or where R fits no one cluster, a grid of clusters: one whose CTAs own GRID_UNITS
     units if there is one, then the fewest clusters, the fewest bytes of R read from shared memory, the most CTAs, the
-    fewest warps (the most registers a lane)."""
+    fewest warps (the most registers a lane). At a batch above 1, batch_config where one applies."""
+    side_by_side = batch_config(spec, cell, device, batch) if batch is not None and batch > 1 else None
+    if side_by_side:
+        return side_by_side
     configs = [ClusterConfig(ctas=c).with_registers(spec) for c in CLUSTER_SIZES]
     fitting = [c for c in configs if c.smem_bytes(spec, cell) <= device.smem_limit]
     grids = grid_configs(spec, cell, device) if spec.hidden_size >= GRID_MIN_HIDDEN or not fitting else []
     if grids:
         return min(grids, key=lambda c: (c.units_per_cta(spec) != GRID_UNITS, c.clusters,
                                          c.units_per_cta(spec) * (spec.hidden_size - c.reg_k), -c.ctas, c.warps))
-    best = min(fitting or configs[-1:], key=lambda c: (not c.all_ctas_own_units(spec),
-                                                        c.units_per_cta(spec) * (spec.hidden_size - c.reg_k), -c.ctas))
-    # sync 1 where every CTA owns units: 0.6-0.7x sync 0's step at H256 and H512 (benchmarks/results/h100-cluster-step.md)
+    return _single_cluster(spec, fitting or configs[-1:])
+
+
+def _single_cluster(spec: RNNLayerSpec, configs: list[ClusterConfig]) -> ClusterConfig:
+    """Of one-cluster points: every CTA owning units first, then the fewest bytes of R from shared memory, the larger
+    cluster; sync 1 where every CTA owns units (0.6-0.7x sync 0's step at H256 and H512, h100-cluster-step.md)."""
+    best = min(configs, key=lambda c: (not c.all_ctas_own_units(spec), c.units_per_cta(spec) * (spec.hidden_size - c.reg_k), -c.ctas))
     return dataclasses.replace(best, sync=1) if best.all_ctas_own_units(spec) else best
+
+
+def batch_config(spec: RNNLayerSpec, cell: Cell, device: Device, batch: int) -> ClusterConfig | None:
+    """`batch` rows as `batch` clusters a direction side by side, one row each (every cluster runs at batch 1's
+    step), where one cluster holds R and they all fit BATCH_SM_SHARE of the SMs; the cluster as _single_cluster picks
+    it. None where none fits."""
+    configs = [ClusterConfig(ctas=c, batch_groups=batch).with_registers(spec) for c in CLUSTER_SIZES]
+    fitting = [c for c in configs if c.valid(spec) and c.smem_bytes(spec, cell) <= device.smem_limit and c.all_ctas_own_units(spec)
+               and spec.num_directions * batch * c.ctas <= device.sm_count * BATCH_SM_SHARE]
+    return _single_cluster(spec, fitting) if fitting else None
 
 
 def _cluster_barrier():
@@ -260,15 +285,17 @@ def cluster_body(a: KernelArgs, cfg: ClusterConfig):
     """One cluster (or, clusters > 1, a grid of them) per direction: R's rows into registers and shared memory, the
     grid's words cleared, then the batch chunk by chunk (_chunk)."""
     spec, cell = a.spec, a.cell
-    D, C, Q = spec.num_directions, cfg.ctas, cfg.clusters
+    D, C, Q, P = spec.num_directions, cfg.ctas, cfg.clusters, cfg.batch_groups
     assert cfg.valid(spec), (cfg, spec.hidden_size)
     words = _tagged_words(a) if Q > 1 else None
-    with T.thread_binding(0, i64(D * Q * C), "blockIdx.x") as bx:
+    with T.thread_binding(0, i64(D * Q * P * C), "blockIdx.x") as bx:
         with T.thread_binding(0, i64(C), "clusterCtaIdx.x") as rank:
             with T.thread_binding(0, i64(cfg.warps), "threadIdx.y") as ty:
                 with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
                     tid = ty * i64(32) + lane
-                    d, q, j0 = bx // i64(C), None, rank * i64(cfg.units_per_cta(spec))
+                    d, q, p, j0 = bx // i64(C), None, i64(0), rank * i64(cfg.units_per_cta(spec))
+                    if P > 1:
+                        d, p = T.bind(bx // i64(P * C)), T.bind(bx // i64(C) % i64(P))
                     if Q > 1:  # bound to variables: a view's offset built on j0 (the cell state's) must not divide (FlattenBuffer)
                         d, q = T.bind(bx // i64(Q * C)), T.bind(bx // i64(C) % i64(Q))
                         j0 = T.bind((q * i64(C) + rank) * i64(cfg.units_per_cta(spec)))
@@ -289,8 +316,10 @@ def cluster_body(a: KernelArgs, cfg: ClusterConfig):
                     if a.Yc is not None:
                         regs["c"] = T.alloc_buffer((1,), F32, scope="local")
                     arrivals = _Arrivals(a, cfg, tid, rows, layout, j0, words and _Remote(words, d, q, rank)) if cfg.sync else None
-                    with T.serial(0, tirx.ceildiv(a.batch, i64(cfg.batch_tile))) as chunk:
-                        _chunk(a, cfg, rows, layout, regs, weights, d, j0, chunk, ty, lane, tid, arrivals)
+                    # this cluster's passes: chunks p, p + P, ... of the batch's
+                    passes = tirx.ceildiv(tirx.max(tirx.ceildiv(a.batch, i64(cfg.batch_tile)) - p, i64(0)), i64(P))
+                    with T.serial(0, passes) as done:
+                        _chunk(a, cfg, rows, layout, regs, weights, d, j0, p + done * i64(P), done, ty, lane, tid, arrivals)
 
 
 class _Rows:
@@ -384,7 +413,7 @@ class _Arrivals:
     come whole, so after every CTA's block barrier that followed its last reads of h[t-1] (every CTA owns units, so
     every CTA sends). A staged value is read by the senders before the next phase's block barrier, and h's are staged
     by slot, so that no lane stages over values not yet sent. Phases of the mbarriers run on across batch chunks (one
-    init a launch): each one's parity is counted from the step and the chunk."""
+    init a launch): each one's parity is counted from the step and the cluster's passes before."""
 
     BARS = ("h slot 0", "h slot 1", "stored operand")
 
@@ -475,26 +504,28 @@ class _Arrivals:
         if any(p.operand != "h" for p in self.a.cell.phases):
             self._arm(i64(2), n0, seq >= i64(1))
 
-    def wait_h(self, s, chunk, n0):
+    def wait_h(self, s, done, n0):
         """h[s] whole in slot s % 2 (s >= 1); then slot s % 2 armed for h[s+2]. Slot 1 completes (seq+1)//2 phases a
-        chunk (h[1], h[3], ...), slot 0 seq//2; h[s] is its slot's (s-1)//2-th."""
+        pass (h[1], h[3], ...), slot 0 seq//2; h[s] is its slot's (s-1)//2-th of pass `done` (the cluster's passes
+        before this one)."""
         seq, slot = self.a.seq, s % i64(2)
-        done = tirx.Select(slot == i64(1), (seq + i64(1)) // i64(2), seq // i64(2)) * chunk + (s - i64(1)) // i64(2)
-        self._wait(slot, done)
+        phases = tirx.Select(slot == i64(1), (seq + i64(1)) // i64(2), seq // i64(2)) * done + (s - i64(1)) // i64(2)
+        self._wait(slot, phases)
         self._arm(slot, n0, s + i64(2) <= seq)
 
-    def wait_stored(self, s, chunk, n0):
+    def wait_stored(self, s, done, n0):
         """The stored operand of step s whole (one phase a step); then armed for step s+1."""
-        self._wait(i64(2), self.a.seq * chunk + s)
+        self._wait(i64(2), self.a.seq * done + s)
         self._arm(i64(2), n0, s + i64(1) < self.a.seq)
 
     def _wait(self, i, done):
         T.evaluate(T.cuda.func_call(WAIT, self._at(i), (done % i64(2)).astype("uint32"), source_code=WAIT_SRC))
 
 
-def _chunk(a: KernelArgs, cfg: ClusterConfig, rows, layout: _Rows, regs: dict, weights: dict, d, j0, chunk, ty, lane,
-           tid, arrivals: _Arrivals | None = None):
-    """Rows n0.. of the batch through the whole sequence: initial states, a barrier, the steps, the final states."""
+def _chunk(a: KernelArgs, cfg: ClusterConfig, rows, layout: _Rows, regs: dict, weights: dict, d, j0, chunk, done, ty,
+           lane, tid, arrivals: _Arrivals | None = None):
+    """Rows n0.. of the batch (chunk `chunk`, the cluster's pass `done`: its mbarriers' phases count passes) through the
+    whole sequence: initial states, a barrier, the steps, the final states."""
     spec, cell = a.spec, a.cell
     H, D, NB, threads = spec.hidden_size, spec.num_directions, cfg.batch_tile, cfg.warps * 32
     N, n0 = a.batch, chunk * i64(cfg.batch_tile)
@@ -539,9 +570,9 @@ def _chunk(a: KernelArgs, cfg: ClusterConfig, rows, layout: _Rows, regs: dict, w
         if arrivals and phase.operand == "h":
             with T.If(s >= i64(1)):  # h[0] is the initial state, behind the barrier above
                 with T.Then():
-                    arrivals.wait_h(s, chunk, n0)
+                    arrivals.wait_h(s, done, n0)
         elif arrivals:
-            arrivals.wait_stored(s, chunk, n0)
+            arrivals.wait_stored(s, done, n0)
         remote = arrivals and arrivals.remote
         a.published = remote.published(s) if remote else {}
         _phase(a, cfg, pi, phase, last, operand, hbuf, scratch, weights, regs, s, cur, nxt, d, j0, n0, ty, lane)
@@ -564,7 +595,7 @@ def _chunk(a: KernelArgs, cfg: ClusterConfig, rows, layout: _Rows, regs: dict, w
     if arrivals:  # the last h whole (the CTA's own units came by st.async too), nothing left in flight into this CTA
         with T.If(a.seq >= i64(1)):
             with T.Then():
-                arrivals.wait_h(a.seq, chunk, n0)
+                arrivals.wait_h(a.seq, done, n0)
 
     def final(n, j):
         T.buffer_store(a.Yh, hbuf[a.seq % 2, d, n, j], a.state_index(d, n, j))

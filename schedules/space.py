@@ -85,19 +85,22 @@ class Fit:
     # is auto's kind above persistent_mma's resident batch tiles
     exact_mma: bool = False
     cluster_grid: bool = False  # the cluster kind's default is a grid of clusters a direction (recurrent_cluster)
+    # the largest batch bound of choice.CLUSTER_BATCHES that runs as that many clusters side by side, one row each (0: none)
+    cluster_batch: int = 0
 
     @staticmethod
     def of(spec, cell, target, device: Device) -> Fit:
         from . import recurrent_cluster as cluster
         from . import recurrent_persistent as persistent
-        from .choice import EXACT_MMA_MAX_HIDDEN, TILED_MIN_HIDDEN
+        from .choice import CLUSTER_BATCHES, EXACT_MMA_MAX_HIDDEN, TILED_MIN_HIDDEN
 
         resident, half_or_tf32 = persistent_mma_fits(spec, cell, target, device), rounding_mode(spec, target) is not None
         exact_mma = resident and not half_or_tf32 and tensor_cores(target) and spec.hidden_size <= EXACT_MMA_MAX_HIDDEN
         on_clusters = cluster.fits(spec, cell, device)
         return Fit(persistent.fits(spec, cell, device), resident, persistent_mma_streams(spec, cell, target, device),
                    half_or_tf32, spec.hidden_size >= TILED_MIN_HIDDEN, on_clusters, spec.hidden_size, exact_mma,
-                   on_clusters and cluster.default_config(spec, cell, device).clusters > 1)
+                   on_clusters and cluster.default_config(spec, cell, device).clusters > 1,
+                   max((b for b, _ in CLUSTER_BATCHES if on_clusters and cluster.batch_config(spec, cell, device, b)), default=0))
 
 
 @dataclass(frozen=True)
@@ -371,13 +374,14 @@ register(KernelKind("mma", "cuda", lambda fit: fit.tensor_cores or fit.exact_mma
 # ---- cluster: one thread-block cluster per direction for the whole sequence, R and h in its CTAs' shared memory, h
 # passed through distributed shared memory and a cluster barrier a phase (recurrent_cluster): ctas (8, or 16
 # non-portable), warps, batch_tile, registers (1: as many of R's columns in registers as they take), sync (0: a cluster
-# barrier a phase; 1: st.async counted on each CTA's mbarriers). The space keeps
+# barrier a phase; 1: st.async counted on each CTA's mbarriers), batch_groups (clusters a direction running chunks of
+# the batch side by side). The space keeps
 # the values of each knob at which every combination fits
 def _cluster_config(config, spec):
     from .recurrent_cluster import ClusterConfig
 
     cfg = ClusterConfig(ctas=config["ctas"], warps=config["warps"], batch_tile=config["batch_tile"], sync=config["sync"],
-                        clusters=config["clusters"])
+                        clusters=config["clusters"], batch_groups=config["batch_groups"])
     return cfg.with_registers(spec) if config["registers"] else cfg
 
 
@@ -386,7 +390,8 @@ def _cluster_knobs(spec, cell, device):
 
     from .recurrent_cluster import CLUSTER_SIZES
 
-    space = {"ctas": CLUSTER_SIZES, "warps": (16, 8), "batch_tile": (1, 2, 4), "registers": (1, 0), "sync": (0, 1)}
+    space = {"ctas": CLUSTER_SIZES, "warps": (16, 8), "batch_tile": (1, 2, 4), "registers": (1, 0), "sync": (0, 1),
+             "batch_groups": (1, 2, 4, 8)}
 
     def fit(point):
         cfg = _cluster_config(KernelConfig.of("cluster", **point), spec)
@@ -402,9 +407,9 @@ def _cluster_knobs(spec, cell, device):
 def _cluster_default(spec, cell, device, batch):
     from .recurrent_cluster import default_config
 
-    c = default_config(spec, cell, device)
+    c = default_config(spec, cell, device, batch)
     return KernelConfig.of("cluster", ctas=c.ctas, warps=c.warps, batch_tile=c.batch_tile, registers=int(c.reg_k > 0), sync=c.sync,
-                           clusters=c.clusters)
+                           clusters=c.clusters, batch_groups=c.batch_groups)
 
 
 def _cluster_emit(config, spec, cell, device):
@@ -421,7 +426,7 @@ def _cluster_grid(config, spec):
 
 
 register(KernelKind("cluster", "cuda", lambda fit: fit.cluster, _cluster_knobs, _cluster_default, _cluster_emit,
-                    grid=_cluster_grid, later_knobs={"clusters": 1}))
+                    grid=_cluster_grid, later_knobs={"clusters": 1, "batch_groups": 1}))
 
 
 # ---- wavefront: stacked layers in one cooperative kernel (recurrent_wavefront); planned for a whole stack by

@@ -40,7 +40,7 @@ def test_compile_run_inspect(tmp_path):
     assert res.exit_code == 0 and "[2, 12]" in res.output, res.output
 
     res = runner.invoke(main, ["inspect", MODEL, "--target", "cuda"])
-    assert res.exit_code == 0 and "GRU" in res.output and "supported" in res.output and "kernel: cuda: batch <= " in res.output and ": persistent(" in res.output
+    assert res.exit_code == 0 and "GRU" in res.output and "supported" in res.output and "kernel: cuda: batch <= " in res.output and ": cluster(" in res.output
     res = runner.invoke(main, ["inspect", str(out)])
     assert res.exit_code == 0 and "kernel cpu" in res.output and "input projection CPU register-blocked" in res.output
 

@@ -83,15 +83,18 @@ def test_cluster_matches_float64(layer, direction, sync):
 OTHER_POINTS = [(("GRU", 256, "bidirectional", "float32", 1, 0), {}), (("LSTM", 256, "bidirectional", "float16", 0, 1), {}),
                 (("GRU", 512, "forward", "float16", 0, 0), {"batch_tile": 2}), (("LSTM", 128, "reverse", "float32", 0, 0), {"batch_tile": 4}),
                 (("LSTM", 256, "forward", "float32", 0, 0), {"warps": 8}), (("GRU", 256, "forward", "float32", 0, 0), {"ctas": 8}),
-                (("GRU", 100, "bidirectional", "float32", 1, 1), {"batch_tile": 2}), (("LSTM", 33, "forward", "float16", 0, 0), {})]
+                (("GRU", 100, "bidirectional", "float32", 1, 1), {"batch_tile": 2}), (("LSTM", 33, "forward", "float16", 0, 0), {}),
+                (("LSTM", 256, "forward", "float32", 0, 0), {"batch_groups": 4}),
+                (("GRU", 128, "bidirectional", "float16", 0, 1), {"batch_groups": 2, "batch_tile": 2})]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("sync", SYNCS)
 @pytest.mark.parametrize("layer, knobs", OTHER_POINTS, ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else str(v))
 def test_cluster_other_points(layer, knobs, sync):
-    """Batches of several chunks (5 rows at batch_tile 2 or 4: a last chunk with rows past the batch), T 50, 9 and 1.
-    H 33 runs sync 0 only (a CTA without units: sync 1 refuses it)."""
+    """Batches of several chunks (5 rows at batch_tile 2 or 4: a last chunk with rows past the batch), T 50, 9 and 1;
+    with batch groups, clusters that run two chunks (their mbarriers' phases counted on), one and none. H 33 runs
+    sync 0 only (a CTA without units: sync 1 refuses it)."""
     op, hidden, direction, dtype, lbr, layout = layer
     case, spec = _layer(op, hidden, direction, dtype, lbr, layout)
     config = _point(spec, **knobs, sync=sync)
@@ -223,6 +226,18 @@ def test_cluster_grid_builds_without_a_gpu(layer):
     assert ptxas(src, "sm_90a").spill_stores <= 32
 
 
+def test_batch_groups_build_without_a_gpu():
+    """Clusters side by side, each its own chunks of the batch: D x P x C CTAs, no grid barrier (an ordinary launch,
+    not a cooperative one), and no spills."""
+    _, spec = _layer("LSTM", 256, "bidirectional", "float32")
+    config = _point(spec, batch_groups=4, ctas=8)
+    func = point_kernel(spec, cell_for(spec), SM90A, config)
+    assert f'T.thread_binding(T.int64({2 * 4 * 8}), thread="blockIdx.x")' in func.script()
+    src = tvm.tirx.build(func, target=SM90A, pipeline=cooperative.register()).imports[0].inspect_source()
+    assert "grid_sync" not in src and cooperative_blocks(config, spec) == 0
+    assert ptxas(src, "sm_90a").spill_stores == 0
+
+
 def test_gates_activated_apart_read_only_their_own_sum():
     """cells.own_gate_activations: the gates whose activation reads nothing but its own sum and XW, which the cluster
     kernel computes in the lanes holding the sum. LSTM's four (its cell gate with tanh), none of the peephole gates,
@@ -252,8 +267,8 @@ def test_cluster_launch_params(tmp_path):
 
 def test_only_layers_that_fit_name_it():
     """kernel='cluster' where each direction's R fits a cluster's shared memory (smallest cluster first), else a grid of
-    clusters', a one-line error elsewhere (R too large, or no clusters before sm_90); auto picks it at batch 1 only
-    (choice.CLUSTER_MAX_BATCH)."""
+    clusters', a one-line error elsewhere (R too large, or no clusters before sm_90); auto picks it at batch 1, and
+    as clusters side by side, one row each, up to batch 4 to H512 and 8 to H256 (choice.CLUSTER_BATCHES)."""
     _, fits16 = _layer("LSTM", 512)  # 4 MB of R: two clusters of 16 CTAs, all of R in registers (one cluster fits too)
     cell = cell_for(fits16)
     plan = plan_kernel(fits16, cell, SM90A, "cluster")
@@ -262,7 +277,12 @@ def test_only_layers_that_fit_name_it():
     assert default_config("cluster", small, cell_for(small), SM90A)["ctas"] == 16
     auto = plan_kernel(small, cell_for(small), SM90A).branches
     assert auto[0].up_to == 1 and auto[0].config.kind == "cluster" and auto[0].config["sync"] == 1, auto[0]
-    assert all(b.config.kind != "cluster" for b in auto[1:])
+    # 4 clusters of 16 and 8 of 8: within half the SMs, all resident at once
+    assert [(b.up_to, b.config["batch_groups"], b.config["ctas"]) for b in auto[1:3]] == [(4, 4, 16), (8, 8, 8)], auto
+    assert all(b.config.kind != "cluster" for b in auto[3:]) and auto[3].config.kind == "persistent_mma", auto[3]
+    auto = plan_kernel(fits16, cell, SM90A).branches  # H512: 4 clusters of 16; 8 rows would need 8 of them
+    assert [(b.up_to, b.config.kind, b.config["batch_groups"] if b.config.kind == "cluster" else 0) for b in auto[:3]] == \
+        [(1, "cluster", 1), (4, "cluster", 4), (8, "persistent_mma", 0)], auto
     _, wide = _layer("LSTM", 1024)  # 16 MB of R: 4 clusters of 16 CTAs, 16 units and 96 KB of R in shared memory each
     assert plan_kernel(wide, cell_for(wide), SM90A, "cluster").branches[0].config.describe() == \
         "cluster(batch_tile=1, clusters=4, ctas=16, registers=1, sync=1, warps=8)"

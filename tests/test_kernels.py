@@ -740,7 +740,8 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
     ("float16", 1024, 1, "sm_90", [("cluster", 1), ("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 32), ("mma", None)]),
     ("float32", 800, 2, "sm_90", [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", None)]),
     # exact fp32 at H <= EXACT_MMA_MAX_HIDDEN: the per-step mma above the resident tiles (persistent_mma's blocks are few)
-    ("float32", 256, 1, "sm_90", [("cluster", 1), ("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24),
+    # and up to batch 8 as clusters side by side, one row each
+    ("float32", 256, 1, "sm_90", [("cluster", 1), ("cluster", 4), ("cluster", 8), ("persistent_mma", 24),
                                   ("persistent_mma", 32), ("mma", None)]),
     ("float32", 1100, 1, "sm_90", [("persistent", 4), ("stepwise", 32), ("tiled", None)]),  # 138 blocks of 8 units: no wave
     # R is 52 MB (fp16) or 105 MB (fp32): persistent_mma streams part of it from L2 at batch 33-64
@@ -749,7 +750,7 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
     ("float16", 1024, 1, "sm_75", [("persistent", 4), ("stepwise", 32), ("tiled", None)]),  # no m16n8k16 / TF32 mma before sm_80
 ])
 def test_default_kernel_per_batch(dtype, hidden, directions, arch, plan):
-    """The untuned rule on the H100: cluster at batch 1, persistent up to batch 4, persistent_mma where R fits in shared memory across
+    """The untuned rule on the H100: cluster at batch 1 (to batch 8 at H256), persistent up to batch 4, persistent_mma where R fits in shared memory across
     one wave (handing over to mma above batch 32 in half precision), else the per-step kinds, with persistent_mma
     streaming part of R from L2 at batch 33-64 where R is larger than a wave's shared memory."""
     from schedules import KernelError, plan_kernel
@@ -793,16 +794,16 @@ def test_small_persistent_layers_run_one_block_per_direction():
 
 def test_dynamic_shared_arrays_of_one_name_have_one_type():
     """A module's kernels share one translation unit, where extern shared arrays of one name but other types do not
-    compile (NVRTC of CUDA 13: "declaration is incompatible"): an fp32 model in half storage at batch 1-4 builds a
-    cluster kernel (fp32 rows) beside persistent ones (half weights) and f16 projections; each name has one type."""
+    compile (NVRTC of CUDA 13: "declaration is incompatible"): an fp32 model in half storage at batch 1-16 builds
+    cluster kernels (fp32 rows) beside persistent_mma ones (half weights) and f16 projections; each name has one type."""
     import re
 
     import tvmrnn
 
     model = Case(op="LSTM", hidden=256, input_size=16).model()
-    module = tvmrnn.compile(model, target="cuda", dtype="float16", max_dims={"seq": 8, "batch": 4}, logs=False)
+    module = tvmrnn.compile(model, target="cuda", dtype="float16", max_dims={"seq": 8, "batch": 16}, logs=False)
     kinds = {b["config"]["kind"] for b in module.metadata["layers"][0]["schedule"]}
-    assert {"cluster", "persistent"} <= kinds, kinds
+    assert {"cluster", "persistent_mma"} <= kinds, kinds
     src = module.executable.mod.imports[0].imports[0].inspect_source()  # the VM executable > host code > CUDA
     arrays = set(re.findall(r"extern __shared__ __align__\(\d+\) (\w+) (\w+)\[\];", src))
     names = [name for _, name in arrays]

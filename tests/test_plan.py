@@ -87,9 +87,9 @@ def test_bad_options_are_refused_by_name():
 
 def test_the_plan_is_made_for_the_device_kernel_device_gives(monkeypatch):
     """The plan carries the Device its kernels are sized for (tvmrnn.runtime.kernel_device, which emission builds for
-    too): a part with fewer SMs than the arch's flagship gets persistent grids it can launch (batch 2: batch 1 runs
-    the cluster kernel)."""
-    model = Case(hidden=160).model()  # R over one block's share (recurrent_persistent.ONE_BLOCK_MAX_R_BYTES)
+    too): a part with fewer SMs than the arch's flagship gets persistent grids it can launch (batch 2 at H768: batch 1
+    runs a grid of clusters, and clusters side by side take batch 2 only to H512)."""
+    model = Case(hidden=768).model()  # R over one block's share (recurrent_persistent.ONE_BLOCK_MAX_R_BYTES)
     assert plan_model(model, SM90A).device == kernel_device(SM90A)
     monkeypatch.setattr(tvmrnn.plan, "kernel_device", lambda target: Device.cuda("sm_90a", sm_count=114))
     plan = plan_model(model, SM90A)
