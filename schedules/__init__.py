@@ -140,7 +140,8 @@ def stack_kernel(specs, cells, target, choice: str = "auto", tuned: list | None 
             return None, f"{spec.op} node '{spec.name}': {why}"
         own.append(plan_kernel(spec, cell, target, choice, tuned[i] if tuned else None, device))
         kinds_used = {own[-1].branch_at(n).config.kind for n in range(1, batch_bound + 1)}
-        # a layer alone runs cluster at batch 1; stacked, one wavefront step of all layers beats a cluster step per layer
+        # a layer alone runs cluster at batch 1 (and one cluster a row at 2-8); stacked, one wavefront step of all layers
+        # beats a cluster step per layer at batch 1 with one cluster a layer (against clusters side by side: not measured)
         if not kinds_used <= {"persistent", "cluster"}:
             return None, f"{spec.op} node '{spec.name}' runs {'/'.join(sorted(kinds_used))} at batch <= {batch_bound}"
     if batch_bound == 1 and all(_grid_of_clusters(plan.branch_at(1).config) for plan in own):
