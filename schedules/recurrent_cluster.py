@@ -52,18 +52,17 @@ F32 = "float32"
 CLUSTER_SIZES = (8, 16)  # 8 is CUDA's portable cluster size; 16 the largest sm_90 allows (non-portable)
 MIN_ARCH = 90  # thread-block clusters and distributed shared memory: sm_90 and newer
 GRID_CLUSTERS = (2, 4, 8, 16)  # clusters a direction where R fits no one cluster
-# CTAs of a grid of clusters, at most, per SM of the device: the H100's cooperative launch took 64 CTAs in clusters of 8
-# and 16 and refused 128 (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: clusters must fit whole in a GPC)
-GRID_SM_SHARE = 0.5
+# CTAs a launch of several clusters may take, at most, per SM of the device, so that all its clusters are resident at
+# once (clusters must fit whole in a GPC): the H100's cooperative launch took 64 CTAs in clusters of 8 and 16 and
+# refused 128 (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE); side by side, 8 clusters of 16 ran in two waves at twice the
+# step of 4 (h100-cluster-batch.md)
+RESIDENT_SM_SHARE = 0.5
 # from this hidden size a grid of clusters where one fits: 2 x 16 CTAs took 0.71-0.79x one cluster's step at H512
 GRID_MIN_HIDDEN = 512
 # the grids measured fastest all give each CTA 16 units (2 x 16 at H512, 4 x 16 at H1024); 8 or 12 units a CTA in 4 or
 # 8 clusters took 1.5-2x their step (benchmarks/results/h100-cluster-step.md); none fits at H768 (2 x 16: 24 units)
 GRID_UNITS = 16
 GRID_MAX_UNITS = 24  # 32 units a CTA (2 x 16 at H1024 fp16) took 1.5x the step of 16
-# batch groups: the clusters of a batch all at once within this share of the SMs (the H100 ran 4 clusters of 16 or 8
-# of 8 side by side at about batch 1's step; 8 of 16 took twice that: two waves; h100-cluster-batch.md)
-BATCH_SM_SHARE = 0.5
 
 PUT = "tvmrnn_cluster_put"
 # value into the same shared-memory address of CTAs 0..ctas-1 of the cluster (the caller's own included)
@@ -185,10 +184,16 @@ class ClusterConfig:
         """sync 1 needs it: a CTA that sends nothing would not hold the others back from overwriting what it reads."""
         return (self.ctas * self.clusters - 1) * self.units_per_cta(spec) < spec.hidden_size
 
+    def launched_ctas(self, spec: RNNLayerSpec) -> int:
+        return spec.num_directions * self.clusters * self.batch_groups * self.ctas
+
+    def all_resident(self, spec: RNNLayerSpec, device: Device) -> bool:
+        """The launch's clusters fit RESIDENT_SM_SHARE of the device's SMs, so all run at once."""
+        return self.launched_ctas(spec) <= device.sm_count * RESIDENT_SM_SHARE
+
     def grid_fits(self, spec: RNNLayerSpec, device: Device) -> bool:
-        """One cluster a direction, or a grid of them within GRID_SM_SHARE of the device's SMs (a larger cooperative
-        grid is refused at launch)."""
-        return self.clusters == 1 or spec.num_directions * self.clusters * self.ctas <= device.sm_count * GRID_SM_SHARE
+        """One cluster a direction, or a grid of them all resident (a larger cooperative grid is refused at launch)."""
+        return self.clusters == 1 or self.all_resident(spec, device)
 
     def with_registers(self, spec: RNNLayerSpec) -> ClusterConfig:
         """This point with as many of R's columns in registers as reg_weights allows."""
@@ -205,7 +210,7 @@ def clusters_run_on(device: Device) -> bool:
 
 def grid_configs(spec: RNNLayerSpec, cell: Cell, device: Device) -> list[ClusterConfig]:
     """The points with several clusters a direction that fit: every CTA owns units (at most GRID_MAX_UNITS) and its
-    rows of R fit beside its registers, and the grid takes at most GRID_SM_SHARE of the SMs."""
+    rows of R fit beside its registers, and the grid's clusters are all resident."""
     configs = [ClusterConfig(ctas=c, clusters=q, warps=w, sync=1).with_registers(spec)
                for c in CLUSTER_SIZES for q in GRID_CLUSTERS for w in (16, 8)]
     return [c for c in configs if c.valid(spec) and c.smem_bytes(spec, cell) <= device.smem_limit
@@ -214,7 +219,7 @@ def grid_configs(spec: RNNLayerSpec, cell: Cell, device: Device) -> list[Cluster
 
 def widest_grid(spec: RNNLayerSpec, device: Device) -> ClusterConfig:
     """The grid of clusters with the most CTAs a direction (the least of R each), registers as full as they go."""
-    per_direction = int(device.sm_count * GRID_SM_SHARE) // spec.num_directions
+    per_direction = int(device.sm_count * RESIDENT_SM_SHARE) // spec.num_directions
     ctas = max(CLUSTER_SIZES)
     return ClusterConfig(ctas=ctas, clusters=max(1, per_direction // ctas), warps=8, sync=1).with_registers(spec)
 
@@ -255,11 +260,11 @@ def _single_cluster(spec: RNNLayerSpec, configs: list[ClusterConfig]) -> Cluster
 
 def batch_config(spec: RNNLayerSpec, cell: Cell, device: Device, batch: int) -> ClusterConfig | None:
     """`batch` rows as `batch` clusters a direction side by side, one row each (every cluster runs at batch 1's
-    step), where one cluster holds R and they all fit BATCH_SM_SHARE of the SMs; the cluster as _single_cluster picks
-    it. None where none fits."""
+    step), where one cluster holds R and all the clusters are resident; the cluster as _single_cluster picks it. None
+    where none fits."""
     configs = [ClusterConfig(ctas=c, batch_groups=batch).with_registers(spec) for c in CLUSTER_SIZES]
-    fitting = [c for c in configs if c.valid(spec) and c.smem_bytes(spec, cell) <= device.smem_limit and c.all_ctas_own_units(spec)
-               and spec.num_directions * batch * c.ctas <= device.sm_count * BATCH_SM_SHARE]
+    fitting = [c for c in configs if c.valid(spec) and c.smem_bytes(spec, cell) <= device.smem_limit
+               and c.all_ctas_own_units(spec) and c.all_resident(spec, device)]
     return _single_cluster(spec, fitting) if fitting else None
 
 
@@ -285,10 +290,10 @@ def cluster_body(a: KernelArgs, cfg: ClusterConfig):
     """One cluster (or, clusters > 1, a grid of them) per direction: R's rows into registers and shared memory, the
     grid's words cleared, then the batch chunk by chunk (_chunk)."""
     spec, cell = a.spec, a.cell
-    D, C, Q, P = spec.num_directions, cfg.ctas, cfg.clusters, cfg.batch_groups
+    C, Q, P = cfg.ctas, cfg.clusters, cfg.batch_groups
     assert cfg.valid(spec), (cfg, spec.hidden_size)
     words = _tagged_words(a) if Q > 1 else None
-    with T.thread_binding(0, i64(D * Q * P * C), "blockIdx.x") as bx:
+    with T.thread_binding(0, i64(cfg.launched_ctas(spec)), "blockIdx.x") as bx:
         with T.thread_binding(0, i64(C), "clusterCtaIdx.x") as rank:
             with T.thread_binding(0, i64(cfg.warps), "threadIdx.y") as ty:
                 with T.thread_binding(0, i64(32), "threadIdx.x") as lane:
