@@ -80,30 +80,33 @@ def step_launches(a: KernelArgs, launch):
     both launch-per-step kernels share. launch(a, phase, last, operand, hbuf, scratch, s, cur, nxt)."""
     spec, cell = a.spec, a.cell
     H, D = spec.hidden_size, spec.num_directions
-    N = a.batch
-    hbuf = T.alloc_buffer((2, D, N, H), F32)
-    scratch = {v: T.alloc_buffer((D, N, H), F32) for v in cell.stored_values}
-    DNH = i64(D * H) * N
+    hbuf = T.alloc_buffer((2, D, a.batch, H), F32)
+    scratch = {v: T.alloc_buffer((D, a.batch, H), F32) for v in cell.stored_values}
+    initial_launch(a, hbuf)
+    step_phases(a, hbuf, scratch, lambda _pi, phase, last, operand, s, cur, nxt:
+                launch(a, phase, last, operand, hbuf, scratch, s, cur, nxt))
+    final_launch(a, hbuf)
 
-    def split(idx):
-        return idx // (N * H), idx // H % N, idx % H
 
-    def init(idx):
-        d, n, j = split(idx)
+def _each_state(a: KernelArgs, body):
+    """A launch over every (direction, batch row, unit): body(d, n, j)."""
+    N, H = a.batch, a.spec.hidden_size
+    _elementwise(a, i64(a.spec.num_directions * H) * N, lambda idx: body(idx // (N * H), idx // H % N, idx % H))
+
+
+def initial_launch(a: KernelArgs, hbuf):
+    """The initial h into hbuf's first half (and its copies), the initial c into Yc, where the cell's state lives."""
+    def init(d, n, j):
         store_operand(a, "h", hbuf, a.initial("h", d, n, j), [i64(0), d, n, j])
         if a.Yc is not None:
             T.buffer_store(a.Yc, a.initial("c", d, n, j), a.state_index(d, n, j))
 
-    _elementwise(a, DNH, init)
+    _each_state(a, init)
 
-    step_phases(a, hbuf, scratch, lambda _pi, phase, last, operand, s, cur, nxt:
-                launch(a, phase, last, operand, hbuf, scratch, s, cur, nxt))
 
-    def finish(idx):
-        d, n, j = split(idx)
-        T.buffer_store(a.Yh, hbuf[a.seq % 2, d, n, j], a.state_index(d, n, j))
-
-    _elementwise(a, DNH, finish)
+def final_launch(a: KernelArgs, hbuf):
+    """Yh from the half of hbuf the last step wrote."""
+    _each_state(a, lambda d, n, j: T.buffer_store(a.Yh, hbuf[a.seq % 2, d, n, j], a.state_index(d, n, j)))
 
 
 def _phase_launch(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg: StepwiseConfig):

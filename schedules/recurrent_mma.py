@@ -147,14 +147,17 @@ def operand_copies(a: KernelArgs, cfg: MmaConfig):
         half_operands(a, a.spec.dtype)
 
 
-def global_a(a: KernelArgs, phase, units: int, d, u0):
-    """block_phase's a_at for A straight from R in global memory (L2): the gate rows of units u0.. (zeros past H)."""
+def global_a(a: KernelArgs, phase, units: int, d, u0, columns: int = 0, size: int | None = None):
+    """block_phase's a_at for A straight from R in global memory (L2): the gate rows of units u0.. (zeros past H).
+    columns, size: A is R's `size` columns from `columns` on (a stacked layer's WR: W's, then R's)."""
     H = a.spec.hidden_size
+    size = H if size is None else size
 
     def a_at(tiles, ck, mt, half, v0, v):
         row = r_row(phase, units, H, u0, tiles.g, mt, half)
         k = ck * i64(KC) + tiles.t * i64(8) + i64(v0) + v
-        return None if row is None else guarded(k, H, H % KC == 0, lambda k: a.R[d, row, k], a.spec.dtype)
+        at = (lambda k: a.R[d, row, k]) if not columns else (lambda k: a.R[d, row, i64(columns) + k])
+        return None if row is None else guarded(k, size, size % KC == 0, at, a.spec.dtype)
 
     return a_at
 
@@ -176,7 +179,7 @@ def partial_sums(cfg: MmaConfig, gates: int, scope: str = "shared"):
 
 
 def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg: MmaConfig, d, u0, n0, wy, lane,
-                acc_s, a_at, a_vector: bool, shared_a: bool = False, streamed=None, unscale=None):
+                acc_s, a_at, a_vector: bool, shared_a: bool = False, streamed=None, unscale=None, inputs=None, x_of=None):
     """One block's part of a phase: the gate rows of units u0.. by batch rows n0.. on tensor cores, then the gate
     program for each (unit, row). a_at(tiles, chunk, mt, half, v0, v): A's element (WarpTiles.load_a) or None
     for a padding row; B (h or an earlier phase's value) comes from global memory. Both kernels run it.
@@ -189,7 +192,10 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     b_operand = (B's buffers (in f16x3 its high and low halves), their flat offset of (batch row, k), the pass's first
     batch row n0).
     unscale (cfg.halves): unscale(gi, u), what the epilogue multiplies the sum of gate gi's row of unit u by (the
-    inverse of its scale and of B's)."""
+    inverse of its scale and of B's).
+    inputs (a stacked layer that projects its input in the step: recurrent_mma_wavefront): (size, a_at, a_vector,
+    b_at(n, k)), a first segment of the reduction over `size` columns, A's element from a_at and B's (batch row n,
+    column k) from b_at; x_of(gi, j): the input term gate gi of unit j adds in the epilogue instead of XW's."""
     H, N = a.spec.hidden_size, a.batch
     UB, NT, NW, KW = cfg.units, cfg.n_tiles, cfg.n_warps, cfg.k_warps
     # gate-aligned m-tiles where A is read from R by fragment (r_row); from shared memory (persistent_mma, rows placed
@@ -197,7 +203,6 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     assert (UB % 8 == 0 or shared_a) and len(phase.gates) * UB % 8 == 0 and KW & (KW - 1) == 0, cfg
     MT, NB = m_tiles(len(phase.gates), UB), cfg.rows
     chunks = -(-H // KC)
-    exact = H % KC == 0
     stride = NB + 1  # shared row stride: the epilogue's threads read down a column without bank conflicts
     wn, wk = wy % i64(NW), wy // i64(NW)
     b_src = a.mirrors.get(phase.operand, operand)  # the half-precision copy where the kernel keeps one
@@ -209,24 +214,30 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
                       chunk_acc=bool(cfg.chunk_acc) and tm in ("tf32x3", "f16x3"))
     threads = 32 * NW * KW
     tid = wy * i64(32) + lane
-    xw = _prefetch_xw(a, phase, s, d, u0, n0, UB, NB, threads, tid) if cfg.prefetch else None
+    xw = _prefetch_xw(a, phase, s, d, u0, n0, UB, NB, threads, tid) if cfg.prefetch and x_of is None else None
 
-    def loader(a_at, a_vector, first=0, b_shared=None):
+    def loader(a_at, a_vector, first=0, b_shared=None, b_elem=None, size=H):
+        b_of = b_elem or (lambda part, n, k: operand_at(b_parts[part], phase, cur, d, n, k))
+
         def load_chunk(ck, slot):
             ck = ck + i64(first) if first else ck
 
             def b_at(nt, k, part=0):
                 n = tirx.min(n0 + (wn * i64(NT) + i64(nt)) * i64(8) + tiles.g, N - 1)  # rows past N: never stored
-                return guarded(ck * i64(KC) + k, H, exact, lambda k: operand_at(b_parts[part], phase, cur, d, n, k), b_dtype)
+                return guarded(ck * i64(KC) + k, size, size % KC == 0, lambda k: b_of(part, n, k), b_dtype)
 
             tiles.load_a(lambda mt, half, v0, v, *part: a_at(tiles, ck, mt, half, v0, v, *part), a_vector, slot)
             if b_shared is None:
-                tiles.load_b(b_at, exact, slot)
+                tiles.load_b(b_at, size % KC == 0, slot)
             else:
                 tiles.load_b_parts(lambda nt, v0, v, *part: b_shared((wn * i64(NT) + i64(nt)) * i64(8) + tiles.g, v0, v, *part), True, slot)
 
         return load_chunk
 
+    if inputs is not None:  # W's columns times the layer below's h first, into the same accumulators
+        size, a_in, a_in_vector, b_in = inputs
+        chunk_rounds(-(-size // KC), KW, cfg.depth, wk, loader(a_in, a_in_vector, b_elem=lambda part, n, k: b_in(n, k), size=size),
+                     tiles.multiply)
     if streamed is None:
         chunk_rounds(chunks, KW, cfg.depth, wk, loader(a_at, a_vector), tiles.multiply)
     else:
@@ -240,7 +251,7 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
         block_sync()
 
     _sum_partials(tiles, acc_s, wn, wk, cfg, MT, stride)
-    _gate_programs(a, phase, last, hbuf, scratch, s, cur, nxt, d, u0, n0, cfg, acc_s, stride, tid, xw, unscale)
+    _gate_programs(a, phase, last, hbuf, scratch, s, cur, nxt, d, u0, n0, cfg, acc_s, stride, tid, xw, unscale, x_of)
 
 
 def _sum_partials(tiles, acc_s, wn, wk, cfg: MmaConfig, MT: int, stride: int):
@@ -268,8 +279,9 @@ def _sum_partials(tiles, acc_s, wn, wk, cfg: MmaConfig, MT: int, stride: int):
 
 
 def _gate_programs(a: KernelArgs, phase, last, hbuf, scratch, s, cur, nxt, d, u0, n0, cfg: MmaConfig, acc_s, stride: int, tid,
-                   xw, unscale):
-    """The gate program for each (unit, batch row) of the block, the recurrent terms from the sums in acc_s."""
+                   xw, unscale, x_of=None):
+    """The gate program for each (unit, batch row) of the block, the recurrent terms from the sums in acc_s; the input
+    terms from xw (loaded ahead), x_of(gi, j), or else XW."""
     H, N, UB, NB = a.spec.hidden_size, a.batch, cfg.units, cfg.rows
     threads = 32 * cfg.n_warps * cfg.k_warps
 
@@ -284,7 +296,8 @@ def _gate_programs(a: KernelArgs, phase, last, hbuf, scratch, s, cur, nxt, d, u0
             with T.Then():
                 epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j,
                          lambda gi, u=u, b=b: rec(gi, u, acc_s[(i64(gi * UB) + u) * i64(stride) + b]),
-                         **({} if xw is None else {"x": lambda gi, it=it: xw[i64(it), i64(gi)]}))
+                         **({"x": lambda gi, j=j: x_of(gi, j)} if x_of is not None else
+                            {} if xw is None else {"x": lambda gi, it=it: xw[i64(it), i64(gi)]}))
 
 
 def _prefetch_xw(a: KernelArgs, phase, s, d, u0, n0, UB, NB, threads, tid):

@@ -116,8 +116,13 @@ def smem_elements(specs, cells, cfg: WavefrontConfig) -> int:
 
 
 def wavefront_prim_func(specs, cells, cfg: WavefrontConfig) -> tirx.PrimFunc:
+    return stack_prim_func(specs, cells, lambda layers: wavefront_body(layers, cfg))
+
+
+def stack_prim_func(specs, cells, emit_body) -> tirx.PrimFunc:
     """PrimFunc(layer 0's XW, R, [seq_lens], [h0, c0], [params]; each higher layer's WR, bias, [params]; then each
-    layer's Y, Yh, [Yc]), seq and batch symbolic."""
+    layer's Y, Yh, [Yc]), seq and batch symbolic, its body from emit_body(each layer's KernelArgs): the signature of
+    every stack kernel that takes layer 0's projection from a GEMM before it."""
     layers = [KernelArgs(s, c) for s, c in zip(specs, cells)]
     for a in layers[1:]:
         a.seq, a.batch = layers[0].seq, layers[0].batch
@@ -132,7 +137,7 @@ def wavefront_prim_func(specs, cells, cfg: WavefrontConfig) -> tirx.PrimFunc:
                     a.seq_lens = layers[0].seq_lens if a.spec.has("sequence_lens") else None
             for i, a in enumerate(layers):
                 a.declare_outputs(prefix=f"l{i}_")
-            wavefront_body(layers, cfg)
+            emit_body(layers)
     return ib.get()
 
 
