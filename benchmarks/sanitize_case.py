@@ -2,6 +2,7 @@
 
     python3 benchmarks/sanitize_case.py [KERNEL [LSTM|GRU [streamed|ring|ring-h|h0]]]
     python3 benchmarks/sanitize_case.py wavefront     two stacked LSTM layers in one wavefront kernel
+    python3 benchmarks/sanitize_case.py mma_wavefront three stacked fp16 LSTM layers in the tensor-core wavefront (batch 40)
     python3 benchmarks/sanitize_case.py persistent LSTM sync   the persistent kernel with sync=1 (steps wait on h's tagged words)
     python3 benchmarks/sanitize_case.py cluster GRU [sync|grid]   the cluster kernel, hidden 128 (h through distributed
                                   shared memory, a cluster barrier a phase or with sync mbarriers; GRU's two phases; R in
@@ -41,12 +42,13 @@ if sys.argv[3:] == ["sync"]:
 if sys.argv[3:] == ["grid"]:  # two clusters of 8 CTAs a direction: units forwarded through tagged words
     recurrent_cluster.default_config = lambda spec, *_: recurrent_cluster.ClusterConfig(
         ctas=8, clusters=2, warps=8, sync=1).with_registers(spec)
-if kernel == "wavefront":
+if kernel in ("wavefront", "mma_wavefront"):
     from test_wavefront import lstm_stack, stack_model, stack_reference
 
-    cases = lstm_stack(2, hidden=64, input_size=16)
-    module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 4, "batch": 2}, cuda_graph=False)
-    feeds = {"X": np.random.default_rng(0).standard_normal((4, 2, 16)).astype("float32")}
+    mma = kernel == "mma_wavefront"  # batch 40 of a bound of 64: two batch tiles, the second partial
+    cases = [dataclasses.replace(c, dtype="float16" if mma else "float32") for c in lstm_stack(3 if mma else 2, hidden=64, input_size=16)]
+    module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 4, "batch": 64 if mma else 2}, cuda_graph=False)
+    feeds = {"X": np.random.default_rng(0).standard_normal((4, 40 if mma else 2, 16)).astype(cases[0].dtype)}
     ours, ref = module.run(feeds), stack_reference(cases, feeds)
     print(kernel, module.metadata["stacks"], {k: float(np.abs(v - ref[k]).max()) for k, v in ours.items()})
     sys.exit(0)

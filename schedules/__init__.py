@@ -12,6 +12,7 @@ recurrent_tiled       CUDA, large batch: per step one tiled GEMM launch (R and h
 recurrent_mma         CUDA, large batch: per step one launch of tensor-core mma tiles
 recurrent_persistent_mma  CUDA, batch above 4: one cooperative launch, R in shared memory, tensor-core steps
 recurrent_wavefront   CUDA, stacked layers at persistent's batches: one cooperative launch for the whole stack
+recurrent_mma_wavefront  CUDA, stacked layers at the per-step mma's batches: one launch of every layer's tiles a step
 recurrent_block_stack CUDA, a small stack at batch <= 4 whose weights fit one SM: one block, input projections inside
 recurrent_cluster     CUDA sm_90+, batch 1: thread-block clusters per direction, h through distributed shared memory
 mma_tiles             the warp's mma.sync tiles (fp16/bf16, TF32, 3xTF32, f16x3) the tensor-core kernels are built from
@@ -29,12 +30,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tvm import tirx
+from tvm.script.ir_builder import tirx as T
 
 from .choice import (KERNEL_CHOICES, PERSISTENT_MAX_BATCH, RESIDENT_MAX_BATCH, STEPWISE_MAX_BATCH, STREAMED_MAX_BATCH,
                      TILED_MIN_HIDDEN, TUNED_MARGIN, Branch, KernelPlan, plan_kernel)
 from .device import Device
 from .errors import KernelError
-from .recurrent_common import batch_dispatch
+from .recurrent_common import batch_dispatch, i64
+from .recurrent_wavefront import stackable as wavefront_stackable
 from .space import KernelConfig, emitter
 
 __all__ = ["KERNEL_CHOICES", "PERSISTENT_MAX_BATCH", "RESIDENT_MAX_BATCH", "STEPWISE_MAX_BATCH", "STREAMED_MAX_BATCH",
@@ -118,28 +121,35 @@ WAVEFRONT_WARPS = 8  # unless the first layer's tuned persistent point says othe
 
 def stack_kernel(specs, cells, target, choice: str = "auto", tuned: list | None = None, batch_bound: int | None = None,
                  device: Device | None = None, reads_x: bool = True, joined_states: bool = False):
-    """One kernel for a chain of stacked layers, or (None, why not) where none applies: auto only, on CUDA, every batch
-    the module accepts (batch_bound) within the persistent kernel's, where each layer's own plan would run persistent
-    (or cluster) there (tuning may say otherwise). One block (recurrent_block_stack) where the batch is small and every
-    layer's weights fit its shared memory (and reads_x: the first layer's weights are constants, which it takes as it
-    takes the others'), else the wavefront (recurrent_wavefront) where the split among layers fits. joined_states: the
-    layers' initial and final h are each one [layers, batch, H] tensor (a block stack then takes and writes them so:
-    StackKernel.joined_states)."""
-    from . import recurrent_block_stack as block_stack
-    from . import recurrent_wavefront as wavefront
-
+    """One kernel for a chain of stacked layers, or (None, why not) where none applies: auto only, on CUDA.
+    - Every batch the module accepts (batch_bound) within the persistent kernel's, where each layer's own plan would run
+      persistent (or cluster) there (tuning may say otherwise): one block (recurrent_block_stack) where the batch is
+      small and every layer's weights fit its shared memory (and reads_x: the first layer's weights are constants, which
+      it takes as it takes the others'), else the wavefront (recurrent_wavefront) where the split among layers fits.
+    - Above that, on tensor cores, where a step of all layers at the module's largest batch leaves the SMs latency-bound
+      (recurrent_mma_wavefront.refusal): the tensor-core wavefront, the wavefront taking the batches within the
+      persistent kernel's where its split fits.
+    joined_states: the layers' initial and final h are each one [layers, batch, H] tensor (a block stack then takes and
+    writes them so: StackKernel.joined_states)."""
     device = device or Device.of_target(target)
     if choice != "auto" or target.kind.name != "cuda":
         return None, "only kernel='auto' on CUDA"
-    if batch_bound is None or batch_bound > PERSISTENT_MAX_BATCH:
-        return None, f"batch {'unbounded' if batch_bound is None else f'up to {batch_bound}'}; a wavefront runs batch <= {PERSISTENT_MAX_BATCH}"
-    own = []  # each layer's plan were it alone: the stack runs only where each would run persistent
+    own = []  # each layer's plan were it alone
     for i, (spec, cell) in enumerate(zip(specs, cells)):
-        why = wavefront.stackable(spec, cell, i == 0)
+        why = wavefront_stackable(spec, cell, i == 0)
         if why:
             return None, f"{spec.op} node '{spec.name}': {why}"
         own.append(plan_kernel(spec, cell, target, choice, tuned[i] if tuned else None, device))
-        kinds_used = {own[-1].branch_at(n).config.kind for n in range(1, batch_bound + 1)}
+    if batch_bound is None or batch_bound > PERSISTENT_MAX_BATCH:
+        return _mma_stack(specs, cells, own, batch_bound, target, device)
+    return _persistent_stack(specs, cells, own, batch_bound, device, reads_x, joined_states)
+
+
+def _persistent_stack(specs, cells, own, batch_bound: int, device: Device, reads_x: bool, joined_states: bool):
+    from . import recurrent_block_stack as block_stack
+
+    for spec, plan in zip(specs, own):
+        kinds_used = {plan.branch_at(n).config.kind for n in range(1, batch_bound + 1)}
         # a layer alone runs cluster at batch 1 (and one cluster a row at 2-8); stacked, one wavefront step of all layers
         # beats a cluster step per layer at batch 1 with one cluster a layer (against clusters side by side: not measured)
         if not kinds_used <= {"persistent", "cluster"}:
@@ -151,16 +161,67 @@ def stack_kernel(specs, cells, target, choice: str = "auto", tuned: list | None 
         cfg = block_stack.plan(specs, cells, device, batch_bound)
         if cfg is not None:
             return _block_stack(specs, cells, cfg, batch_bound, joined_states and _joinable(specs))
-    first = own[0].branch_at(1)
-    warps = first.config["warps"] if first.tuned and first.config.kind == "persistent" else WAVEFRONT_WARPS
-    cfg = wavefront.plan(specs, cells, device, warps)
+    cfg = _wavefront_plan(specs, cells, own, device)
     if cfg is None:
         return None, "the layers' weights do not fit on chip across one wave"
-    func = wavefront.wavefront_prim_func(specs, cells, cfg).with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
-    why = (f"wavefront: {len(specs)} stacked layers in one cooperative kernel of {cfg.grid} blocks "
-           f"({'+'.join(map(str, cfg.blocks))}), layer l+1 one step behind layer l, batch <= {batch_bound}")
-    plans = tuple(KernelPlan("cuda", (Branch(None, KernelConfig.of("wavefront", layer=i, layers=len(specs), units=cfg.units[i],
-                                                                    blocks=cfg.blocks[i], grid=cfg.grid, warps=cfg.warps), False),), why)
+    from .recurrent_wavefront import wavefront_prim_func
+
+    func = wavefront_prim_func(specs, cells, cfg).with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
+    why = f"wavefront: {_wavefront_words(specs, cfg)}, batch <= {batch_bound}"
+    plans = tuple(KernelPlan("cuda", (Branch(None, _wavefront_point(cfg, i, len(specs)), False),), why) for i in range(len(specs)))
+    return StackKernel(func, plans), why
+
+
+def _wavefront_plan(specs, cells, own, device: Device):
+    from . import recurrent_wavefront as wavefront
+
+    first = own[0].branch_at(1)
+    warps = first.config["warps"] if first.tuned and first.config.kind == "persistent" else WAVEFRONT_WARPS
+    return wavefront.plan(specs, cells, device, warps)
+
+
+def _wavefront_words(specs, cfg) -> str:
+    return (f"{len(specs)} stacked layers in one cooperative kernel of {cfg.grid} blocks ({'+'.join(map(str, cfg.blocks))}), "
+            "layer l+1 one step behind layer l")
+
+
+def _wavefront_point(cfg, layer: int, layers: int) -> KernelConfig:
+    return KernelConfig.of("wavefront", layer=layer, layers=layers, units=cfg.units[layer], blocks=cfg.blocks[layer],
+                           grid=cfg.grid, warps=cfg.warps)
+
+
+def _mma_stack(specs, cells, own, batch_bound: int | None, target, device: Device):
+    """The tensor-core wavefront above PERSISTENT_MAX_BATCH (at or below it the wavefront, where its split fits)."""
+    from . import recurrent_mma_wavefront as mma_wavefront
+    from .recurrent_wavefront import stack_prim_func, wavefront_body
+    from .space import tensor_cores
+
+    if batch_bound is None:
+        return None, f"batch unbounded; a wavefront runs batch <= {PERSISTENT_MAX_BATCH}, the tensor-core wavefront a bounded batch"
+    if not tensor_cores(target):
+        return None, f"batch up to {batch_bound}; a wavefront runs batch <= {PERSISTENT_MAX_BATCH} (no tensor cores on {device.arch})"
+    cfg = mma_wavefront.default_config()
+    why = mma_wavefront.refusal(specs, cells, cfg, batch_bound, device)
+    if why:
+        return None, f"batch up to {batch_bound}; {why}"
+    small = _wavefront_plan(specs, cells, own, device)
+    if small is None:  # a launch of tiles a step is far slower than a layer's persistent or cluster step at batch 1-4
+        return None, f"batch up to {batch_bound}; the layers' weights do not fit a wavefront's split, which batches 1-{PERSISTENT_MAX_BATCH} would run"
+
+    def body(layers):
+        with T.If(layers[0].batch <= i64(PERSISTENT_MAX_BATCH)):
+            with T.Then():
+                wavefront_body(layers, small)
+            with T.Else():
+                mma_wavefront.mma_wavefront_body(layers, cfg)
+
+    func = stack_prim_func(specs, cells, body).with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
+    large = (f"tensor-core wavefront: {len(specs)} stacked layers, one launch of mma tiles a step of them all "
+             f"({'+'.join(str(mma_wavefront.blocks(s, cfg)) for s in specs)} blocks a batch tile), layer l+1 one step behind layer l")
+    why = f"batch <= {PERSISTENT_MAX_BATCH}: wavefront: {_wavefront_words(specs, small)}; else {large}, batch <= {batch_bound}"
+    knobs = dict(units=cfg.units, n_tiles=cfg.n_tiles, n_warps=cfg.n_warps, k_warps=cfg.k_warps, depth=cfg.depth)
+    plans = tuple(KernelPlan("cuda", (Branch(PERSISTENT_MAX_BATCH, _wavefront_point(small, i, len(specs)), False),
+                                      Branch(None, KernelConfig.of("mma_wavefront", layer=i, layers=len(specs), **knobs), False)), why)
                   for i in range(len(specs)))
     return StackKernel(func, plans), why
 

@@ -437,6 +437,8 @@ def _not_searched(*args):
 
 register(KernelKind("wavefront", "cuda", lambda fit: False, _not_searched, _not_searched, _not_searched,
                     grid=lambda config, spec: config["grid"]))
+# a stack's layers at the per-step mma's batches, one launch of all their tiles a step (recurrent_mma_wavefront)
+register(KernelKind("mma_wavefront", "cuda", lambda fit: False, _not_searched, _not_searched, _not_searched))
 # a whole small stack in one block (recurrent_block_stack): an ordinary launch, block barriers only
 register(KernelKind("block_stack", "cuda", lambda fit: False, _not_searched, _not_searched, _not_searched))
 

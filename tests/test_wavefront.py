@@ -189,7 +189,10 @@ def test_compile_runs_a_bounded_small_batch_stack_as_one_kernel():
 
 @pytest.mark.parametrize("change, bounds, why", [
     ({}, {"seq": 50}, "batch unbounded"),
-    ({}, {"seq": 50, "batch": 8}, "batch up to 8; a wavefront runs batch <= 4"),
+    ({}, {"seq": 50, "batch": 8}, "batch up to 8; the tensor-core wavefront runs batch bounds from 16"),
+    ({"hidden": 1024, "input_size": 1024, "dtype": "float16"}, {"seq": 50, "batch": 64},
+     "a tensor-core wavefront step would launch 512 blocks, more than 2 a streaming multiprocessor (132)"),
+    ({"op": "GRU", "linear_before_reset": 1}, {"seq": 50, "batch": 64}, "its h gate adds R_h h apart from W_h x"),
     ({"kernel": "persistent"}, {"seq": 50, "batch": 1}, "only kernel='auto' on CUDA"),
     ({"op": "GRU"}, {"seq": 50, "batch": 1}, "GRU cell without linear_before_reset: its h gate needs all of r*h first"),
     ({"hidden": 512, "input_size": 512}, {"seq": 50, "batch": 1}, "each layer runs a grid of clusters at batch 1"),
@@ -200,6 +203,18 @@ def test_stacks_that_do_not_qualify_run_layer_by_layer_and_say_why(change, bound
     module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims=bounds, kernel=kernel, logs=False)
     assert "wavefront" not in _kinds(module)
     assert module.metadata["stacks"][0].startswith("layer0 -> layer1: layer by layer (") and why in module.metadata["stacks"][0]
+
+
+def test_a_stack_bounded_to_a_larger_batch_runs_the_tensor_core_wavefront_above_batch_4():
+    """One kernel: the wavefront at batch 1-4, above it a launch of every layer's mma tiles a step (T+L-1 launches)."""
+    cases = [dataclasses.replace(c, dtype="float16") for c in lstm_stack(3, hidden=64)]
+    module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 50, "batch": 64}, logs=False)
+    schedules = [[(b["up_to_batch"], b["config"]["kind"]) for b in layer["schedule"]] for layer in module.metadata["layers"]]
+    assert schedules == [[(4, "wavefront"), (None, "mma_wavefront")]] * 3
+    assert module.metadata["stacks"][0].startswith("layer0 -> layer1 -> layer2: batch <= 4: wavefront: 3 stacked layers")
+    assert "else tensor-core wavefront: 3 stacked layers, one launch of mma tiles a step of them all (8+8+8 blocks" in module.metadata["stacks"][0]
+    text = module.executable.as_text()
+    assert "rnn_stack_layer0" in text and "rnn_layer1" not in text
 
 
 def test_gru_stack_with_linear_before_reset_runs_as_one_kernel():
@@ -355,3 +370,42 @@ def test_fp32_stack_in_half_storage_matches_float64():
     for out, value in got.items():
         err = np.abs(value.astype("float64") - ref[out]).max() / np.abs(ref[out]).max()
         assert err < 1e-2, f"{out}: rel. error {err:.2e}"
+
+
+# stacks bounded to batch 64, where each layer alone runs the per-step mma: the tensor-core wavefront above batch 4
+MMA_CASES = {
+    "lstm-3-fp16": ([dataclasses.replace(c, dtype="float16") for c in lstm_stack(3, hidden=64, input_size=32)], "float16"),
+    "lstm-2-states-peepholes-clip": (lstm_stack(2, hidden=64, optional=("B", "initial_h", "initial_c", "P"), clip=2.5), "float32"),
+    "lstm-3-lengths": ([dataclasses.replace(c, optional=("B", "sequence_lens") + (("initial_h",) if i == 0 else ()))
+                        for i, c in enumerate(lstm_stack(3, hidden=64))], "float32"),
+    # no whole 32-column chunks (scalar loads, zeros past the edge), a partial block of units
+    "lstm-2-sizes-40-48-fp16": ([dataclasses.replace(c, dtype="float16") for c in lstm_stack(sizes=[40, 48], input_size=20)], "float16"),
+    "rnn-2-relu-fp16": ([dataclasses.replace(c, op="RNN", outputs=("Y", "Y_h"), activations=("Relu",), dtype="float16")
+                         for c in lstm_stack(2, hidden=64)], "float16"),
+}
+
+
+def _branch_kinds(module) -> set:
+    return {branch["config"]["kind"] for layer in module.metadata["layers"] for branch in layer["schedule"]}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(MMA_CASES))
+def test_tensor_core_wavefront_matches_float64_layer_by_layer(name):
+    """Batches 5-64 run the tensor-core wavefront (3 and 1 step, all batch tiles full or not), batch 3 the wavefront;
+    every layer's outputs against float64, and the same inputs twice give the same bits."""
+    cases, dtype = MMA_CASES[name]
+    module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 40, "batch": 64}, logs=False)
+    assert _branch_kinds(module) == {"wavefront", "mma_wavefront"}
+    tol = 1e-5 if dtype == "float32" else 1e-2
+    rng = np.random.default_rng(5)
+    for T, N in [(40, 64), (17, 37), (40, 5), (1, 9), (3, 3)]:
+        feeds = _feeds(cases, rng, T, N)
+        ref = stack_reference(cases, feeds)
+        got = module.run(feeds)
+        for out, value in module.run(feeds).items():
+            np.testing.assert_array_equal(value, got[out], err_msg=f"{out}: two runs of the same inputs differ")
+        for out, expected in ref.items():
+            if out in got:
+                err = np.abs(got[out].astype("float64") - expected).max() / max(np.abs(expected).max(), 1e-30)
+                assert err < tol, f"{out} T={T} N={N}: rel. error {err:.2e}"
