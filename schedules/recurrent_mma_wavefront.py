@@ -46,11 +46,16 @@ def refusal(specs, cells, cfg: MmaConfig, batch_bound: int, device) -> str | Non
             return f"{spec.op} node '{spec.name}': its h gate adds R_h h apart from W_h x (the tensor-core wavefront sums them)"
     if batch_bound < MIN_BATCH_BOUND:
         return f"the tensor-core wavefront runs batch bounds from {MIN_BATCH_BOUND}"
-    launched = sum(blocks(s, cfg) for s in specs) * -(-batch_bound // cfg.rows)
-    if launched > MAX_BLOCKS_PER_SM * device.sm_count:
+    if batch_bound > largest_bound(specs, cfg, device):
+        launched = sum(blocks(s, cfg) for s in specs) * -(-batch_bound // cfg.rows)
         return (f"a tensor-core wavefront step would launch {launched} blocks, more than {MAX_BLOCKS_PER_SM} a streaming "
                 f"multiprocessor ({device.sm_count})")
     return None
+
+
+def largest_bound(specs, cfg: MmaConfig, device) -> int:
+    """The largest batch bound whose launches stay within MAX_BLOCKS_PER_SM."""
+    return MAX_BLOCKS_PER_SM * device.sm_count // sum(blocks(s, cfg) for s in specs) * cfg.rows
 
 
 def blocks(spec, cfg: MmaConfig) -> int:

@@ -222,6 +222,7 @@ def test_inspect_says_which_batch_bounds_run_a_block_stack(tmp_path):
     lines = []
     inspect_command(str(tmp_path / "rnn.onnx"), echo=lines.append, target="cuda")
     (stack,) = [line for line in lines if line.startswith("  stack ")]
-    block, wavefront = stack.split("; ")
+    block, wavefront, tensor_cores = stack.split("; ")
     assert block.split(": ", 1)[1].startswith("one block stack: 3 stacked layers") and block.endswith("N <= 1)")
     assert wavefront.startswith("one wavefront: 3 stacked layers") and wavefront.endswith("N <= 4)")
+    assert tensor_cores.startswith("one tensor-core wavefront: 3 stacked layers") and tensor_cores.endswith("16 <= N <= 544)")  # 3 x 5 blocks a 32-row tile

@@ -409,3 +409,17 @@ def test_tensor_core_wavefront_matches_float64_layer_by_layer(name):
             if out in got:
                 err = np.abs(got[out].astype("float64") - expected).max() / max(np.abs(expected).max(), 1e-30)
                 assert err < tol, f"{out} T={T} N={N}: rel. error {err:.2e}"
+
+
+def test_inspect_names_the_batch_bounds_of_the_tensor_core_wavefront(tmp_path):
+    """A stack of symbolic batch: inspect names the bounds that run it as one tensor-core wavefront (16 up to where a
+    launch would pass 2 blocks an SM: 3 x 8 blocks a 32-row tile on 132 SMs -> 11 tiles, 352 rows)."""
+    from tvmrnn.interface.inspect import inspect_command
+
+    lines = []
+    onnx.save(stack_model([dataclasses.replace(c, dtype="float16") for c in lstm_stack(3, hidden=64)]), tmp_path / "s.onnx")
+    inspect_command(str(tmp_path / "s.onnx"), echo=lines.append, target="cuda")
+    (stack,) = [line for line in lines if line.startswith("  stack ")]
+    assert stack.endswith("; one tensor-core wavefront: 3 stacked layers, one launch of mma tiles a step of them all (8+8+8 blocks a "
+                          "batch tile), layer l+1 one step behind layer l above batch 4 when compiled with the batch bounded "
+                          "(--max-dim batch=N, 16 <= N <= 352)")

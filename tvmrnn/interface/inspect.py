@@ -75,9 +75,23 @@ def _stacks(plan: ModelPlan, logs) -> list[str]:
                        for n in (1, PERSISTENT_MAX_BATCH)}
             kinds = {n: k.plans[0].branches[0].config.kind if k else None for n, (k, _) in planned.items()}
             bounds = (1, PERSISTENT_MAX_BATCH) if kinds[1] != kinds[PERSISTENT_MAX_BATCH] and kinds[1] else (PERSISTENT_MAX_BATCH,)
-            parts = [_how(*planned[n], _bounded(chain, n)) for n in bounds]
+            parts = [_how(*planned[n], _bounded(chain, n)) for n in bounds] + _tensor_core_part(chain, plan, tuned)
         lines.append(f"  stack {' -> '.join(chain.names)}: " + "; ".join(parts))
     return lines
+
+
+def _tensor_core_part(chain, plan: ModelPlan, tuned) -> list[str]:
+    """The tensor-core wavefront's line where the chain would run one at some larger batch bound, else nothing."""
+    from schedules import recurrent_mma_wavefront as mma_wavefront
+
+    low = mma_wavefront.MIN_BATCH_BOUND
+    kernel, why = plan_stack(list(chain.specs), plan.target, "auto", tuned, low, plan.device, chain.head is not None)
+    if kernel is None or kernel.plans[0].branches[-1].config.kind != "mma_wavefront":
+        return []
+    high = mma_wavefront.largest_bound(list(chain.specs), mma_wavefront.default_config(), plan.device)
+    large = why.split("; else ")[-1].removesuffix(f", batch <= {low}")
+    return [f"one {large} above batch {PERSISTENT_MAX_BATCH} when compiled with the batch bounded "
+            f"(--max-dim {chain.batch}=N, {low} <= N <= {high})"]
 
 
 def _how(kernel, why: str, when: str) -> str:
