@@ -378,7 +378,7 @@ MMA_CASES = {
     "lstm-2-states-peepholes-clip": (lstm_stack(2, hidden=64, optional=("B", "initial_h", "initial_c", "P"), clip=2.5), "float32"),
     "lstm-3-lengths": ([dataclasses.replace(c, optional=("B", "sequence_lens") + (("initial_h",) if i == 0 else ()))
                         for i, c in enumerate(lstm_stack(3, hidden=64))], "float32"),
-    # no whole 32-column chunks (scalar loads, zeros past the edge), a partial block of units
+    # no whole 32-column chunks: scalar loads, zeros past the edge of both of layer 1's segments (I = 40, H = 48)
     "lstm-2-sizes-40-48-fp16": ([dataclasses.replace(c, dtype="float16") for c in lstm_stack(sizes=[40, 48], input_size=20)], "float16"),
     "rnn-2-relu-fp16": ([dataclasses.replace(c, op="RNN", outputs=("Y", "Y_h"), activations=("Relu",), dtype="float16")
                          for c in lstm_stack(2, hidden=64)], "float16"),
