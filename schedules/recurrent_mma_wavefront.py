@@ -27,11 +27,10 @@ F32 = "float32"
 
 
 # the most blocks a launch may have at the module's largest batch, per SM: beyond, a step's work rather than its
-# latency sets its time, and the input projection done in the step costs more than the layers' overlap saves
-# (docs/decisions.md: H256 x 3 at batch 64, 192 blocks, 1.67-1.95x layer by layer; H1024 x 2 at batch 64, 512, 0.83x)
+# latency sets its time, and the input projections done in the step cost more than the layers' overlap saves
 MAX_BLOCKS_PER_SM = 2
-# the smallest batch bound it takes: at batch 5-8 each layer alone (batch groups of clusters, persistent_mma) was faster
-# (0.57-1.01x), from 16 on it won (1.08-2.15x); a module bounded higher still runs its batches 5-8 here
+# the smallest batch bound it takes: at batch 5-8 each layer alone (batch groups of clusters, persistent_mma) was the
+# faster, from 16 on the stack (docs/decisions.md); a module bounded higher still runs its batches 5-8 here
 MIN_BATCH_BOUND = 16
 
 
