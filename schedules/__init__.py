@@ -193,6 +193,7 @@ def _wavefront_point(cfg, layer: int, layers: int) -> KernelConfig:
 def _mma_stack(specs, cells, own, batch_bound: int | None, target, device: Device):
     """The tensor-core wavefront above PERSISTENT_MAX_BATCH (at or below it the wavefront, where its split fits)."""
     from . import recurrent_mma_wavefront as mma_wavefront
+    from .recurrent_mma import default_config
     from .recurrent_wavefront import stack_prim_func, wavefront_body
     from .space import tensor_cores
 
@@ -200,7 +201,7 @@ def _mma_stack(specs, cells, own, batch_bound: int | None, target, device: Devic
         return None, f"batch unbounded; a wavefront runs batch <= {PERSISTENT_MAX_BATCH}, the tensor-core wavefront a bounded batch"
     if not tensor_cores(target):
         return None, f"batch up to {batch_bound}; a wavefront runs batch <= {PERSISTENT_MAX_BATCH} (no tensor cores on {device.arch})"
-    cfg = mma_wavefront.default_config()
+    cfg = default_config()  # the per-step mma's point
     why = mma_wavefront.refusal(specs, cells, cfg, batch_bound, device)
     if why:
         return None, f"batch up to {batch_bound}; {why}"
@@ -209,16 +210,20 @@ def _mma_stack(specs, cells, own, batch_bound: int | None, target, device: Devic
         return None, f"batch up to {batch_bound}; the layers' weights do not fit a wavefront's split, which batches 1-{PERSISTENT_MAX_BATCH} would run"
 
     def body(layers):
+        def branch(emit):
+            for a in layers:
+                a.new_branch()
+            emit(layers)
+
         with T.If(layers[0].batch <= i64(PERSISTENT_MAX_BATCH)):
             with T.Then():
-                wavefront_body(layers, small)
+                branch(lambda layers: wavefront_body(layers, small))
             with T.Else():
-                mma_wavefront.mma_wavefront_body(layers, cfg)
+                branch(lambda layers: mma_wavefront.mma_wavefront_body(layers, cfg))
 
     func = stack_prim_func(specs, cells, body).with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
-    large = (f"tensor-core wavefront: {len(specs)} stacked layers, one launch of mma tiles a step of them all "
-             f"({'+'.join(str(mma_wavefront.blocks(s, cfg)) for s in specs)} blocks a batch tile), layer l+1 one step behind layer l")
-    why = f"batch <= {PERSISTENT_MAX_BATCH}: wavefront: {_wavefront_words(specs, small)}; else {large}, batch <= {batch_bound}"
+    why = (f"batch <= {PERSISTENT_MAX_BATCH}: wavefront: {_wavefront_words(specs, small)}; "
+           f"else {mma_wavefront.describe(specs, cfg)}, batch <= {batch_bound}")
     knobs = dict(units=cfg.units, n_tiles=cfg.n_tiles, n_warps=cfg.n_warps, k_warps=cfg.k_warps, depth=cfg.depth)
     plans = tuple(KernelPlan("cuda", (Branch(PERSISTENT_MAX_BATCH, _wavefront_point(small, i, len(specs)), False),
                                       Branch(None, KernelConfig.of("mma_wavefront", layer=i, layers=len(specs), **knobs), False)), why)

@@ -153,6 +153,11 @@ class KernelArgs:
     def param_index(self, name):
         return self.cell.params.index(name)
 
+    def new_branch(self):
+        """Forget the operand copies, published words and shared stores an earlier branch of the same PrimFunc set up:
+        their buffers live in that branch, and a kind that keeps none must not write them."""
+        self.mirrors, self.split_mirrors, self.operand_scale, self.published, self.shared = {}, {}, None, {}, {}
+
 
 def direction_activation(args: KernelArgs, d, activation=apply_activation):
     """activate(k, pre): the cell's activation k of direction slot d (cells.Terms' activate)."""
@@ -389,11 +394,9 @@ def block_sync():
 
 def batch_dispatch(a: KernelArgs, branches):
     """Emit `if batch <= b0: e0(a) elif batch <= b1: e1(a) ... else: en(a)` over (max_batch, emit) pairs, or at a static
-    batch only the branch that runs it. Each branch
-    starts without the operand copies an earlier one allocated (their buffers live in that branch, and a kind that
-    keeps none must not write them)."""
+    batch only the branch that runs it. Each branch starts afresh (KernelArgs.new_branch)."""
     (limit, emit), rest = branches[0], branches[1:]
-    a.mirrors, a.split_mirrors, a.operand_scale, a.published, a.shared = {}, {}, None, {}, {}
+    a.new_branch()
     a.max_batch = limit if rest else None
     if isinstance(a.batch, tirx.IntImm) and rest and (limit is None or int(a.batch) > limit):
         batch_dispatch(a, rest)  # a static batch builds the one branch that runs it

@@ -34,10 +34,6 @@ MAX_BLOCKS_PER_SM = 2
 MIN_BATCH_BOUND = 16
 
 
-def default_config() -> MmaConfig:
-    return MmaConfig()
-
-
 def refusal(specs, cells, cfg: MmaConfig, batch_bound: int, device) -> str | None:
     """Why these stacked layers do not run as one tensor-core wavefront at batches up to batch_bound (None: they do)."""
     for i, (spec, cell) in enumerate(zip(specs, cells)):
@@ -55,6 +51,11 @@ def refusal(specs, cells, cfg: MmaConfig, batch_bound: int, device) -> str | Non
 def largest_bound(specs, cfg: MmaConfig, device) -> int:
     """The largest batch bound whose launches stay within MAX_BLOCKS_PER_SM."""
     return MAX_BLOCKS_PER_SM * device.sm_count // sum(blocks(s, cfg) for s in specs) * cfg.rows
+
+
+def describe(specs, cfg: MmaConfig) -> str:
+    return (f"tensor-core wavefront: {len(specs)} stacked layers, one launch of mma tiles a step of them all "
+            f"({'+'.join(str(blocks(s, cfg)) for s in specs)} blocks a batch tile), layer l+1 one step behind layer l")
 
 
 def blocks(spec, cfg: MmaConfig) -> int:

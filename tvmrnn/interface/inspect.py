@@ -83,15 +83,15 @@ def _stacks(plan: ModelPlan, logs) -> list[str]:
 def _tensor_core_part(chain, plan: ModelPlan, tuned) -> list[str]:
     """The tensor-core wavefront's line where the chain would run one at some larger batch bound, else nothing."""
     from schedules import recurrent_mma_wavefront as mma_wavefront
+    from schedules.recurrent_mma import default_config
 
-    low = mma_wavefront.MIN_BATCH_BOUND
-    kernel, why = plan_stack(list(chain.specs), plan.target, "auto", tuned, low, plan.device, chain.head is not None)
+    specs, low = list(chain.specs), mma_wavefront.MIN_BATCH_BOUND
+    kernel, _ = plan_stack(specs, plan.target, "auto", tuned, low, plan.device, chain.head is not None)
     if kernel is None or kernel.plans[0].branches[-1].config.kind != "mma_wavefront":
         return []
-    high = mma_wavefront.largest_bound(list(chain.specs), mma_wavefront.default_config(), plan.device)
-    large = why.split("; else ")[-1].removesuffix(f", batch <= {low}")
-    return [f"one {large} above batch {PERSISTENT_MAX_BATCH} when compiled with the batch bounded "
-            f"(--max-dim {chain.batch}=N, {low} <= N <= {high})"]
+    cfg = default_config()
+    return [f"one {mma_wavefront.describe(specs, cfg)} above batch {PERSISTENT_MAX_BATCH} when compiled with the batch "
+            f"bounded (--max-dim {chain.batch}=N, {low} <= N <= {mma_wavefront.largest_bound(specs, cfg, plan.device)})"]
 
 
 def _how(kernel, why: str, when: str) -> str:
