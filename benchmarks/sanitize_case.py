@@ -3,6 +3,8 @@
     python3 benchmarks/sanitize_case.py [KERNEL [LSTM|GRU [streamed|ring|ring-h|h0]]]
     python3 benchmarks/sanitize_case.py wavefront     two stacked LSTM layers in one wavefront kernel
     python3 benchmarks/sanitize_case.py mma_wavefront three stacked fp16 LSTM layers in the tensor-core wavefront (batch 40)
+    python3 benchmarks/sanitize_case.py persistent_mma_wavefront   the same in the persistent tensor-core wavefront: batch 6
+                                  of a bound of 8 (one 8-row pass), then 20 of 24 (one partial 32-row pass)
     python3 benchmarks/sanitize_case.py persistent LSTM sync   the persistent kernel with sync=1 (steps wait on h's tagged words)
     python3 benchmarks/sanitize_case.py cluster GRU [sync|grid]   the cluster kernel, hidden 128 (h through distributed
                                   shared memory, a cluster barrier a phase or with sync mbarriers; GRU's two phases; R in
@@ -42,6 +44,16 @@ if sys.argv[3:] == ["sync"]:
 if sys.argv[3:] == ["grid"]:  # two clusters of 8 CTAs a direction: units forwarded through tagged words
     recurrent_cluster.default_config = lambda spec, *_: recurrent_cluster.ClusterConfig(
         ctas=8, clusters=2, warps=8, sync=1).with_registers(spec)
+if kernel == "persistent_mma_wavefront":
+    from test_wavefront import lstm_stack, stack_model, stack_reference
+
+    cases = [dataclasses.replace(c, dtype="float16") for c in lstm_stack(3, hidden=64, input_size=32)]
+    for bound, batch in ((8, 6), (24, 20)):
+        module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 4, "batch": bound}, cuda_graph=False)
+        feeds = {"X": np.random.default_rng(0).standard_normal((4, batch, 32)).astype("float16")}
+        ours, ref = module.run(feeds), stack_reference(cases, feeds)
+        print(kernel, module.metadata["stacks"], {k: float(np.abs(v - ref[k]).max()) for k, v in ours.items()})
+    sys.exit(0)
 if kernel in ("wavefront", "mma_wavefront"):
     from test_wavefront import lstm_stack, stack_model, stack_reference
 

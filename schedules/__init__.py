@@ -13,6 +13,7 @@ recurrent_mma         CUDA, large batch: per step one launch of tensor-core mma 
 recurrent_persistent_mma  CUDA, batch above 4: one cooperative launch, R in shared memory, tensor-core steps
 recurrent_wavefront   CUDA, stacked layers at persistent's batches: one cooperative launch for the whole stack
 recurrent_mma_wavefront  CUDA, stacked layers at the per-step mma's batches: one launch of every layer's tiles a step
+recurrent_persistent_mma_wavefront  CUDA, stacked layers at batch 5-32 whose weights fit a wave: one cooperative launch
 recurrent_block_stack CUDA, a small stack at batch <= 4 whose weights fit one SM: one block, input projections inside
 recurrent_cluster     CUDA sm_90+, batch 1: thread-block clusters per direction, h through distributed shared memory
 mma_tiles             the warp's mma.sync tiles (fp16/bf16, TF32, 3xTF32, f16x3) the tensor-core kernels are built from
@@ -191,9 +192,8 @@ def _wavefront_point(cfg, layer: int, layers: int) -> KernelConfig:
 
 
 def _mma_stack(specs, cells, own, batch_bound: int | None, target, device: Device):
-    """The tensor-core wavefront above PERSISTENT_MAX_BATCH (at or below it the wavefront, where its split fits)."""
-    from . import recurrent_mma_wavefront as mma_wavefront
-    from .recurrent_mma import default_config
+    """Above PERSISTENT_MAX_BATCH on tensor cores: the tensor-core wavefronts (_tensor_core_tiers), the wavefront running
+    batches 1-PERSISTENT_MAX_BATCH in the same kernel where its split fits."""
     from .recurrent_wavefront import stack_prim_func, wavefront_body
     from .space import tensor_cores
 
@@ -201,34 +201,70 @@ def _mma_stack(specs, cells, own, batch_bound: int | None, target, device: Devic
         return None, f"batch unbounded; a wavefront runs batch <= {PERSISTENT_MAX_BATCH}, the tensor-core wavefront a bounded batch"
     if not tensor_cores(target):
         return None, f"batch up to {batch_bound}; a wavefront runs batch <= {PERSISTENT_MAX_BATCH} (no tensor cores on {device.arch})"
-    cfg = default_config()  # the per-step mma's point
-    why = mma_wavefront.refusal(specs, cells, cfg, batch_bound, device)
-    if why:
-        return None, f"batch up to {batch_bound}; {why}"
+    tiers = _tensor_core_tiers(specs, cells, batch_bound, device)
+    if isinstance(tiers, str):
+        return None, f"batch up to {batch_bound}; {tiers}"
     small = _wavefront_plan(specs, cells, own, device)
-    if small is None:  # a launch of tiles a step is far slower than a layer's persistent or cluster step at batch 1-4
+    if small is None:  # a tensor-core step is far slower than a layer's persistent or cluster step at batch 1-4
         return None, f"batch up to {batch_bound}; the layers' weights do not fit a wavefront's split, which batches 1-{PERSISTENT_MAX_BATCH} would run"
+    tiers = [(PERSISTENT_MAX_BATCH, lambda layers: wavefront_body(layers, small), f"wavefront: {_wavefront_words(specs, small)}",
+              lambda i: _wavefront_point(small, i, len(specs)))] + tiers
 
     def body(layers):
-        def branch(emit):
+        def run(emit):
             for a in layers:
                 a.new_branch()
             emit(layers)
 
-        with T.If(layers[0].batch <= i64(PERSISTENT_MAX_BATCH)):
-            with T.Then():
-                branch(lambda layers: wavefront_body(layers, small))
-            with T.Else():
-                branch(lambda layers: mma_wavefront.mma_wavefront_body(layers, cfg))
+        def dispatch(rest):
+            (up_to, emit, *_), *others = rest
+            if not others:
+                run(emit)
+                return
+            with T.If(layers[0].batch <= i64(up_to)):
+                with T.Then():
+                    run(emit)
+                with T.Else():
+                    dispatch(others)
+
+        dispatch(tiers)
 
     func = stack_prim_func(specs, cells, body).with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
-    why = (f"batch <= {PERSISTENT_MAX_BATCH}: wavefront: {_wavefront_words(specs, small)}; "
-           f"else {mma_wavefront.describe(specs, cfg)}, batch <= {batch_bound}")
-    knobs = dict(units=cfg.units, n_tiles=cfg.n_tiles, n_warps=cfg.n_warps, k_warps=cfg.k_warps, depth=cfg.depth)
-    plans = tuple(KernelPlan("cuda", (Branch(PERSISTENT_MAX_BATCH, _wavefront_point(small, i, len(specs)), False),
-                                      Branch(None, KernelConfig.of("mma_wavefront", layer=i, layers=len(specs), **knobs), False)), why)
+    why = "; ".join(f"batch <= {up_to}: {words}" if up_to else f"else {words}" for up_to, _, words, _ in tiers) + f", batch <= {batch_bound}"
+    plans = tuple(KernelPlan("cuda", tuple(Branch(up_to, point(i), False) for up_to, _, _, point in tiers), why)
                   for i in range(len(specs)))
     return StackKernel(func, plans), why
+
+
+def _tensor_core_tiers(specs, cells, batch_bound: int, device: Device):
+    """[(up to batch or None, emit(layers), words, point(layer))] of the tensor-core wavefronts that run these layers
+    above PERSISTENT_MAX_BATCH, or why none does: where the stack's weights fit a wave, one cooperative launch of
+    persistent_mma blocks (recurrent_persistent_mma_wavefront) up to its batches, with the tiles of each of its
+    points; above them one launch of every layer's mma tiles a step, where its rule takes the bound
+    (recurrent_mma_wavefront.refusal)."""
+    from . import recurrent_mma_wavefront as mma_wavefront
+    from . import recurrent_persistent_mma_wavefront as resident
+    from .recurrent_mma import default_config
+
+    tiers = []
+    why_resident = resident.refusal(specs, cells)
+    for up_to in resident.tier_bounds(min(batch_bound, resident.MAX_BATCH_BOUND)) if why_resident is None else ():
+        split = resident.plan(specs, cells, device, up_to)
+        if split is None:
+            why_resident = "the layers' R and WR do not fit on chip across one wave"
+            tiers = []
+            break
+        tiers.append((up_to, lambda layers, split=split: resident.persistent_mma_wavefront_body(layers, split),
+                      f"{split.describe(specs)}, {split.tiles.rows} batch rows a pass", lambda i, split=split: resident.point(specs, split, i)))
+    if batch_bound <= resident.MAX_BATCH_BOUND and tiers:
+        return tiers[:-1] + [(None,) + tiers[-1][1:]]
+    cfg = default_config()  # the per-step mma's point
+    why = mma_wavefront.refusal(specs, cells, cfg, batch_bound, device)
+    if why is not None:
+        return f"{why_resident + '; ' if why_resident else ''}{why}"
+    knobs = dict(units=cfg.units, n_tiles=cfg.n_tiles, n_warps=cfg.n_warps, k_warps=cfg.k_warps, depth=cfg.depth)
+    return tiers + [(None, lambda layers: mma_wavefront.mma_wavefront_body(layers, cfg), mma_wavefront.describe(specs, cfg),
+                     lambda i: KernelConfig.of("mma_wavefront", layer=i, layers=len(specs), **knobs))]
 
 
 def _grid_of_clusters(config: KernelConfig) -> bool:

@@ -307,8 +307,10 @@ class _Resident:
     first), CR chunks each, every chunk 8 rows of KC (in f16x3 the rows' scaled high halves, then their low ones; in
     exact fp32 3xTF32 odd rows swap their 16-byte halves, so 32-byte lane spans hit distinct banks)."""
 
-    def __init__(self, a: KernelArgs, cfg: MmaConfig, wsm, group0, CR: int, d, u0, rscale=None):
+    def __init__(self, a: KernelArgs, cfg: MmaConfig, wsm, group0, CR: int, d, u0, rscale=None, columns: int | None = None):
         self.a, self.cfg, self.wsm, self.group0, self.CR, self.d, self.u0, self.rscale = a, cfg, wsm, group0, CR, d, u0, rscale
+        # R's columns: H, or a stacked layer's I + H (WR: W's, then R's; recurrent_persistent_mma_wavefront)
+        self.columns = a.spec.hidden_size if columns is None else columns
         self.halves = bool(cfg.halves)
         self.swizzle = a.spec.dtype == F32 and not self.halves
         self.block_elems = 8 * KC * (2 if self.halves else 1)
@@ -332,8 +334,8 @@ class _Resident:
         p, g, ck, grp = e % i64(KC), e // i64(KC) % i64(8), e // i64(8 * KC) % i64(CR), e // i64(8 * KC * CR)
         r = grp * i64(8) + g  # row of the phase's tile: gate r // UB, unit r % UB
         k = ck * i64(KC) + self.position(g, p)  # the inverse of position: the XOR is its own inverse
-        row = r_row_of(phase, UB, H, self.u0, r)
-        val = tirx.if_then_else(k < i64(H), a.R[self.d, row, tirx.min(k, i64(H - 1))], tirx.const(0, a.spec.dtype))
+        row, K = r_row_of(phase, UB, H, self.u0, r), self.columns
+        val = tirx.if_then_else(k < i64(K), a.R[self.d, row, tirx.min(k, i64(K - 1))], tirx.const(0, a.spec.dtype))
         if not self.halves:
             T.buffer_store(self.wsm, val, [i64(group0[pi] * CR * 8 * KC) + e])
             return
@@ -342,14 +344,16 @@ class _Resident:
         T.buffer_store(self.wsm, high, [at])
         T.buffer_store(self.wsm, low, [at + i64(8 * KC)])
 
-    def a_at(self, pi, phase):
-        """block_phase's A operand for phase pi: tiles' element of a resident chunk, None for the last m-tile's padding."""
+    def a_at(self, pi, phase, first: int = 0):
+        """block_phase's A operand for phase pi: tiles' element of a resident chunk (counted from chunk `first`), None
+        for the last m-tile's padding."""
         groups = len(phase.gates) * self.cfg.units // 8
 
         def at(tiles, ck, mt, half, v0, v, part=0):
             grp = 2 * mt + half
             if grp >= groups:
                 return None  # padding rows of the last m-tile
+            ck = ck + i64(first) if first else ck
             base = (i64((self.group0[pi] + grp) * self.CR) + ck) * i64(self.block_elems) + i64(part * 8 * KC)
             return shared_element(tiles, self.wsm, base, tiles.g, v0, v, self.swizzle)
 

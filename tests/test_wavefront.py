@@ -189,7 +189,9 @@ def test_compile_runs_a_bounded_small_batch_stack_as_one_kernel():
 
 @pytest.mark.parametrize("change, bounds, why", [
     ({}, {"seq": 50}, "batch unbounded"),
-    ({}, {"seq": 50, "batch": 8}, "batch up to 8; the tensor-core wavefront runs batch bounds from 16"),
+    ({}, {"seq": 50, "batch": 8}, "batch up to 8; LSTM node 'layer0' is exact fp32 (the persistent tensor-core wavefront runs "
+     "fp16, bf16 and tf32); the tensor-core wavefront runs batch bounds from 16"),
+    ({"dtype": "float16"}, {"seq": 50, "batch": 8}, "LSTM node 'layer0': its sizes are not multiples of 32"),
     ({"hidden": 1024, "input_size": 1024, "dtype": "float16"}, {"seq": 50, "batch": 64},
      "a tensor-core wavefront step would launch 512 blocks, more than 2 a streaming multiprocessor (132)"),
     ({"op": "GRU", "linear_before_reset": 1}, {"seq": 50, "batch": 64}, "its h gate adds R_h h apart from W_h x"),
@@ -396,10 +398,15 @@ def test_tensor_core_wavefront_matches_float64_layer_by_layer(name):
     every layer's outputs against float64, and the same inputs twice give the same bits."""
     cases, dtype = MMA_CASES[name]
     module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 40, "batch": 64}, logs=False)
-    assert _branch_kinds(module) == {"wavefront", "mma_wavefront"}
-    tol = 1e-5 if dtype == "float32" else 1e-2
-    rng = np.random.default_rng(5)
-    for T, N in [(40, 64), (17, 37), (40, 5), (1, 9), (3, 3)]:
+    # batches 5-32 of the first case run the persistent tensor-core wavefront (its sizes are whole chunks)
+    assert _branch_kinds(module) - {"persistent_mma_wavefront"} == {"wavefront", "mma_wavefront"}
+    _matches_float64_twice(module, cases, [(40, 64), (17, 37), (40, 5), (1, 9), (3, 3)], 1e-5 if dtype == "float32" else 1e-2, 5)
+
+
+def _matches_float64_twice(module, cases, shapes, tol: float, seed: int):
+    """At each (T, N): every layer's outputs within tol of float64 (relative to the largest), and the same bits twice."""
+    rng = np.random.default_rng(seed)
+    for T, N in shapes:
         feeds = _feeds(cases, rng, T, N)
         ref = stack_reference(cases, feeds)
         got = module.run(feeds)
@@ -409,6 +416,86 @@ def test_tensor_core_wavefront_matches_float64_layer_by_layer(name):
             if out in got:
                 err = np.abs(got[out].astype("float64") - expected).max() / max(np.abs(expected).max(), 1e-30)
                 assert err < tol, f"{out} T={T} N={N}: rel. error {err:.2e}"
+
+
+def _half(cases):
+    return [dataclasses.replace(c, dtype="float16") for c in cases]
+
+
+# the persistent tensor-core wavefront (batch bounds 5-32): name -> (cases, dtype, precision, batch bound)
+RESIDENT_CASES = {
+    "lstm-3-fp16-bound-8": (_half(lstm_stack(3, hidden=64, input_size=32)), "float16", None, 8),
+    "lstm-2-states-peepholes-clip-fp16-bound-32": (
+        _half(lstm_stack(2, hidden=64, input_size=32, optional=("B", "initial_h", "initial_c", "P"), clip=2.5)), "float16", None, 32),
+    "lstm-3-lengths-fp16-bound-24": (_half([dataclasses.replace(c, optional=("B", "sequence_lens") + (("initial_h",) if i == 0 else ()))
+                                            for i, c in enumerate(lstm_stack(3, hidden=64, input_size=32))]), "float16", None, 24),
+    # two widths (layer 1's input 96, its H 160), fp32 on TF32 tensor cores
+    "lstm-2-sizes-96-160-tf32-bound-8": (lstm_stack(sizes=[96, 160], input_size=64), "float32", "tf32", 8),
+    "rnn-2-relu-fp16-bound-8": (_half([dataclasses.replace(c, op="RNN", outputs=("Y", "Y_h"), activations=("Relu",))
+                                       for c in lstm_stack(2, hidden=64, input_size=32)]), "float16", None, 8),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(RESIDENT_CASES))
+def test_persistent_tensor_core_wavefront_matches_float64_layer_by_layer(name):
+    """Batches 5 to the bound run the persistent tensor-core wavefront (full and partial passes, 1 and 3 steps), batch 3
+    the wavefront; every layer's outputs against float64, and the same inputs twice give the same bits."""
+    cases, dtype, precision, bound = RESIDENT_CASES[name]
+    module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 40, "batch": bound}, logs=False,
+                            **({"precision": precision} if precision else {}))
+    assert _branch_kinds(module) == {"wavefront", "persistent_mma_wavefront"}
+    tol = 1e-5 if dtype == "float32" and precision is None else 1e-2
+    _matches_float64_twice(module, cases, [(40, bound), (17, 5), (1, bound - 1), (9, (bound + 5) // 2), (3, 3)], tol, 7)
+
+
+def test_persistent_tensor_core_wavefront_splits_the_sms_by_work_and_spills_nothing():
+    """Two fp16 H=1024 layers (24 MB of R and WR): layer 1 reduces over I + H = 2048, so its blocks take half layer 0's
+    units, 129 blocks of 132 SMs, each within 227 KB of shared memory; three such layers (40 MB) do not fit. The kernel
+    (both wavefronts) compiles for sm_90a without spills."""
+    from schedules import recurrent_persistent_mma_wavefront as resident, stack_kernel
+    from schedules.ptxas import kernel_source, ptxas
+    import tvm
+
+    half = [_spec(1024, 1024, "float16") for _ in range(2)]
+    cells = [cell_for(s) for s in half]
+    device = Device.cuda("sm_90")
+    cfg = resident.plan(half, cells, device, 8)
+    assert (cfg.units, cfg.blocks(half), cfg.tiles.rows) == ((24, 12), (43, 86), 8)
+    assert resident.smem_bytes(half, cells, cfg) <= device.smem_limit
+    assert resident.plan(half + half[:1], cells + cells[:1], device, 8) is None
+    assert resident.plan(half, cells, device, 32).tiles.rows == 32
+    kernel, why = stack_kernel(half, cells, tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}), batch_bound=8, device=device)
+    assert why.endswith("else persistent tensor-core wavefront: 2 stacked layers in one cooperative kernel of 129 blocks "
+                        "(43+86, 24/12 units), layer l+1 one step behind layer l, 8 batch rows a pass, batch <= 8")
+    report = ptxas(kernel_source(kernel.func, "sm_90a"), "sm_90a")
+    threads = 32 * cfg.tiles.n_warps * cfg.tiles.k_warps
+    assert report.spill_stores == 0 and report.registers <= 65536 // threads, report.describe()
+
+
+def test_a_half_precision_stack_bounded_to_batch_8_runs_the_persistent_tensor_core_wavefront():
+    cases = _half(lstm_stack(3, hidden=64, input_size=32))
+    module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 50, "batch": 8}, logs=False)
+    schedules = [[(b["up_to_batch"], b["config"]["kind"]) for b in layer["schedule"]] for layer in module.metadata["layers"]]
+    assert schedules == [[(4, "wavefront"), (None, "persistent_mma_wavefront")]] * 3
+    assert "else persistent tensor-core wavefront: 3 stacked layers in one cooperative kernel of 40 blocks (8+16+16" in module.metadata["stacks"][0]
+    # the load checks the larger of the two cooperative grids against the GPU's SMs
+    grids = {b["config"]["grid"] for layer in module.metadata["layers"] for b in layer["schedule"]}
+    assert {layer["cooperative_blocks"] for layer in module.metadata["layers"]} == {max(grids)}
+
+
+def test_a_stack_bounded_to_64_runs_each_batch_on_its_wavefront():
+    """Batch 1-4 the wavefront, 5-8 and 9-32 the persistent tensor-core wavefront's two points, 33-64 one launch of
+    mma tiles a step."""
+    module = tvmrnn.compile(stack_model(_half(lstm_stack(3, hidden=64, input_size=32))), target="cuda",
+                            max_dims={"seq": 50, "batch": 64}, logs=False)
+    schedules = [[(b["up_to_batch"], b["config"]["kind"], b["config"].get("n_tiles")) for b in layer["schedule"]]
+                 for layer in module.metadata["layers"]]
+    assert schedules == [[(4, "wavefront", None), (8, "persistent_mma_wavefront", 1), (32, "persistent_mma_wavefront", 2),
+                          (None, "mma_wavefront", 2)]] * 3
+    assert module.metadata["stacks"][0].endswith("; else tensor-core wavefront: 3 stacked layers, one launch of mma tiles a "
+                                                 "step of them all (8+8+8 blocks a batch tile), layer l+1 one step behind "
+                                                 "layer l, batch <= 64")
 
 
 def test_inspect_names_the_batch_bounds_of_the_tensor_core_wavefront(tmp_path):
@@ -423,3 +510,16 @@ def test_inspect_names_the_batch_bounds_of_the_tensor_core_wavefront(tmp_path):
     assert stack.endswith("; one tensor-core wavefront: 3 stacked layers, one launch of mma tiles a step of them all (8+8+8 blocks a "
                           "batch tile), layer l+1 one step behind layer l above batch 4 when compiled with the batch bounded "
                           "(--max-dim batch=N, 16 <= N <= 352)")
+
+
+def test_inspect_names_both_tensor_core_wavefronts_where_the_stack_fits_a_wave(tmp_path):
+    """Sizes of whole 32-column chunks in fp16: bounds 5-32 run the persistent tensor-core wavefront, 33 up the other."""
+    from tvmrnn.interface.inspect import inspect_command
+
+    lines = []
+    onnx.save(stack_model(_half(lstm_stack(3, hidden=64, input_size=32))), tmp_path / "s.onnx")
+    inspect_command(str(tmp_path / "s.onnx"), echo=lines.append, target="cuda")
+    (stack,) = [line for line in lines if line.startswith("  stack ")]
+    assert ("; one persistent tensor-core wavefront: 3 stacked layers in one cooperative kernel of 40 blocks (8+16+16, 8/4/4 "
+            "units), layer l+1 one step behind layer l above batch 4 when compiled with the batch bounded (--max-dim batch=N, "
+            "5 <= N <= 32); one tensor-core wavefront: ") in stack and stack.endswith("(--max-dim batch=N, 33 <= N <= 352)")

@@ -81,17 +81,29 @@ def _stacks(plan: ModelPlan, logs) -> list[str]:
 
 
 def _tensor_core_part(chain, plan: ModelPlan, tuned) -> list[str]:
-    """The tensor-core wavefront's line where the chain would run one at some larger batch bound, else nothing."""
-    from schedules import recurrent_mma_wavefront as mma_wavefront
+    """The tensor-core wavefronts' lines where the chain would run one at some larger batch bound, else nothing."""
+    from schedules import recurrent_mma_wavefront as mma_wavefront, recurrent_persistent_mma_wavefront as resident
+    from schedules.cells import cell_for
     from schedules.recurrent_mma import default_config
 
-    specs, low = list(chain.specs), mma_wavefront.MIN_BATCH_BOUND
-    kernel, _ = plan_stack(specs, plan.target, "auto", tuned, low, plan.device, chain.head is not None)
-    if kernel is None or kernel.plans[0].branches[-1].config.kind != "mma_wavefront":
-        return []
-    cfg = default_config()
-    return [f"one {mma_wavefront.describe(specs, cfg)} above batch {PERSISTENT_MAX_BATCH} when compiled with the batch "
-            f"bounded (--max-dim {chain.batch}=N, {low} <= N <= {mma_wavefront.largest_bound(specs, cfg, plan.device)})"]
+    specs, parts = list(chain.specs), []
+
+    def kind_at(bound):
+        kernel, _ = plan_stack(specs, plan.target, "auto", tuned, bound, plan.device, chain.head is not None)
+        return kernel and kernel.plans[0].branches[-1].config.kind
+
+    def line(words, low, high):
+        return (f"one {words} above batch {PERSISTENT_MAX_BATCH} when compiled with the batch bounded "
+                f"(--max-dim {chain.batch}=N, {low} <= N <= {high})")
+
+    if kind_at(resident.MAX_BATCH_BOUND) == "persistent_mma_wavefront":
+        split = resident.plan(specs, [cell_for(s) for s in specs], plan.device, resident.MAX_BATCH_BOUND)
+        parts.append(line(split.describe(specs), PERSISTENT_MAX_BATCH + 1, resident.MAX_BATCH_BOUND))
+    low = max(mma_wavefront.MIN_BATCH_BOUND, resident.MAX_BATCH_BOUND + 1 if parts else 0)
+    if kind_at(low) == "mma_wavefront":
+        cfg = default_config()
+        parts.append(line(mma_wavefront.describe(specs, cfg), low, mma_wavefront.largest_bound(specs, cfg, plan.device)))
+    return parts
 
 
 def _how(kernel, why: str, when: str) -> str:
