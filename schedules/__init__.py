@@ -127,9 +127,9 @@ def stack_kernel(specs, cells, target, choice: str = "auto", tuned: list | None 
       persistent (or cluster) there (tuning may say otherwise): one block (recurrent_block_stack) where the batch is
       small and every layer's weights fit its shared memory (and reads_x: the first layer's weights are constants, which
       it takes as it takes the others'), else the wavefront (recurrent_wavefront) where the split among layers fits.
-    - Above that, on tensor cores, where a step of all layers at the module's largest batch leaves the SMs latency-bound
-      (recurrent_mma_wavefront.refusal): the tensor-core wavefront, the wavefront taking the batches within the
-      persistent kernel's where its split fits.
+    - Above that, on tensor cores, each batch on its tier in one kernel (_tensor_core_tiers): the wavefront to the
+      persistent kernel's batches, then the persistent tensor-core wavefront where the stack's weights fit a wave, and
+      above its batches the per-step tensor-core wavefront where its rule takes the bound.
     joined_states: the layers' initial and final h are each one [layers, batch, H] tensor (a block stack then takes and
     writes them so: StackKernel.joined_states)."""
     device = device or Device.of_target(target)
