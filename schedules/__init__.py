@@ -28,7 +28,9 @@ The dependency runs one way: tvmrnn builds on this package, never the reverse.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Callable
 
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
@@ -191,6 +193,16 @@ def _wavefront_point(cfg, layer: int, layers: int) -> KernelConfig:
                            grid=cfg.grid, warps=cfg.warps)
 
 
+@dataclass(frozen=True)
+class _Tier:
+    """One kernel of a stack's dispatch by batch: it runs the batches up to `up_to` (None: all above the tier before)."""
+
+    up_to: int | None
+    emit: Callable  # emit(layers): the kernel's body, given each layer's KernelArgs
+    words: str
+    point: Callable  # point(layer): the KernelConfig the plan names for that layer
+
+
 def _mma_stack(specs, cells, own, batch_bound: int | None, target, device: Device):
     """Above PERSISTENT_MAX_BATCH on tensor cores: the tensor-core wavefronts (_tensor_core_tiers), the wavefront running
     batches 1-PERSISTENT_MAX_BATCH in the same kernel where its split fits."""
@@ -207,64 +219,69 @@ def _mma_stack(specs, cells, own, batch_bound: int | None, target, device: Devic
     small = _wavefront_plan(specs, cells, own, device)
     if small is None:  # a tensor-core step is far slower than a layer's persistent or cluster step at batch 1-4
         return None, f"batch up to {batch_bound}; the layers' weights do not fit a wavefront's split, which batches 1-{PERSISTENT_MAX_BATCH} would run"
-    tiers = [(PERSISTENT_MAX_BATCH, lambda layers: wavefront_body(layers, small), f"wavefront: {_wavefront_words(specs, small)}",
-              lambda i: _wavefront_point(small, i, len(specs)))] + tiers
-
-    def body(layers):
-        def run(emit):
-            for a in layers:
-                a.new_branch()
-            emit(layers)
-
-        def dispatch(rest):
-            (up_to, emit, *_), *others = rest
-            if not others:
-                run(emit)
-                return
-            with T.If(layers[0].batch <= i64(up_to)):
-                with T.Then():
-                    run(emit)
-                with T.Else():
-                    dispatch(others)
-
-        dispatch(tiers)
-
-    func = stack_prim_func(specs, cells, body).with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
-    why = "; ".join(f"batch <= {up_to}: {words}" if up_to else f"else {words}" for up_to, _, words, _ in tiers) + f", batch <= {batch_bound}"
-    plans = tuple(KernelPlan("cuda", tuple(Branch(up_to, point(i), False) for up_to, _, _, point in tiers), why)
-                  for i in range(len(specs)))
+    tiers = [_Tier(PERSISTENT_MAX_BATCH, partial(wavefront_body, cfg=small), f"wavefront: {_wavefront_words(specs, small)}",
+                   partial(_wavefront_point, small, layers=len(specs)))] + tiers
+    func = stack_prim_func(specs, cells, partial(_dispatch, tiers)).with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
+    why = "; ".join(f"batch <= {t.up_to}: {t.words}" if t.up_to else f"else {t.words}" for t in tiers) + f", batch <= {batch_bound}"
+    plans = tuple(KernelPlan("cuda", tuple(Branch(t.up_to, t.point(i), False) for t in tiers), why) for i in range(len(specs)))
     return StackKernel(func, plans), why
 
 
-def _tensor_core_tiers(specs, cells, batch_bound: int, device: Device):
-    """[(up to batch or None, emit(layers), words, point(layer))] of the tensor-core wavefronts that run these layers
-    above PERSISTENT_MAX_BATCH, or why none does: where the stack's weights fit a wave, one cooperative launch of
-    persistent_mma blocks (recurrent_persistent_mma_wavefront) up to its batches, with the tiles of each of its
-    points; above them one launch of every layer's mma tiles a step, where its rule takes the bound
-    (recurrent_mma_wavefront.refusal)."""
-    from . import recurrent_mma_wavefront as mma_wavefront
-    from . import recurrent_persistent_mma_wavefront as resident
-    from .recurrent_mma import default_config
+def _dispatch(tiers: list[_Tier], layers):
+    """The first tier whose bound holds the batch runs; each in its own branch, its operand copies its own."""
+    first, *rest = tiers
 
-    tiers = []
-    why_resident = resident.refusal(specs, cells)
-    for up_to in resident.tier_bounds(min(batch_bound, resident.MAX_BATCH_BOUND)) if why_resident is None else ():
-        split = resident.plan(specs, cells, device, up_to)
-        if split is None:
-            why_resident = "the layers' R and WR do not fit on chip across one wave"
-            tiers = []
-            break
-        tiers.append((up_to, lambda layers, split=split: resident.persistent_mma_wavefront_body(layers, split),
-                      f"{split.describe(specs)}, {split.tiles.rows} batch rows a pass", lambda i, split=split: resident.point(specs, split, i)))
-    if batch_bound <= resident.MAX_BATCH_BOUND and tiers:
-        return tiers[:-1] + [(None,) + tiers[-1][1:]]
+    def run():
+        for a in layers:
+            a.new_branch()
+        first.emit(layers)
+
+    if not rest:
+        run()
+        return
+    with T.If(layers[0].batch <= i64(first.up_to)):
+        with T.Then():
+            run()
+        with T.Else():
+            _dispatch(rest, layers)
+
+
+def _tensor_core_tiers(specs, cells, batch_bound: int, device: Device) -> list[_Tier] | str:
+    """The tensor-core wavefronts that run these layers above PERSISTENT_MAX_BATCH, or why none does: the persistent
+    one up to its batches where the stack's weights fit a wave (_resident_tiers), above them one launch of every
+    layer's mma tiles a step where its rule takes the bound (recurrent_mma_wavefront.refusal)."""
+    from . import recurrent_mma_wavefront as mma_wavefront
+    from .recurrent_mma import default_config
+    from .recurrent_persistent_mma_wavefront import MAX_BATCH_BOUND
+
+    tiers = _resident_tiers(specs, cells, batch_bound, device)
+    why_resident, tiers = (tiers, []) if isinstance(tiers, str) else (None, tiers)
+    if tiers and batch_bound <= MAX_BATCH_BOUND:
+        return tiers[:-1] + [replace(tiers[-1], up_to=None)]
     cfg = default_config()  # the per-step mma's point
     why = mma_wavefront.refusal(specs, cells, cfg, batch_bound, device)
     if why is not None:
-        return f"{why_resident + '; ' if why_resident else ''}{why}"
+        return f"{why_resident}; {why}" if why_resident else why
     knobs = dict(units=cfg.units, n_tiles=cfg.n_tiles, n_warps=cfg.n_warps, k_warps=cfg.k_warps, depth=cfg.depth)
-    return tiers + [(None, lambda layers: mma_wavefront.mma_wavefront_body(layers, cfg), mma_wavefront.describe(specs, cfg),
-                     lambda i: KernelConfig.of("mma_wavefront", layer=i, layers=len(specs), **knobs))]
+    return tiers + [_Tier(None, partial(mma_wavefront.mma_wavefront_body, cfg=cfg), mma_wavefront.describe(specs, cfg),
+                          lambda i: KernelConfig.of("mma_wavefront", layer=i, layers=len(specs), **knobs))]
+
+
+def _resident_tiers(specs, cells, batch_bound: int, device: Device) -> list[_Tier] | str:
+    """The persistent tensor-core wavefront, one tier a point up to the bound or its batches, or why it does not run."""
+    from . import recurrent_persistent_mma_wavefront as resident
+
+    why = resident.refusal(specs, cells)
+    if why:
+        return why
+    tiers = []
+    for up_to in resident.tier_bounds(min(batch_bound, resident.MAX_BATCH_BOUND)):
+        split = resident.plan(specs, cells, device, up_to)
+        if split is None:
+            return "the layers' R and WR do not fit on chip across one wave"
+        tiers.append(_Tier(up_to, partial(resident.persistent_mma_wavefront_body, cfg=split),
+                           f"{split.describe(specs)}, {split.tiles.rows} batch rows a pass", partial(resident.point, specs, split)))
+    return tiers
 
 
 def _grid_of_clusters(config: KernelConfig) -> bool:
