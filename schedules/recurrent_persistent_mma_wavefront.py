@@ -75,6 +75,8 @@ def point(specs, cfg: StackMmaConfig, i: int) -> KernelConfig:
 
 def refusal(specs, cells) -> str | None:
     """Why these stacked layers do not run as one persistent tensor-core wavefront (None: they may, where plan fits)."""
+    if len({s.dtype for s in specs}) > 1:  # one shared buffer holds every layer's weights
+        return "the stacked layers' dtypes differ"
     for i, (spec, cell) in enumerate(zip(specs, cells)):
         if spec.dtype not in HALF and spec.precision != "tf32":
             return f"{spec.op} node '{spec.name}' is exact fp32 (the persistent tensor-core wavefront runs fp16, bf16 and tf32)"

@@ -465,6 +465,7 @@ def test_persistent_tensor_core_wavefront_splits_the_sms_by_work_and_spills_noth
     assert resident.smem_bytes(half, cells, cfg) <= device.smem_limit
     assert resident.plan(half + half[:1], cells + cells[:1], device, 8) is None
     assert resident.plan(half, cells, device, 32).tiles.rows == 32
+    assert resident.refusal([half[0], _spec(1024, 1024, "bfloat16")], cells) == "the stacked layers' dtypes differ"
     kernel, why = stack_kernel(half, cells, tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}), batch_bound=8, device=device)
     assert why.endswith("else persistent tensor-core wavefront: 2 stacked layers in one cooperative kernel of 129 blocks "
                         "(43+86, 24/12 units), layer l+1 one step behind layer l, 8 batch rows a pass, batch <= 8")
