@@ -523,4 +523,6 @@ def test_inspect_names_both_tensor_core_wavefronts_where_the_stack_fits_a_wave(t
     (stack,) = [line for line in lines if line.startswith("  stack ")]
     assert ("; one persistent tensor-core wavefront: 3 stacked layers in one cooperative kernel of 40 blocks (8+16+16, 8/4/4 "
             "units), layer l+1 one step behind layer l above batch 4 when compiled with the batch bounded (--max-dim batch=N, "
-            "5 <= N <= 32); one tensor-core wavefront: ") in stack and stack.endswith("(--max-dim batch=N, 33 <= N <= 352)")
+            "5 <= N <= 32); one tensor-core wavefront: ") in stack
+    assert stack.endswith("layer l+1 one step behind layer l above batch 32 when compiled with the batch bounded "
+                          "(--max-dim batch=N, 33 <= N <= 352)")

@@ -92,17 +92,19 @@ def _tensor_core_part(chain, plan: ModelPlan, tuned) -> list[str]:
         kernel, _ = plan_stack(specs, plan.target, "auto", tuned, bound, plan.device, chain.head is not None)
         return kernel and kernel.plans[0].branches[-1].config.kind
 
-    def line(words, low, high):
-        return (f"one {words} above batch {PERSISTENT_MAX_BATCH} when compiled with the batch bounded "
+    def line(words, above, low, high):
+        return (f"one {words} above batch {above} when compiled with the batch bounded "
                 f"(--max-dim {chain.batch}=N, {low} <= N <= {high})")
 
+    above = PERSISTENT_MAX_BATCH
     if kind_at(resident.MAX_BATCH_BOUND) == "persistent_mma_wavefront":
         split = resident.plan(specs, [cell_for(s) for s in specs], plan.device, resident.MAX_BATCH_BOUND)
-        parts.append(line(split.describe(specs), PERSISTENT_MAX_BATCH + 1, resident.MAX_BATCH_BOUND))
-    low = max(mma_wavefront.MIN_BATCH_BOUND, resident.MAX_BATCH_BOUND + 1 if parts else 0)
+        parts.append(line(split.describe(specs), above, above + 1, resident.MAX_BATCH_BOUND))
+        above = resident.MAX_BATCH_BOUND  # a larger bound runs the batches up to here as above
+    low = max(mma_wavefront.MIN_BATCH_BOUND, above + 1)
     if kind_at(low) == "mma_wavefront":
         cfg = default_config()
-        parts.append(line(mma_wavefront.describe(specs, cfg), low, mma_wavefront.largest_bound(specs, cfg, plan.device)))
+        parts.append(line(mma_wavefront.describe(specs, cfg), above, low, mma_wavefront.largest_bound(specs, cfg, plan.device)))
     return parts
 
 
