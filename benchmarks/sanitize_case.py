@@ -44,25 +44,20 @@ if sys.argv[3:] == ["sync"]:
 if sys.argv[3:] == ["grid"]:  # two clusters of 8 CTAs a direction: units forwarded through tagged words
     recurrent_cluster.default_config = lambda spec, *_: recurrent_cluster.ClusterConfig(
         ctas=8, clusters=2, warps=8, sync=1).with_registers(spec)
-if kernel == "persistent_mma_wavefront":
+# stacked kernels: (float16, layers, input size, [(batch bound, batch), ...])
+STACKS = {"wavefront": (False, 2, 16, [(2, 2)]),
+          "mma_wavefront": (True, 3, 16, [(64, 40)]),  # two 32-row batch tiles, the second partial
+          "persistent_mma_wavefront": (True, 3, 32, [(8, 6), (24, 20)])}  # one 8-row pass; one partial 32-row pass
+if kernel in STACKS:
     from test_wavefront import lstm_stack, stack_model, stack_reference
 
-    cases = [dataclasses.replace(c, dtype="float16") for c in lstm_stack(3, hidden=64, input_size=32)]
-    for bound, batch in ((8, 6), (24, 20)):
+    half, layers, inputs, runs = STACKS[kernel]
+    cases = [dataclasses.replace(c, dtype="float16" if half else "float32") for c in lstm_stack(layers, hidden=64, input_size=inputs)]
+    for bound, batch in runs:
         module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 4, "batch": bound}, cuda_graph=False)
-        feeds = {"X": np.random.default_rng(0).standard_normal((4, batch, 32)).astype("float16")}
+        feeds = {"X": np.random.default_rng(0).standard_normal((4, batch, inputs)).astype(cases[0].dtype)}
         ours, ref = module.run(feeds), stack_reference(cases, feeds)
         print(kernel, module.metadata["stacks"], {k: float(np.abs(v - ref[k]).max()) for k, v in ours.items()})
-    sys.exit(0)
-if kernel in ("wavefront", "mma_wavefront"):
-    from test_wavefront import lstm_stack, stack_model, stack_reference
-
-    mma = kernel == "mma_wavefront"  # batch 40 of a bound of 64: two batch tiles, the second partial
-    cases = [dataclasses.replace(c, dtype="float16" if mma else "float32") for c in lstm_stack(3 if mma else 2, hidden=64, input_size=16)]
-    module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 4, "batch": 64 if mma else 2}, cuda_graph=False)
-    feeds = {"X": np.random.default_rng(0).standard_normal((4, 40 if mma else 2, 16)).astype(cases[0].dtype)}
-    ours, ref = module.run(feeds), stack_reference(cases, feeds)
-    print(kernel, module.metadata["stacks"], {k: float(np.abs(v - ref[k]).max()) for k, v in ours.items()})
     sys.exit(0)
 case = Case(op=sys.argv[2] if len(sys.argv) > 2 else "LSTM", direction="bidirectional",
             optional=("B", "sequence_lens") + (("initial_h",) if sys.argv[3:] == ["h0"] else ()),

@@ -34,11 +34,30 @@ MAX_BLOCKS_PER_SM = 2
 MIN_BATCH_BOUND = 16
 
 
-def refusal(specs, cells, cfg: MmaConfig, batch_bound: int, device) -> str | None:
-    """Why these stacked layers do not run as one tensor-core wavefront at batches up to batch_bound (None: they do)."""
+def split_gate_refusal(specs, cells) -> str | None:
+    """Why a layer above the first cannot project its input in the step into its gates' sums (None: every one can)."""
     for i, (spec, cell) in enumerate(zip(specs, cells)):
         if i and split_h(cell, False):
             return f"{spec.op} node '{spec.name}': its h gate adds R_h h apart from W_h x (the tensor-core wavefront sums them)"
+    return None
+
+
+def in_step_input(a: KernelArgs, below, nxt, a_in, a_vector: bool) -> dict:
+    """block_phase's arguments for a layer above the first: the reduction's first segment over its input size, A's
+    element from a_in (W's columns of WR) and B the layer below's h of this step (the half of its buffer it wrote
+    last, parity nxt, from its half-precision copy where it keeps one); the epilogue adds the biases for XW."""
+    under, under_h = below
+    spec, phase, zero = a.spec, a.cell.phases[0], i64(0)
+    b_src = under.mirrors.get("h", under_h)
+    return dict(inputs=(spec.input_size, a_in, a_vector, lambda n, k: b_src[nxt, zero, n, k]),
+                x_of=lambda gi, j: a.bias[i64(phase.gates[gi] * spec.hidden_size) + j])
+
+
+def refusal(specs, cells, cfg: MmaConfig, batch_bound: int, device) -> str | None:
+    """Why these stacked layers do not run as one tensor-core wavefront at batches up to batch_bound (None: they do)."""
+    why = split_gate_refusal(specs, cells)
+    if why:
+        return why
     if batch_bound < MIN_BATCH_BOUND:
         return f"the tensor-core wavefront runs batch bounds from {MIN_BATCH_BOUND}"
     if batch_bound > largest_bound(specs, cfg, device):
@@ -105,11 +124,8 @@ def _layer_step(a: KernelArgs, below, hbuf, t, u0, n0, wy, lane, acc_s, cfg: Mma
         block_phase(a, phase, True, hbuf, hbuf, {}, t, cur, nxt, cfg, zero, u0, n0, wy, lane, acc_s,
                     global_a(a, phase, cfg.units, zero, u0), H % KC == 0)
         return
-    under, under_h = below
     In = spec.input_size
     vector = H % KC == 0 and In % KC == 0  # whole chunks, and WR's rows (I+H long) stay 16-byte aligned
-    b_src = under.mirrors.get("h", under_h)
-    inputs = (In, global_a(a, phase, cfg.units, zero, u0, size=In), vector, lambda n, k: b_src[nxt, zero, n, k])
     block_phase(a, phase, True, hbuf, hbuf, {}, t, cur, nxt, cfg, zero, u0, n0, wy, lane, acc_s,
-                global_a(a, phase, cfg.units, zero, u0, columns=In), vector, inputs=inputs,
-                x_of=lambda gi, j: a.bias[i64(phase.gates[gi] * H) + j])
+                global_a(a, phase, cfg.units, zero, u0, columns=In), vector,
+                **in_step_input(a, below, nxt, global_a(a, phase, cfg.units, zero, u0, size=In), vector))

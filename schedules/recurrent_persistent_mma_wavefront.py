@@ -27,7 +27,8 @@ from .recurrent_common import KernelArgs, block_sync, i64, shared_dyn
 from .recurrent_mma import HALF, MmaConfig, block_phase, operand_copies
 from .recurrent_persistent import _grid_sync, final_states, initial_states
 from .recurrent_persistent_mma import _Resident
-from .recurrent_wavefront import reduction, split_h
+from .recurrent_mma_wavefront import in_step_input, split_gate_refusal
+from .recurrent_wavefront import reduction
 from .space import KernelConfig
 
 F32 = "float32"
@@ -77,11 +78,12 @@ def refusal(specs, cells) -> str | None:
     """Why these stacked layers do not run as one persistent tensor-core wavefront (None: they may, where plan fits)."""
     if len({s.dtype for s in specs}) > 1:  # one shared buffer holds every layer's weights
         return "the stacked layers' dtypes differ"
-    for i, (spec, cell) in enumerate(zip(specs, cells)):
+    why = split_gate_refusal(specs, cells)
+    if why:
+        return why
+    for spec in specs:
         if spec.dtype not in HALF and spec.precision != "tf32":
             return f"{spec.op} node '{spec.name}' is exact fp32 (the persistent tensor-core wavefront runs fp16, bf16 and tf32)"
-        if i and split_h(cell, False):
-            return f"{spec.op} node '{spec.name}': its h gate adds R_h h apart from W_h x (the tensor-core wavefront sums them)"
         if spec.hidden_size % KC or spec.input_size % KC:
             return f"{spec.op} node '{spec.name}': its sizes are not multiples of {KC} (the resident tiles' chunks)"
     return None
@@ -177,16 +179,9 @@ def _layer_step(a: KernelArgs, below, hbuf, resident: _Resident, cfg: MmaConfig,
     """One block's part of layer a's step t, a pass per cfg.rows batch rows. Above the first layer the input segment's
     A is WR's first chunks and its B the layer below's h of step t: the half of its buffer it wrote last (t + 1's
     parity, as ours)."""
-    spec, phase = a.spec, a.cell.phases[0]
-    H, zero = spec.hidden_size, i64(0)
+    spec, phase, zero = a.spec, a.cell.phases[0], i64(0)
     cur, nxt = t % i64(2), (t + i64(1)) % i64(2)
-    extra = {}
-    if below is not None:
-        under, under_h = below
-        In = spec.input_size
-        b_src = under.mirrors.get("h", under_h)
-        extra = dict(inputs=(In, resident.a_at(0, phase), True, lambda n, k: b_src[nxt, zero, n, k]),
-                     x_of=lambda gi, j: a.bias[i64(phase.gates[gi] * H) + j])
+    extra = {} if below is None else in_step_input(a, below, nxt, resident.a_at(0, phase), True)
     a_at = resident.a_at(0, phase, first=0 if below is None else spec.input_size // KC)
     with T.serial(0, tirx.ceildiv(a.batch, i64(cfg.rows))) as chunk:
         block_phase(a, phase, True, hbuf, hbuf, {}, t, cur, nxt, cfg, zero, u0, chunk * i64(cfg.rows), wy, lane, acc_s,

@@ -209,7 +209,7 @@ def test_stacks_that_do_not_qualify_run_layer_by_layer_and_say_why(change, bound
 
 def test_a_stack_bounded_to_a_larger_batch_runs_the_tensor_core_wavefront_above_batch_4():
     """One kernel: the wavefront at batch 1-4, above it a launch of every layer's mma tiles a step (T+L-1 launches)."""
-    cases = [dataclasses.replace(c, dtype="float16") for c in lstm_stack(3, hidden=64)]
+    cases = _half(lstm_stack(3, hidden=64))
     module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 50, "batch": 64}, logs=False)
     schedules = [[(b["up_to_batch"], b["config"]["kind"]) for b in layer["schedule"]] for layer in module.metadata["layers"]]
     assert schedules == [[(4, "wavefront"), (None, "mma_wavefront")]] * 3
@@ -374,14 +374,18 @@ def test_fp32_stack_in_half_storage_matches_float64():
         assert err < 1e-2, f"{out}: rel. error {err:.2e}"
 
 
+def _half(cases):
+    return [dataclasses.replace(c, dtype="float16") for c in cases]
+
+
 # stacks bounded to batch 64, where each layer alone runs the per-step mma: the tensor-core wavefront above batch 4
 MMA_CASES = {
-    "lstm-3-fp16": ([dataclasses.replace(c, dtype="float16") for c in lstm_stack(3, hidden=64, input_size=32)], "float16"),
+    "lstm-3-fp16": (_half(lstm_stack(3, hidden=64, input_size=32)), "float16"),
     "lstm-2-states-peepholes-clip": (lstm_stack(2, hidden=64, optional=("B", "initial_h", "initial_c", "P"), clip=2.5), "float32"),
     "lstm-3-lengths": ([dataclasses.replace(c, optional=("B", "sequence_lens") + (("initial_h",) if i == 0 else ()))
                         for i, c in enumerate(lstm_stack(3, hidden=64))], "float32"),
     # no whole 32-column chunks: scalar loads, zeros past the edge of both of layer 1's segments (I = 40, H = 48)
-    "lstm-2-sizes-40-48-fp16": ([dataclasses.replace(c, dtype="float16") for c in lstm_stack(sizes=[40, 48], input_size=20)], "float16"),
+    "lstm-2-sizes-40-48-fp16": (_half(lstm_stack(sizes=[40, 48], input_size=20)), "float16"),
     "rnn-2-relu-fp16": ([dataclasses.replace(c, op="RNN", outputs=("Y", "Y_h"), activations=("Relu",), dtype="float16")
                          for c in lstm_stack(2, hidden=64)], "float16"),
 }
@@ -416,10 +420,6 @@ def _matches_float64_twice(module, cases, shapes, tol: float, seed: int):
             if out in got:
                 err = np.abs(got[out].astype("float64") - expected).max() / max(np.abs(expected).max(), 1e-30)
                 assert err < tol, f"{out} T={T} N={N}: rel. error {err:.2e}"
-
-
-def _half(cases):
-    return [dataclasses.replace(c, dtype="float16") for c in cases]
 
 
 # the persistent tensor-core wavefront (batch bounds 5-32): name -> (cases, dtype, precision, batch bound)
@@ -505,7 +505,7 @@ def test_inspect_names_the_batch_bounds_of_the_tensor_core_wavefront(tmp_path):
     from tvmrnn.interface.inspect import inspect_command
 
     lines = []
-    onnx.save(stack_model([dataclasses.replace(c, dtype="float16") for c in lstm_stack(3, hidden=64)]), tmp_path / "s.onnx")
+    onnx.save(stack_model(_half(lstm_stack(3, hidden=64))), tmp_path / "s.onnx")
     inspect_command(str(tmp_path / "s.onnx"), echo=lines.append, target="cuda")
     (stack,) = [line for line in lines if line.startswith("  stack ")]
     assert stack.endswith("; one tensor-core wavefront: 3 stacked layers, one launch of mma tiles a step of them all (8+8+8 blocks a "
