@@ -18,7 +18,7 @@ from .recurrent_cluster import GRID_MIN_HIDDEN
 from .recurrent_cpu import ROW_TILE
 from .recurrent_persistent_mma import MID_BATCH as RESIDENT_MID_BATCH
 from .recurrent_persistent_mma import SMALL_BATCH as RESIDENT_SMALL_BATCH
-from .recurrent_persistent_mma import WIDE_BATCH as RESIDENT_WIDE_BATCH
+from .recurrent_persistent_mma import WIDE_BATCH as RESIDENT_MAX_BATCH
 from .space import Fit, KernelConfig, default_config, kinds
 
 KERNEL_CHOICES = ("auto", "stepwise", "persistent", "tiled", "mma", "persistent_mma", "cluster")
@@ -36,12 +36,16 @@ CLUSTER_MIN_HIDDEN, CLUSTER_MAX_HIDDEN, CLUSTER_MAX_BATCH = 64, 1024, 1
 # 0.79-1.86 us a step against persistent's or persistent_mma's 2.4-6.0; at H512 batch 8 they lost:
 # benchmarks/results/h100-cluster-batch.md): (batch bound, largest hidden size)
 CLUSTER_BATCHES = ((4, 512), (8, 256))
-RESIDENT_MAX_BATCH = 32  # persistent_mma with R resident gives way to mma above here in half precision and TF32
 STREAMED_MAX_BATCH = 64  # persistent_mma streaming part of R runs STEPWISE_MAX_BATCH+1 .. here (its 64 rows per pass)
-# exact fp32 above RESIDENT_MAX_BATCH: the per-step mma (3xTF32) up to this hidden size, where persistent_mma's blocks of
-# 8 units fill a quarter of the H100's SMs (blog-b, H256 at batch 64: 2.80 ms against 3.67), persistent_mma above
-# (b64-h1024-l2: 2.91 against mma's 3.54; benchmarks/results/h100-exact-fp32-batch64.md)
+# above RESIDENT_MAX_BATCH (persistent_mma's last 32-row passes) with R resident, in exact fp32: the per-step mma (3xTF32)
+# up to this hidden size, where persistent_mma's blocks of 8 units fill a quarter of the H100's SMs (blog-b, H256 at batch
+# 64: 2.80 ms against 3.67), persistent_mma's 64-row passes above (b64-h1024-l2: 2.91 against mma's 3.54;
+# benchmarks/results/h100-exact-fp32-batch64.md)
 EXACT_MMA_MAX_HIDDEN = 256
+# ... in half precision and TF32: the per-step mma up to this hidden size and in cells of several phases (a grid barrier
+# each), persistent_mma's 64-row passes above: LSTM H1024 1.14-1.19x the per-step mma at batch 48-64 (fp16, TF32), but
+# 0.89-0.92x at LSTM H512-H768 and GRU H1024 (benchmarks/results/h100-persistent-mma-batch64.md)
+ROUNDED_MMA_MAX_HIDDEN = 768
 # a tuned point replaces the default only when it measured this much faster: a kernel timed alone (R left in L2 between
 # repeats) can win by a hair yet lose inside a model
 TUNED_MARGIN = 0.05
@@ -61,7 +65,7 @@ def _always(fit: Fit) -> bool:
 
 # CUDA under auto, in batch order. R too large for shared memory but streamed by persistent_mma: the per-step kind, the
 # streaming kernel, the per-step kind again. R on chip: persistent at small batch, then persistent_mma's batch tiles
-# (exact fp32 above EXACT_MMA_MAX_HIDDEN to any batch; the rest to RESIDENT_MAX_BATCH, mma above). Neither: persistent
+# (to any batch above EXACT_MMA_MAX_HIDDEN / ROUNDED_MMA_MAX_HIDDEN; the rest to RESIDENT_MAX_BATCH, mma above). Neither: persistent
 # if it fits, then mma where tensor cores take the dtype, else stepwise and (for wide layers) tiled
 CUDA_DEFAULTS = (
     Default("mma", STEPWISE_MAX_BATCH, STEPWISE_MAX_BATCH, lambda f: f.streams and f.tensor_cores),
@@ -78,9 +82,9 @@ CUDA_DEFAULTS = (
     Default("persistent", PERSISTENT_MAX_BATCH, None, lambda f: f.persistent and not f.streams),
     Default("persistent_mma", RESIDENT_SMALL_BATCH, RESIDENT_SMALL_BATCH, lambda f: f.resident),
     Default("persistent_mma", RESIDENT_MID_BATCH, RESIDENT_MID_BATCH, lambda f: f.resident),
-    Default("persistent_mma", RESIDENT_WIDE_BATCH, RESIDENT_WIDE_BATCH, lambda f: f.resident and not f.tensor_cores),
-    Default("persistent_mma", RESIDENT_MAX_BATCH, None, lambda f: f.resident and not f.exact_mma),
-    Default("mma", None, None, lambda f: (f.tensor_cores or f.exact_mma) and not f.streams),
+    Default("persistent_mma", RESIDENT_MAX_BATCH, RESIDENT_MAX_BATCH, lambda f: f.resident),
+    Default("persistent_mma", None, None, lambda f: f.resident and not f.per_step_above),
+    Default("mma", None, None, lambda f: (f.tensor_cores or f.exact_mma) and not f.streams and (f.per_step_above or not f.resident)),
     Default("stepwise", STEPWISE_MAX_BATCH, None, lambda f: not (f.resident or f.streams or f.tensor_cores)),
     Default("tiled", None, None, lambda f: f.wide and not (f.resident or f.streams or f.tensor_cores)),
 )
@@ -92,7 +96,7 @@ NAMED_DEFAULTS = (
     *(Default("cluster", b, b, _always) for b, _ in CLUSTER_BATCHES),
     Default("persistent_mma", RESIDENT_SMALL_BATCH, RESIDENT_SMALL_BATCH, _always),
     Default("persistent_mma", RESIDENT_MID_BATCH, RESIDENT_MID_BATCH, _always),
-    Default("persistent_mma", RESIDENT_WIDE_BATCH, RESIDENT_WIDE_BATCH, _always),
+    Default("persistent_mma", RESIDENT_MAX_BATCH, RESIDENT_MAX_BATCH, _always),
 )
 
 

@@ -154,7 +154,7 @@ def fits(spec, cell, device: Device, cfg: MmaConfig) -> bool:
 
 
 # the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, in exact fp32 three up to MID_BATCH,
-# 32 rows per pass up to WIDE_BATCH, and in exact fp32 64 rows per pass above
+# 32 rows per pass up to WIDE_BATCH, and 64 rows per pass above
 SMALL_BATCH = 8
 MID_BATCH = 24
 WIDE_BATCH = 32
@@ -171,8 +171,8 @@ def halves_apply(spec) -> bool:
 def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaConfig | None:
     """The fewest units per block (most SMs at work) that fit. Up to batch 8 one 8-row tile with the reduction split
     8 ways (16 in exact fp32), with XW prefetched; in exact fp32 up to batch 24 three 8-row tiles split 8 ways (4 where
-    that does not fit beside R); above, 2 x 2 tiles (32 rows per pass) split 4 ways, and in exact fp32 above WIDE_BATCH
-    one 64-row pass of 4 x 2 tiles; XW prefetched in cells of several phases. Exact fp32 runs f16x3 steps where the cell
+    that does not fit beside R); above, 2 x 2 tiles (32 rows per pass) split 4 ways, and above WIDE_BATCH one 64-row
+    pass of 4 x 2 tiles; XW prefetched in cells of several phases. Exact fp32 runs f16x3 steps where the cell
     bounds h. Where no point holds all of R, streaming_config; None if that does not fit either."""
     from .recurrent_mma import mode
 
@@ -184,7 +184,7 @@ def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaC
         points = [dict(n_tiles=3, n_warps=1, k_warps=8, prefetch=1), dict(n_tiles=3, n_warps=1, k_warps=4, prefetch=1)]
     else:
         points = [dict(n_tiles=2, n_warps=2, k_warps=4, prefetch=int(phases > 1))]
-        if exact and (batch is None or batch > WIDE_BATCH):
+        if batch is None or batch > WIDE_BATCH:
             points.insert(0, dict(n_tiles=4, n_warps=2, k_warps=4, prefetch=int(phases > 1)))
     halves = int(halves_apply(spec))
     for units in UNITS:

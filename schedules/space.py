@@ -81,26 +81,31 @@ class Fit:
     wide: bool  # hidden size of at least TILED_MIN_HIDDEN (choice.py)
     cluster: bool = False  # R (each direction's) in the shared memory of thread-block clusters (sm_90 and newer)
     hidden_size: int = 0
-    # exact fp32 with R resident and at most EXACT_MMA_MAX_HIDDEN units (choice.py): the per-step mma (3xTF32) runs, and
-    # is auto's kind above persistent_mma's resident batch tiles
-    exact_mma: bool = False
+    exact_mma: bool = False  # exact fp32 with R resident and at most EXACT_MMA_MAX_HIDDEN units: mma runs it (3xTF32)
     cluster_grid: bool = False  # the cluster kind's default is a grid of clusters a direction (recurrent_cluster)
     # the largest batch bound of choice.CLUSTER_BATCHES that runs as that many clusters side by side, one row each (0: none)
     cluster_batch: int = 0
+    # R resident on tensor cores, and auto's kind above persistent_mma's 32-row passes is the per-step mma, not
+    # persistent_mma's 64-row passes: exact fp32 to EXACT_MMA_MAX_HIDDEN units, a rounding mode to ROUNDED_MMA_MAX_HIDDEN
+    # and in cells of several phases (choice.py)
+    per_step_above: bool = False
 
     @staticmethod
     def of(spec, cell, target, device: Device) -> Fit:
         from . import recurrent_cluster as cluster
         from . import recurrent_persistent as persistent
-        from .choice import CLUSTER_BATCHES, EXACT_MMA_MAX_HIDDEN, TILED_MIN_HIDDEN
+        from .choice import CLUSTER_BATCHES, EXACT_MMA_MAX_HIDDEN, ROUNDED_MMA_MAX_HIDDEN, TILED_MIN_HIDDEN
 
         resident, half_or_tf32 = persistent_mma_fits(spec, cell, target, device), rounding_mode(spec, target) is not None
-        exact_mma = resident and not half_or_tf32 and tensor_cores(target) and spec.hidden_size <= EXACT_MMA_MAX_HIDDEN
+        H = spec.hidden_size
+        exact_mma = resident and not half_or_tf32 and tensor_cores(target) and H <= EXACT_MMA_MAX_HIDDEN
+        per_step_above = exact_mma or (resident and half_or_tf32 and (H <= ROUNDED_MMA_MAX_HIDDEN or len(cell.phases) > 1))
         on_clusters = cluster.fits(spec, cell, device)
         return Fit(persistent.fits(spec, cell, device), resident, persistent_mma_streams(spec, cell, target, device),
                    half_or_tf32, spec.hidden_size >= TILED_MIN_HIDDEN, on_clusters, spec.hidden_size, exact_mma,
                    on_clusters and cluster.default_config(spec, cell, device).clusters > 1,
-                   max((b for b, _ in CLUSTER_BATCHES if on_clusters and cluster.batch_config(spec, cell, device, b)), default=0))
+                   max((b for b, _ in CLUSTER_BATCHES if on_clusters and cluster.batch_config(spec, cell, device, b)), default=0),
+                   per_step_above)
 
 
 @dataclass(frozen=True)

@@ -737,7 +737,10 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
     # at batch 1 a grid of clusters (R in 64 CTAs' registers and shared memory; none fits H800 with at most 24 units a CTA)
     ("float32", 1024, 1, "sm_90", [("cluster", 1), ("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 32),
                                    ("persistent_mma", None)]),
-    ("float16", 1024, 1, "sm_90", [("cluster", 1), ("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 32), ("mma", None)]),
+    # half precision: 64-row passes above batch 32 from H 769 (ROUNDED_MMA_MAX_HIDDEN), the per-step mma above it below
+    ("float16", 1024, 1, "sm_90", [("cluster", 1), ("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 32),
+                                   ("persistent_mma", None)]),
+    ("float16", 768, 1, "sm_90", [("cluster", 1), ("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 32), ("mma", None)]),
     ("float32", 800, 2, "sm_90", [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", None)]),
     # exact fp32 at H <= EXACT_MMA_MAX_HIDDEN: the per-step mma above the resident tiles (persistent_mma's blocks are few)
     # and up to batch 8 as clusters side by side, one row each
@@ -751,7 +754,7 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
 ])
 def test_default_kernel_per_batch(dtype, hidden, directions, arch, plan):
     """The untuned rule on the H100: cluster at batch 1 (to batch 8 at H256), persistent up to batch 4, persistent_mma where R fits in shared memory across
-    one wave (handing over to mma above batch 32 in half precision), else the per-step kinds, with persistent_mma
+    one wave (above batch 32 in 64-row passes, or handing over to mma: choice.EXACT_MMA_MAX_HIDDEN, ROUNDED_MMA_MAX_HIDDEN), else the per-step kinds, with persistent_mma
     streaming part of R from L2 at batch 33-64 where R is larger than a wave's shared memory."""
     from schedules import KernelError, plan_kernel
 
