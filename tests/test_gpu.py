@@ -155,6 +155,20 @@ def test_auto_exact_fp32_above_the_resident_batch_tiles(op, linear_before_reset)
         assert np.abs(value - ref[name]).max() / np.abs(ref[name]).max() < 1e-5, name
 
 
+@pytest.mark.parametrize("options", [{"dtype": "float16"}, {"precision": "tf32"}], ids=str)
+def test_auto_rounded_wide_layer_above_the_resident_batch_tiles(options):
+    """An LSTM above ROUNDED_MMA_MAX_HIDDEN at batch 40 under auto: persistent_mma's 64-row passes (a partly empty one),
+    within half precision's / TF32's rounding of the float64 reference, sequence lengths and initial states included."""
+    case = Case(op="LSTM", optional=("B", "sequence_lens", "initial_h", "initial_c"), hidden=1024, input_size=64)
+    module = tvmrnn.compile(case.model(), target="cuda", logs=False, **options)
+    above = module.metadata["layers"][0]["schedule"][-1]["config"]
+    assert above["kind"] == "persistent_mma" and above["n_tiles"] * above["n_warps"] == 8, above
+    feeds = case.feeds(np.random.default_rng(11), 12, 40)
+    ours, ref = module.run(feeds), case.reference(feeds)
+    for name, value in ours.items():
+        np.testing.assert_allclose(value.astype(np.float64), ref[name], rtol=1e-2, atol=1e-2, err_msg=name)
+
+
 def test_cuda_tf32_precision():
     """precision="tf32": the fp32 model on TF32 tensor cores, within TF32's rounding of the float64 reference."""
     case = Case(op="LSTM", direction="bidirectional", optional=("B", "sequence_lens", "initial_h"), hidden=256, input_size=64)
