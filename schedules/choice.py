@@ -42,9 +42,9 @@ STREAMED_MAX_BATCH = 64  # persistent_mma streaming part of R runs STEPWISE_MAX_
 # 64: 2.80 ms against 3.67), persistent_mma's 64-row passes above (b64-h1024-l2: 2.91 against mma's 3.54;
 # benchmarks/results/h100-exact-fp32-batch64.md)
 EXACT_MMA_MAX_HIDDEN = 256
-# ... in half precision and TF32: the per-step mma up to this hidden size and in cells of several phases (a grid barrier
-# each), persistent_mma's 64-row passes above: LSTM H1024 1.14-1.19x the per-step mma at batch 48-64 (fp16, TF32), but
-# 0.89-0.92x at LSTM H512-H768 and GRU H1024 (benchmarks/results/h100-persistent-mma-batch64.md)
+# ... in half precision and TF32: the per-step mma up to this hidden size and for GRU and RNN, persistent_mma's 64-row
+# passes for LSTM above: LSTM H1024 1.14-1.19x the per-step mma at batch 48-64 (fp16, TF32), but 0.89-0.92x at LSTM
+# H512-H768 and GRU H1024 (benchmarks/results/h100-persistent-mma-batch64.md); RNN not measured
 ROUNDED_MMA_MAX_HIDDEN = 768
 # a tuned point replaces the default only when it measured this much faster: a kernel timed alone (R left in L2 between
 # repeats) can win by a hair yet lose inside a model

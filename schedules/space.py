@@ -87,7 +87,7 @@ class Fit:
     cluster_batch: int = 0
     # R resident on tensor cores, and auto's kind above persistent_mma's 32-row passes is the per-step mma, not
     # persistent_mma's 64-row passes: exact fp32 to EXACT_MMA_MAX_HIDDEN units, a rounding mode to ROUNDED_MMA_MAX_HIDDEN
-    # and in cells of several phases (choice.py)
+    # and in GRU and RNN layers (choice.py)
     per_step_above: bool = False
 
     @staticmethod
@@ -99,7 +99,7 @@ class Fit:
         resident, half_or_tf32 = persistent_mma_fits(spec, cell, target, device), rounding_mode(spec, target) is not None
         H = spec.hidden_size
         exact_mma = resident and not half_or_tf32 and tensor_cores(target) and H <= EXACT_MMA_MAX_HIDDEN
-        per_step_above = exact_mma or (resident and half_or_tf32 and (H <= ROUNDED_MMA_MAX_HIDDEN or len(cell.phases) > 1))
+        per_step_above = exact_mma or (resident and half_or_tf32 and (H <= ROUNDED_MMA_MAX_HIDDEN or spec.op != "LSTM"))
         on_clusters = cluster.fits(spec, cell, device)
         return Fit(persistent.fits(spec, cell, device), resident, persistent_mma_streams(spec, cell, target, device),
                    half_or_tf32, spec.hidden_size >= TILED_MIN_HIDDEN, on_clusters, spec.hidden_size, exact_mma,
