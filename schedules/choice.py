@@ -42,10 +42,11 @@ STREAMED_MAX_BATCH = 64  # persistent_mma streaming part of R runs STEPWISE_MAX_
 # 64: 2.80 ms against 3.67), persistent_mma's 64-row passes above (b64-h1024-l2: 2.91 against mma's 3.54;
 # benchmarks/results/h100-exact-fp32-batch64.md)
 EXACT_MMA_MAX_HIDDEN = 256
-# ... in half precision and TF32: the per-step mma up to this hidden size and for GRU and RNN, persistent_mma's 64-row
-# passes for LSTM above: LSTM H1024 1.14-1.19x the per-step mma at batch 48-64 (fp16, TF32), but 0.89-0.92x at LSTM
-# H512-H768 and GRU H1024 (benchmarks/results/h100-persistent-mma-batch64.md); RNN not measured
-ROUNDED_MMA_MAX_HIDDEN = 768
+# ... in half precision and TF32: persistent_mma's 64-row passes for LSTM from this hidden size (128 blocks of 8 units:
+# every SM but four), the per-step mma below and for GRU and RNN: LSTM H1024 1.14-1.19x the per-step mma at batch 48-64
+# (fp16, TF32), but 0.89-0.92x at LSTM H512-H768 (64 and 96 blocks) and GRU H1024
+# (benchmarks/results/h100-persistent-mma-batch64.md); RNN and LSTM H769-H1023 not measured
+ROUNDED_PASSES_MIN_HIDDEN = 1024
 # a tuned point replaces the default only when it measured this much faster: a kernel timed alone (R left in L2 between
 # repeats) can win by a hair yet lose inside a model
 TUNED_MARGIN = 0.05
@@ -65,7 +66,7 @@ def _always(fit: Fit) -> bool:
 
 # CUDA under auto, in batch order. R too large for shared memory but streamed by persistent_mma: the per-step kind, the
 # streaming kernel, the per-step kind again. R on chip: persistent at small batch, then persistent_mma's batch tiles
-# (to any batch above EXACT_MMA_MAX_HIDDEN / ROUNDED_MMA_MAX_HIDDEN; the rest to RESIDENT_MAX_BATCH, mma above). Neither: persistent
+# (to any batch above EXACT_MMA_MAX_HIDDEN, or for LSTM in a rounding mode from ROUNDED_PASSES_MIN_HIDDEN; the rest to RESIDENT_MAX_BATCH, mma above). Neither: persistent
 # if it fits, then mma where tensor cores take the dtype, else stepwise and (for wide layers) tiled
 CUDA_DEFAULTS = (
     Default("mma", STEPWISE_MAX_BATCH, STEPWISE_MAX_BATCH, lambda f: f.streams and f.tensor_cores),

@@ -86,20 +86,20 @@ class Fit:
     # the largest batch bound of choice.CLUSTER_BATCHES that runs as that many clusters side by side, one row each (0: none)
     cluster_batch: int = 0
     # R resident on tensor cores, and auto's kind above persistent_mma's 32-row passes is the per-step mma, not
-    # persistent_mma's 64-row passes: exact fp32 to EXACT_MMA_MAX_HIDDEN units, a rounding mode to ROUNDED_MMA_MAX_HIDDEN
-    # and in GRU and RNN layers (choice.py)
+    # persistent_mma's 64-row passes: exact fp32 to EXACT_MMA_MAX_HIDDEN units, a rounding mode below
+    # ROUNDED_PASSES_MIN_HIDDEN and in GRU and RNN layers (choice.py)
     per_step_above: bool = False
 
     @staticmethod
     def of(spec, cell, target, device: Device) -> Fit:
         from . import recurrent_cluster as cluster
         from . import recurrent_persistent as persistent
-        from .choice import CLUSTER_BATCHES, EXACT_MMA_MAX_HIDDEN, ROUNDED_MMA_MAX_HIDDEN, TILED_MIN_HIDDEN
+        from .choice import CLUSTER_BATCHES, EXACT_MMA_MAX_HIDDEN, ROUNDED_PASSES_MIN_HIDDEN, TILED_MIN_HIDDEN
 
         resident, half_or_tf32 = persistent_mma_fits(spec, cell, target, device), rounding_mode(spec, target) is not None
         H = spec.hidden_size
         exact_mma = resident and not half_or_tf32 and tensor_cores(target) and H <= EXACT_MMA_MAX_HIDDEN
-        per_step_above = exact_mma or (resident and half_or_tf32 and (H <= ROUNDED_MMA_MAX_HIDDEN or spec.op != "LSTM"))
+        per_step_above = exact_mma or (resident and half_or_tf32 and (H < ROUNDED_PASSES_MIN_HIDDEN or spec.op != "LSTM"))
         on_clusters = cluster.fits(spec, cell, device)
         return Fit(persistent.fits(spec, cell, device), resident, persistent_mma_streams(spec, cell, target, device),
                    half_or_tf32, spec.hidden_size >= TILED_MIN_HIDDEN, on_clusters, spec.hidden_size, exact_mma,

@@ -157,7 +157,7 @@ def test_auto_exact_fp32_above_the_resident_batch_tiles(op, linear_before_reset)
 
 @pytest.mark.parametrize("options", [{"dtype": "float16"}, {"precision": "tf32"}], ids=str)
 def test_auto_rounded_wide_layer_above_the_resident_batch_tiles(options):
-    """An LSTM above ROUNDED_MMA_MAX_HIDDEN at batch 40 under auto: persistent_mma's 64-row passes (a partly empty one),
+    """An LSTM of ROUNDED_PASSES_MIN_HIDDEN units at batch 40 under auto: persistent_mma's 64-row passes (a partly empty one),
     within half precision's / TF32's rounding of the float64 reference, sequence lengths and initial states included."""
     case = Case(op="LSTM", optional=("B", "sequence_lens", "initial_h", "initial_c"), hidden=1024, input_size=64)
     module = tvmrnn.compile(case.model(), target="cuda", logs=False, **options)

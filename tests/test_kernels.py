@@ -737,7 +737,7 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
     # at batch 1 a grid of clusters (R in 64 CTAs' registers and shared memory; none fits H800 with at most 24 units a CTA)
     ("float32", 1024, 1, "sm_90", [("cluster", 1), ("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 32),
                                    ("persistent_mma", None)]),
-    # half precision: 64-row passes above batch 32 from H 769 (ROUNDED_MMA_MAX_HIDDEN), the per-step mma above it below
+    # half precision: 64-row passes above batch 32 from H 1024 (ROUNDED_PASSES_MIN_HIDDEN), the per-step mma above it below
     ("float16", 1024, 1, "sm_90", [("cluster", 1), ("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 32),
                                    ("persistent_mma", None)]),
     ("float16", 768, 1, "sm_90", [("cluster", 1), ("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 32), ("mma", None)]),
@@ -754,7 +754,7 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
 ])
 def test_default_kernel_per_batch(dtype, hidden, directions, arch, plan):
     """The untuned rule on the H100: cluster at batch 1 (to batch 8 at H256), persistent up to batch 4, persistent_mma where R fits in shared memory across
-    one wave (above batch 32 in 64-row passes, or handing over to mma: choice.EXACT_MMA_MAX_HIDDEN, ROUNDED_MMA_MAX_HIDDEN), else the per-step kinds, with persistent_mma
+    one wave (above batch 32 in 64-row passes, or handing over to mma: choice.EXACT_MMA_MAX_HIDDEN, ROUNDED_PASSES_MIN_HIDDEN), else the per-step kinds, with persistent_mma
     streaming part of R from L2 at batch 33-64 where R is larger than a wave's shared memory."""
     from schedules import KernelError, plan_kernel
 
@@ -770,11 +770,11 @@ def test_default_kernel_per_batch(dtype, hidden, directions, arch, plan):
 
 @pytest.mark.parametrize("op, hidden, options, above", [
     ("LSTM", 1024, {"dtype": "float16"}, "persistent_mma"), ("LSTM", 1024, {"precision": "tf32"}, "persistent_mma"),
-    ("LSTM", 768, {"dtype": "float16"}, "mma"), ("GRU", 1024, {"dtype": "float16"}, "mma"),
+    ("LSTM", 768, {"dtype": "float16"}, "mma"), ("LSTM", 1000, {"dtype": "float16"}, "mma"), ("GRU", 1024, {"dtype": "float16"}, "mma"),
     ("GRU", 1024, {"dtype": "float16", "linear_before_reset": 1}, "mma"), ("RNN", 1024, {"dtype": "float16"}, "mma")])
 def test_rounded_layers_above_batch_32(op, hidden, options, above):
     """In half precision and TF32 above batch 32 with R resident: persistent_mma's 64-row passes for LSTM above
-    ROUNDED_MMA_MAX_HIDDEN, where they measured faster than the per-step mma; the per-step mma elsewhere (GRU lost,
+    ROUNDED_PASSES_MIN_HIDDEN, where they measured faster than the per-step mma; the per-step mma elsewhere (GRU lost,
     RNN unmeasured)."""
     from schedules import plan_kernel
 

@@ -73,14 +73,14 @@ def test_zoo_model_compiles_for_cuda_and_exports(entry, target, tmp_path):
 def test_zoo_model_builds_tensor_core_kernels(entry, options):
     """Half storage, TF32 and exact fp32 (3xTF32) build for CUDA without a GPU (NVRTC), every layer's large-batch
     branches on tensor-core kernels (the zoo's layers all fit in shared memory: the persistent one, up to batch 32
-    where at most EXACT_MMA_MAX_HIDDEN units (ROUNDED_MMA_MAX_HIDDEN, or any GRU, in a rounding mode) have the per-step one
+    where at most EXACT_MMA_MAX_HIDDEN units (below ROUNDED_PASSES_MIN_HIDDEN, or any GRU, in a rounding mode) have the per-step one
     above)."""
-    from schedules.choice import EXACT_MMA_MAX_HIDDEN, ROUNDED_MMA_MAX_HIDDEN
+    from schedules.choice import EXACT_MMA_MAX_HIDDEN, ROUNDED_PASSES_MIN_HIDDEN
 
     module = tvmrnn.compile(os.path.join(MODELS, entry.filename), target="nvidia/nvidia-h100", logs=False, **options)
     for layer in module.metadata["layers"]:
         kinds = [branch["config"]["kind"] for branch in layer["schedule"]]
-        per_step_above = (layer["hidden_size"] <= ROUNDED_MMA_MAX_HIDDEN or layer["op"] != "LSTM") if options else \
+        per_step_above = (layer["hidden_size"] < ROUNDED_PASSES_MIN_HIDDEN or layer["op"] != "LSTM") if options else \
             layer["hidden_size"] <= EXACT_MMA_MAX_HIDDEN
         assert kinds[-2:] == (["persistent_mma", "mma"] if per_step_above else ["persistent_mma", "persistent_mma"]), layer["kernel"]
         assert layer["dtype"] == options.get("dtype", "float32") and layer["precision"] == options.get("precision", "exact")
