@@ -37,10 +37,10 @@ CLUSTER_MIN_HIDDEN, CLUSTER_MAX_HIDDEN, CLUSTER_MAX_BATCH = 64, 1024, 1
 # benchmarks/results/h100-cluster-batch.md): (batch bound, largest hidden size)
 CLUSTER_BATCHES = ((4, 512), (8, 256))
 STREAMED_MAX_BATCH = 64  # persistent_mma streaming part of R runs STEPWISE_MAX_BATCH+1 .. here (its 64 rows per pass)
-# above RESIDENT_MAX_BATCH (persistent_mma's last 32-row passes) with R resident, in exact fp32: the per-step mma (3xTF32)
-# up to this hidden size, where persistent_mma's blocks of 8 units fill a quarter of the H100's SMs (blog-b, H256 at batch
-# 64: 2.80 ms against 3.67), persistent_mma's 64-row passes above (b64-h1024-l2: 2.91 against mma's 3.54;
-# benchmarks/results/h100-exact-fp32-batch64.md)
+# above RESIDENT_MAX_BATCH (persistent_mma's last 32-row passes) with R resident, in exact fp32: the per-step mma
+# (3xTF32) up to this hidden size, where persistent_mma's blocks of 8 units fill a quarter of the H100's SMs (blog-b,
+# H256 at batch 64: 2.80 ms against 3.67), persistent_mma's 64-row passes above (b64-h1024-l2: 2.91 against mma's
+# 3.54; benchmarks/results/h100-exact-fp32-batch64.md)
 EXACT_MMA_MAX_HIDDEN = 256
 # ... in half precision and TF32: persistent_mma's 64-row passes for LSTM from this hidden size (128 blocks of 8 units:
 # every SM but four), the per-step mma below and for GRU and RNN: LSTM H1024 1.14-1.19x the per-step mma at batch 48-64
@@ -65,8 +65,9 @@ def _always(fit: Fit) -> bool:
 
 
 # CUDA under auto, in batch order. R too large for shared memory but streamed by persistent_mma: the per-step kind, the
-# streaming kernel, the per-step kind again. R on chip: persistent at small batch, then persistent_mma's batch tiles
-# (to any batch above EXACT_MMA_MAX_HIDDEN, or for LSTM in a rounding mode from ROUNDED_PASSES_MIN_HIDDEN; the rest to RESIDENT_MAX_BATCH, mma above). Neither: persistent
+# streaming kernel, the per-step kind again. R on chip: persistent at small batch, then persistent_mma's batch tiles to
+# RESIDENT_MAX_BATCH and the per-step mma above (Fit.per_step_above), or persistent_mma's 64-row passes to any batch
+# (exact fp32 above EXACT_MMA_MAX_HIDDEN, LSTM in a rounding mode from ROUNDED_PASSES_MIN_HIDDEN). Neither: persistent
 # if it fits, then mma where tensor cores take the dtype, else stepwise and (for wide layers) tiled
 CUDA_DEFAULTS = (
     Default("mma", STEPWISE_MAX_BATCH, STEPWISE_MAX_BATCH, lambda f: f.streams and f.tensor_cores),
@@ -85,7 +86,8 @@ CUDA_DEFAULTS = (
     Default("persistent_mma", RESIDENT_MID_BATCH, RESIDENT_MID_BATCH, lambda f: f.resident),
     Default("persistent_mma", RESIDENT_MAX_BATCH, RESIDENT_MAX_BATCH, lambda f: f.resident),
     Default("persistent_mma", None, None, lambda f: f.resident and not f.per_step_above),
-    Default("mma", None, None, lambda f: (f.tensor_cores or f.exact_mma) and not f.streams and (f.per_step_above or not f.resident)),
+    Default("mma", None, None,
+            lambda f: (f.tensor_cores or f.exact_mma) and not f.streams and (f.per_step_above or not f.resident)),
     Default("stepwise", STEPWISE_MAX_BATCH, None, lambda f: not (f.resident or f.streams or f.tensor_cores)),
     Default("tiled", None, None, lambda f: f.wide and not (f.resident or f.streams or f.tensor_cores)),
 )
