@@ -754,7 +754,8 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
 ])
 def test_default_kernel_per_batch(dtype, hidden, directions, arch, plan):
     """The untuned rule on the H100: cluster at batch 1 (to batch 8 at H256), persistent up to batch 4, persistent_mma where R fits in shared memory across
-    one wave (above batch 32 in 64-row passes, or handing over to mma: choice.EXACT_MMA_MAX_HIDDEN, ROUNDED_PASSES_MIN_HIDDEN), else the per-step kinds, with persistent_mma
+    one wave (above batch 32 in 64-row passes, or handing over to mma: choice.EXACT_MMA_MAX_HIDDEN,
+    ROUNDED_PASSES_MIN_HIDDEN), else the per-step kinds, with persistent_mma
     streaming part of R from L2 at batch 33-64 where R is larger than a wave's shared memory."""
     from schedules import KernelError, plan_kernel
 
