@@ -215,8 +215,8 @@ def compile_model(model, target=None, log=_quiet, kernel="auto", dtype=None, log
     1024 units: one thread-block cluster below 512, a grid of them from there; persistent where R fits on chip and
     the batch is small; above that persistent_mma where R fits in shared memory across one wave, to any batch in exact
     fp32 of more than 256 units and in half precision or TF32 of LSTM from 1024, else to batch 32 and mma above;
-    otherwise mma on tensor cores for fp16/bf16 and TF32, stepwise and at large batch tiled for exact fp32, with persistent_mma streaming part of R from L2 at
-    batch 33-64 where R is larger than shared memory), or one kind.
+    otherwise mma on tensor cores for fp16/bf16 and TF32, stepwise and at large batch tiled for exact fp32, with
+    persistent_mma streaming part of R from L2 at batch 33-64 where R is larger than shared memory), or one kind.
     dtype: "float16" or "bfloat16" runs the fp32 model's recurrent layers with that storage
     (weights and projection in half precision, fp32 accumulation and state); None keeps each layer's.
     precision: math of fp32 layers on CUDA (CPU kernels are always exact): "exact" fp32 (the default), or
