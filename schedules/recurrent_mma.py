@@ -68,13 +68,20 @@ class MmaConfig:
     # 3xTF32: R's rows scaled and split into fp16 halves once, as the kernel copies them into shared memory, h scaled
     # by a power of two from its bound and split as it is stored; three fp16 products per k16, half 3xTF32's mma's
     halves: int = 0
+    # 1: each k-warp stores its partial sums in a slot of its own and the gate program adds them (one block barrier),
+    # instead of the tree of _sum_partials (2 log2(k_warps) + 1 barriers, half the slots)
+    flat_sums: int = 0
 
     @property
     def rows(self) -> int:
         return 8 * self.n_tiles * self.n_warps
 
     def smem_bytes(self, gates: int) -> int:
-        return 4 * slots(self.k_warps) * m_tiles(gates, self.units) * 16 * (self.rows + 1)
+        return 4 * self.sum_slots * m_tiles(gates, self.units) * 16 * (self.rows + 1)
+
+    @property
+    def sum_slots(self) -> int:
+        return self.k_warps if self.flat_sums else slots(self.k_warps)
 
 
 def slots(k_warps: int) -> int:
@@ -174,7 +181,7 @@ def r_row(phase, units, H, u0, g, mt, half):
 
 def partial_sums(cfg: MmaConfig, gates: int, scope: str = "shared"):
     """The shared buffer the k_warps' partial sums meet in (flat: keeps the padded stride)."""
-    shape = (slots(cfg.k_warps) * m_tiles(gates, cfg.units) * 16 * (cfg.rows + 1),)
+    shape = (cfg.sum_slots * m_tiles(gates, cfg.units) * 16 * (cfg.rows + 1),)
     return shared_dyn(shape, F32) if scope == "shared.dyn" else T.alloc_buffer(shape, F32, scope=scope)
 
 
@@ -258,7 +265,8 @@ def _sum_partials(tiles, acc_s, wn, wk, cfg: MmaConfig, MT: int, stride: int):
     """The k_warps' partial sums meet in shared memory (acc_s, rows `stride` apart) as a tree: each round the upper half
     of the k-slices hands its tiles to the lower half (a write, a barrier, a read: TVM's sync planner refuses a
     read-modify-write of shared memory inside a branch), in a fixed order, so runs are bit-identical; k-slice 0 stores
-    the sums."""
+    the sums. With flat_sums each k-slice stores its tiles in a slot of its own behind one barrier, and the gate
+    program adds the slots in order."""
     NT, KW = cfg.n_tiles, cfg.k_warps
 
     def tile_slots(slot):
@@ -266,6 +274,11 @@ def _sum_partials(tiles, acc_s, wn, wk, cfg: MmaConfig, MT: int, stride: int):
             col = wn * i64(NT * 8) + tiles.col(ci)
             yield ci, (slot * i64(MT * 16) + tiles.row(ci)) * i64(stride) + col
 
+    if cfg.flat_sums:
+        for ci, si in tile_slots(wk):
+            T.buffer_store(acc_s, tiles.c[ci], [si])
+        block_sync()
+        return
     half = KW
     while half > 1:
         half //= 2
@@ -288,6 +301,14 @@ def _gate_programs(a: KernelArgs, phase, last, hbuf, scratch, s, cur, nxt, d, u0
     def rec(gi, u, total):  # the recurrent term: the tiles' sum, in f16x3 with both rows' scales divided out
         return total if unscale is None else total * unscale(gi, u)
 
+    slot = m_tiles(len(phase.gates), UB) * 16 * stride  # flat_sums: the k-warps' slots, added in a fixed order
+
+    def summed(at):
+        total = acc_s[at]
+        for k in range(1, cfg.k_warps if cfg.flat_sums else 1):
+            total = total + acc_s[at + i64(k * slot)]
+        return total
+
     for it in range(-(-UB * NB // threads)):
         e = i64(it * threads) + tid
         u, b = e % i64(UB), e // i64(UB)  # consecutive threads: consecutive units (coalesced Y stores)
@@ -295,7 +316,7 @@ def _gate_programs(a: KernelArgs, phase, last, hbuf, scratch, s, cur, nxt, d, u0
         with T.If(tirx.all(e < i64(UB * NB), n < N, j < i64(H))):
             with T.Then():
                 epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j,
-                         lambda gi, u=u, b=b: rec(gi, u, acc_s[(i64(gi * UB) + u) * i64(stride) + b]),
+                         lambda gi, u=u, b=b: rec(gi, u, summed((i64(gi * UB) + u) * i64(stride) + b)),
                          **({"x": lambda gi, j=j: x_of(gi, j)} if x_of is not None else
                             {} if xw is None else {"x": lambda gi, it=it: xw[i64(it), i64(gi)]}))
 

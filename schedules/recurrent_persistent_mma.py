@@ -150,7 +150,8 @@ def fits(spec, cell, device: Device, cfg: MmaConfig) -> bool:
             and cfg.n_warps * cfg.k_warps <= 16
             and not (cfg.ring and (cfg.ring < 2 or not cfg.streamed or spec.hidden_size % KC))  # the ring copies whole chunks
             and not (cfg.ring_h and not cfg.ring)
-            and not (cfg.halves and ((cfg.streamed and not cfg.ring) or not halves_apply(spec))))
+            and not (cfg.halves and ((cfg.streamed and not cfg.ring) or not halves_apply(spec)))
+            and not (cfg.flat_sums and cfg.streamed))  # flat sums only where R is resident (measured there alone)
 
 
 # the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, in exact fp32 three up to MID_BATCH,
@@ -172,8 +173,9 @@ def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaC
     """The fewest units per block (most SMs at work) that fit. Up to batch 8 one 8-row tile with the reduction split
     8 ways (16 in exact fp32), with XW prefetched; in exact fp32 up to batch 24 three 8-row tiles split 8 ways (4 where
     that does not fit beside R); above, 2 x 2 tiles (32 rows per pass) split 4 ways, and above WIDE_BATCH one 64-row
-    pass of 4 x 2 tiles; XW prefetched in cells of several phases. Exact fp32 runs f16x3 steps where the cell
-    bounds h. Where no point holds all of R, streaming_config; None if that does not fit either."""
+    pass of 4 x 2 tiles; XW prefetched in cells of several phases. The k-warps' partial sums meet flat (one barrier)
+    in passes of up to 32 rows where that fits, as a tree in the 64-row ones. Exact fp32 runs f16x3 steps where the
+    cell bounds h. Where no point holds all of R, streaming_config; None if that does not fit either."""
     from .recurrent_mma import mode
 
     exact = mode(spec) == "tf32x3"
@@ -190,8 +192,9 @@ def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaC
     for units in UNITS:
         for point in points:
             cfg = MmaConfig(units=units, depth=2, halves=halves, **point)
-            if fits(spec, cell, device, cfg):
-                return cfg
+            for cfg in ([replace(cfg, flat_sums=1)] if cfg.rows <= WIDE_BATCH else []) + [cfg]:
+                if fits(spec, cell, device, cfg):
+                    return cfg
     return streaming_config(spec, cell, device)
 
 

@@ -349,8 +349,8 @@ def _with_knobs(case, dtype, **knobs):
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     spec = dataclasses.replace(case.spec(), dtype=dtype)
     base = default_config("persistent_mma", spec, cell_for(spec), target, 16)
-    if knobs.get("streamed"):  # f16x3 steps (the exact-fp32 default's halves) keep all of R resident
-        knobs = {"halves": 0, **knobs}
+    if knobs.get("streamed"):  # f16x3 steps (the exact-fp32 default's halves) and flat sums keep all of R resident
+        knobs = {"halves": 0, "flat_sums": 0, **knobs}
     return target, spec, [base, KernelConfig.of("persistent_mma", **{**dict(base.knobs), **knobs})]
 
 
@@ -522,7 +522,7 @@ def test_streamed_ring_copies_with_cp_async():
     case, dtype, knobs = RING_CASES[1]
     _, spec, (base, _) = _with_knobs(case, dtype)
     cell = cell_for(spec)
-    ring, plain = (KernelConfig.of("persistent_mma", **{**dict(base.knobs), **knobs, "ring": r}) for r in (2, 0))
+    ring, plain = (KernelConfig.of("persistent_mma", **{**dict(base.knobs), **knobs, "ring": r, "flat_sums": 0}) for r in (2, 0))
     for config, copies in ((ring, True), (plain, False)):
         src = _source(target, spec, config)
         loop = src[re.search(r"for \(int64_t \w+ = \(int64_t\)0; \w+ < seq;", src).start():]
@@ -784,6 +784,30 @@ def test_rounded_layers_above_batch_32(op, hidden, options, above):
     spec = dataclasses.replace(Case(op=op, hidden=hidden, input_size=8, **options).spec(), precision=precision)
     last = plan_kernel(spec, cell_for(spec), tvm.target.Target({"kind": "cuda", "arch": "sm_90"})).branches[-1].config
     assert last.kind == above and (above == "mma" or last["n_tiles"] * last["n_warps"] == 8), last
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_partial_sums_meet_flat_below_64_rows(dtype):
+    """persistent_mma's default adds the k-warps' partial sums flat (a slot each, one block barrier) in passes of up to
+    32 rows and as a tree in the 64-row ones, where flat measured slower; flat takes fewer barriers in the step loop
+    and k_warps slots, and is a knob of the resident space, not of the streamed one."""
+    from schedules.recurrent_mma import MmaConfig
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    wide = Case(op="LSTM", hidden=1024, input_size=8, dtype=dtype).spec()
+    flat = {b: default_config("persistent_mma", wide, cell_for(wide), target, b)["flat_sums"] for b in (1, 8, 24, 32, 33, 64)}
+    assert flat == {1: 1, 8: 1, 24: 1, 32: 1, 33: 0, 64: 0}, flat
+    small = Case(op="LSTM", hidden=64, input_size=8, dtype=dtype).spec()
+    point = default_config("persistent_mma", small, cell_for(small), target, 8)
+    tree = KernelConfig.of("persistent_mma", **{**dict(point.knobs), "flat_sums": 0})
+    barriers = [_source(target, small, c).split("< seq;", 1)[1].count("__syncthreads()") for c in (point, tree)]
+    k_warps = point["k_warps"]
+    assert barriers[1] - barriers[0] == 2 * (k_warps.bit_length() - 1), barriers  # the tree's 2 log2(k) + 1, flat's 1
+    cfgs = [MmaConfig(**dict(c.knobs)) for c in (point, tree)]
+    assert [c.sum_slots for c in cfgs] == [k_warps, k_warps // 2] and cfgs[0].smem_bytes(4) == 2 * cfgs[1].smem_bytes(4)
+    assert knob_space("persistent_mma", small, cell_for(small), target)["flat_sums"] == (0, 1)
+    streamed = Case(op="LSTM", hidden=2560, input_size=8, dtype=dtype).spec()
+    assert "flat_sums" not in knob_space("persistent_mma", streamed, cell_for(streamed), target)
 
 
 @pytest.mark.parametrize("threads, hidden, directions, units", [("2", 512, 1, 128), ("16", 512, 1, 32), ("16", 512, 2, 64),
