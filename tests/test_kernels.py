@@ -449,12 +449,15 @@ def test_chunk_accumulators_add_each_chunk_in_fp32():
                                           ("float32", {"prefetch": 1, "split_acc": 1}), ("float32", {"chunk_acc": 1}),
                                           ("float32", {"chunk_acc": 1, "split_acc": 1}), ("float16", {"streamed": 1}),
                                           ("float32", {"streamed": 1}), ("float32", {"streamed": 9}), ("float32", {"halves": 0}),
-                                          ("float32", {"halves": 1, "chunk_acc": 1, "split_acc": 1})], ids=str)
+                                          ("float32", {"halves": 1, "chunk_acc": 1, "split_acc": 1}), ("float16", {"flat_sums": 0}),
+                                          ("float32", {"flat_sums": 0}), ("float16", {"flat_sums": 1, "n_tiles": 4}),
+                                          ("float32", {"flat_sums": 1, "n_tiles": 1, "n_warps": 1, "k_warps": 16, "prefetch": 1})], ids=str)
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c.op}-{c.direction}-layout{c.layout}")
 def test_persistent_mma_knobs_are_correct(case, dtype, knobs):
     """The knobs against float64 on poisoned outputs (prefetch: set by the batch <= 8 default and GRU's above; split_acc,
-    chunk_acc and streamed: by no default; halves: the exact-fp32 default's, 0 its 3xTF32 steps). streamed=1 reads the
-    last chunk of R from L2 (GRU h33: the partial one; LSTM h24: its only one), 9 all of them."""
+    chunk_acc and streamed: by no default; halves: the exact-fp32 default's, 0 its 3xTF32 steps; flat_sums: the
+    default's up to 32 rows, 0 the tree, and flat in a 64-row pass and across 16 k-warps). streamed=1 reads the last
+    chunk of R from L2 (GRU h33: the partial one; LSTM h24: its only one), 9 all of them."""
     _, spec, (_, point) = _with_knobs(case, dtype, **knobs)
     _check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec, point_kernel(spec, cell_for(spec), target_of("cuda"), point),
                   "rows", batches=(6, 37), note=point.describe())
