@@ -191,8 +191,8 @@ def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaC
     halves = int(halves_apply(spec))
     for units in UNITS:
         for point in points:
-            cfg = MmaConfig(units=units, depth=2, halves=halves, **point)
-            for cfg in ([replace(cfg, flat_sums=1)] if cfg.rows <= WIDE_BATCH else []) + [cfg]:
+            tree = MmaConfig(units=units, depth=2, halves=halves, **point)
+            for cfg in ([replace(tree, flat_sums=1)] if tree.rows <= WIDE_BATCH else []) + [tree]:
                 if fits(spec, cell, device, cfg):
                     return cfg
     return streaming_config(spec, cell, device)

@@ -233,7 +233,8 @@ def _persistent_mma_knobs(spec, cell, device):
 
 def _resident_tiles(spec, cell, device) -> dict[str, tuple[int, ...]]:
     """Units per block that fit one wave with R in shared memory, and batch tiles whose partial sums still fit
-    beside R at the largest of those units with the most warps (so every combination fits, f16x3's row scales too)."""
+    beside R at the largest of those units with the most warps (so every combination fits, f16x3's row scales too);
+    flat sums where they fit so at every one of those tiles."""
     from .recurrent_mma import MmaConfig
     from .recurrent_persistent_mma import UNITS, fits, halves_apply
 
