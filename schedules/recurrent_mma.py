@@ -301,7 +301,7 @@ def _gate_programs(a: KernelArgs, phase, last, hbuf, scratch, s, cur, nxt, d, u0
     def rec(gi, u, total):  # the recurrent term: the tiles' sum, in f16x3 with both rows' scales divided out
         return total if unscale is None else total * unscale(gi, u)
 
-    slot = m_tiles(len(phase.gates), UB) * 16 * stride  # flat_sums: the k-warps' slots, added in a fixed order
+    slot = m_tiles(len(phase.gates), UB) * 16 * stride  # flat_sums: the k-warps' slots (_sum_partials), added in order
 
     def summed(at):
         total = acc_s[at]

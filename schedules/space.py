@@ -241,13 +241,13 @@ def _resident_tiles(spec, cell, device) -> dict[str, tuple[int, ...]]:
     halves = int(halves_apply(spec))
     units = [u for u in UNITS if fits(spec, cell, device, MmaConfig(units=u, n_tiles=1, n_warps=1, k_warps=2, halves=halves))]
     while units:
-        n_tiles = tuple(nt for nt in (1, 2, 3, 4)
-                        if fits(spec, cell, device, MmaConfig(units=units[-1], n_tiles=nt, n_warps=2, k_warps=8, halves=halves)))
+        def widest_fits(n_tiles, flat_sums=0):  # the most warps at the largest units
+            return fits(spec, cell, device, MmaConfig(units=units[-1], n_tiles=n_tiles, n_warps=2, k_warps=8, halves=halves, flat_sums=flat_sums))
+
+        n_tiles = tuple(nt for nt in (1, 2, 3, 4) if widest_fits(nt))
         if n_tiles:
-            flat = all(fits(spec, cell, device, MmaConfig(units=units[-1], n_tiles=nt, n_warps=2, k_warps=8, halves=halves, flat_sums=1))
-                       for nt in n_tiles)
             return {"units": tuple(units), "n_tiles": n_tiles, "n_warps": (1, 2), "k_warps": (2, 4, 8), "depth": (1, 2),
-                    "flat_sums": (0, 1) if flat else (0,)}
+                    "flat_sums": (0, 1) if all(widest_fits(nt, flat_sums=1) for nt in n_tiles) else (0,)}
         units.pop()
     return {}
 

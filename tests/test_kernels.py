@@ -777,7 +777,7 @@ def test_default_kernel_per_batch(dtype, hidden, directions, arch, plan):
     ("LSTM", 768, {"dtype": "float16"}, "mma"), ("LSTM", 1000, {"dtype": "float16"}, "mma"), ("GRU", 1024, {"dtype": "float16"}, "mma"),
     ("GRU", 1024, {"dtype": "float16", "linear_before_reset": 1}, "mma"), ("RNN", 1024, {"dtype": "float16"}, "mma")])
 def test_rounded_layers_above_batch_32(op, hidden, options, above):
-    """In half precision and TF32 above batch 32 with R resident: persistent_mma's 64-row passes for LSTM above
+    """In half precision and TF32 above batch 32 with R resident: persistent_mma's 64-row passes for LSTM from
     ROUNDED_PASSES_MIN_HIDDEN, where they measured faster than the per-step mma; the per-step mma elsewhere (GRU lost,
     RNN unmeasured)."""
     from schedules import plan_kernel

@@ -73,8 +73,8 @@ def test_zoo_model_compiles_for_cuda_and_exports(entry, target, tmp_path):
 def test_zoo_model_builds_tensor_core_kernels(entry, options):
     """Half storage, TF32 and exact fp32 (3xTF32) build for CUDA without a GPU (NVRTC), every layer's large-batch
     branches on tensor-core kernels (the zoo's layers all fit in shared memory: the persistent one, up to batch 32
-    where at most EXACT_MMA_MAX_HIDDEN units (below ROUNDED_PASSES_MIN_HIDDEN, or any GRU, in a rounding mode) have the per-step one
-    above)."""
+    where at most EXACT_MMA_MAX_HIDDEN units (in a rounding mode: below ROUNDED_PASSES_MIN_HIDDEN, or not an LSTM) have the
+    per-step one above)."""
     from schedules.choice import EXACT_MMA_MAX_HIDDEN, ROUNDED_PASSES_MIN_HIDDEN
 
     module = tvmrnn.compile(os.path.join(MODELS, entry.filename), target="nvidia/nvidia-h100", logs=False, **options)
