@@ -1,5 +1,5 @@
 """The TIR pipeline our modules build with: TVM's default, plus the cooperative-launch tag for grid barriers and one
-block an SM for cluster kernels.
+block an SM for cluster, cooperative and single-block kernels.
 
 A kernel that calls grid_sync must be launched with cudaLaunchCooperativeKernel, which the
 CUDA runtime module does only when the kernel's launch parameters carry
@@ -11,6 +11,8 @@ A cluster kernel (bound to clusterCtaIdx, schedules/recurrent_cluster.py) runs o
 the block size, aimed at 64 registers a thread at 512 threads and spilled; "tirx.launch_bounds_min_blocks_per_sm" = 1
 makes the bound __launch_bounds__(threads, 1), so that it may take all 128. So does a kernel of one block (the block
 stack, recurrent_block_stack): told only its 864 threads, ptxas aimed at two blocks an SM, 32 registers, and spilled.
+And so does a kernel with a grid barrier: its blocks are sized to one wave, one an SM (persistent_mma's 32-row
+kernels spilled at 64-80 registers without it).
 """
 
 from __future__ import annotations
@@ -59,9 +61,10 @@ def _one_block(func, tags) -> bool:
 
 @tvm.transform.module_pass(opt_level=0, name="tvmrnn.OneCtaPerSm")
 def one_cta_per_sm(mod, _ctx):
-    """A cluster kernel's CTAs and a kernel of one block have their SM each to themselves: __launch_bounds__(threads, 1)."""
+    """A cluster kernel's CTAs, a cooperative kernel's blocks and a kernel of one block have their SM each to
+    themselves: __launch_bounds__(threads, 1)."""
     for gv, func, tags in _kernels(mod):
-        if _MIN_BLOCKS not in func.attrs and (any(t.startswith("clusterCtaIdx") for t in tags) or _one_block(func, tags)):
+        if _MIN_BLOCKS not in func.attrs and (_COOP in tags or any(t.startswith("clusterCtaIdx") for t in tags) or _one_block(func, tags)):
             mod[gv] = func.with_attr(_MIN_BLOCKS, 1)
     return mod
 

@@ -813,6 +813,19 @@ def test_partial_sums_meet_flat_below_64_rows(dtype):
     assert "flat_sums" not in knob_space("persistent_mma", streamed, cell_for(streamed), target)
 
 
+@pytest.mark.parametrize("kind, batch", [("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 64), ("persistent", 4)])
+def test_grid_barrier_kernels_are_bounded_to_one_block_an_sm(kind, batch):
+    """A kernel that waits at a grid barrier is launched one block an SM, so its bound says so: __launch_bounds__(threads,
+    1) lets ptxas take the registers two blocks would share (the 32-row passes spilled without it)."""
+    import re
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    spec = Case(op="LSTM", hidden=1024, input_size=8, dtype="float16").spec()
+    src = _source(target, spec, default_config(kind, spec, cell_for(spec), target, batch))
+    assert "grid_sync" in src or "cooperative_groups" in src, src[:400]
+    assert re.search(r"__launch_bounds__\(\d+, 1\) \w*rnn_", src), re.findall(r"__launch_bounds__\([^)]*\)", src)
+
+
 @pytest.mark.parametrize("threads, hidden, directions, units", [("2", 512, 1, 128), ("16", 512, 1, 32), ("16", 512, 2, 64),
                                                                 ("2", 24, 1, 16), ("64", 512, 1, 8),
                                                                 ("2", 150, 1, 80), ("2", 128, 2, 128)])
