@@ -154,7 +154,7 @@ def fits(spec, cell, device: Device, cfg: MmaConfig) -> bool:
             and not (cfg.flat_sums and cfg.streamed))  # flat sums only where R is resident (measured there alone)
 
 
-# the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, in exact fp32 three up to MID_BATCH,
+# the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, three up to MID_BATCH,
 # 32 rows per pass up to WIDE_BATCH, and 64 rows per pass above
 SMALL_BATCH = 8
 MID_BATCH = 24
@@ -171,7 +171,7 @@ def halves_apply(spec) -> bool:
 
 def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaConfig | None:
     """The fewest units per block (most SMs at work) that fit. Up to batch 8 one 8-row tile with the reduction split
-    8 ways (16 in exact fp32), with XW prefetched; in exact fp32 up to batch 24 three 8-row tiles split 8 ways (4 where
+    8 ways (16 in exact fp32), with XW prefetched; up to batch 24 three 8-row tiles split 8 ways (4 where
     that does not fit beside R); above, 2 x 2 tiles (32 rows per pass) split 4 ways, and above WIDE_BATCH one 64-row
     pass of 4 x 2 tiles; XW prefetched in cells of several phases. The k-warps' partial sums meet flat (one barrier)
     in passes of up to 32 rows where that fits, as a tree in the 64-row ones. Exact fp32 runs f16x3 steps where the
@@ -182,7 +182,7 @@ def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaC
     phases = len(cell.phases)
     if batch is not None and batch <= SMALL_BATCH:
         points = ([dict(n_tiles=1, n_warps=1, k_warps=16, prefetch=1)] if exact else []) + [dict(n_tiles=1, n_warps=1, k_warps=8, prefetch=1)]
-    elif exact and batch is not None and batch <= MID_BATCH:
+    elif batch is not None and batch <= MID_BATCH:
         points = [dict(n_tiles=3, n_warps=1, k_warps=8, prefetch=1), dict(n_tiles=3, n_warps=1, k_warps=4, prefetch=1)]
     else:
         points = [dict(n_tiles=2, n_warps=2, k_warps=4, prefetch=int(phases > 1))]

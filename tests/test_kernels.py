@@ -736,14 +736,15 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
 
 
 @pytest.mark.parametrize("dtype, hidden, directions, arch, plan", [
-    # exact fp32: a third persistent_mma tile up to batch 24 (three 8-row tiles), 32 rows per pass up to 32, 64 above
+    # three 8-row persistent_mma tiles up to batch 24, 32 rows per pass up to 32, 64 above (exact fp32)
     # at batch 1 a grid of clusters (R in 64 CTAs' registers and shared memory; none fits H800 with at most 24 units a CTA)
     ("float32", 1024, 1, "sm_90", [("cluster", 1), ("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 32),
                                    ("persistent_mma", None)]),
     # half precision: 64-row passes above batch 32 from H 1024 (ROUNDED_PASSES_MIN_HIDDEN), the per-step mma above it below
-    ("float16", 1024, 1, "sm_90", [("cluster", 1), ("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 32),
-                                   ("persistent_mma", None)]),
-    ("float16", 768, 1, "sm_90", [("cluster", 1), ("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 32), ("mma", None)]),
+    ("float16", 1024, 1, "sm_90", [("cluster", 1), ("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24),
+                                   ("persistent_mma", 32), ("persistent_mma", None)]),
+    ("float16", 768, 1, "sm_90", [("cluster", 1), ("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24),
+                                  ("persistent_mma", 32), ("mma", None)]),
     ("float32", 800, 2, "sm_90", [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", None)]),
     # exact fp32 at H <= EXACT_MMA_MAX_HIDDEN: the per-step mma above the resident tiles (persistent_mma's blocks are few)
     # and up to batch 8 as clusters side by side, one row each
