@@ -32,9 +32,10 @@ from .recurrent_wavefront import reduction
 from .space import KernelConfig
 
 F32 = "float32"
-# the batch tiles by batch bound: one 8-row tile with the reduction split 8 ways, 4 chunks a load, up to 8 rows, else
-# 32 rows a pass (2 x 2 tiles) split 4 ways (docs/decisions.md)
-POINTS = ((8, MmaConfig(n_tiles=1, n_warps=1, k_warps=8, depth=4)), (32, MmaConfig(n_tiles=2, n_warps=2, k_warps=4, depth=2)))
+# the batch tiles by batch bound: one 8-row tile with the reduction split 8 ways, 4 chunks a load and the partial sums
+# flat, up to 8 rows, else 32 rows a pass (2 x 2 tiles) split 4 ways, summed as a tree: flat ones would double the
+# slots and leave an H=1024 stack no room (docs/decisions.md)
+POINTS = ((8, MmaConfig(n_tiles=1, n_warps=1, k_warps=8, depth=4, flat_sums=1)), (32, MmaConfig(n_tiles=2, n_warps=2, k_warps=4, depth=2)))
 MAX_BATCH_BOUND = POINTS[-1][0]
 
 
@@ -71,7 +72,8 @@ def point(specs, cfg: StackMmaConfig, i: int) -> KernelConfig:
     """Layer i's point, for the plan and the module's metadata."""
     t = cfg.tiles
     return KernelConfig.of("persistent_mma_wavefront", layer=i, layers=len(specs), units=cfg.units[i], grid=sum(cfg.blocks(specs)),
-                           n_tiles=t.n_tiles, n_warps=t.n_warps, k_warps=t.k_warps, depth=t.depth)
+                           n_tiles=t.n_tiles, n_warps=t.n_warps, k_warps=t.k_warps, depth=t.depth,
+                           **({"flat_sums": 1} if t.flat_sums else {}))
 
 
 def refusal(specs, cells) -> str | None:

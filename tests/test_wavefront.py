@@ -486,14 +486,16 @@ def test_a_half_precision_stack_bounded_to_batch_8_runs_the_persistent_tensor_co
 
 
 def test_a_stack_bounded_to_64_runs_each_batch_on_its_wavefront():
-    """Batch 1-4 the wavefront, 5-8 and 9-32 the persistent tensor-core wavefront's two points, 33-64 one launch of
-    mma tiles a step."""
+    """Batch 1-4 the wavefront, 5-8 and 9-32 the persistent tensor-core wavefront's two points (the first adding its
+    partial sums flat), 33-64 one launch of mma tiles a step."""
     module = tvmrnn.compile(stack_model(_half(lstm_stack(3, hidden=64, input_size=32))), target="cuda",
                             max_dims={"seq": 50, "batch": 64}, logs=False)
     schedules = [[(b["up_to_batch"], b["config"]["kind"], b["config"].get("n_tiles")) for b in layer["schedule"]]
                  for layer in module.metadata["layers"]]
     assert schedules == [[(4, "wavefront", None), (8, "persistent_mma_wavefront", 1), (32, "persistent_mma_wavefront", 2),
                           (None, "mma_wavefront", 2)]] * 3
+    flat = [[b["config"].get("flat_sums", 0) for b in layer["schedule"][1:3]] for layer in module.metadata["layers"]]
+    assert flat == [[1, 0]] * 3, flat
     assert module.metadata["stacks"][0].endswith("; else tensor-core wavefront: 3 stacked layers, one launch of mma tiles a "
                                                  "step of them all (8+8+8 blocks a batch tile), layer l+1 one step behind "
                                                  "layer l, batch <= 64")
