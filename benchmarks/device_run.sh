@@ -3,9 +3,9 @@
 #   setup [WHEEL_DIR]               TVM importable (else installed from WHEEL_DIR's wheels, no package index needed);
 #                                   prints TVM, PyTorch, the GPU and its driver
 #   pytest-gpu [N] [K/P] [PYTEST ARGS]
-#                                   pytest -m gpu in N processes (default 4), each a share of the collected tests (of
-#                                   part K of P, in collection order, where K/P is given); the whole suite takes
-#                                   about 11 minutes on an H100, so two calls: 4 1/2, then 4 2/2 (TESTS_S caps each process)
+#                                   pytest -m gpu on N xdist workers (default 4) taking the collected tests as they free
+#                                   up (of part K of P, in collection order, where K/P is given); the whole suite takes
+#                                   over 10 minutes on an H100, so two calls: 4 1/2, then 4 2/2 (TESTS_S caps each call)
 #   bench [BENCH ARGS]              tvmrnn bench against cuDNN (default: every row, fp32 and fp16, exact and TF32)
 #   profile [ROW ...]               each row's kernels and the GPU's idle time between them (profile_rows.py)
 #   ncu [ROW DTYPE T]               Nsight Compute on one row's recurrent kernel (ncu_row.py; default blog-a float16 20)
@@ -22,27 +22,27 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 quiet() { grep -v "Warning"; }  # TVM's scope warnings, one per kernel built
 
-pytest_ids() {  # pytest_ids FILE SECONDS LOG: pytest -m gpu on the node ids in FILE (one per line; ids hold spaces)
-  timeout "$2" python3 -c 'import sys, pytest; sys.exit(pytest.main(["-m", "gpu", "-n", "0", "-v", "-rfE", "-p", "no:cacheprovider"] + open(sys.argv[1]).read().splitlines()))' \
-    "$1" 2>&1 | quiet > "$3"
+pytest_ids() {  # pytest_ids FILE WORKERS SECONDS LOG: pytest -m gpu on the node ids in FILE (one per line; ids hold
+  # spaces), handed to xdist's workers one by one as each frees up (--dist load), so no worker idles while another has
+  # a queue; a worker that crashes is replaced and its test reported
+  timeout --kill-after=10 "$3" python3 -c 'import sys, pytest; sys.exit(pytest.main(["-m", "gpu", "-n", sys.argv[2], "--dist", "load", "-v", "-rfE", "-p", "no:cacheprovider"] + open(sys.argv[1]).read().splitlines()))' \
+    "$1" "$2" 2>&1 | quiet > "$4"
 }
 
 pytest_gpu() {  # pytest_gpu [N] [K/P] [PYTEST ARGS]
-  local shards=4 part=1/1; [[ ${1:-} =~ ^[0-9]+$ ]] && { shards=$1; shift; }
+  local workers=4 part=1/1; [[ ${1:-} =~ ^[0-9]+$ ]] && { workers=$1; shift; }
   [[ ${1:-} =~ ^[0-9]+/[0-9]+$ ]] && { part=$1; shift; }
   [ $# -eq 0 ] && set -- tests/
-  local ids; ids=$(mktemp -d)
+  local ids log="$OUT/pytest_gpu.txt"; ids=$(mktemp -d)
   python3 -m pytest -m gpu -n 0 --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep "^tests/.*::" > "$ids/collected"
   split -n "l/$part" "$ids/collected" > "$ids/all"  # part K of P: whole lines, the same on every call
-  split -n "r/$shards" -d "$ids/all" "$ids/shard."
-  echo "$(wc -l < "$ids/all") GPU tests in $shards processes"
-  for f in "$ids"/shard.*; do  # 4 processes take the suite in ~450 s on 16 cores; 6 contend and take longer
-    pytest_ids "$f" "${TESTS_S:-540}" "$OUT/pytest_gpu_${f##*.}.txt" &
-  done
-  wait
-  tail -qn 1 "$OUT"/pytest_gpu_*.txt
-  echo "PASSED: $(cat "$OUT"/pytest_gpu_*.txt | grep -c ' PASSED')"
-  grep -h "FAILED\|ERROR" "$OUT"/pytest_gpu_*.txt
+  local total; total=$(wc -l < "$ids/all")
+  echo "$total GPU tests on $workers workers"  # 4 on 16 cores; 6 contend for the cores and take longer
+  pytest_ids "$ids/all" "$workers" "${TESTS_S:-540}" "$log"
+  tail -n 1 "$log"
+  local outcomes; outcomes=$(grep -oE "\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) tests/" "$log" | cut -d' ' -f2 | sort | uniq -c | xargs)
+  echo "outcomes: ${outcomes:-none}; not finished: $((total - $(grep -cE "\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) tests/" "$log")))"
+  grep -E "^(FAILED|ERROR) " "$log"
 }
 
 setup() {  # setup [WHEEL_DIR]
