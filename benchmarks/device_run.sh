@@ -40,8 +40,8 @@ pytest_gpu() {  # pytest_gpu [N] [K/P] [PYTEST ARGS]
   echo "$total GPU tests on $workers workers"  # 4 on 16 cores; 6 contend for the cores and take longer
   pytest_ids "$ids/all" "$workers" "${TESTS_S:-540}" "$log"
   tail -n 1 "$log"
-  local outcomes; outcomes=$(grep -oE "\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) tests/" "$log" | cut -d' ' -f2 | sort | uniq -c | xargs)
-  echo "outcomes: ${outcomes:-none}; not finished: $((total - $(grep -cE "\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) tests/" "$log")))"
+  local ended; ended=$(grep -oE "\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) tests/" "$log" | cut -d' ' -f2)  # a line a test
+  echo "outcomes: $(grep . <<< "$ended" | sort | uniq -c | xargs); not finished: $((total - $(grep -c . <<< "$ended")))"
   grep -E "^(FAILED|ERROR) " "$log"
 }
 

@@ -64,7 +64,8 @@ def one_cta_per_sm(mod, _ctx):
     """A cluster kernel's CTAs, a cooperative kernel's blocks and a kernel of one block have their SM each to
     themselves: __launch_bounds__(threads, 1)."""
     for gv, func, tags in _kernels(mod):
-        if _MIN_BLOCKS not in func.attrs and (_COOP in tags or any(t.startswith("clusterCtaIdx") for t in tags) or _one_block(func, tags)):
+        cluster = any(t.startswith("clusterCtaIdx") for t in tags)
+        if _MIN_BLOCKS not in func.attrs and (_COOP in tags or cluster or _one_block(func, tags)):
             mod[gv] = func.with_attr(_MIN_BLOCKS, 1)
     return mod
 

@@ -35,7 +35,8 @@ F32 = "float32"
 # the batch tiles by batch bound: one 8-row tile with the reduction split 8 ways, 4 chunks a load and the partial sums
 # flat, up to 8 rows, else 32 rows a pass (2 x 2 tiles) split 4 ways, summed as a tree: flat ones would double the
 # slots and leave an H=1024 stack no room (docs/decisions.md)
-POINTS = ((8, MmaConfig(n_tiles=1, n_warps=1, k_warps=8, depth=4, flat_sums=1)), (32, MmaConfig(n_tiles=2, n_warps=2, k_warps=4, depth=2)))
+POINTS = ((8, MmaConfig(n_tiles=1, n_warps=1, k_warps=8, depth=4, flat_sums=1)),
+          (32, MmaConfig(n_tiles=2, n_warps=2, k_warps=4, depth=2)))
 MAX_BATCH_BOUND = POINTS[-1][0]
 
 

@@ -284,7 +284,7 @@ def _mma_point(kind, spec, c) -> KernelConfig:
             knobs["halves"] = c.halves
     if _half_operand(spec):
         knobs["half_operand"] = c.half_operand
-    for name in ("streamed", "ring", "ring_h", "flat_sums"):  # streamed, ring, ring_h: R does not fit on chip
+    for name in ("streamed", "ring", "ring_h", "flat_sums"):  # named only where on (the first three: R not on chip)
         if getattr(c, name):
             knobs[name] = getattr(c, name)
     return KernelConfig.of(kind, **knobs)

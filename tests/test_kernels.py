@@ -818,8 +818,6 @@ def test_partial_sums_meet_flat_below_64_rows(dtype):
 def test_grid_barrier_kernels_are_bounded_to_one_block_an_sm(kind, batch):
     """A kernel that waits at a grid barrier is launched one block an SM, so its bound says so: __launch_bounds__(threads,
     1) lets ptxas take the registers two blocks would share (the 32-row passes spilled without it)."""
-    import re
-
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     spec = Case(op="LSTM", hidden=1024, input_size=8, dtype="float16").spec()
     src = _source(target, spec, default_config(kind, spec, cell_for(spec), target, batch))
