@@ -260,13 +260,14 @@ def cp_async_ring(count: int, stages: int, issue, consume, landed=None, lag: int
         item(i64(i), i % unroll)
 
 
-def chunk_rounds(chunks: int, ways: int, depth: int, lane_way, load, multiply):
+def chunk_rounds(chunks: int, ways: int, depth: int, lane_way, load, multiply, settle=None):
     """The reduction loop: `ways` warps split `chunks` chunks (warp w takes w, w + ways, ...), each staging `depth`
-    chunks per round, then multiplying them. load(chunk, slot) / multiply(slot) emit one chunk's part."""
+    chunks per round, then multiplying them. load(chunk, slot) / multiply(slot) emit one chunk's part; settle(chunk,
+    slot), where given, runs between a round's loads and its multiplies (waiting for polled operands)."""
     rounds = -(-chunks // (ways * depth))
     with T.serial(0, i64(rounds)) as it:
         cks = [(it * i64(depth) + i64(j)) * i64(ways) + lane_way for j in range(depth)]
-        for step in (load, multiply):
+        for step in (load, settle, multiply) if settle else (load, multiply):
             for j, ck in enumerate(cks):
-                args = (ck, j) if step is load else (j,)
+                args = (j,) if step is multiply else (ck, j)
                 emit_if(ck < i64(chunks), lambda step=step, args=args: step(*args), chunks % (ways * depth) == 0)  # warp-uniform

@@ -289,7 +289,7 @@ def store_operand(a: KernelArgs, name: str, buf, value, idx):
         from .step_sync import publish
 
         words, tag = a.published[name]
-        publish(words, idx, value, tag)
+        publish(words, idx, value, tag, a.spec.dtype)
     if name in a.split_mirrors:
         from .split_halves import halves_of
 

@@ -26,6 +26,7 @@ from tvm.script.ir_builder import tirx as T
 from .mma_tiles import KC, MODES, WarpTiles, chunk_rounds
 from .recurrent_common import KernelArgs, block_sync, emit_if, guarded, half_operands, i64, load_xw_ahead, split_operands, shared_dyn
 from .recurrent_cuda import epilogue, operand_at, operand_index, step_launches
+from . import step_sync
 
 F32 = "float32"
 HALF = ("float16", "bfloat16")
@@ -71,6 +72,9 @@ class MmaConfig:
     # 1: each k-warp stores its partial sums in a slot of its own and the gate program adds them (one block barrier),
     # instead of the tree of _sum_partials (2 log2(k_warps) + 1 barriers, half the slots)
     flat_sums: int = 0
+    # persistent_mma in fp16: 1 publishes h as half words tagged with their step (step_sync) and each step polls the
+    # words it multiplies, instead of a grid barrier a step
+    sync: int = 0
 
     @property
     def rows(self) -> int:
@@ -186,7 +190,8 @@ def partial_sums(cfg: MmaConfig, gates: int, scope: str = "shared"):
 
 
 def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg: MmaConfig, d, u0, n0, wy, lane,
-                acc_s, a_at, a_vector: bool, shared_a: bool = False, streamed=None, unscale=None, inputs=None, x_of=None):
+                acc_s, a_at, a_vector: bool, shared_a: bool = False, streamed=None, unscale=None, inputs=None, x_of=None,
+                b_words=None):
     """One block's part of a phase: the gate rows of units u0.. by batch rows n0.. on tensor cores, then the gate
     program for each (unit, row). a_at(tiles, chunk, mt, half, v0, v): A's element (WarpTiles.load_a) or None
     for a padding row; B (h or an earlier phase's value) comes from global memory. Both kernels run it.
@@ -202,7 +207,8 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     inverse of its scale and of B's).
     inputs (a stacked layer that projects its input in the step: recurrent_mma_wavefront): (size, a_at, a_vector,
     b_at(n, k)), a first segment of the reduction over `size` columns, A's element from a_at and B's (batch row n,
-    column k) from b_at; x_of(gi, j): the input term gate gi of unit j adds in the epilogue instead of XW's."""
+    column k) from b_at; x_of(gi, j): the input term gate gi of unit j adds in the epilogue instead of XW's.
+    b_words (sync 1): (the operand's tagged half words, the 16-bit tag the phase waits for): B polled from them."""
     H, N = a.spec.hidden_size, a.batch
     UB, NT, NW, KW = cfg.units, cfg.n_tiles, cfg.n_warps, cfg.k_warps
     # gate-aligned m-tiles where A is read from R by fragment (r_row); from shared memory (persistent_mma, rows placed
@@ -214,7 +220,7 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     wn, wk = wy % i64(NW), wy // i64(NW)
     b_src = a.mirrors.get(phase.operand, operand)  # the half-precision copy where the kernel keeps one
     b_parts = (b_src, a.split_mirrors[phase.operand]) if phase.operand in a.split_mirrors else (b_src,)  # f16x3: high, low
-    b_dtype = str(b_src.dtype)
+    b_dtype = a.spec.dtype if b_words is not None else str(b_src.dtype)
     tm = tile_mode(a.spec, cfg)
     assert (unscale is not None) == (tm == "f16x3") == (len(b_parts) == 2), cfg
     tiles = WarpTiles(lane, MT, NT, tm, "float16" if tm == "f16x3" else a.spec.dtype, b_dtype, cfg.depth, bool(cfg.split_acc),
@@ -222,6 +228,7 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     threads = 32 * NW * KW
     tid = wy * i64(32) + lane
     xw = _prefetch_xw(a, phase, s, d, u0, n0, UB, NB, threads, tid) if cfg.prefetch and x_of is None else None
+    polled = None if b_words is None else _PolledB(a, phase, cur, d, n0, wn, NT, tiles, cfg.depth, *b_words)
 
     def loader(a_at, a_vector, first=0, b_shared=None, b_elem=None, size=H):
         b_of = b_elem or (lambda part, n, k: operand_at(b_parts[part], phase, cur, d, n, k))
@@ -234,7 +241,9 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
                 return guarded(ck * i64(KC) + k, size, size % KC == 0, lambda k: b_of(part, n, k), b_dtype)
 
             tiles.load_a(lambda mt, half, v0, v, *part: a_at(tiles, ck, mt, half, v0, v, *part), a_vector, slot)
-            if b_shared is None:
+            if polled is not None:
+                polled.load(ck, slot)
+            elif b_shared is None:
                 tiles.load_b(b_at, size % KC == 0, slot)
             else:
                 tiles.load_b_parts(lambda nt, v0, v, *part: b_shared((wn * i64(NT) + i64(nt)) * i64(8) + tiles.g, v0, v, *part), True, slot)
@@ -246,7 +255,7 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
         chunk_rounds(-(-size // KC), KW, cfg.depth, wk, loader(a_in, a_in_vector, b_elem=lambda part, n, k: b_in(n, k), size=size),
                      tiles.multiply)
     if streamed is None:
-        chunk_rounds(chunks, KW, cfg.depth, wk, loader(a_at, a_vector), tiles.multiply)
+        chunk_rounds(chunks, KW, cfg.depth, wk, loader(a_at, a_vector), tiles.multiply, polled and polled.settle)
     else:
         # the L2 chunks first: their loads wait longest, and the shared-memory ones then run back to back
         resident, reduce_streamed = streamed
@@ -259,6 +268,34 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
 
     _sum_partials(tiles, acc_s, wn, wk, cfg, MT, stride)
     _gate_programs(a, phase, last, hbuf, scratch, s, cur, nxt, d, u0, n0, cfg, acc_s, stride, tid, xw, unscale, x_of)
+
+
+class _PolledB:
+    """B from the operand's tagged half words (step_sync): a round's loads issued together (load), then each chunk's
+    words polled until they carry the phase's tag and unpacked into the tiles' B registers (settle). Whole chunks only."""
+
+    def __init__(self, a: KernelArgs, phase, cur, d, n0, wn, NT: int, tiles: WarpTiles, depth: int, words, tag16):
+        self.a, self.phase, self.cur, self.d, self.tiles, self.words, self.tag16 = a, phase, cur, d, tiles, words, tag16
+        self.rows = [tirx.min(n0 + (wn * i64(NT) + i64(nt)) * i64(8) + tiles.g, a.batch - 1) for nt in range(NT)]  # past N: never stored
+        self.raw = T.alloc_buffer((depth, NT, 8), step_sync.HALF_WORD, scope="local")
+
+    def _at(self, ck, slot, nt):
+        idx = operand_index(self.phase, self.cur, self.d, self.rows[nt], ck * i64(KC) + self.tiles.t * i64(8))
+        return tirx.address_of(self.raw[i64(slot), i64(nt), i64(0)]), idx
+
+    def load(self, ck, slot):
+        for nt in range(len(self.rows)):
+            dst, idx = self._at(ck, slot, nt)
+            step_sync.load8(dst, self.words, idx)
+
+    def settle(self, ck, slot):
+        dtype = self.a.spec.dtype
+        for nt in range(len(self.rows)):
+            dst, idx = self._at(ck, slot, nt)
+            step_sync.settle8(dst, self.words, idx, self.tag16)
+            for v in range(8):
+                bits = tirx.bitwise_and(self.raw[i64(slot), i64(nt), i64(v)], tirx.IntImm(step_sync.HALF_WORD, 0xFFFF))
+                T.buffer_store(self.tiles.rb, tirx.reinterpret(dtype, bits.astype("uint16")), [i64(slot), i64(nt), i64(v)])
 
 
 def _sum_partials(tiles, acc_s, wn, wk, cfg: MmaConfig, MT: int, stride: int):

@@ -44,7 +44,7 @@ from .mma_tiles import KC, WarpTiles, chunk_rounds, cp_async_ring, itemsize, sha
 from .recurrent_common import KernelArgs, block_sync, emit_if, i64, step_phases, shared_dyn
 from .recurrent_mma import MmaConfig, block_phase, global_a, operand_copies, operand_dtype, partial_sums
 from .recurrent_persistent import _grid_sync, _strided, final_states, initial_states
-from . import step_halves
+from . import step_halves, step_sync
 from .split_halves import halves_of
 from .streamed_r import StreamedR
 
@@ -151,7 +151,16 @@ def fits(spec, cell, device: Device, cfg: MmaConfig) -> bool:
             and not (cfg.ring and (cfg.ring < 2 or not cfg.streamed or spec.hidden_size % KC))  # the ring copies whole chunks
             and not (cfg.ring_h and not cfg.ring)
             and not (cfg.halves and ((cfg.streamed and not cfg.ring) or not halves_apply(spec)))
-            and not (cfg.flat_sums and cfg.streamed))  # flat sums only where R is resident (measured there alone)
+            and not (cfg.flat_sums and cfg.streamed)  # flat sums only where R is resident (measured there alone)
+            and not (cfg.sync and not polls(spec, cell, cfg)))
+
+
+def polls(spec, cell, cfg: MmaConfig) -> bool:
+    """Whether the steps may poll h's tagged half words (sync 1) instead of meeting at a grid barrier: fp16 B (bf16 would
+    take the same words, never run), R resident, whole 32-column chunks (a lane's 8 words one aligned run), and one
+    phase, h the only operand (a stored value polled in a later phase would need words published past each row's end)."""
+    return (spec.dtype == "float16" and bool(cfg.half_operand) and not cfg.streamed and not cfg.halves
+            and spec.hidden_size % KC == 0 and len(cell.phases) == 1 and cell.phases[0].operand == "h")
 
 
 # the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, three up to MID_BATCH,
@@ -248,7 +257,10 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
         total += len(phase.gates) * UB // 8
     hbuf = T.alloc_buffer((2, D, N, H), F32)
     scratch = {v: T.alloc_buffer((D, N, H), F32) for v in cell.stored_values}
-    operand_copies(a, cfg)
+    # sync 1: h's tagged half words replace its half copy (B reads them), and no grid barrier is met between steps
+    words = {"h": step_sync.alloc_words((2, D, N, H), half=True)} if cfg.sync else None
+    if not words:
+        operand_copies(a, cfg)
     hscale = step_halves.HScale(a, D * per_dir) if halves else None
     # where the ring reads the streamed chunks from: a copy in its order (f16x3: of the scaled halves), made once per launch
     stream = StreamedR(a, cfg, CR, D * per_dir, r_row_of) if ring_bytes(spec, cell, cfg) else None
@@ -286,23 +298,30 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                 if halves:  # h's scale first: initial_states stores h0's halves
                     hscale.h0_max(bx, d, u0, UB, warps, wy, lane, tid, wmax)
                     a.operand_scale, h_inv = hscale.after(lane)
-                initial_states(a, hbuf, d, u0, UB, threads, tid)
+                initial_states(a, hbuf, d, u0, UB, threads, tid, words)
                 block_sync()
                 _grid_sync()
 
                 def phase_step(pi, phase, last, operand, s, cur, nxt):
                     unscale = (lambda gi, u: rinv[i64(group0[pi] * 8 + gi * UB) + u] * h_inv) if halves else None
+                    b_words = None
+                    if words:  # h of step s goes out with tag s + 1; this phase waits for tag s
+                        a.published = {"h": (words["h"], step_sync.tag_of(s + i64(1)))}
+                        b_words = (words["h"], step_sync.half_tag(step_sync.tag_of(s)))
 
                     streamed = None if CR == chunks else (CR, streamed_rounds(a, pi, phase, cfg, ring, d, u0, CR, tid, stream))
                     with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
                         block_phase(a, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg, d, u0, chunk * i64(NB),
-                                    wy, lane, acc_s, layout.a_at(pi, phase), True, shared_a=True, streamed=streamed, unscale=unscale)
+                                    wy, lane, acc_s, layout.a_at(pi, phase), True, shared_a=True, streamed=streamed, unscale=unscale,
+                                    b_words=b_words)
                         block_sync()  # the next chunk's partial sums reuse acc_s
-                    _grid_sync()
+                    if not words:
+                        _grid_sync()
 
                 step_phases(a, hbuf, scratch, phase_step)
 
                 final_states(a, hbuf, d, u0, UB, threads, tid)
+    a.published = {}
 
 
 class _Resident:

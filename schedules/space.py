@@ -210,8 +210,9 @@ register(KernelKind("persistent", "cuda", lambda fit: fit.persistent, _persisten
 # ---- persistent_mma: the persistent tensor-core kernel (recurrent_persistent_mma): mma's knobs, prefetch, and in exact
 # fp32 split_acc (3xTF32's cross products in accumulators of their own), chunk_acc (each k-chunk summed apart) and halves
 # (f16x3 steps, where the cell bounds h); flat_sums (the k-warps' partial sums in slots of their own, where R is
-# resident); where R is larger than a wave's shared memory, streamed (the chunks of R read from L2 every step), ring
-# (the shared buffers they pass through) and ring_h (h's chunks through them too)
+# resident); sync (steps polling h's tagged half words instead of a grid barrier: fp16 single-phase cells); where R is
+# larger than a wave's shared memory, streamed (the chunks of R read from L2 every step), ring (the shared buffers they
+# pass through) and ring_h (h's chunks through them too)
 def _persistent_mma_knobs(spec, cell, device):
     """Tile shapes that fit beside R (or beside the part of it that stays resident), prefetch, and in 3xTF32 split_acc
     and chunk_acc."""
@@ -236,7 +237,7 @@ def _resident_tiles(spec, cell, device) -> dict[str, tuple[int, ...]]:
     beside R at the largest of those units with the most warps (so every combination fits, f16x3's row scales too);
     flat sums where they fit so at every one of those tiles."""
     from .recurrent_mma import MmaConfig
-    from .recurrent_persistent_mma import UNITS, fits, halves_apply
+    from .recurrent_persistent_mma import UNITS, fits, halves_apply, polls
 
     halves = int(halves_apply(spec))
     units = [u for u in UNITS if fits(spec, cell, device, MmaConfig(units=u, n_tiles=1, n_warps=1, k_warps=2, halves=halves))]
@@ -247,7 +248,8 @@ def _resident_tiles(spec, cell, device) -> dict[str, tuple[int, ...]]:
         n_tiles = tuple(nt for nt in (1, 2, 3, 4) if widest_fits(nt))
         if n_tiles:
             return {"units": tuple(units), "n_tiles": n_tiles, "n_warps": (1, 2), "k_warps": (2, 4, 8), "depth": (1, 2),
-                    "flat_sums": (0, 1) if all(widest_fits(nt, flat_sums=1) for nt in n_tiles) else (0,)}
+                    "flat_sums": (0, 1) if all(widest_fits(nt, flat_sums=1) for nt in n_tiles) else (0,),
+                    "sync": (0, 1) if polls(spec, cell, MmaConfig()) else (0,)}
         units.pop()
     return {}
 
@@ -284,7 +286,7 @@ def _mma_point(kind, spec, c) -> KernelConfig:
             knobs["halves"] = c.halves
     if _half_operand(spec):
         knobs["half_operand"] = c.half_operand
-    for name in ("streamed", "ring", "ring_h", "flat_sums"):  # named only where on (the first three: R not on chip)
+    for name in ("streamed", "ring", "ring_h", "flat_sums", "sync"):  # named only where on (the first three: R not on chip)
         if getattr(c, name):
             knobs[name] = getattr(c, name)
     return KernelConfig.of(kind, **knobs)
@@ -312,7 +314,7 @@ def _persistent_mma_grid(config, spec):
 
 register(KernelKind("persistent_mma", "cuda", lambda fit: fit.resident or fit.streams, _persistent_mma_knobs, _persistent_mma_default,
                     _persistent_mma_emit, grid=_persistent_mma_grid,
-                    later_knobs={"chunk_acc": 0, "ring": 0, "ring_h": 0, "halves": 0, "flat_sums": 0}))
+                    later_knobs={"chunk_acc": 0, "ring": 0, "ring_h": 0, "halves": 0, "flat_sums": 0, "sync": 0}))
 
 
 # ---- stepwise: one fused launch per step and phase, weights from L2/HBM (recurrent_cuda): warps per block,

@@ -15,6 +15,11 @@ writes its own units of it:
 - every block polls, so all must be resident at once: the kernel stays a cooperative launch (the grid barrier above
   keeps the tag on it).
 Tags are the step number modulo 2^32 (INVALID = 2^32 - 1): a sequence of 2^32 - 1 steps or more would wrap.
+
+Half words (HALF_WORD, the tensor-core kernel's B operand): a 32-bit word of the value's fp16/bf16 bits low and a
+16-bit tag high, the step modulo 65535 (half_tag; 0xFFFF is INVALID). A slot only ever holds the tag of the step it is
+read for, of the step two before (the double buffer) or INVALID, and those three differ, so 16 bits suffice; a warp
+loads a lane's 8 words with two 16-byte relaxed loads, all of a round's loads issued before the first tag is checked.
 """
 
 from __future__ import annotations
@@ -45,6 +50,21 @@ WAIT4_SRC = (f"__forceinline__ __device__ float4 {WAIT4}(const void* words, unsi
              "__uint_as_float((unsigned)d)); }")
 
 
+HALF_WORD = "uint32"
+PUBLISH_WORD = "tvmrnn_publish_word"
+LOAD8 = "tvmrnn_load_words8"
+SETTLE8 = "tvmrnn_settle_words8"
+PUBLISH_WORD_SRC = (f"__forceinline__ __device__ void {PUBLISH_WORD}(void* word, unsigned w) {{ "
+                    'asm volatile("st.relaxed.gpu.b32 [%0], %1;" :: "l"(word), "r"(w) : "memory"); }')
+_LOAD8_BODY = ('asm volatile("ld.relaxed.gpu.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(words)); '
+               'asm volatile("ld.relaxed.gpu.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(w[4]), "=r"(w[5]), "=r"(w[6]), "=r"(w[7]) : "l"((const char*)words + 16));')
+LOAD8_SRC = f"__forceinline__ __device__ void {LOAD8}(unsigned* w, const void* words) {{ {_LOAD8_BODY} }}"
+# the tags are the words' high halves: OR of each word XOR the tag, shifted down, is zero when all eight match
+SETTLE8_SRC = (f"__forceinline__ __device__ void {SETTLE8}(unsigned* w, const void* words, unsigned tag) {{ unsigned t = tag << 16; "
+               "while ((((w[0] ^ t) | (w[1] ^ t) | (w[2] ^ t) | (w[3] ^ t) | (w[4] ^ t) | (w[5] ^ t) | (w[6] ^ t) | (w[7] ^ t)) >> 16) != 0u) "
+               f"{{ {_LOAD8_BODY} }} }}")
+
+
 def tag_of(step) -> tirx.PrimExpr:
     """The tag of what step `step` (an int64 PrimExpr or int) produced."""
     return tirx.IntImm(TAG, step) if isinstance(step, int) else step.astype(TAG)
@@ -54,13 +74,25 @@ def invalid() -> tirx.PrimExpr:
     return tirx.IntImm(TAG, INVALID)
 
 
-def alloc_words(shape) -> tirx.Buffer:
-    """Global words for an operand of this shape (an extra leading 2 for a double buffer)."""
-    return T.alloc_buffer(shape, WORD)
+def alloc_words(shape, half: bool = False) -> tirx.Buffer:
+    """Global words for an operand of this shape (an extra leading 2 for a double buffer); half: HALF_WORD's."""
+    return T.alloc_buffer(shape, HALF_WORD if half else WORD)
 
 
-def publish(words, idx, value, tag):
-    """Store fp32 `value` with `tag` into words[idx], as one 64-bit relaxed store."""
+def half_tag(tag) -> tirx.PrimExpr:
+    """A half word's 16-bit tag of a 32-bit one: the step modulo 65535, INVALID as 0xFFFF."""
+    tag = tirx.IntImm(TAG, tag) if isinstance(tag, int) else tag
+    return tirx.Select(tag == invalid(), tirx.IntImm(TAG, 0xFFFF), tirx.truncmod(tag, tirx.IntImm(TAG, 0xFFFF)))
+
+
+def publish(words, idx, value, tag, dtype: str = "float16"):
+    """Store fp32 `value` with `tag` into words[idx], as one 64-bit relaxed store; into a half word (HALF_WORD), as one
+    32-bit relaxed store of its bits in `dtype` and the tag's low 16 (half_tag)."""
+    if str(words.dtype) == HALF_WORD:
+        bits = tirx.reinterpret("uint16", value.astype(dtype)).astype(TAG)
+        word = tirx.bitwise_or(bits, tirx.shift_left(half_tag(tag), tirx.IntImm(TAG, 16)))
+        T.evaluate(T.cuda.func_call(PUBLISH_WORD, tirx.address_of(words[tuple(idx)]), word, source_code=PUBLISH_WORD_SRC))
+        return
     T.evaluate(T.cuda.func_call(PUBLISH, tirx.address_of(words[tuple(idx)]), value, tag, source_code=PUBLISH_SRC))
 
 
@@ -72,3 +104,13 @@ def wait(words, idx, tag, width: int = 1) -> tirx.PrimExpr:
         return T.cuda.func_call(WAIT1, ptr, tag, source_code=WAIT1_SRC, return_type="float32")
     assert width == 4, width
     return T.cuda.func_call(WAIT4, ptr, tag, source_code=WAIT4_SRC, return_type="float32x4")
+
+
+def load8(dst, words, idx):
+    """Issue the loads of words[idx..idx+7] into the local words at dst (an address), not waiting on them."""
+    T.evaluate(T.cuda.func_call(LOAD8, dst, tirx.address_of(words[tuple(idx)]), source_code=LOAD8_SRC))
+
+
+def settle8(dst, words, idx, tag16):
+    """Until every one of the 8 words at dst carries tag16, load them again from words[idx..]."""
+    T.evaluate(T.cuda.func_call(SETTLE8, dst, tirx.address_of(words[tuple(idx)]), tag16, source_code=SETTLE8_SRC))

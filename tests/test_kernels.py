@@ -463,6 +463,49 @@ def test_persistent_mma_knobs_are_correct(case, dtype, knobs):
                   "rows", batches=(6, 37), note=point.describe())
 
 
+# single-phase layers whose h persistent_mma may poll as tagged half words (sync 1): whole 32-column chunks
+SYNC_CASES = [
+    Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h", "initial_c"), hidden=96, input_size=7),
+    Case(op="RNN", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=64, input_size=5, layout=1),
+]
+
+
+def test_polled_steps_meet_at_one_grid_barrier():
+    """persistent_mma's sync knob: offered and built only for fp16 single-phase layers in whole chunks; with it
+    the kernel meets at the start's grid barrier alone and each step polls h's tagged words, without it at one a step."""
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    half = dataclasses.replace(SYNC_CASES[0].spec(), dtype="float16")
+    assert knob_space("persistent_mma", half, cell_for(half), target)["sync"] == (0, 1)
+    refused = [dataclasses.replace(SYNC_CASES[0].spec(), dtype=dtype) for dtype in ("float32", "bfloat16")]
+    refused += [dataclasses.replace(case.spec(), dtype="float16") for case in CASES[:2]]  # H 24, GRU
+    for spec in refused:
+        assert knob_space("persistent_mma", spec, cell_for(spec), target)["sync"] == (0,)
+    base = default_config("persistent_mma", half, cell_for(half), target, 16)
+    barriers, polls = [], []
+    for sync in (0, 1):
+        src = _source(target, half, KernelConfig.of("persistent_mma", **{**dict(base.knobs), "sync": sync}))
+        body = src[src.index("{", src.index("__global__")):]
+        barriers.append(body.count("tvm_builtin_cuda_grid_sync()"))
+        polls.append(body.count("tvmrnn_settle_words8("))
+    assert barriers[1] == 1 < barriers[0] and polls[0] == 0 < polls[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", SYNC_CASES, ids=lambda c: f"{c.op}-{c.direction}")
+def test_polled_steps_match_the_barrier(case, dtype="float16"):
+    """sync 1 against float64, and bit for bit against the grid barrier's steps on the same inputs: batches of one pass
+    and of two (37 rows in 24-row passes), rows of several lengths (their padded steps publish h too)."""
+    spec = dataclasses.replace(case.spec(), dtype=dtype)
+    target = target_of("cuda")
+    base = default_config("persistent_mma", spec, cell_for(spec), target, 16)
+    runs = [_check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec,
+                          point_kernel(spec, cell_for(spec), target, KernelConfig.of("persistent_mma", **{**dict(base.knobs), "sync": sync})),
+                          "rows", batches=(6, 37), note=f"sync {sync}") for sync in (0, 1)]
+    for barrier, polled in zip(*runs):
+        for b, p in zip(barrier, polled):
+            np.testing.assert_array_equal(b, p)
+
+
 # layers whose streamed chunks pass through persistent_mma's cp.async ring: H a multiple of 32 (whole chunks); rounds of
 # k_warps x depth chunks: one round (the prologue copies it), two with a partial last one, four with the copies issued
 # inside the loop; GRU's two phases have rows of different widths
