@@ -184,7 +184,8 @@ def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaC
     that does not fit beside R); above, 2 x 2 tiles (32 rows per pass) split 4 ways, and above WIDE_BATCH one 64-row
     pass of 4 x 2 tiles; XW prefetched in cells of several phases. The k-warps' partial sums meet flat (one barrier)
     in passes of up to 32 rows where that fits, as a tree in the 64-row ones. Exact fp32 runs f16x3 steps where the
-    cell bounds h. Where no point holds all of R, streaming_config; None if that does not fit either."""
+    cell bounds h. Up to batch 8 the steps poll h's tagged words where they may (sync); at 16 rows and more the grid
+    barrier ran faster. Where no point holds all of R, streaming_config; None if that does not fit either."""
     from .recurrent_mma import mode
 
     exact = mode(spec) == "tf32x3"
@@ -198,12 +199,13 @@ def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaC
         if batch is None or batch > WIDE_BATCH:
             points.insert(0, dict(n_tiles=4, n_warps=2, k_warps=4, prefetch=int(phases > 1)))
     halves = int(halves_apply(spec))
+    small = batch is not None and batch <= SMALL_BATCH
     for units in UNITS:
         for point in points:
             tree = MmaConfig(units=units, depth=2, halves=halves, **point)
             for cfg in ([replace(tree, flat_sums=1)] if tree.rows <= WIDE_BATCH else []) + [tree]:
                 if fits(spec, cell, device, cfg):
-                    return cfg
+                    return replace(cfg, sync=1) if small and polls(spec, cell, cfg) else cfg
     return streaming_config(spec, cell, device)
 
 

@@ -857,6 +857,19 @@ def test_partial_sums_meet_flat_below_64_rows(dtype):
     assert "flat_sums" not in knob_space("persistent_mma", streamed, cell_for(streamed), target)
 
 
+def test_small_batches_poll_h_where_they_may():
+    """persistent_mma's default polls h's tagged words (sync) up to batch 8 in fp16 single-phase layers, where it measured
+    faster than the grid barrier, and meets at the barrier from batch 9 (slower polled at 16-64 rows), in fp32 and GRU."""
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+
+    def sync(op, dtype, batch):
+        spec = Case(op=op, hidden=1024, input_size=8, dtype=dtype).spec()
+        return dict(default_config("persistent_mma", spec, cell_for(spec), target, batch).knobs).get("sync", 0)
+
+    assert [sync("LSTM", "float16", b) for b in (1, 8, 9, 24, 32, 64)] == [1, 1, 0, 0, 0, 0]
+    assert sync("RNN", "float16", 8) == 1 and sync("GRU", "float16", 8) == 0 and sync("LSTM", "float32", 8) == 0
+
+
 @pytest.mark.parametrize("kind, batch", [("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 64), ("persistent", 4)])
 def test_grid_barrier_kernels_are_bounded_to_one_block_an_sm(kind, batch):
     """A kernel that waits at a grid barrier is launched one block an SM, so its bound says so: __launch_bounds__(threads,
