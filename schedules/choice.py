@@ -36,6 +36,12 @@ CLUSTER_MIN_HIDDEN, CLUSTER_MAX_HIDDEN, CLUSTER_MAX_BATCH = 64, 1024, 1
 # 0.79-1.86 us a step against persistent's or persistent_mma's 2.4-6.0; at H512 batch 8 they lost:
 # benchmarks/results/h100-cluster-batch.md): (batch bound, largest hidden size)
 CLUSTER_BATCHES = ((4, 512), (8, 256))
+# ... but from this hidden size, where persistent_mma's 8-row point polls h (Fit.polled: fp16 LSTM/RNN), it runs batch
+# 1-8 ahead of cluster and persistent: LSTM H1024 fp16 1.61 ms against cluster's 1.74 (batch 1), 1.94 / 2.10 against
+# persistent's 3.79 / 7.02 (batch 2 / 4), H768 batch 4 1.80 against 5.02, H512 1.04 against 1.08 (batch 1) and 1.29
+# against cluster's 1.60 (batch 4), 1000 steps (benchmarks/results/h200-polled-steps.md). H256 tied at batch 1 (0.825
+# against 0.827); below, unmeasured
+POLLED_MIN_HIDDEN = 512
 STREAMED_MAX_BATCH = 64  # persistent_mma streaming part of R runs STEPWISE_MAX_BATCH+1 .. here (its 64 rows per pass)
 # above RESIDENT_MAX_BATCH (persistent_mma's last 32-row passes) with R resident, in exact fp32: the per-step mma
 # (3xTF32) up to this hidden size, where persistent_mma's blocks of 8 units fill a quarter of the H100's SMs (blog-b,
@@ -65,7 +71,8 @@ def _always(fit: Fit) -> bool:
 
 
 # CUDA under auto, in batch order. R too large for shared memory but streamed by persistent_mma: the per-step kind, the
-# streaming kernel, the per-step kind again. R on chip: persistent at small batch, then persistent_mma's batch tiles to
+# streaming kernel, the per-step kind again. R on chip: persistent_mma's polled 8-row point to batch 8 where it polls,
+# else cluster and persistent at small batch, then persistent_mma's batch tiles to
 # RESIDENT_MAX_BATCH and the per-step mma above (Fit.per_step_above), or persistent_mma's 64-row passes to any batch
 # (exact fp32 above EXACT_MMA_MAX_HIDDEN, LSTM in a rounding mode from ROUNDED_PASSES_MIN_HIDDEN). Neither: persistent
 # if it fits, then mma where tensor cores take the dtype, else stepwise and (for wide layers) tiled
@@ -75,6 +82,7 @@ CUDA_DEFAULTS = (
     Default("persistent_mma", STREAMED_MAX_BATCH, STREAMED_MAX_BATCH, lambda f: f.streams),
     Default("mma", None, None, lambda f: f.streams and f.tensor_cores),
     Default("tiled", None, None, lambda f: f.streams and not f.tensor_cores),
+    Default("persistent_mma", RESIDENT_SMALL_BATCH, RESIDENT_SMALL_BATCH, lambda f: f.polled),
     Default("cluster", CLUSTER_MAX_BATCH, CLUSTER_MAX_BATCH,
             lambda f: (f.cluster and f.persistent and not f.streams
                        and CLUSTER_MIN_HIDDEN <= f.hidden_size <= CLUSTER_MAX_HIDDEN

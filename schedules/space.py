@@ -89,12 +89,17 @@ class Fit:
     # persistent_mma's 64-row passes: exact fp32 to EXACT_MMA_MAX_HIDDEN units, a rounding mode below
     # ROUNDED_PASSES_MIN_HIDDEN and in GRU and RNN layers (choice.py)
     per_step_above: bool = False
+    # R resident, and persistent_mma's small-batch point polls h's tagged words (fp16 LSTM layers in whole chunks:
+    # recurrent_persistent_mma.polls and POLLED_OPS) from choice.POLLED_MIN_HIDDEN units
+    polled: bool = False
 
     @staticmethod
     def of(spec, cell, target, device: Device) -> Fit:
         from . import recurrent_cluster as cluster
         from . import recurrent_persistent as persistent
-        from .choice import CLUSTER_BATCHES, EXACT_MMA_MAX_HIDDEN, ROUNDED_PASSES_MIN_HIDDEN, TILED_MIN_HIDDEN
+        from .choice import CLUSTER_BATCHES, EXACT_MMA_MAX_HIDDEN, POLLED_MIN_HIDDEN, ROUNDED_PASSES_MIN_HIDDEN, TILED_MIN_HIDDEN
+        from .recurrent_mma import MmaConfig
+        from .recurrent_persistent_mma import POLLED_OPS, polls
 
         resident, half_or_tf32 = persistent_mma_fits(spec, cell, target, device), rounding_mode(spec, target) is not None
         H = spec.hidden_size
@@ -105,7 +110,7 @@ class Fit:
                    half_or_tf32, spec.hidden_size >= TILED_MIN_HIDDEN, on_clusters, spec.hidden_size, exact_mma,
                    on_clusters and cluster.default_config(spec, cell, device).clusters > 1,
                    max((b for b, _ in CLUSTER_BATCHES if on_clusters and cluster.batch_config(spec, cell, device, b)), default=0),
-                   per_step_above)
+                   per_step_above, resident and H >= POLLED_MIN_HIDDEN and spec.op in POLLED_OPS and polls(spec, cell, MmaConfig()))
 
 
 @dataclass(frozen=True)
