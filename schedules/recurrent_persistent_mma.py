@@ -8,7 +8,8 @@ direction, with all their gates. A block copies its rows of R into shared memory
 order its warps' mma fragments read them, then per step and phase runs recurrent_mma.block_phase
 (mma.sync tiles: A from shared memory, B = batch rows of h from L2; the k_warps' partial sums
 meet in shared memory; the gate program as the epilogue) over its batch rows, and the grid meets
-at a barrier before the next phase.
+at a barrier before the next phase. With `sync` (fp16 single-phase cells) there is no barrier between steps: h goes
+out as half words tagged with the step (step_sync), and each warp polls the words its B fragments read.
 
 Shared layout of R, per phase and 8-row group (one gate's 8 units) and 32-column chunk: the 8 rows
 of 32 columns one after another, so a warp's 16-byte fragment loads (row g, columns 8t..8t+7)
