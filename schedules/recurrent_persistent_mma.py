@@ -164,8 +164,8 @@ def polls(spec, cell, cfg: MmaConfig) -> bool:
             and spec.hidden_size % KC == 0 and len(cell.phases) == 1 and cell.phases[0].operand == "h")
 
 
-# the layers whose default polls h up to SMALL_BATCH, where it measured faster than the grid barrier (GRU with
-# linear_before_reset and RNN are single-phase too and may poll by tuning: unmeasured)
+# the layers whose default polls h up to SMALL_BATCH, where it measured faster than the grid barrier; GRU with
+# linear_before_reset (one phase too) tied at batch 8 and RNN is unmeasured: both may poll by tuning
 POLLED_OPS = ("LSTM",)
 # the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, three up to MID_BATCH,
 # 32 rows per pass up to WIDE_BATCH, and 64 rows per pass above
