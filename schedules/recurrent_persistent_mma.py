@@ -167,6 +167,13 @@ def polls(spec, cell, cfg: MmaConfig) -> bool:
 # the layers whose default polls h up to SMALL_BATCH, where it measured faster than the grid barrier; GRU with
 # linear_before_reset (one phase too) tied at batch 8 and RNN is unmeasured: both may poll by tuning
 POLLED_OPS = ("LSTM",)
+
+
+def polls_by_default(spec, cell, cfg: MmaConfig) -> bool:
+    """Whether the default's small-batch point polls h (sync 1): where it may (polls), in POLLED_OPS."""
+    return spec.op in POLLED_OPS and polls(spec, cell, cfg)
+
+
 # the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, three up to MID_BATCH,
 # 32 rows per pass up to WIDE_BATCH, and 64 rows per pass above
 SMALL_BATCH = 8
@@ -209,7 +216,7 @@ def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaC
             tree = MmaConfig(units=units, depth=2, halves=halves, **point)
             for cfg in ([replace(tree, flat_sums=1)] if tree.rows <= WIDE_BATCH else []) + [tree]:
                 if fits(spec, cell, device, cfg):
-                    return replace(cfg, sync=1) if small and spec.op in POLLED_OPS and polls(spec, cell, cfg) else cfg
+                    return replace(cfg, sync=1) if small and polls_by_default(spec, cell, cfg) else cfg
     return streaming_config(spec, cell, device)
 
 

@@ -90,7 +90,7 @@ class Fit:
     # ROUNDED_PASSES_MIN_HIDDEN and in GRU and RNN layers (choice.py)
     per_step_above: bool = False
     # R resident, and persistent_mma's small-batch point polls h's tagged words (fp16 LSTM layers in whole chunks:
-    # recurrent_persistent_mma.polls and POLLED_OPS) from choice.POLLED_MIN_HIDDEN units
+    # recurrent_persistent_mma.polls_by_default) from choice.POLLED_MIN_HIDDEN units
     polled: bool = False
 
     @staticmethod
@@ -99,7 +99,7 @@ class Fit:
         from . import recurrent_persistent as persistent
         from .choice import CLUSTER_BATCHES, EXACT_MMA_MAX_HIDDEN, POLLED_MIN_HIDDEN, ROUNDED_PASSES_MIN_HIDDEN, TILED_MIN_HIDDEN
         from .recurrent_mma import MmaConfig
-        from .recurrent_persistent_mma import POLLED_OPS, polls
+        from .recurrent_persistent_mma import polls_by_default
 
         resident, half_or_tf32 = persistent_mma_fits(spec, cell, target, device), rounding_mode(spec, target) is not None
         H = spec.hidden_size
@@ -110,7 +110,7 @@ class Fit:
                    half_or_tf32, spec.hidden_size >= TILED_MIN_HIDDEN, on_clusters, spec.hidden_size, exact_mma,
                    on_clusters and cluster.default_config(spec, cell, device).clusters > 1,
                    max((b for b, _ in CLUSTER_BATCHES if on_clusters and cluster.batch_config(spec, cell, device, b)), default=0),
-                   per_step_above, resident and H >= POLLED_MIN_HIDDEN and spec.op in POLLED_OPS and polls(spec, cell, MmaConfig()))
+                   per_step_above, resident and H >= POLLED_MIN_HIDDEN and polls_by_default(spec, cell, MmaConfig()))
 
 
 @dataclass(frozen=True)

@@ -785,7 +785,7 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
     ("float32", 1024, 1, "sm_90", [("cluster", 1), ("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 32),
                                    ("persistent_mma", None)]),
     # half precision: the polled 8-row point from batch 1 (POLLED_MIN_HIDDEN), 64-row passes above batch 32 from H 1024
-    # (ROUNDED_PASSES_MIN_HIDDEN), the per-step mma above it below; GRU (two phases) does not poll
+    # (ROUNDED_PASSES_MIN_HIDDEN), the per-step mma above it below
     ("float16", 1024, 1, "sm_90", [("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 32), ("persistent_mma", None)]),
     ("float16", 768, 1, "sm_90", [("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 32), ("mma", None)]),
     ("float16", 256, 1, "sm_90", [("cluster", 1), ("cluster", 4), ("cluster", 8), ("persistent_mma", 24), ("persistent_mma", 32),
