@@ -196,18 +196,27 @@ def unit_results(args: KernelArgs, phase, d, n, t, j, rec, state, value, activat
     return phase.program(terms)
 
 
-def unit_values(a: KernelArgs, phase, hbuf, scratch, cur, d, n, t, j, rec, temps=None, x=None, activated=None) -> dict:
-    """The results of one phase program for unit j that get stored: name -> PrimExpr (nothing stored yet)."""
+def carried_states(a: KernelArgs, hbuf, cur, d, n, j) -> dict:
+    """The states unit j of row n carries into this step: h (hbuf's half cur) and, in a cell with one, c (in Yc)."""
     state = {"h": hbuf[cur, d, n, j]}
     if a.Yc is not None:
         state["c"] = a.Yc[tuple(a.state_index(d, n, j))]
+    return state
+
+
+def unit_values(a: KernelArgs, phase, hbuf, scratch, cur, d, n, t, j, rec, temps=None, x=None, activated=None,
+                state=None) -> dict:
+    """The results of one phase program for unit j that get stored: name -> PrimExpr (nothing stored yet). state: the
+    carried states where the kernel loaded them ahead (default, or empty: read them here)."""
+    state = state or carried_states(a, hbuf, cur, d, n, j)
     value = {v: buf[d, n, j] for v, buf in scratch.items()}
     res = unit_results(a, phase, d, n, t, j, rec, state, value, apply_activation if temps is None else temps.activation, x,
                        activated)
     return {k: v for k, v in res.items() if k in phase.stores or k in ("h", "c")}
 
 
-def unit_step(a: KernelArgs, phase, hbuf, scratch, cur, nxt, d, n, t, j, rec, temps=None, x=None, activated=None):
+def unit_step(a: KernelArgs, phase, hbuf, scratch, cur, nxt, d, n, t, j, rec, temps=None, x=None, activated=None,
+              state=None):
     """Run one phase program for unit j of batch row n at position t and store its results.
 
     Everything is evaluated into registers before the first store, since the results read
@@ -215,7 +224,7 @@ def unit_step(a: KernelArgs, phase, hbuf, scratch, cur, nxt, d, n, t, j, rec, te
     gives instead of a local buffer per call: temps.bind(value) stores value in the lane's own
     slot and returns its load; temps.activation(act, x) replaces cells.apply_activation.
     """
-    res = unit_values(a, phase, hbuf, scratch, cur, d, n, t, j, rec, temps, x, activated)
+    res = unit_values(a, phase, hbuf, scratch, cur, d, n, t, j, rec, temps, x, activated, state)
     if temps is None:
         tmp = T.alloc_buffer((len(res),), "float32", scope="local")
         for i, v in enumerate(res.values()):

@@ -161,14 +161,15 @@ def accurate_math(spec) -> bool:
     return spec.dtype == "float32" and spec.precision == "exact"
 
 
-def epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec, x=None, activated=None):
+def epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j, rec, x=None, activated=None, state=None):
     """The gate program for a valid step, or (after the last phase) the padding rule past the sequence's end.
     x(gi): the gates' input projections where the kernel loaded them ahead, activated: the gates it activated ahead
-    (recurrent_common.unit_results)."""
+    (recurrent_common.unit_results), state: the carried states it loaded ahead (recurrent_common.carried_states)."""
     with T.If(s < a.length(n)):
         with T.Then():
             unit_step(a, phase, hbuf, scratch, cur, nxt, d, n, a.time_index(d, n, s), j, rec,
-                      temps=vector_math.RegisterTemps() if accurate_math(a.spec) else None, x=x, activated=activated)
+                      temps=vector_math.RegisterTemps() if accurate_math(a.spec) else None, x=x, activated=activated,
+                      state=state)
         if last:
             with T.Else():
                 unit_padding(a, hbuf, cur, nxt, d, n, s, j)

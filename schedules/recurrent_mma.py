@@ -24,7 +24,8 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from .mma_tiles import KC, MODES, WarpTiles, chunk_rounds
-from .recurrent_common import KernelArgs, block_sync, emit_if, guarded, half_operands, i64, load_xw_ahead, split_operands, shared_dyn
+from .recurrent_common import (KernelArgs, block_sync, carried_states, emit_if, guarded, half_operands, i64, load_xw_ahead,
+                               split_operands, shared_dyn)
 from .recurrent_cuda import epilogue, operand_at, operand_index, step_launches
 from . import step_sync
 
@@ -227,7 +228,7 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
                       chunk_acc=bool(cfg.chunk_acc) and tm in ("tf32x3", "f16x3"))
     threads = 32 * NW * KW
     tid = wy * i64(32) + lane
-    xw = _prefetch_xw(a, phase, s, d, u0, n0, UB, NB, threads, tid) if cfg.prefetch and x_of is None else None
+    ahead = _prefetch(a, phase, hbuf, s, cur, d, u0, n0, UB, NB, threads, tid) if cfg.prefetch and x_of is None else None
     polled = None if b_words is None else _PolledB(a, phase, cur, d, n0, wn, NT, tiles, cfg.depth, *b_words)
 
     def loader(a_at, a_vector, first=0, b_shared=None, b_elem=None, size=H):
@@ -267,7 +268,7 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
         block_sync()
 
     _sum_partials(tiles, acc_s, wn, wk, cfg, MT, stride)
-    _gate_programs(a, phase, last, hbuf, scratch, s, cur, nxt, d, u0, n0, cfg, acc_s, stride, tid, xw, unscale, x_of)
+    _gate_programs(a, phase, last, hbuf, scratch, s, cur, nxt, d, u0, n0, cfg, acc_s, stride, tid, ahead, unscale, x_of)
 
 
 class _PolledB:
@@ -329,9 +330,9 @@ def _sum_partials(tiles, acc_s, wn, wk, cfg: MmaConfig, MT: int, stride: int):
 
 
 def _gate_programs(a: KernelArgs, phase, last, hbuf, scratch, s, cur, nxt, d, u0, n0, cfg: MmaConfig, acc_s, stride: int, tid,
-                   xw, unscale, x_of=None):
+                   ahead, unscale, x_of=None):
     """The gate program for each (unit, batch row) of the block, the recurrent terms from the sums in acc_s; the input
-    terms from xw (loaded ahead), x_of(gi, j), or else XW."""
+    terms and carried states from `ahead` (_prefetch's registers), the input terms else from x_of(gi, j) or XW."""
     H, N, UB, NB = a.spec.hidden_size, a.batch, cfg.units, cfg.rows
     threads = 32 * cfg.n_warps * cfg.k_warps
 
@@ -355,17 +356,32 @@ def _gate_programs(a: KernelArgs, phase, last, hbuf, scratch, s, cur, nxt, d, u0
                 epilogue(a, phase, last, hbuf, scratch, s, cur, nxt, d, n, j,
                          lambda gi, u=u, b=b: rec(gi, u, summed((i64(gi * UB) + u) * i64(stride) + b)),
                          **({"x": lambda gi, j=j: x_of(gi, j)} if x_of is not None else
-                            {} if xw is None else {"x": lambda gi, it=it: xw[i64(it), i64(gi)]}))
+                            {} if ahead is None else {"x": lambda gi, it=it: ahead[0][i64(it), i64(gi)],
+                                                      "state": _ahead_states(a, hbuf, cur, d, n, j, ahead, it)}))
 
 
-def _prefetch_xw(a: KernelArgs, phase, s, d, u0, n0, UB, NB, threads, tid):
-    """The XW values each epilogue thread will need (its (unit, row) pairs, the phase's gates), loaded into registers
-    now. Pairs past the edges load a clamped element they never use."""
+def _prefetch(a: KernelArgs, phase, hbuf, s, cur, d, u0, n0, UB, NB, threads, tid):
+    """The XW values and cell state each epilogue thread will need (its (unit, row) pairs, the phase's gates), loaded
+    into registers now, so their latency hides behind the reduction: (xw, cell states, their names). A cell state is
+    safe to read early: the thread that finishes (unit, row) wrote it the step before (or a barrier since), and this
+    step writes it only in its epilogue. h stays where the program reads it (loaded ahead too, GRU's steps ran 0-2%
+    slower). Pairs past the edges load a clamped element they never use."""
     H, N = a.spec.hidden_size, a.batch
     items = -(-UB * NB // threads)
     xw = T.alloc_buffer((items, len(phase.gates)), F32, scope="local")
+    names = [k for k in carried_states(a, hbuf, cur, d, i64(0), i64(0)) if k != "h"]
+    states = T.alloc_buffer((items, len(names)), F32, scope="local") if names else None
     for it in range(items):
         e = i64(it * threads) + tid
         n, j = tirx.min(n0 + e // i64(UB), N - 1), tirx.min(u0 + e % i64(UB), i64(H - 1))
         load_xw_ahead(a, phase, s, d, n, j, xw, [i64(it)])
-    return xw
+        carried = carried_states(a, hbuf, cur, d, n, j)
+        for i, name in enumerate(names):
+            T.buffer_store(states, carried[name], [i64(it), i64(i)])
+    return xw, states, names
+
+
+def _ahead_states(a: KernelArgs, hbuf, cur, d, n, j, ahead, it) -> dict:
+    """The carried states of item `it` for the gate program: the cell states _prefetch loaded, h read in place."""
+    _, states, names = ahead
+    return {**carried_states(a, hbuf, cur, d, n, j), **{k: states[i64(it), i64(i)] for i, k in enumerate(names)}}
