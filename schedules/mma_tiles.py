@@ -262,12 +262,15 @@ def cp_async_ring(count: int, stages: int, issue, consume, landed=None, lag: int
 
 def chunk_rounds(chunks: int, ways: int, depth: int, lane_way, load, multiply, settle=None):
     """The reduction loop: `ways` warps split `chunks` chunks (warp w takes w, w + ways, ...), each staging `depth`
-    chunks per round, then multiplying them. load(chunk, slot) / multiply(slot) emit one chunk's part; settle(chunk,
-    slot), where given, runs between a round's loads and its multiplies (waiting for polled operands)."""
-    rounds = -(-chunks // (ways * depth))
+    chunks per round, then multiplying them. load(chunk, slot) / multiply(slot) emit one chunk's part; settle(round),
+    where given, runs once between a round's loads and its multiplies (waiting for polled operands), round being the
+    (chunk, slot, whether the chunk is in range: True, or a condition) of each slot."""
+    rounds, whole = -(-chunks // (ways * depth)), chunks % (ways * depth) == 0
     with T.serial(0, i64(rounds)) as it:
         cks = [(it * i64(depth) + i64(j)) * i64(ways) + lane_way for j in range(depth)]
-        for step in (load, settle, multiply) if settle else (load, multiply):
-            for j, ck in enumerate(cks):
-                args = (j,) if step is multiply else (ck, j)
-                emit_if(ck < i64(chunks), lambda step=step, args=args: step(*args), chunks % (ways * depth) == 0)  # warp-uniform
+        for j, ck in enumerate(cks):
+            emit_if(ck < i64(chunks), lambda ck=ck, j=j: load(ck, j), whole)  # warp-uniform
+        if settle:
+            settle([(ck, j, True if whole else ck < i64(chunks)) for j, ck in enumerate(cks)])
+        for j, ck in enumerate(cks):
+            emit_if(ck < i64(chunks), lambda j=j: multiply(j), whole)

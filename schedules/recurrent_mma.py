@@ -272,8 +272,9 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
 
 
 class _PolledB:
-    """B from the operand's tagged half words (step_sync): a round's loads issued together (load), then each chunk's
-    words polled until they carry the phase's tag and unpacked into the tiles' B registers (settle). Whole chunks only."""
+    """B from the operand's tagged half words (step_sync): a round's loads issued together (load), then the round's
+    words polled together until they carry the phase's tag, and unpacked into the tiles' B registers (settle). Whole
+    chunks only."""
 
     def __init__(self, a: KernelArgs, phase, cur, d, n0, wn, NT: int, tiles: WarpTiles, depth: int, words, tag16):
         self.a, self.phase, self.cur, self.d, self.tiles, self.words, self.tag16 = a, phase, cur, d, tiles, words, tag16
@@ -289,14 +290,23 @@ class _PolledB:
             dst, idx = self._at(ck, slot, nt)
             step_sync.load8(dst, self.words, idx)
 
-    def settle(self, ck, slot):
-        dtype = self.a.spec.dtype
-        for nt in range(len(self.rows)):
-            dst, idx = self._at(ck, slot, nt)
-            step_sync.settle8(dst, self.words, idx, self.tag16)
-            for v in range(8):
-                bits = tirx.bitwise_and(self.raw[i64(slot), i64(nt), i64(v)], tirx.IntImm(step_sync.HALF_WORD, 0xFFFF))
-                T.buffer_store(self.tiles.rb, tirx.reinterpret(dtype, bits.astype("uint16")), [i64(slot), i64(nt), i64(v)])
+    def settle(self, round_):
+        """Wait for the round's words together (step_sync.settle_runs), then unpack each chunk's into B's registers."""
+        runs = [(ck, slot, nt, valid) for ck, slot, valid in round_ for nt in range(len(self.rows))]  # raw's order
+        bit = lambda k: tirx.IntImm(step_sync.HALF_WORD, 1 << k)  # noqa: E731
+        mask = tirx.IntImm(step_sync.HALF_WORD, sum(1 << k for k, run in enumerate(runs) if run[3] is True))
+        for k, (_, _, _, valid) in enumerate(runs):
+            if valid is not True:
+                mask = mask + tirx.Select(valid, bit(k), tirx.IntImm(step_sync.HALF_WORD, 0))
+        step_sync.settle_runs(tirx.address_of(self.raw[i64(0), i64(0), i64(0)]), self.words,
+                              [self._at(ck, slot, nt)[1] for ck, slot, nt, _ in runs], mask, self.tag16)
+        for ck, slot, nt, valid in runs:
+            emit_if(valid, lambda slot=slot, nt=nt: self._unpack(slot, nt), valid is True)
+
+    def _unpack(self, slot, nt):
+        for v in range(8):
+            bits = tirx.bitwise_and(self.raw[i64(slot), i64(nt), i64(v)], tirx.IntImm(step_sync.HALF_WORD, 0xFFFF))
+            T.buffer_store(self.tiles.rb, tirx.reinterpret(self.a.spec.dtype, bits.astype("uint16")), [i64(slot), i64(nt), i64(v)])
 
 
 def _sum_partials(tiles, acc_s, wn, wk, cfg: MmaConfig, MT: int, stride: int):

@@ -19,7 +19,9 @@ Tags are the step number modulo 2^32 (INVALID = 2^32 - 1): a sequence of 2^32 - 
 Half words (HALF_WORD, the tensor-core kernel's B operand): a 32-bit word of the value's fp16/bf16 bits low and a
 16-bit tag high, the step modulo 65535 (half_tag; 0xFFFF is INVALID). A slot only ever holds the tag of the step it is
 read for, of the step two before (the double buffer) or INVALID, and those three differ, so 16 bits suffice; a warp
-loads a lane's 8 words with two 16-byte relaxed loads, all of a round's loads issued before the first tag is checked.
+loads a lane's 8 words with two 16-byte relaxed loads, all of a round's loads issued before the first tag is checked,
+and waits for the round's runs together (settle_runs): each pass reloads every run still lagging, so a round costs one
+L2 round trip past its last producer's store, where a wait run by run paid one for each run found stale in turn.
 """
 
 from __future__ import annotations
@@ -53,16 +55,31 @@ WAIT4_SRC = (f"__forceinline__ __device__ float4 {WAIT4}(const void* words, unsi
 HALF_WORD = "uint32"
 PUBLISH_WORD = "tvmrnn_publish_word"
 LOAD8 = "tvmrnn_load_words8"
-SETTLE8 = "tvmrnn_settle_words8"
 PUBLISH_WORD_SRC = (f"__forceinline__ __device__ void {PUBLISH_WORD}(void* word, unsigned w) {{ "
                     'asm volatile("st.relaxed.gpu.b32 [%0], %1;" :: "l"(word), "r"(w) : "memory"); }')
-_LOAD8_BODY = ('asm volatile("ld.relaxed.gpu.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(words)); '
-               'asm volatile("ld.relaxed.gpu.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(w[4]), "=r"(w[5]), "=r"(w[6]), "=r"(w[7]) : "l"((const char*)words + 16));')
-LOAD8_SRC = f"__forceinline__ __device__ void {LOAD8}(unsigned* w, const void* words) {{ {_LOAD8_BODY} }}"
-# the tags are the words' high halves: OR of each word XOR the tag, shifted down, is zero when all eight match
-SETTLE8_SRC = (f"__forceinline__ __device__ void {SETTLE8}(unsigned* w, const void* words, unsigned tag) {{ unsigned t = tag << 16; "
-               "while ((((w[0] ^ t) | (w[1] ^ t) | (w[2] ^ t) | (w[3] ^ t) | (w[4] ^ t) | (w[5] ^ t) | (w[6] ^ t) | (w[7] ^ t)) >> 16) != 0u) "
-               f"{{ {_LOAD8_BODY} }} }}")
+SETTLE = "tvmrnn_settle_runs"
+
+
+def _load8_at(base: str, ptr: str) -> str:
+    """The two 16-byte relaxed loads of 8 words from `ptr` into the local words from `base`."""
+    return "".join(f'asm volatile("ld.relaxed.gpu.v4.b32 {{%0, %1, %2, %3}}, [%4];" : "=r"({base}[{4 * h}]), "=r"({base}[{4 * h + 1}]), '
+                   f'"=r"({base}[{4 * h + 2}]), "=r"({base}[{4 * h + 3}]) : "l"((const char*){ptr} + {16 * h})); ' for h in range(2))
+
+
+LOAD8_SRC = f"__forceinline__ __device__ void {LOAD8}(unsigned* w, const void* words) {{ {_load8_at('w', 'words')}}}"
+
+
+def settle_runs_src(runs: int) -> tuple[str, str]:
+    """The device function that waits for `runs` runs of 8 words together: while any valid run's tags lag, it reloads
+    every such run at once, so a round of loads waits one L2 round trip past its last producer, not one a run."""
+    name = f"{SETTLE}{runs}"
+    ptrs = ", ".join(f"const void* p{k}" for k in range(runs))
+    lags = lambda k: " | ".join(f"(w[{8 * k + i}] ^ t)" for i in range(8))  # noqa: E731  (zero in the tag bits when on time)
+    stale = " ".join(f"bool s{k} = ((valid >> {k}) & 1u) && ((({lags(k)}) >> 16) != 0u);" for k in range(runs))
+    reload = " ".join(f"if (s{k}) {{ unsigned* r = w + {8 * k}; {_load8_at('r', f'p{k}')}}}" for k in range(runs))
+    src = (f"__forceinline__ __device__ void {name}(unsigned* w, unsigned tag, unsigned valid, {ptrs}) {{ unsigned t = tag << 16; "
+           f"for (;;) {{ {stale} if (!({' || '.join(f's{k}' for k in range(runs))})) break; {reload} }} }}")
+    return name, src
 
 
 def tag_of(step) -> tirx.PrimExpr:
@@ -111,6 +128,9 @@ def load8(dst, words, idx):
     T.evaluate(T.cuda.func_call(LOAD8, dst, tirx.address_of(words[tuple(idx)]), source_code=LOAD8_SRC))
 
 
-def settle8(dst, words, idx, tag16):
-    """Until every one of the 8 words at dst carries tag16, load them again from words[idx..]."""
-    T.evaluate(T.cuda.func_call(SETTLE8, dst, tirx.address_of(words[tuple(idx)]), tag16, source_code=SETTLE8_SRC))
+def settle_runs(dst, words, idxs, valid, tag16):
+    """Until every word of the runs at dst (8 words a run, run k from words[idxs[k]..]) whose bit of `valid` is set
+    carries tag16, load the lagging runs again, all at once (settle_runs_src)."""
+    name, src = settle_runs_src(len(idxs))
+    ptrs = [tirx.address_of(words[tuple(idx)]) for idx in idxs]
+    T.evaluate(T.cuda.func_call(name, dst, tag16, valid, *ptrs, source_code=src))

@@ -16,7 +16,7 @@ import tvm
 
 from compiled import target_of
 from onnx_cases import Case
-from schedules import cooperative, point_kernel, recurrent_kernel
+from schedules import cooperative, point_kernel, recurrent_kernel, step_sync
 from schedules.cells import cell_for
 from schedules.device import Device
 from schedules.recurrent_common import PANEL
@@ -487,7 +487,7 @@ def test_polled_steps_meet_at_one_grid_barrier():
         src = _source(target, half, KernelConfig.of("persistent_mma", **{**dict(base.knobs), "sync": sync}))
         body = src[src.index("{", src.index("__global__")):]
         barriers.append(body.count("tvm_builtin_cuda_grid_sync()"))
-        polls.append(body.count("tvmrnn_settle_words8("))
+        polls.append(body.count(step_sync.SETTLE))
     assert barriers[1] == 1 < barriers[0] and polls[0] == 0 < polls[1]
 
 
