@@ -174,6 +174,10 @@ def polls_by_default(spec, cell, cfg: MmaConfig) -> bool:
     return spec.op in POLLED_OPS and polls(spec, cell, cfg)
 
 
+# chunks a warp stages per round in the default's polled point: four, waited for together (step_sync.settle_runs), ran
+# LSTM fp16 at batch 2-8 10-21% faster than two (H768-H1024), batch 1 within 2% (benchmarks/results/h200-joint-settle.md)
+POLLED_DEPTH = 4
+
 # the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, three up to MID_BATCH,
 # 32 rows per pass up to WIDE_BATCH, and 64 rows per pass above
 SMALL_BATCH = 8
@@ -195,8 +199,9 @@ def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaC
     that does not fit beside R); above, 2 x 2 tiles (32 rows per pass) split 4 ways, and above WIDE_BATCH one 64-row
     pass of 4 x 2 tiles; XW prefetched in cells of several phases. The k-warps' partial sums meet flat (one barrier)
     in passes of up to 32 rows where that fits, as a tree in the 64-row ones. Exact fp32 runs f16x3 steps where the
-    cell bounds h. Up to batch 8 LSTM steps poll h's tagged words where they may (sync); at 16 rows and more the grid
-    barrier ran faster. Where no point holds all of R, streaming_config; None if that does not fit either."""
+    cell bounds h. Up to batch 8 LSTM steps poll h's tagged words where they may (sync), POLLED_DEPTH chunks a round;
+    at 16 rows and more the grid barrier ran faster. Where no point holds all of R, streaming_config; None if that does
+    not fit either."""
     from .recurrent_mma import mode
 
     exact = mode(spec) == "tf32x3"
@@ -216,7 +221,7 @@ def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaC
             tree = MmaConfig(units=units, depth=2, halves=halves, **point)
             for cfg in ([replace(tree, flat_sums=1)] if tree.rows <= WIDE_BATCH else []) + [tree]:
                 if fits(spec, cell, device, cfg):
-                    return replace(cfg, sync=1) if small and polls_by_default(spec, cell, cfg) else cfg
+                    return replace(cfg, sync=1, depth=POLLED_DEPTH) if small and polls_by_default(spec, cell, cfg) else cfg
     return streaming_config(spec, cell, device)
 
 

@@ -252,9 +252,11 @@ def _resident_tiles(spec, cell, device) -> dict[str, tuple[int, ...]]:
 
         n_tiles = tuple(nt for nt in (1, 2, 3, 4) if widest_fits(nt))
         if n_tiles:
-            return {"units": tuple(units), "n_tiles": n_tiles, "n_warps": (1, 2), "k_warps": (2, 4, 8), "depth": (1, 2),
+            polled = polls(spec, cell, MmaConfig())  # where it may poll, four chunks a round too (the default's there)
+            return {"units": tuple(units), "n_tiles": n_tiles, "n_warps": (1, 2), "k_warps": (2, 4, 8),
+                    "depth": (1, 2, 4) if polled else (1, 2),
                     "flat_sums": (0, 1) if all(widest_fits(nt, flat_sums=1) for nt in n_tiles) else (0,),
-                    "sync": (0, 1) if polls(spec, cell, MmaConfig()) else (0,)}
+                    "sync": (0, 1) if polled else (0,)}
         units.pop()
     return {}
 

@@ -863,15 +863,20 @@ def test_partial_sums_meet_flat_below_64_rows(dtype):
 def test_small_batches_poll_h_where_they_may():
     """persistent_mma's default polls h's tagged words (sync) up to batch 8 in fp16 LSTM layers, where it measured faster
     than the grid barrier, and meets at the barrier from batch 9 (slower polled at 16-64 rows), in fp32, and in RNN and
-    GRU layers (GRU's two phases cannot poll; RNN could, unmeasured)."""
+    GRU layers (GRU's two phases cannot poll; RNN could, unmeasured). The polled point stages four chunks a round, a
+    depth the knob space offers where a layer may poll."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 
-    def sync(op, dtype, batch):
+    def knobs(op, dtype, batch):
         spec = Case(op=op, hidden=1024, input_size=8, dtype=dtype).spec()
-        return dict(default_config("persistent_mma", spec, cell_for(spec), target, batch).knobs).get("sync", 0)
+        return dict(default_config("persistent_mma", spec, cell_for(spec), target, batch).knobs)
 
-    assert [sync("LSTM", "float16", b) for b in (1, 8, 9, 24, 32, 64)] == [1, 1, 0, 0, 0, 0]
-    assert sync("RNN", "float16", 8) == sync("GRU", "float16", 8) == sync("LSTM", "float32", 8) == 0
+    assert [knobs("LSTM", "float16", b).get("sync", 0) for b in (1, 8, 9, 24, 32, 64)] == [1, 1, 0, 0, 0, 0]
+    assert [knobs("LSTM", "float16", b)["depth"] for b in (1, 8, 9)] == [4, 4, 2]
+    assert all(knobs(op, dtype, 8).get("sync", 0) == 0 for op, dtype in (("RNN", "float16"), ("GRU", "float16"), ("LSTM", "float32")))
+    half, exact = (Case(op="LSTM", hidden=1024, input_size=8, dtype=dtype).spec() for dtype in ("float16", "float32"))
+    assert knob_space("persistent_mma", half, cell_for(half), target)["depth"] == (1, 2, 4)
+    assert knob_space("persistent_mma", exact, cell_for(exact), target)["depth"] == (1, 2)
 
 
 @pytest.mark.parametrize("kind, batch", [("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 64), ("persistent", 4)])
