@@ -164,9 +164,10 @@ def polls(spec, cell, cfg: MmaConfig) -> bool:
             and spec.hidden_size % KC == 0 and len(cell.phases) == 1 and cell.phases[0].operand == "h")
 
 
-# the layers whose default polls h up to SMALL_BATCH, where it measured faster than the grid barrier; GRU with
-# linear_before_reset (one phase too) tied at batch 8 and RNN is unmeasured: both may poll by tuning
-POLLED_OPS = ("LSTM",)
+# the layers whose default polls h up to SMALL_BATCH, where it measured faster than the grid barrier (GRU: those with
+# linear_before_reset, as PyTorch exports them, the one-phase kind polls takes; it tied at batch 8 until the joint wait,
+# then ran 1.44x, benchmarks/results/h200-joint-settle.md); RNN is unmeasured and may poll by tuning
+POLLED_OPS = ("LSTM", "GRU")
 
 
 def polls_by_default(spec, cell, cfg: MmaConfig) -> bool:

@@ -16,7 +16,7 @@ import tvm
 
 from compiled import target_of
 from onnx_cases import Case
-from schedules import cooperative, point_kernel, recurrent_kernel, step_sync
+from schedules import cooperative, plan_kernel, point_kernel, recurrent_kernel, step_sync
 from schedules.cells import cell_for
 from schedules.device import Device
 from schedules.recurrent_common import PANEL
@@ -106,8 +106,6 @@ def test_cpu_batches_below_a_row_tile_run_one_tile_of_their_rows(op, units):
     """Batch 1 runs single rows; batches 2 and 3 each a branch of one tile of exactly their rows (one read of R a step
     for every row, as wide as a tile of 4 rows is); then tiles of 4. The rows=3 point against float64 with poisoned
     outputs at batches 2 (a partial tile), 3 (a whole one) and 5."""
-    from schedules import plan_kernel
-
     case = Case(op=op, hidden=64, input_size=5, optional=("initial_h",))
     spec = find_rnn_layers(case.model())[0].spec
     plan = plan_kernel(spec, cell_for(spec), target_of("llvm"))
@@ -807,7 +805,7 @@ def test_default_kernel_per_batch(dtype, hidden, directions, arch, plan):
     one wave (above batch 32 in 64-row passes, or handing over to mma: choice.EXACT_MMA_MAX_HIDDEN,
     ROUNDED_PASSES_MIN_HIDDEN), else the per-step kinds, with persistent_mma
     streaming part of R from L2 at batch 33-64 where R is larger than a wave's shared memory."""
-    from schedules import KernelError, plan_kernel
+    from schedules import KernelError
 
     case = Case(op="LSTM", hidden=hidden, input_size=8, dtype=dtype, direction="bidirectional" if directions == 2 else "forward")
     spec = case.spec()
@@ -863,20 +861,25 @@ def test_partial_sums_meet_flat_below_64_rows(dtype):
 def test_small_batches_poll_h_where_they_may():
     """persistent_mma's default polls h's tagged words (sync) up to batch 8 in fp16 LSTM layers, where it measured faster
     than the grid barrier, and meets at the barrier from batch 9 (slower polled at 16-64 rows), in fp32, and in RNN and
-    GRU layers (GRU's two phases cannot poll; RNN could, unmeasured). The polled point stages four chunks a round, a
-    depth the knob space offers where a layer may poll."""
+    RNN layers (unmeasured) and GRU layers of two phases (linear_before_reset 0: they cannot poll). The polled point
+    stages four chunks a round, a depth the knob space offers where a layer may poll."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 
-    def knobs(op, dtype, batch):
-        spec = Case(op=op, hidden=1024, input_size=8, dtype=dtype).spec()
+    def knobs(op, dtype, batch, **options):
+        spec = Case(op=op, hidden=1024, input_size=8, dtype=dtype, **options).spec()
         return dict(default_config("persistent_mma", spec, cell_for(spec), target, batch).knobs)
 
     assert [knobs("LSTM", "float16", b).get("sync", 0) for b in (1, 8, 9, 24, 32, 64)] == [1, 1, 0, 0, 0, 0]
+    assert [knobs("GRU", "float16", b, linear_before_reset=1).get("sync", 0) for b in (1, 8, 9)] == [1, 1, 0]
     assert [knobs("LSTM", "float16", b)["depth"] for b in (1, 8, 9)] == [4, 4, 2]
     assert all(knobs(op, dtype, 8).get("sync", 0) == 0 for op, dtype in (("RNN", "float16"), ("GRU", "float16"), ("LSTM", "float32")))
     half, exact = (Case(op="LSTM", hidden=1024, input_size=8, dtype=dtype).spec() for dtype in ("float16", "float32"))
     assert knob_space("persistent_mma", half, cell_for(half), target)["depth"] == (1, 2, 4)
     assert knob_space("persistent_mma", exact, cell_for(exact), target)["depth"] == (1, 2)
+    # auto runs the polled point from H512 at batch 1-8 for PyTorch's GRU too, ahead of the cluster kernel
+    gru = Case(op="GRU", hidden=512, input_size=8, dtype="float16", linear_before_reset=1).spec()
+    first = plan_kernel(gru, cell_for(gru), target).branches[0]
+    assert (first.config.kind, first.up_to, dict(first.config.knobs).get("sync")) == ("persistent_mma", 8, 1)
 
 
 @pytest.mark.parametrize("kind, batch", [("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 64), ("persistent", 4)])
