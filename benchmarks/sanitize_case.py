@@ -6,7 +6,8 @@
     python3 benchmarks/sanitize_case.py persistent_mma_wavefront   the same in the persistent tensor-core wavefront: batch 6
                                   of a bound of 8 (one 8-row pass), then 20 of 24 (one partial 32-row pass)
     python3 benchmarks/sanitize_case.py persistent LSTM sync   the persistent kernel with sync=1 (steps wait on h's tagged words)
-    python3 benchmarks/sanitize_case.py persistent_mma LSTM sync   the same in persistent_mma, fp16 (h's tagged half words)
+    python3 benchmarks/sanitize_case.py persistent_mma LSTM sync   the same in persistent_mma, fp16 (h's tagged half words;
+                                  GRU: with linear_before_reset, the one-phase GRU that polls)
     python3 benchmarks/sanitize_case.py cluster GRU [sync|grid]   the cluster kernel, hidden 128 (h through distributed
                                   shared memory, a cluster barrier a phase or with sync mbarriers; GRU's two phases; R in
                                   registers; grid: two clusters a direction, the other's units polled and forwarded)
@@ -63,7 +64,8 @@ if kernel in STACKS:
 case = Case(op=sys.argv[2] if len(sys.argv) > 2 else "LSTM", direction="bidirectional",
             optional=("B", "sequence_lens") + (("initial_h",) if sys.argv[3:] == ["h0"] else ()),
             hidden=128 if sys.argv[3:] in (["ring"], ["ring-h"], ["ring-h-halves"]) or kernel == "cluster" else 64, input_size=16,
-            dtype="float16" if kernel == "persistent_mma" and sys.argv[3:] == ["sync"] else "float32")
+            dtype="float16" if kernel == "persistent_mma" and sys.argv[3:] == ["sync"] else "float32",
+            linear_before_reset=int(sys.argv[2:] == ["GRU", "sync"]))  # a GRU polls in one phase only (PyTorch's kind)
 module = tvmrnn.compile(case.model(), target="cuda", kernel=kernel)
 feeds = case.feeds(np.random.default_rng(0), 4, 2)
 ours, ref = module.run(feeds), case.reference(feeds)
