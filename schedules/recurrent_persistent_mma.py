@@ -164,9 +164,9 @@ def polls(spec, cell, cfg: MmaConfig) -> bool:
             and spec.hidden_size % KC == 0 and len(cell.phases) == 1 and cell.phases[0].operand == "h")
 
 
-# the layers whose default polls h up to SMALL_BATCH, where it measured faster than the grid barrier (GRU: those with
-# linear_before_reset, as PyTorch exports them, the one-phase kind polls takes; it tied at batch 8 until the joint wait,
-# then ran 1.44x, benchmarks/results/h200-joint-settle.md); RNN is unmeasured and may poll by tuning
+# the layers whose default polls h up to SMALL_BATCH, where it measured faster than the grid barrier. For GRU polls()
+# takes only the one-phase kind (linear_before_reset, as PyTorch exports it): it tied the barrier at batch 8 until the
+# joint wait, then ran 1.44x (benchmarks/results/h200-joint-settle.md). RNN is unmeasured and may poll by tuning
 POLLED_OPS = ("LSTM", "GRU")
 
 
@@ -200,8 +200,8 @@ def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaC
     that does not fit beside R); above, 2 x 2 tiles (32 rows per pass) split 4 ways, and above WIDE_BATCH one 64-row
     pass of 4 x 2 tiles; XW prefetched in cells of several phases. The k-warps' partial sums meet flat (one barrier)
     in passes of up to 32 rows where that fits, as a tree in the 64-row ones. Exact fp32 runs f16x3 steps where the
-    cell bounds h. Up to batch 8 LSTM steps poll h's tagged words where they may (sync), POLLED_DEPTH chunks a round;
-    at 16 rows and more the grid barrier ran faster. Where no point holds all of R, streaming_config; None if that does
+    cell bounds h. Up to batch 8 the steps of POLLED_OPS poll h's tagged words where they may (sync), POLLED_DEPTH
+    chunks a round; at 16 rows and more the grid barrier ran faster. Where no point holds all of R, streaming_config; None if that does
     not fit either."""
     from .recurrent_mma import mode
 
