@@ -41,7 +41,7 @@ CLUSTER_BATCHES = ((4, 512), (8, 256))
 # 1-8 ahead of cluster and persistent: LSTM H1024 fp16 1.61 ms against cluster's 1.74 (batch 1), 1.94 / 2.10 against
 # persistent's 3.79 / 7.02 (batch 2 / 4), H768 batch 4 1.80 against 5.02, H512 1.04 against 1.08 (batch 1) and 1.29
 # against cluster's 1.60 (batch 4), 1000 steps (benchmarks/results/h200-polled-steps.md; since its joint wait 1.48 at
-# H1024 batch 1, h200-joint-settle.md). H256 tied at batch 1 (0.825 against 0.827, since 0.795 against 0.796); below,
+# H1024 batch 1, h200-joint-settle.md). H256 tied at batch 1 (0.825 against 0.827; since, 0.795 against 0.796 in two runs); below,
 # unmeasured
 POLLED_MIN_HIDDEN = 512
 STREAMED_MAX_BATCH = 64  # persistent_mma streaming part of R runs STEPWISE_MAX_BATCH+1 .. here (its 64 rows per pass)
