@@ -367,31 +367,30 @@ def _gate_programs(a: KernelArgs, phase, last, hbuf, scratch, s, cur, nxt, d, u0
                          lambda gi, u=u, b=b: rec(gi, u, summed((i64(gi * UB) + u) * i64(stride) + b)),
                          **({"x": lambda gi, j=j: x_of(gi, j)} if x_of is not None else
                             {} if ahead is None else {"x": lambda gi, it=it: ahead[0][i64(it), i64(gi)],
-                                                      "state": _ahead_states(a, hbuf, cur, d, n, j, ahead, it)}))
+                                                      "state": _ahead_states(a, hbuf, cur, d, n, j, ahead[1], it)}))
+
+
+def _ahead_states(a: KernelArgs, hbuf, cur, d, n, j, c, it) -> dict:
+    """The carried states of item `it` for the gate program: c as _prefetch loaded it (where the cell has one), h read
+    in place."""
+    state = carried_states(a, hbuf, cur, d, n, j)
+    return state if c is None else {**state, "c": c[i64(it)]}
 
 
 def _prefetch(a: KernelArgs, phase, hbuf, s, cur, d, u0, n0, UB, NB, threads, tid):
     """The XW values and cell state each epilogue thread will need (its (unit, row) pairs, the phase's gates), loaded
-    into registers now, so their latency hides behind the reduction: (xw, cell states, their names). A cell state is
-    safe to read early: the thread that finishes (unit, row) wrote it the step before (or a barrier since), and this
-    step writes it only in its epilogue. h stays where the program reads it (loaded ahead too, GRU's steps ran 0-2%
-    slower). Pairs past the edges load a clamped element they never use."""
+    into registers now, so their latency hides behind the reduction: (xw, c or None). The cell state is safe to read
+    early: the thread that finishes (unit, row) wrote it the step before (or a barrier since), and this step writes it
+    only in its epilogue. h stays where the program reads it (loaded ahead too, GRU's steps ran 0-2% slower). Pairs
+    past the edges load a clamped element they never use."""
     H, N = a.spec.hidden_size, a.batch
     items = -(-UB * NB // threads)
     xw = T.alloc_buffer((items, len(phase.gates)), F32, scope="local")
-    names = [k for k in carried_states(a, hbuf, cur, d, i64(0), i64(0)) if k != "h"]
-    states = T.alloc_buffer((items, len(names)), F32, scope="local") if names else None
+    c = T.alloc_buffer((items,), F32, scope="local") if a.Yc is not None else None
     for it in range(items):
         e = i64(it * threads) + tid
         n, j = tirx.min(n0 + e // i64(UB), N - 1), tirx.min(u0 + e % i64(UB), i64(H - 1))
         load_xw_ahead(a, phase, s, d, n, j, xw, [i64(it)])
-        carried = carried_states(a, hbuf, cur, d, n, j)
-        for i, name in enumerate(names):
-            T.buffer_store(states, carried[name], [i64(it), i64(i)])
-    return xw, states, names
-
-
-def _ahead_states(a: KernelArgs, hbuf, cur, d, n, j, ahead, it) -> dict:
-    """The carried states of item `it` for the gate program: the cell states _prefetch loaded, h read in place."""
-    _, states, names = ahead
-    return {**carried_states(a, hbuf, cur, d, n, j), **{k: states[i64(it), i64(i)] for i, k in enumerate(names)}}
+        if c is not None:
+            T.buffer_store(c, carried_states(a, hbuf, cur, d, n, j)["c"], [i64(it)])
+    return xw, c

@@ -9,7 +9,7 @@ order its warps' mma fragments read them, then per step and phase runs recurrent
 (mma.sync tiles: A from shared memory, B = batch rows of h from L2; the k_warps' partial sums
 meet in shared memory; the gate program as the epilogue) over its batch rows, and the grid meets
 at a barrier before the next phase. With `sync` (fp16 single-phase cells) there is no barrier between steps: h goes
-out as half words tagged with the step (step_sync), and each warp polls the words its B fragments read.
+out as half words tagged with the step (step_sync), and each warp polls a round's words its B fragments read together.
 
 Shared layout of R, per phase and 8-row group (one gate's 8 units) and 32-column chunk: the 8 rows
 of 32 columns one after another, so a warp's 16-byte fragment loads (row g, columns 8t..8t+7)
@@ -201,8 +201,8 @@ def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaC
     pass of 4 x 2 tiles; XW prefetched in cells of several phases. The k-warps' partial sums meet flat (one barrier)
     in passes of up to 32 rows where that fits, as a tree in the 64-row ones. Exact fp32 runs f16x3 steps where the
     cell bounds h. Up to batch 8 the steps of POLLED_OPS poll h's tagged words where they may (sync), POLLED_DEPTH
-    chunks a round; at 16 rows and more the grid barrier ran faster. Where no point holds all of R, streaming_config; None if that does
-    not fit either."""
+    chunks a round; at 16 rows and more the grid barrier ran faster. Where no point holds all of R, streaming_config;
+    None if that does not fit either."""
     from .recurrent_mma import mode
 
     exact = mode(spec) == "tf32x3"
