@@ -17,6 +17,7 @@ from .errors import KernelError
 from .recurrent_cluster import GRID_MIN_HIDDEN
 from .recurrent_cpu import ROW_TILE
 from .recurrent_persistent_mma import MID_BATCH as RESIDENT_MID_BATCH
+from .recurrent_persistent_mma import POLLED_MID_BATCH
 from .recurrent_persistent_mma import SMALL_BATCH as RESIDENT_SMALL_BATCH
 from .recurrent_persistent_mma import WIDE_BATCH as RESIDENT_MAX_BATCH
 from .space import Fit, KernelConfig, default_config, kinds
@@ -85,6 +86,7 @@ CUDA_DEFAULTS = (
     Default("mma", None, None, lambda f: f.streams and f.tensor_cores),
     Default("tiled", None, None, lambda f: f.streams and not f.tensor_cores),
     Default("persistent_mma", RESIDENT_SMALL_BATCH, RESIDENT_SMALL_BATCH, lambda f: f.polled),
+    Default("persistent_mma", POLLED_MID_BATCH, POLLED_MID_BATCH, lambda f: f.polled),
     Default("cluster", CLUSTER_MAX_BATCH, CLUSTER_MAX_BATCH,
             lambda f: (f.cluster and f.persistent and not f.streams
                        and CLUSTER_MIN_HIDDEN <= f.hidden_size <= CLUSTER_MAX_HIDDEN
@@ -108,6 +110,7 @@ NAMED_DEFAULTS = (
     Default("cluster", CLUSTER_MAX_BATCH, CLUSTER_MAX_BATCH, _always),
     *(Default("cluster", b, b, _always) for b, _ in CLUSTER_BATCHES),
     Default("persistent_mma", RESIDENT_SMALL_BATCH, RESIDENT_SMALL_BATCH, _always),
+    Default("persistent_mma", POLLED_MID_BATCH, POLLED_MID_BATCH, _always),
     Default("persistent_mma", RESIDENT_MID_BATCH, RESIDENT_MID_BATCH, _always),
     Default("persistent_mma", RESIDENT_MAX_BATCH, RESIDENT_MAX_BATCH, _always),
 )

@@ -164,14 +164,15 @@ def polls(spec, cell, cfg: MmaConfig) -> bool:
             and spec.hidden_size % KC == 0 and len(cell.phases) == 1 and cell.phases[0].operand == "h")
 
 
-# the layers whose default polls h up to SMALL_BATCH, where it measured faster than the grid barrier. For GRU polls()
+# the layers whose default polls h up to POLLED_MID_BATCH, where it measured faster than the grid barrier (batch 9-16 in
+# two 8-row tiles: LSTM H1024 batch 16 3.23 against 3.88 ms, benchmarks/results/h200-polled-mid-batch.md). For GRU polls()
 # takes only the one-phase kind (linear_before_reset, as PyTorch exports it): it tied the barrier at batch 8 until the
 # joint wait, then ran 1.44x (benchmarks/results/h200-joint-settle.md). RNN is unmeasured and may poll by tuning
 POLLED_OPS = ("LSTM", "GRU")
 
 
 def polls_by_default(spec, cell, cfg: MmaConfig) -> bool:
-    """Whether the default's small-batch point polls h (sync 1): where it may (polls), in POLLED_OPS."""
+    """Whether the default's points up to POLLED_MID_BATCH poll h (sync 1): where they may (polls), in POLLED_OPS."""
     return spec.op in POLLED_OPS and polls(spec, cell, cfg)
 
 
@@ -179,9 +180,10 @@ def polls_by_default(spec, cell, cfg: MmaConfig) -> bool:
 # LSTM fp16 at batch 2-8 10-21% faster than two (H768-H1024), batch 1 within 2% (benchmarks/results/h200-joint-settle.md)
 POLLED_DEPTH = 4
 
-# the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, three up to MID_BATCH,
-# 32 rows per pass up to WIDE_BATCH, and 64 rows per pass above
+# the default's batch tiles change at these batches: one 8-row tile up to SMALL_BATCH, three up to MID_BATCH (two, polled,
+# up to POLLED_MID_BATCH where the steps poll), 32 rows per pass up to WIDE_BATCH, and 64 rows per pass above
 SMALL_BATCH = 8
+POLLED_MID_BATCH = 16
 MID_BATCH = 24
 WIDE_BATCH = 32
 
@@ -197,33 +199,35 @@ def halves_apply(spec) -> bool:
 def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaConfig | None:
     """The fewest units per block (most SMs at work) that fit. Up to batch 8 one 8-row tile with the reduction split
     8 ways (16 in exact fp32), with XW prefetched; up to batch 24 three 8-row tiles split 8 ways (4 where
-    that does not fit beside R); above, 2 x 2 tiles (32 rows per pass) split 4 ways, and above WIDE_BATCH one 64-row
-    pass of 4 x 2 tiles; XW prefetched in cells of several phases. The k-warps' partial sums meet flat (one barrier)
-    in passes of up to 32 rows where that fits, as a tree in the 64-row ones. Exact fp32 runs f16x3 steps where the
-    cell bounds h. Up to batch 8 the steps of POLLED_OPS poll h's tagged words where they may (sync), POLLED_DEPTH
-    chunks a round; at 16 rows and more the grid barrier ran faster. Where no point holds all of R, streaming_config;
-    None if that does not fit either."""
+    that does not fit beside R), two where the steps poll up to POLLED_MID_BATCH; above, 2 x 2 tiles (32 rows per pass)
+    split 4 ways, and above WIDE_BATCH one 64-row pass of 4 x 2 tiles; XW prefetched in cells of several phases. The
+    k-warps' partial sums meet flat (one barrier) in passes of up to 32 rows where that fits, as a tree in the 64-row
+    ones. Exact fp32 runs f16x3 steps where the cell bounds h. Up to POLLED_MID_BATCH the steps of POLLED_OPS poll h's
+    tagged words where they may (sync), POLLED_DEPTH chunks a round; three tiles and wider passes ran faster at the grid
+    barrier.
+    Where no point holds all of R, streaming_config; None if that does not fit either."""
     from .recurrent_mma import mode
 
-    exact = mode(spec) == "tf32x3"
-    phases = len(cell.phases)
-    if batch is not None and batch <= SMALL_BATCH:
-        points = ([dict(n_tiles=1, n_warps=1, k_warps=16, prefetch=1)] if exact else []) + [dict(n_tiles=1, n_warps=1, k_warps=8, prefetch=1)]
-    elif batch is not None and batch <= MID_BATCH:
-        points = [dict(n_tiles=3, n_warps=1, k_warps=8, prefetch=1), dict(n_tiles=3, n_warps=1, k_warps=4, prefetch=1)]
-    else:
-        points = [dict(n_tiles=2, n_warps=2, k_warps=4, prefetch=int(phases > 1))]
-        if batch is None or batch > WIDE_BATCH:
-            points.insert(0, dict(n_tiles=4, n_warps=2, k_warps=4, prefetch=int(phases > 1)))
     halves = int(halves_apply(spec))
-    small = batch is not None and batch <= SMALL_BATCH
+    polled = batch is not None and batch <= POLLED_MID_BATCH and polls_by_default(spec, cell, MmaConfig(halves=halves))
     for units in UNITS:
-        for point in points:
+        for point in _points(batch, exact=mode(spec) == "tf32x3", phases=len(cell.phases), polled=polled):
             tree = MmaConfig(units=units, depth=2, halves=halves, **point)
             for cfg in ([replace(tree, flat_sums=1)] if tree.rows <= WIDE_BATCH else []) + [tree]:
                 if fits(spec, cell, device, cfg):
-                    return replace(cfg, sync=1, depth=POLLED_DEPTH) if small and polls_by_default(spec, cell, cfg) else cfg
+                    return replace(cfg, sync=1, depth=POLLED_DEPTH) if polled and polls_by_default(spec, cell, cfg) else cfg
     return streaming_config(spec, cell, device)
+
+
+def _points(batch: int | None, exact: bool, phases: int, polled: bool) -> list[dict]:
+    """default_config's batch tiles and warps for `batch`, in order of preference."""
+    if batch is not None and batch <= SMALL_BATCH:
+        return ([dict(n_tiles=1, n_warps=1, k_warps=16, prefetch=1)] if exact else []) + [dict(n_tiles=1, n_warps=1, k_warps=8, prefetch=1)]
+    if batch is not None and batch <= MID_BATCH:
+        pair = [dict(n_tiles=2, n_warps=1, k_warps=8, prefetch=1)] if polled else []
+        return pair + [dict(n_tiles=3, n_warps=1, k_warps=8, prefetch=1), dict(n_tiles=3, n_warps=1, k_warps=4, prefetch=1)]
+    wide = [dict(n_tiles=4, n_warps=2, k_warps=4, prefetch=int(phases > 1))] if batch is None or batch > WIDE_BATCH else []
+    return wide + [dict(n_tiles=2, n_warps=2, k_warps=4, prefetch=int(phases > 1))]
 
 
 def streaming_config(spec, cell, device: Device) -> MmaConfig | None:

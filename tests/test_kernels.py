@@ -346,7 +346,7 @@ def _with_knobs(case, dtype, **knobs):
     """persistent_mma's default point for the case's layer in `dtype`, and the same point with `knobs` set."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     spec = dataclasses.replace(case.spec(), dtype=dtype)
-    base = default_config("persistent_mma", spec, cell_for(spec), target, 16)
+    base = default_config("persistent_mma", spec, cell_for(spec), target, 24)  # three 8-row tiles at the grid barrier
     if knobs.get("streamed"):  # f16x3 steps (the exact-fp32 default's halves) and flat sums keep all of R resident
         knobs = {"halves": 0, "flat_sums": 0, **knobs}
     return target, spec, [base, KernelConfig.of("persistent_mma", **{**dict(base.knobs), **knobs})]
@@ -492,8 +492,9 @@ def test_polled_steps_meet_at_one_grid_barrier():
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", SYNC_CASES, ids=lambda c: f"{c.op}-{c.direction}")
 def test_polled_steps_match_the_barrier(case, dtype="float16"):
-    """sync 1 against float64, and bit for bit against the grid barrier's steps on the same inputs: batches of one pass
-    and of two (37 rows in 24-row passes), rows of several lengths (their padded steps publish h too)."""
+    """sync 1 against float64, and bit for bit against the grid barrier's steps on the same inputs, at the default's
+    batch-16 point (two 8-row tiles, four chunks a round): batches of one pass and of three (37 rows in 16-row passes,
+    the last partial), rows of several lengths (their padded steps publish h too)."""
     spec = dataclasses.replace(case.spec(), dtype=dtype)
     target = target_of("cuda")
     base = default_config("persistent_mma", spec, cell_for(spec), target, 16)
@@ -678,7 +679,7 @@ def test_half_operand_reads_a_half_copy_of_b(op, kind):
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     spec = Case(op=op, hidden=64, input_size=8, dtype="float16").spec()  # whole chunks: vector loads
     cell = cell_for(spec)
-    base = default_config(kind, spec, cell, target, 16)
+    base = default_config(kind, spec, cell, target, 24)
     assert base["half_operand"] == 1
     on, off = (_source(target, spec, c) for c in (base, KernelConfig.of(kind, **{**dict(base.knobs), "half_operand": 0})))
     # loads into registers: R's name R_ptr or shared memory; the state buffers are the unnamed _ptr's
@@ -784,8 +785,10 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
                                    ("persistent_mma", None)]),
     # half precision: the polled 8-row point from batch 1 (POLLED_MIN_HIDDEN), 64-row passes above batch 32 from H 1024
     # (ROUNDED_PASSES_MIN_HIDDEN), the per-step mma above it below
-    ("float16", 1024, 1, "sm_90", [("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 32), ("persistent_mma", None)]),
-    ("float16", 768, 1, "sm_90", [("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 32), ("mma", None)]),
+    ("float16", 1024, 1, "sm_90", [("persistent_mma", 8), ("persistent_mma", 16), ("persistent_mma", 24), ("persistent_mma", 32),
+                                   ("persistent_mma", None)]),
+    ("float16", 768, 1, "sm_90", [("persistent_mma", 8), ("persistent_mma", 16), ("persistent_mma", 24), ("persistent_mma", 32),
+                                  ("mma", None)]),
     ("float16", 256, 1, "sm_90", [("cluster", 1), ("cluster", 4), ("cluster", 8), ("persistent_mma", 24), ("persistent_mma", 32),
                                   ("mma", None)]),
     ("float32", 800, 2, "sm_90", [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", None)]),
@@ -859,27 +862,30 @@ def test_partial_sums_meet_flat_below_64_rows(dtype):
 
 
 def test_small_batches_poll_h_where_they_may():
-    """persistent_mma's default polls h's tagged words (sync) up to batch 8 in fp16 LSTM layers, where it measured faster
-    than the grid barrier, and meets at the barrier from batch 9 (slower polled at 16-64 rows), in fp32, and in RNN and
-    RNN layers (unmeasured) and GRU layers of two phases (linear_before_reset 0: they cannot poll). The polled point
-    stages four chunks a round, a depth the knob space offers where a layer may poll."""
+    """persistent_mma's default polls h's tagged words (sync) up to batch 16 in fp16 LSTM layers and PyTorch's GRU, where it
+    measured faster than the grid barrier (batch 9-16 in two 8-row tiles), and meets at the barrier from batch 17 (three
+    tiles and wider passes were slower polled), in fp32, and in RNN layers (unmeasured) and GRU layers of two phases
+    (linear_before_reset 0: they cannot poll). The polled points stage four chunks a round, a depth the knob space offers
+    where a layer may poll."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 
     def knobs(op, dtype, batch, **options):
         spec = Case(op=op, hidden=1024, input_size=8, dtype=dtype, **options).spec()
         return dict(default_config("persistent_mma", spec, cell_for(spec), target, batch).knobs)
 
-    assert [knobs("LSTM", "float16", b).get("sync", 0) for b in (1, 8, 9, 24, 32, 64)] == [1, 1, 0, 0, 0, 0]
-    assert [knobs("GRU", "float16", b, linear_before_reset=1).get("sync", 0) for b in (1, 8, 9)] == [1, 1, 0]
-    assert [knobs("LSTM", "float16", b)["depth"] for b in (1, 8, 9)] == [4, 4, 2]
-    assert all(knobs(op, dtype, 8).get("sync", 0) == 0 for op, dtype in (("RNN", "float16"), ("GRU", "float16"), ("LSTM", "float32")))
+    assert [knobs("LSTM", "float16", b).get("sync", 0) for b in (1, 8, 9, 16, 17, 24, 32, 64)] == [1, 1, 1, 1, 0, 0, 0, 0]
+    assert [knobs("GRU", "float16", b, linear_before_reset=1).get("sync", 0) for b in (1, 8, 9, 16, 17)] == [1, 1, 1, 1, 0]
+    assert [knobs("LSTM", "float16", b)["depth"] for b in (1, 8, 16, 17)] == [4, 4, 4, 2]
+    assert [knobs("LSTM", "float16", b)["n_tiles"] for b in (8, 16, 17)] == [1, 2, 3]
+    for op, dtype in (("RNN", "float16"), ("GRU", "float16"), ("LSTM", "float32")):  # the barrier, and three tiles from 9
+        assert [(knobs(op, dtype, b).get("sync", 0), knobs(op, dtype, b)["n_tiles"]) for b in (8, 16)] == [(0, 1), (0, 3)]
     half, exact = (Case(op="LSTM", hidden=1024, input_size=8, dtype=dtype).spec() for dtype in ("float16", "float32"))
     assert knob_space("persistent_mma", half, cell_for(half), target)["depth"] == (1, 2, 4)
     assert knob_space("persistent_mma", exact, cell_for(exact), target)["depth"] == (1, 2)
-    # auto runs the polled point from H512 at batch 1-8 for PyTorch's GRU too, ahead of the cluster kernel
+    # auto runs the polled points from H512 at batch 1-16 for PyTorch's GRU too, ahead of the cluster kernel
     gru = Case(op="GRU", hidden=512, input_size=8, dtype="float16", linear_before_reset=1).spec()
-    first = plan_kernel(gru, cell_for(gru), target).branches[0]
-    assert (first.config.kind, first.up_to, dict(first.config.knobs).get("sync")) == ("persistent_mma", 8, 1)
+    first, second = plan_kernel(gru, cell_for(gru), target).branches[:2]
+    assert [(b.config.kind, b.up_to, dict(b.config.knobs).get("sync")) for b in (first, second)] == [("persistent_mma", 8, 1), ("persistent_mma", 16, 1)]
 
 
 @pytest.mark.parametrize("kind, batch", [("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 64), ("persistent", 4)])
