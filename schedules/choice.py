@@ -37,13 +37,10 @@ CLUSTER_MIN_HIDDEN, CLUSTER_MAX_HIDDEN, CLUSTER_MAX_BATCH = 64, 1024, 1
 # 0.79-1.86 us a step against persistent's or persistent_mma's 2.4-6.0; at H512 batch 8 they lost:
 # benchmarks/results/h100-cluster-batch.md): (batch bound, largest hidden size)
 CLUSTER_BATCHES = ((4, 512), (8, 256))
-# ... but from this hidden size, where persistent_mma's 8-row point polls h (Fit.polled: fp16 LSTM, and GRU with
-# linear_before_reset since the joint wait: H1024 batch 1 1.38 against cluster's 1.49, h200-joint-settle.md), it runs batch
-# 1-8 ahead of cluster and persistent: LSTM H1024 fp16 1.61 ms against cluster's 1.74 (batch 1), 1.94 / 2.10 against
-# persistent's 3.79 / 7.02 (batch 2 / 4), H768 batch 4 1.80 against 5.02, H512 1.04 against 1.08 (batch 1) and 1.29
-# against cluster's 1.60 (batch 4), 1000 steps (benchmarks/results/h200-polled-steps.md; since its joint wait 1.48 at
-# H1024 batch 1, h200-joint-settle.md). H256 tied at batch 1 (0.825 against 0.827; since, 0.795 against 0.796 in two runs); below,
-# unmeasured
+# ... but from this hidden size, where persistent_mma's points poll h (Fit.polled: fp16 LSTM and PyTorch's GRU), they
+# run batch 1-8 ahead of cluster and persistent, and batch 9-16 in two 8-row tiles (POLLED_MID_BATCH): LSTM H1024 batch
+# 1 1.48 us a step against cluster's 1.74, batch 4 2.10 against persistent's 7.02, batch 16 3.20 against the barrier's
+# 3.89; H256 tied at batch 1, below unmeasured (docs/decisions.md, Which kernel runs which batch)
 POLLED_MIN_HIDDEN = 512
 STREAMED_MAX_BATCH = 64  # persistent_mma streaming part of R runs STEPWISE_MAX_BATCH+1 .. here (its 64 rows per pass)
 # above RESIDENT_MAX_BATCH (persistent_mma's last 32-row passes) with R resident, in exact fp32: the per-step mma
