@@ -65,6 +65,8 @@ STEP_ROWS = [
     Row("step-lstm-h1024-b1", "LSTM", 1000, 1, 1024, 1024),
     Row("step-gru-h1024-b1", "GRU", 1000, 1, 1024, 1024),
     Row("step-lstm-h1024-b8", "LSTM", 1000, 8, 1024, 1024),
+    Row("step-lstm-h1024-b16", "LSTM", 1000, 16, 1024, 1024),
+    Row("step-gru-h1024-b16", "GRU", 1000, 16, 1024, 1024),
     Row("step-lstm-h1024-b64", "LSTM", 1000, 64, 1024, 1024),
 ]
 CPU_ROWS = ("ds2-lstm", "ds2-gru", "lat-b1-h512-l2")
