@@ -8,6 +8,8 @@
     python3 benchmarks/sanitize_case.py persistent LSTM sync   the persistent kernel with sync=1 (steps wait on h's tagged words)
     python3 benchmarks/sanitize_case.py persistent_mma LSTM sync   the same in persistent_mma, fp16 (h's tagged half words;
                                   GRU: with linear_before_reset, the one-phase GRU that polls)
+    python3 benchmarks/sanitize_case.py persistent_mma LSTM sync-mid   the same at batch 12 (the polled two-tile point,
+                                  one partial 16-row pass)
     python3 benchmarks/sanitize_case.py cluster GRU [sync|grid]   the cluster kernel, hidden 128 (h through distributed
                                   shared memory, a cluster barrier a phase or with sync mbarriers; GRU's two phases; R in
                                   registers; grid: two clusters a direction, the other's units polled and forwarded)
@@ -39,7 +41,8 @@ if sys.argv[3:] in (["ring"], ["ring-h"], ["ring-h-halves"]):
     recurrent_persistent_mma.default_config = lambda *_, **__: MmaConfig(units=8, n_tiles=1, n_warps=2, k_warps=2, depth=1, prefetch=1,
                                                                         streamed=3, ring=2, ring_h=int(sys.argv[3] != "ring"),
                                                                         halves=int(sys.argv[3] == "ring-h-halves"))
-if sys.argv[3:] == ["sync"]:
+POLLED = (["sync"], ["sync-mid"])
+if sys.argv[3:] in POLLED:
     _module = {"cluster": recurrent_cluster, "persistent_mma": recurrent_persistent_mma}.get(kernel, recurrent_persistent)
     _default = _module.default_config
     _module.default_config = lambda *a, **k: dataclasses.replace(_default(*a, **k), sync=1)
@@ -64,9 +67,9 @@ if kernel in STACKS:
 case = Case(op=sys.argv[2] if len(sys.argv) > 2 else "LSTM", direction="bidirectional",
             optional=("B", "sequence_lens") + (("initial_h",) if sys.argv[3:] == ["h0"] else ()),
             hidden=128 if sys.argv[3:] in (["ring"], ["ring-h"], ["ring-h-halves"]) or kernel == "cluster" else 64, input_size=16,
-            dtype="float16" if kernel == "persistent_mma" and sys.argv[3:] == ["sync"] else "float32",
-            linear_before_reset=int(sys.argv[2:] == ["GRU", "sync"]))  # a GRU polls in one phase only (PyTorch's kind)
+            dtype="float16" if kernel == "persistent_mma" and sys.argv[3:] in POLLED else "float32",
+            linear_before_reset=int(sys.argv[2:3] == ["GRU"] and sys.argv[3:] in POLLED))  # a GRU polls in one phase only (PyTorch's kind)
 module = tvmrnn.compile(case.model(), target="cuda", kernel=kernel)
-feeds = case.feeds(np.random.default_rng(0), 4, 2)
+feeds = case.feeds(np.random.default_rng(0), 4, 12 if sys.argv[3:] == ["sync-mid"] else 2)
 ours, ref = module.run(feeds), case.reference(feeds)
 print(kernel, case.op, module.metadata["layers"][0]["kernel"], {k: float(np.abs(v - ref[k]).max()) for k, v in ours.items()})
