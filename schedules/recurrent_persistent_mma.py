@@ -204,18 +204,18 @@ def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaC
     k-warps' partial sums meet flat (one barrier) in passes of up to 32 rows where that fits, as a tree in the 64-row
     ones. Exact fp32 runs f16x3 steps where the cell bounds h. Up to POLLED_MID_BATCH the steps of POLLED_OPS poll h's
     tagged words where they may (sync), POLLED_DEPTH chunks a round; three tiles and wider passes ran faster at the grid
-    barrier.
-    Where no point holds all of R, streaming_config; None if that does not fit either."""
+    barrier. Where no point holds all of R, streaming_config; None if that does not fit either."""
     from .recurrent_mma import mode
 
     halves = int(halves_apply(spec))
+    # polls() reads only the knobs these points share (half_operand, streamed, halves), so one check serves them all
     polled = batch is not None and batch <= POLLED_MID_BATCH and polls_by_default(spec, cell, MmaConfig(halves=halves))
     for units in UNITS:
         for point in _points(batch, exact=mode(spec) == "tf32x3", phases=len(cell.phases), polled=polled):
             tree = MmaConfig(units=units, depth=2, halves=halves, **point)
             for cfg in ([replace(tree, flat_sums=1)] if tree.rows <= WIDE_BATCH else []) + [tree]:
                 if fits(spec, cell, device, cfg):
-                    return replace(cfg, sync=1, depth=POLLED_DEPTH) if polled and polls_by_default(spec, cell, cfg) else cfg
+                    return replace(cfg, sync=1, depth=POLLED_DEPTH) if polled else cfg
     return streaming_config(spec, cell, device)
 
 

@@ -89,7 +89,7 @@ class Fit:
     # persistent_mma's 64-row passes: exact fp32 to EXACT_MMA_MAX_HIDDEN units, a rounding mode below
     # ROUNDED_PASSES_MIN_HIDDEN and in GRU and RNN layers (choice.py)
     per_step_above: bool = False
-    # R resident, and persistent_mma's small-batch point polls h's tagged words (fp16 single-phase LSTM and GRU layers
+    # R resident, and persistent_mma's points to batch 16 poll h's tagged words (fp16 single-phase LSTM and GRU layers
     # in whole chunks: recurrent_persistent_mma.polls_by_default) from choice.POLLED_MIN_HIDDEN units
     polled: bool = False
 
