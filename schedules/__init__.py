@@ -252,11 +252,10 @@ def _tensor_core_tiers(specs, cells, batch_bound: int, device: Device) -> list[_
     layer's mma tiles a step where its rule takes the bound (recurrent_mma_wavefront.refusal)."""
     from . import recurrent_mma_wavefront as mma_wavefront
     from .recurrent_mma import default_config
-    from .recurrent_persistent_mma_wavefront import MAX_BATCH_BOUND
 
     tiers = _resident_tiers(specs, cells, batch_bound, device)
     why_resident, tiers = (tiers, []) if isinstance(tiers, str) else (None, tiers)
-    if tiers and batch_bound <= MAX_BATCH_BOUND:
+    if tiers and batch_bound <= tiers[-1].up_to:
         return tiers[:-1] + [replace(tiers[-1], up_to=None)]
     cfg = default_config()  # the per-step mma's point
     why = mma_wavefront.refusal(specs, cells, cfg, batch_bound, device)
@@ -268,17 +267,19 @@ def _tensor_core_tiers(specs, cells, batch_bound: int, device: Device) -> list[_
 
 
 def _resident_tiers(specs, cells, batch_bound: int, device: Device) -> list[_Tier] | str:
-    """The persistent tensor-core wavefront, one tier a point up to the bound or its batches, or why it does not run."""
+    """The persistent tensor-core wavefront, one tier a point up to the bound or the largest point that fits, or why it
+    does not run."""
     from . import recurrent_persistent_mma_wavefront as resident
 
     why = resident.refusal(specs, cells)
     if why:
         return why
+    largest = resident.largest_bound(specs, cells, device)
+    if largest is None:
+        return "the layers' R and WR do not fit on chip across one wave"
     tiers = []
-    for up_to in resident.tier_bounds(min(batch_bound, resident.MAX_BATCH_BOUND)):
+    for up_to in resident.tier_bounds(min(batch_bound, largest)):
         split = resident.plan(specs, cells, device, up_to)
-        if split is None:
-            return "the layers' R and WR do not fit on chip across one wave"
         tiers.append(_Tier(up_to, partial(resident.persistent_mma_wavefront_body, cfg=split),
                            f"{split.describe(specs)}, {split.tiles.rows} batch rows a pass", partial(resident.point, specs, split)))
     return tiers

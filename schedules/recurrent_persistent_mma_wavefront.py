@@ -33,11 +33,11 @@ from .space import KernelConfig
 
 F32 = "float32"
 # the batch tiles by batch bound: one 8-row tile with the reduction split 8 ways, 4 chunks a load and the partial sums
-# flat, up to 8 rows, else 32 rows a pass (2 x 2 tiles) split 4 ways, summed as a tree: flat ones would double the
-# slots and leave an H=1024 stack no room (docs/decisions.md)
+# flat, up to 8 rows; 32 rows a pass (2 x 2 tiles) split 4 ways up to 32, 64 rows (2 x 4 tiles) split 2 ways up to 64,
+# both summed as a tree: flat sums would double the slots and leave an H=1024 stack no room (docs/decisions.md)
 POINTS = ((8, MmaConfig(n_tiles=1, n_warps=1, k_warps=8, depth=4, flat_sums=1)),
-          (32, MmaConfig(n_tiles=2, n_warps=2, k_warps=4, depth=2)))
-MAX_BATCH_BOUND = POINTS[-1][0]
+          (32, MmaConfig(n_tiles=2, n_warps=2, k_warps=4, depth=2)),
+          (64, MmaConfig(n_tiles=2, n_warps=4, k_warps=2, depth=2)))
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,20 @@ def granule(cell) -> int:
 
 
 def tier_bounds(batch_bound: int) -> list[int]:
-    """The largest batch of each point a module bounded to batch_bound (<= MAX_BATCH_BOUND) runs, the last the bound."""
+    """The largest batch of each point a module bounded to batch_bound (at most the last point's) runs, the last the bound."""
     bounds = [b for b, _ in POINTS if b < batch_bound]
     return bounds + [batch_bound]
+
+
+def largest_bound(specs, cells, device) -> int | None:
+    """The largest point's bound up to which every point's split fits (None: not even the first fits); a point's tiles
+    take more shared memory than the one before."""
+    fitting = None
+    for bound, _ in POINTS:
+        if plan(specs, cells, device, bound) is None:
+            break
+        fitting = bound
+    return fitting
 
 
 def point(specs, cfg: StackMmaConfig, i: int) -> KernelConfig:

@@ -192,8 +192,8 @@ def test_compile_runs_a_bounded_small_batch_stack_as_one_kernel():
     ({}, {"seq": 50, "batch": 8}, "batch up to 8; LSTM node 'layer0' is exact fp32 (the persistent tensor-core wavefront runs "
      "fp16, bf16 and tf32); the tensor-core wavefront runs batch bounds from 16"),
     ({"dtype": "float16"}, {"seq": 50, "batch": 8}, "LSTM node 'layer0': its sizes are not multiples of 32"),
-    ({"hidden": 1024, "input_size": 1024, "dtype": "float16"}, {"seq": 50, "batch": 64},
-     "a tensor-core wavefront step would launch 512 blocks, more than 2 a streaming multiprocessor (132)"),
+    ({"hidden": 1024, "input_size": 1024, "dtype": "float16"}, {"seq": 50, "batch": 128},
+     "a tensor-core wavefront step would launch 1024 blocks, more than 2 a streaming multiprocessor (132)"),
     ({"op": "GRU", "linear_before_reset": 1}, {"seq": 50, "batch": 64}, "its h gate adds R_h h apart from W_h x"),
     ({"kernel": "persistent"}, {"seq": 50, "batch": 1}, "only kernel='auto' on CUDA"),
     ({"op": "GRU"}, {"seq": 50, "batch": 1}, "GRU cell without linear_before_reset: its h gate needs all of r*h first"),
@@ -378,7 +378,8 @@ def _half(cases):
     return [dataclasses.replace(c, dtype="float16") for c in cases]
 
 
-# stacks bounded to batch 64, where each layer alone runs the per-step mma: the tensor-core wavefront above batch 4
+# stacks bounded to batch 128, where each layer alone runs the per-step mma: the tensor-core wavefront above batch 4
+# (above batch 64 where the first case's persistent tensor-core wavefront runs 5-64)
 MMA_CASES = {
     "lstm-3-fp16": (_half(lstm_stack(3, hidden=64, input_size=32)), "float16"),
     "lstm-2-states-peepholes-clip": (lstm_stack(2, hidden=64, optional=("B", "initial_h", "initial_c", "P"), clip=2.5), "float32"),
@@ -398,13 +399,14 @@ def _branch_kinds(module) -> set:
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(MMA_CASES))
 def test_tensor_core_wavefront_matches_float64_layer_by_layer(name):
-    """Batches 5-64 run the tensor-core wavefront (3 and 1 step, all batch tiles full or not), batch 3 the wavefront;
+    """Batches 5-128 run the tensor-core wavefront (3 and 1 step, all batch tiles full or not), batch 3 the wavefront;
     every layer's outputs against float64, and the same inputs twice give the same bits."""
     cases, dtype = MMA_CASES[name]
-    module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 40, "batch": 64}, logs=False)
-    # batches 5-32 of the first case run the persistent tensor-core wavefront (its sizes are whole chunks)
+    module = tvmrnn.compile(stack_model(cases), target="cuda", max_dims={"seq": 40, "batch": 128}, logs=False)
+    # batches 5-64 of the first case run the persistent tensor-core wavefront (its sizes are whole chunks)
     assert _branch_kinds(module) - {"persistent_mma_wavefront"} == {"wavefront", "mma_wavefront"}
-    _matches_float64_twice(module, cases, [(40, 64), (17, 37), (40, 5), (1, 9), (3, 3)], 1e-5 if dtype == "float32" else 1e-2, 5)
+    shapes = [(40, 128), (17, 97), (9, 50), (40, 5), (1, 9), (3, 3)]
+    _matches_float64_twice(module, cases, shapes, 1e-5 if dtype == "float32" else 1e-2, 5)
 
 
 def _matches_float64_twice(module, cases, shapes, tol: float, seed: int):
@@ -422,15 +424,16 @@ def _matches_float64_twice(module, cases, shapes, tol: float, seed: int):
                 assert err < tol, f"{out} T={T} N={N}: rel. error {err:.2e}"
 
 
-# the persistent tensor-core wavefront (batch bounds 5-32): name -> (cases, dtype, precision, batch bound)
+# the persistent tensor-core wavefront (batch bounds 5-64): name -> (cases, dtype, precision, batch bound)
 RESIDENT_CASES = {
     "lstm-3-fp16-bound-8": (_half(lstm_stack(3, hidden=64, input_size=32)), "float16", None, 8),
-    "lstm-2-states-peepholes-clip-fp16-bound-32": (
-        _half(lstm_stack(2, hidden=64, input_size=32, optional=("B", "initial_h", "initial_c", "P"), clip=2.5)), "float16", None, 32),
+    "lstm-2-states-peepholes-clip-fp16-bound-64": (
+        _half(lstm_stack(2, hidden=64, input_size=32, optional=("B", "initial_h", "initial_c", "P"), clip=2.5)), "float16", None, 64),
     "lstm-3-lengths-fp16-bound-24": (_half([dataclasses.replace(c, optional=("B", "sequence_lens") + (("initial_h",) if i == 0 else ()))
                                             for i, c in enumerate(lstm_stack(3, hidden=64, input_size=32))]), "float16", None, 24),
     # two widths (layer 1's input 96, its H 160), fp32 on TF32 tensor cores
     "lstm-2-sizes-96-160-tf32-bound-8": (lstm_stack(sizes=[96, 160], input_size=64), "float32", "tf32", 8),
+    "lstm-2-sizes-96-160-tf32-bound-40": (lstm_stack(sizes=[96, 160], input_size=64), "float32", "tf32", 40),
     "rnn-2-relu-fp16-bound-8": (_half([dataclasses.replace(c, op="RNN", outputs=("Y", "Y_h"), activations=("Relu",))
                                        for c in lstm_stack(2, hidden=64, input_size=32)]), "float16", None, 8),
 }
@@ -464,14 +467,15 @@ def test_persistent_tensor_core_wavefront_splits_the_sms_by_work_and_spills_noth
     assert (cfg.units, cfg.blocks(half), cfg.tiles.rows) == ((24, 12), (43, 86), 8)
     assert resident.smem_bytes(half, cells, cfg) <= device.smem_limit
     assert resident.plan(half + half[:1], cells + cells[:1], device, 8) is None
-    assert resident.plan(half, cells, device, 32).tiles.rows == 32
+    assert [resident.plan(half, cells, device, b).tiles.rows for b in (32, 64)] == [32, 64]
+    assert resident.largest_bound(half, cells, device) == 64
     assert resident.refusal([half[0], _spec(1024, 1024, "bfloat16")], cells) == "the stacked layers' dtypes differ"
-    kernel, why = stack_kernel(half, cells, tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}), batch_bound=8, device=device)
+    kernel, why = stack_kernel(half, cells, tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}), batch_bound=64, device=device)
     assert why.endswith("else persistent tensor-core wavefront: 2 stacked layers in one cooperative kernel of 129 blocks "
-                        "(43+86, 24/12 units), layer l+1 one step behind layer l, 8 batch rows a pass, batch <= 8")
+                        "(43+86, 24/12 units), layer l+1 one step behind layer l, 64 batch rows a pass, batch <= 64")
     report = ptxas(kernel_source(kernel.func, "sm_90a"), "sm_90a")
-    threads = 32 * cfg.tiles.n_warps * cfg.tiles.k_warps
-    assert report.spill_stores == 0 and report.registers <= 65536 // threads, report.describe()
+    threads = {32 * p.n_warps * p.k_warps for p in (resident.plan(half, cells, device, b).tiles for b in (8, 32, 64))}
+    assert len(threads) == 1 and report.spill_stores == 0 and report.registers <= 65536 // threads.pop(), report.describe()
 
 
 def test_a_half_precision_stack_bounded_to_batch_8_runs_the_persistent_tensor_core_wavefront():
@@ -485,20 +489,20 @@ def test_a_half_precision_stack_bounded_to_batch_8_runs_the_persistent_tensor_co
     assert {layer["cooperative_blocks"] for layer in module.metadata["layers"]} == {max(grids)}
 
 
-def test_a_stack_bounded_to_64_runs_each_batch_on_its_wavefront():
-    """Batch 1-4 the wavefront, 5-8 and 9-32 the persistent tensor-core wavefront's two points (the first adding its
-    partial sums flat), 33-64 one launch of mma tiles a step."""
+def test_a_stack_bounded_to_128_runs_each_batch_on_its_wavefront():
+    """Batch 1-4 the wavefront, 5-8, 9-32 and 33-64 the persistent tensor-core wavefront's three points (the first
+    adding its partial sums flat), 65-128 one launch of mma tiles a step."""
     module = tvmrnn.compile(stack_model(_half(lstm_stack(3, hidden=64, input_size=32))), target="cuda",
-                            max_dims={"seq": 50, "batch": 64}, logs=False)
-    schedules = [[(b["up_to_batch"], b["config"]["kind"], b["config"].get("n_tiles")) for b in layer["schedule"]]
-                 for layer in module.metadata["layers"]]
-    assert schedules == [[(4, "wavefront", None), (8, "persistent_mma_wavefront", 1), (32, "persistent_mma_wavefront", 2),
-                          (None, "mma_wavefront", 2)]] * 3
-    flat = [[b["config"].get("flat_sums", 0) for b in layer["schedule"][1:3]] for layer in module.metadata["layers"]]
-    assert flat == [[1, 0]] * 3, flat
+                            max_dims={"seq": 50, "batch": 128}, logs=False)
+    schedules = [[(b["up_to_batch"], b["config"]["kind"], b["config"].get("n_tiles"), b["config"].get("n_warps"))
+                  for b in layer["schedule"]] for layer in module.metadata["layers"]]
+    assert schedules == [[(4, "wavefront", None, None), (8, "persistent_mma_wavefront", 1, 1), (32, "persistent_mma_wavefront", 2, 2),
+                          (64, "persistent_mma_wavefront", 2, 4), (None, "mma_wavefront", 2, 2)]] * 3
+    flat = [[b["config"].get("flat_sums", 0) for b in layer["schedule"][1:4]] for layer in module.metadata["layers"]]
+    assert flat == [[1, 0, 0]] * 3, flat
     assert module.metadata["stacks"][0].endswith("; else tensor-core wavefront: 3 stacked layers, one launch of mma tiles a "
                                                  "step of them all (8+8+8 blocks a batch tile), layer l+1 one step behind "
-                                                 "layer l, batch <= 64")
+                                                 "layer l, batch <= 128")
 
 
 def test_inspect_names_the_batch_bounds_of_the_tensor_core_wavefront(tmp_path):
@@ -516,7 +520,7 @@ def test_inspect_names_the_batch_bounds_of_the_tensor_core_wavefront(tmp_path):
 
 
 def test_inspect_names_both_tensor_core_wavefronts_where_the_stack_fits_a_wave(tmp_path):
-    """Sizes of whole 32-column chunks in fp16: bounds 5-32 run the persistent tensor-core wavefront, 33 up the other."""
+    """Sizes of whole 32-column chunks in fp16: bounds 5-64 run the persistent tensor-core wavefront, 65 up the other."""
     from tvmrnn.interface.inspect import inspect_command
 
     lines = []
@@ -525,6 +529,6 @@ def test_inspect_names_both_tensor_core_wavefronts_where_the_stack_fits_a_wave(t
     (stack,) = [line for line in lines if line.startswith("  stack ")]
     assert ("; one persistent tensor-core wavefront: 3 stacked layers in one cooperative kernel of 40 blocks (8+16+16, 8/4/4 "
             "units), layer l+1 one step behind layer l above batch 4 when compiled with the batch bounded (--max-dim batch=N, "
-            "5 <= N <= 32); one tensor-core wavefront: ") in stack
-    assert stack.endswith("layer l+1 one step behind layer l above batch 32 when compiled with the batch bounded "
-                          "(--max-dim batch=N, 33 <= N <= 352)")
+            "5 <= N <= 64); one tensor-core wavefront: ") in stack
+    assert stack.endswith("layer l+1 one step behind layer l above batch 64 when compiled with the batch bounded "
+                          "(--max-dim batch=N, 65 <= N <= 352)")

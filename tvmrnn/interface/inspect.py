@@ -96,11 +96,11 @@ def _tensor_core_part(chain, plan: ModelPlan, tuned) -> list[str]:
         return (f"one {words} above batch {above} when compiled with the batch bounded "
                 f"(--max-dim {chain.batch}=N, {low} <= N <= {high})")
 
-    above = PERSISTENT_MAX_BATCH
-    if kind_at(resident.MAX_BATCH_BOUND) == "persistent_mma_wavefront":
-        split = resident.plan(specs, [cell_for(s) for s in specs], plan.device, resident.MAX_BATCH_BOUND)
-        parts.append(line(split.describe(specs), above, above + 1, resident.MAX_BATCH_BOUND))
-        above = resident.MAX_BATCH_BOUND  # a larger bound runs the batches up to here as above
+    above, cells = PERSISTENT_MAX_BATCH, [cell_for(s) for s in specs]
+    largest = resident.refusal(specs, cells) is None and resident.largest_bound(specs, cells, plan.device)
+    if largest and kind_at(largest) == "persistent_mma_wavefront":
+        parts.append(line(resident.plan(specs, cells, plan.device, largest).describe(specs), above, above + 1, largest))
+        above = largest  # a larger bound runs the batches up to here as above
     low = max(mma_wavefront.MIN_BATCH_BOUND, above + 1)
     if kind_at(low) == "mma_wavefront":
         cfg = default_config()
