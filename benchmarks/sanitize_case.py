@@ -4,7 +4,8 @@
     python3 benchmarks/sanitize_case.py wavefront     two stacked LSTM layers in one wavefront kernel
     python3 benchmarks/sanitize_case.py mma_wavefront three stacked fp16 LSTM layers in the tensor-core wavefront (batch 40)
     python3 benchmarks/sanitize_case.py persistent_mma_wavefront   the same in the persistent tensor-core wavefront: batch 6
-                                  of a bound of 8 (one 8-row pass), then 20 of 24 (one partial 32-row pass)
+                                  of a bound of 8 (one 8-row pass), 20 of 24 (one partial 32-row pass), then 40 of 64
+                                  (one partial 64-row pass)
     python3 benchmarks/sanitize_case.py persistent LSTM sync   the persistent kernel with sync=1 (steps wait on h's tagged words)
     python3 benchmarks/sanitize_case.py persistent_mma LSTM sync   the same in persistent_mma, fp16 (h's tagged half words;
                                   GRU: with linear_before_reset, the one-phase GRU that polls)
@@ -52,7 +53,8 @@ if sys.argv[3:] == ["grid"]:  # two clusters of 8 CTAs a direction: units forwar
 # stacked kernels: (float16, layers, input size, [(batch bound, batch), ...])
 STACKS = {"wavefront": (False, 2, 16, [(2, 2)]),
           "mma_wavefront": (True, 3, 16, [(64, 40)]),  # two 32-row batch tiles, the second partial
-          "persistent_mma_wavefront": (True, 3, 32, [(8, 6), (24, 20)])}  # one 8-row pass; one partial 32-row pass
+          # one 8-row pass; one partial 32-row pass; one partial 64-row pass
+          "persistent_mma_wavefront": (True, 3, 32, [(8, 6), (24, 20), (64, 40)])}
 if kernel in STACKS:
     from test_wavefront import lstm_stack, stack_model, stack_reference
 

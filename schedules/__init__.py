@@ -13,7 +13,7 @@ recurrent_mma         CUDA, large batch: per step one launch of tensor-core mma 
 recurrent_persistent_mma  CUDA, batch above 4: one cooperative launch, R in shared memory, tensor-core steps
 recurrent_wavefront   CUDA, stacked layers at persistent's batches: one cooperative launch for the whole stack
 recurrent_mma_wavefront  CUDA, stacked layers at the per-step mma's batches: one launch of every layer's tiles a step
-recurrent_persistent_mma_wavefront  CUDA, stacked layers at batch 5-32 whose weights fit a wave: one cooperative launch
+recurrent_persistent_mma_wavefront  CUDA, stacked layers at batch 5-64 whose weights fit a wave: one cooperative launch
 recurrent_block_stack CUDA, a small stack at batch <= 4 whose weights fit one SM: one block, input projections inside
 recurrent_cluster     CUDA sm_90+, batch 1: thread-block clusters per direction, h through distributed shared memory
 mma_tiles             the warp's mma.sync tiles (fp16/bf16, TF32, 3xTF32, f16x3) the tensor-core kernels are built from

@@ -1,4 +1,4 @@
-"""The layer wavefront on tensor cores in one cooperative launch: stacked layers at batches 5-32 whose weights fit on
+"""The layer wavefront on tensor cores in one cooperative launch: stacked layers at batches 5-64 whose weights fit on
 chip across one wave of blocks.
 
 Layer after layer, each layer of such a stack runs persistent_mma: T steps of a grid barrier plus an L2 round trip for

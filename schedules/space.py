@@ -458,7 +458,7 @@ register(KernelKind("wavefront", "cuda", lambda fit: False, _not_searched, _not_
                     grid=lambda config, spec: config["grid"]))
 # a stack's layers at the per-step mma's batches, one launch of all their tiles a step (recurrent_mma_wavefront)
 register(KernelKind("mma_wavefront", "cuda", lambda fit: False, _not_searched, _not_searched, _not_searched))
-# the same at batch 5-32 where the stack's weights fit a wave: one cooperative launch (recurrent_persistent_mma_wavefront)
+# the same at batch 5-64 where the stack's weights fit a wave: one cooperative launch (recurrent_persistent_mma_wavefront)
 register(KernelKind("persistent_mma_wavefront", "cuda", lambda fit: False, _not_searched, _not_searched, _not_searched,
                     grid=lambda config, spec: config["grid"]))
 # a whole small stack in one block (recurrent_block_stack): an ordinary launch, block barriers only
