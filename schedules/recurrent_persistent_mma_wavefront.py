@@ -70,8 +70,9 @@ def tier_bounds(batch_bound: int) -> list[int]:
 
 
 def largest_bound(specs, cells, device) -> int | None:
-    """The largest point's bound up to which every point's split fits (None: not even the first fits); a point's tiles
-    take more shared memory than the one before."""
+    """The largest point's bound up to which every point's split fits (None: not even the first fits). A stack runs
+    the points from the first on, so the first that does not fit ends them (the 64-row point's two reduction warps
+    take fewer partial-sum slots than the 32-row point's four: shared memory does not grow with the bound)."""
     fitting = None
     for bound, _ in POINTS:
         if plan(specs, cells, device, bound) is None:
