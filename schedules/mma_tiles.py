@@ -80,7 +80,7 @@ class WarpTiles:
     mode: a MODES key; a_dtype / b_dtype: the dtypes A and B are loaded in (fp32 h is converted)."""
 
     def __init__(self, lane, mt: int, nt: int, mode: str, a_dtype: str, b_dtype: str, depth: int = 1, split_acc: bool = False,
-                 chunk_acc: bool = False):
+                 chunk_acc: bool = False, ra=None):
         self.MT, self.NT, self.mode, self.a_dtype, self.b_dtype = mt, nt, MODES[mode], a_dtype, b_dtype
         m = self.mode
         self.halves = mode == "f16x3"  # both operands' halves loaded apart
@@ -88,7 +88,8 @@ class WarpTiles:
         self.g, self.t = lane // i64(4), lane % i64(4)
         # `depth` chunks staged at once: their loads are in flight together, so a warp waits on memory once per
         # `depth` chunks (the kernels are latency-bound: a chunk's mma's take far less than an L2 or HBM round trip)
-        self.ra = T.alloc_buffer((depth, mt, 2, 8), a_dtype, scope="local")  # A: chunk, tile, row half, 8 k
+        # A: chunk, tile, row half, 8 k; ra given: staged once for every use (a_registers), load_a not called
+        self.ra = a_registers(depth, mt, a_dtype) if ra is None else ra
         self.ra_lo = T.alloc_buffer((depth, mt, 2, 8), a_dtype, scope="local") if self.halves else None  # A's low halves
         self.rb = T.alloc_buffer((depth, nt, 8), b_dtype, scope="local")  # B: chunk, tile, 8 k
         self.rb_lo = T.alloc_buffer((depth, nt, 8), b_dtype, scope="local") if self.halves else None  # B's low halves
@@ -216,6 +217,11 @@ class WarpTiles:
         if self.c_lo is not None:
             for idx in self.accumulators():
                 T.buffer_store(self.c, self.c[tuple(idx)] + self.c_lo[tuple(idx)], idx)
+
+
+def a_registers(depth: int, mt: int, a_dtype: str):
+    """A's staging registers: `depth` chunks of mt m-tiles, each lane's 8 k of rows g and g + 8."""
+    return T.alloc_buffer((depth, mt, 2, 8), a_dtype, scope="local")
 
 
 def shared_element(tiles: WarpTiles, sm, base, row, v0, v, swizzle: bool):

@@ -76,6 +76,9 @@ class MmaConfig:
     # persistent_mma in fp16: 1 publishes h as half words tagged with their step (step_sync) and each step polls the
     # words it multiplies, instead of a grid barrier a step
     sync: int = 0
+    # persistent_mma with R resident and one round of chunks a step (chunks <= k_warps x depth): 1 loads each warp's A
+    # (its chunks of R) into registers once, before the first step, instead of from shared memory every step
+    r_regs: int = 0
 
     @property
     def rows(self) -> int:
@@ -192,7 +195,7 @@ def partial_sums(cfg: MmaConfig, gates: int, scope: str = "shared"):
 
 def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg: MmaConfig, d, u0, n0, wy, lane,
                 acc_s, a_at, a_vector: bool, shared_a: bool = False, streamed=None, unscale=None, inputs=None, x_of=None,
-                b_words=None):
+                b_words=None, a_regs=None):
     """One block's part of a phase: the gate rows of units u0.. by batch rows n0.. on tensor cores, then the gate
     program for each (unit, row). a_at(tiles, chunk, mt, half, v0, v): A's element (WarpTiles.load_a) or None
     for a padding row; B (h or an earlier phase's value) comes from global memory. Both kernels run it.
@@ -209,7 +212,8 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     inputs (a stacked layer that projects its input in the step: recurrent_mma_wavefront): (size, a_at, a_vector,
     b_at(n, k)), a first segment of the reduction over `size` columns, A's element from a_at and B's (batch row n,
     column k) from b_at; x_of(gi, j): the input term gate gi of unit j adds in the epilogue instead of XW's.
-    b_words (sync 1): (the operand's tagged half words, the 16-bit tag the phase waits for): B polled from them."""
+    b_words (sync 1): (the operand's tagged half words, the 16-bit tag the phase waits for): B polled from them.
+    a_regs (r_regs 1): the warp's A of every chunk of its one round, staged before the steps (a_at unused)."""
     H, N = a.spec.hidden_size, a.batch
     UB, NT, NW, KW = cfg.units, cfg.n_tiles, cfg.n_warps, cfg.k_warps
     # gate-aligned m-tiles where A is read from R by fragment (r_row); from shared memory (persistent_mma, rows placed
@@ -225,7 +229,8 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     tm = tile_mode(a.spec, cfg)
     assert (unscale is not None) == (tm == "f16x3") == (len(b_parts) == 2), cfg
     tiles = WarpTiles(lane, MT, NT, tm, "float16" if tm == "f16x3" else a.spec.dtype, b_dtype, cfg.depth, bool(cfg.split_acc),
-                      chunk_acc=bool(cfg.chunk_acc) and tm in ("tf32x3", "f16x3"))
+                      chunk_acc=bool(cfg.chunk_acc) and tm in ("tf32x3", "f16x3"), ra=a_regs)
+    assert a_regs is None or (streamed is None and inputs is None and chunks <= KW * cfg.depth), cfg
     threads = 32 * NW * KW
     tid = wy * i64(32) + lane
     ahead = _prefetch(a, phase, hbuf, s, cur, d, u0, n0, UB, NB, threads, tid) if cfg.prefetch and x_of is None else None
@@ -241,7 +246,8 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
                 n = tirx.min(n0 + (wn * i64(NT) + i64(nt)) * i64(8) + tiles.g, N - 1)  # rows past N: never stored
                 return guarded(ck * i64(KC) + k, size, size % KC == 0, lambda k: b_of(part, n, k), b_dtype)
 
-            tiles.load_a(lambda mt, half, v0, v, *part: a_at(tiles, ck, mt, half, v0, v, *part), a_vector, slot)
+            if a_regs is None:
+                tiles.load_a(lambda mt, half, v0, v, *part: a_at(tiles, ck, mt, half, v0, v, *part), a_vector, slot)
             if polled is not None:
                 polled.load(ck, slot)
             elif b_shared is None:

@@ -153,7 +153,8 @@ def fits(spec, cell, device: Device, cfg: MmaConfig) -> bool:
             and not (cfg.ring_h and not cfg.ring)
             and not (cfg.halves and ((cfg.streamed and not cfg.ring) or not halves_apply(spec)))
             and not (cfg.flat_sums and cfg.streamed)  # flat sums only where R is resident (measured there alone)
-            and not (cfg.sync and not polls(spec, cell, cfg)))
+            and not (cfg.sync and not polls(spec, cell, cfg))
+            and not (cfg.r_regs and not r_regs_apply(spec, cfg)))
 
 
 def polls(spec, cell, cfg: MmaConfig) -> bool:
@@ -323,6 +324,7 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                     a.operand_scale, h_inv = hscale.after(lane)
                 initial_states(a, hbuf, d, u0, UB, threads, tid, words)
                 block_sync()
+                a_regs = a_in_registers(a, cfg, layout, wy, lane) if cfg.r_regs else {}
                 _grid_sync()
 
                 def phase_step(pi, phase, last, operand, s, cur, nxt):
@@ -336,7 +338,7 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
                     with T.serial(0, tirx.ceildiv(N, i64(NB))) as chunk:
                         block_phase(a, phase, last, operand, hbuf, scratch, s, cur, nxt, cfg, d, u0, chunk * i64(NB),
                                     wy, lane, acc_s, layout.a_at(pi, phase), True, shared_a=True, streamed=streamed, unscale=unscale,
-                                    b_words=b_words)
+                                    b_words=b_words, a_regs=a_regs.get(pi))
                         block_sync()  # the next chunk's partial sums reuse acc_s
                     if not words:
                         _grid_sync()
@@ -345,6 +347,31 @@ def persistent_mma_body(a: KernelArgs, cfg: MmaConfig):
 
                 final_states(a, hbuf, d, u0, UB, threads, tid)
     a.published = {}
+
+
+def r_regs_apply(spec, cfg: MmaConfig) -> bool:
+    """Whether A may stay in registers across the steps (r_regs): R resident, not in f16x3 halves, and one round of
+    chunks a step, so that a warp's chunks are the same `depth` slots every step."""
+    return not cfg.streamed and not cfg.halves and -(-spec.hidden_size // KC) <= cfg.k_warps * cfg.depth
+
+
+def a_in_registers(a: KernelArgs, cfg: MmaConfig, layout: _Resident, wy, lane) -> dict:
+    """r_regs: each phase's A of the warp's one round (chunk j * k_warps + wk in slot j), staged from shared memory
+    into registers once, before the first step; block_phase multiplies them every step (its a_regs)."""
+    from .recurrent_mma import m_tiles, tile_mode
+
+    chunks, KW, wk = -(-a.spec.hidden_size // KC), cfg.k_warps, wy // i64(cfg.n_warps)
+    regs = {}
+    for pi, phase in enumerate(a.cell.phases):
+        tiles = WarpTiles(lane, m_tiles(len(phase.gates), cfg.units), cfg.n_tiles, tile_mode(a.spec, cfg), a.spec.dtype,
+                          a.spec.dtype, cfg.depth)
+        at = layout.a_at(pi, phase)
+        for j in range(cfg.depth):
+            ck = i64(j * KW) + wk
+            emit_if(ck < i64(chunks), lambda ck=ck, j=j, at=at, tiles=tiles: tiles.load_a(
+                lambda mt, half, v0, v: at(tiles, ck, mt, half, v0, v), True, j), chunks % (KW * cfg.depth) == 0)
+        regs[pi] = tiles.ra
+    return regs
 
 
 class _Resident:

@@ -293,7 +293,7 @@ def _mma_point(kind, spec, c) -> KernelConfig:
             knobs["halves"] = c.halves
     if _half_operand(spec):
         knobs["half_operand"] = c.half_operand
-    for name in ("streamed", "ring", "ring_h", "flat_sums", "sync"):  # named only where on (the first three: R not on chip)
+    for name in ("streamed", "ring", "ring_h", "flat_sums", "sync", "r_regs"):  # named only where on (the first three: R not on chip)
         if getattr(c, name):
             knobs[name] = getattr(c, name)
     return KernelConfig.of(kind, **knobs)
@@ -321,7 +321,7 @@ def _persistent_mma_grid(config, spec):
 
 register(KernelKind("persistent_mma", "cuda", lambda fit: fit.resident or fit.streams, _persistent_mma_knobs, _persistent_mma_default,
                     _persistent_mma_emit, grid=_persistent_mma_grid,
-                    later_knobs={"chunk_acc": 0, "ring": 0, "ring_h": 0, "halves": 0, "flat_sums": 0, "sync": 0}))
+                    later_knobs={"chunk_acc": 0, "ring": 0, "ring_h": 0, "halves": 0, "flat_sums": 0, "sync": 0, "r_regs": 0}))
 
 
 # ---- stepwise: one fused launch per step and phase, weights from L2/HBM (recurrent_cuda): warps per block,

@@ -506,6 +506,47 @@ def test_polled_steps_match_the_barrier(case, dtype="float16"):
             np.testing.assert_array_equal(b, p)
 
 
+# persistent_mma's A kept in registers (r_regs): one round of chunks a step at the default's batch-8 point (8 ways, four
+# chunks a round: H96's 3 chunks leave slots empty); polled (fp16 single-phase), two phases (ONNX's GRU), 3xTF32
+REGISTER_CASES = [
+    (SYNC_CASES[0], "float16", {}),
+    (SYNC_CASES[2], "float16", {}),
+    (Case(op="GRU", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=64, input_size=5, layout=1), "float16", {}),
+    (SYNC_CASES[0], "float32", {"halves": 0}),
+]
+
+
+def test_a_in_registers_only_where_one_round_covers_r():
+    """r_regs needs R resident, no f16x3 halves and a warp's chunks in one round (chunks <= k_warps x depth)."""
+    from schedules.recurrent_mma import MmaConfig
+    from schedules.recurrent_persistent_mma import fits
+
+    device = Device.cuda("sm_90")
+    half = dataclasses.replace(Case(op="LSTM", hidden=1024, input_size=1024).spec(), dtype="float16")
+    cell = cell_for(half)
+    point = MmaConfig(units=8, n_tiles=1, n_warps=1, k_warps=8, depth=4, flat_sums=1, r_regs=1)
+    assert fits(half, cell, device, point)
+    assert not fits(half, cell, device, dataclasses.replace(point, depth=2))  # 32 chunks, 16 a round
+    exact = dataclasses.replace(half, dtype="float32")
+    assert not fits(exact, cell, device, dataclasses.replace(point, halves=1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case, dtype, knobs", REGISTER_CASES, ids=lambda v: f"{v.op}-{v.direction}" if isinstance(v, Case) else str(v))
+def test_a_in_registers_matches_shared_memory(case, dtype, knobs):
+    """r_regs 1 against float64, and bit for bit against A read from shared memory each step, at the default's batch-8
+    point: batches of one pass and of five (37 rows in 8-row passes), rows of several lengths."""
+    spec = dataclasses.replace(case.spec(), dtype=dtype)
+    target = target_of("cuda")
+    base = {**dict(default_config("persistent_mma", spec, cell_for(spec), target, 8).knobs), **knobs}
+    runs = [_check_kernel("cuda", dataclasses.replace(case, dtype=dtype), spec,
+                          point_kernel(spec, cell_for(spec), target, KernelConfig.of("persistent_mma", **{**base, "r_regs": r_regs})),
+                          "rows", batches=(6, 37), note=f"r_regs {r_regs}") for r_regs in (0, 1)]
+    for shared, registers in zip(*runs):
+        for a, b in zip(shared, registers):
+            np.testing.assert_array_equal(a, b)
+
+
 # layers whose streamed chunks pass through persistent_mma's cp.async ring: H a multiple of 32 (whole chunks); rounds of
 # k_warps x depth chunks: one round (the prologue copies it), two with a partial last one, four with the copies issued
 # inside the loop; GRU's two phases have rows of different widths
