@@ -531,6 +531,27 @@ def test_a_in_registers_only_where_one_round_covers_r():
     assert not fits(exact, cell, device, dataclasses.replace(point, halves=1))
 
 
+def test_fp16_defaults_keep_a_in_registers_up_to_batch_16():
+    """persistent_mma's default keeps A in registers in fp16 up to batch 16 where one round of chunks covers R (the
+    polled points' four chunks a round by 8 k-warps cover H1024), not in fp32 nor at the barrier's two a round; the
+    batch-16 point (two tiles, A in 64 registers a lane) spills nothing."""
+    from schedules.ptxas import ptxas
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+
+    def point(op, dtype, batch, **options):
+        spec = Case(op=op, hidden=1024, input_size=8, dtype=dtype, **options).spec()
+        return spec, default_config("persistent_mma", spec, cell_for(spec), target, batch)
+
+    assert [point("LSTM", "float16", b)[1]["r_regs"] for b in (1, 8, 16, 17, 64)] == [1, 1, 1, 0, 0]
+    assert [point("GRU", "float16", b, linear_before_reset=1)[1]["r_regs"] for b in (1, 16)] == [1, 1]
+    assert point("GRU", "float16", 1)[1]["r_regs"] == 0  # two phases meet at the barrier, two chunks a round
+    assert [point("LSTM", "float32", b)[1]["r_regs"] for b in (1, 16)] == [0, 0]
+    spec, config = point("LSTM", "float16", 16)
+    report = ptxas(_source(target, spec, config), "sm_90a")
+    assert report.spill_stores == 0 and report.spill_loads == 0, report.describe()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case, dtype, knobs", REGISTER_CASES, ids=lambda v: f"{v.op}-{v.direction}" if isinstance(v, Case) else str(v))
 def test_a_in_registers_matches_shared_memory(case, dtype, knobs):
