@@ -533,8 +533,8 @@ def test_a_in_registers_only_where_one_round_covers_r():
 
 def test_fp16_defaults_keep_a_in_registers_up_to_batch_16():
     """persistent_mma's default keeps A in registers in fp16 up to batch 16 where one round of chunks covers R (the
-    polled points' four chunks a round by 8 k-warps cover H1024), not in fp32 nor at the barrier's two a round; the
-    batch-16 point (two tiles, A in 64 registers a lane) spills nothing."""
+    polled points' four chunks a round by 8 k-warps cover H1024) in blocks of 8 units, not in fp32 nor at the barrier's
+    two chunks a round; the batch-16 point (two tiles, A in 64 registers a lane) spills nothing."""
     from schedules.ptxas import ptxas
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
@@ -546,6 +546,7 @@ def test_fp16_defaults_keep_a_in_registers_up_to_batch_16():
     assert [point("LSTM", "float16", b)[1]["r_regs"] for b in (1, 8, 16, 17, 64)] == [1, 1, 1, 0, 0]
     assert [point("GRU", "float16", b, linear_before_reset=1)[1]["r_regs"] for b in (1, 16)] == [1, 1]
     assert point("GRU", "float16", 1)[1]["r_regs"] == 0  # two phases meet at the barrier, two chunks a round
+    assert point("LSTM", "float16", 1, direction="bidirectional")[1]["r_regs"] == 0  # 16 units a block: unmeasured
     assert [point("LSTM", "float32", b)[1]["r_regs"] for b in (1, 16)] == [0, 0]
     spec, config = point("LSTM", "float16", 16)
     report = ptxas(_source(target, spec, config), "sm_90a")
