@@ -88,8 +88,8 @@ class WarpTiles:
         self.g, self.t = lane // i64(4), lane % i64(4)
         # `depth` chunks staged at once: their loads are in flight together, so a warp waits on memory once per
         # `depth` chunks (the kernels are latency-bound: a chunk's mma's take far less than an L2 or HBM round trip)
-        # A: chunk, tile, row half, 8 k; ra given: staged once for every use (a_registers), load_a not called
-        self.ra = a_registers(depth, mt, a_dtype) if ra is None else ra
+        # A: chunk, tile, row half, 8 k; ra given: another WarpTiles' A, staged once for every use (load_a not called)
+        self.ra = T.alloc_buffer((depth, mt, 2, 8), a_dtype, scope="local") if ra is None else ra
         self.ra_lo = T.alloc_buffer((depth, mt, 2, 8), a_dtype, scope="local") if self.halves else None  # A's low halves
         self.rb = T.alloc_buffer((depth, nt, 8), b_dtype, scope="local")  # B: chunk, tile, 8 k
         self.rb_lo = T.alloc_buffer((depth, nt, 8), b_dtype, scope="local") if self.halves else None  # B's low halves
@@ -217,11 +217,6 @@ class WarpTiles:
         if self.c_lo is not None:
             for idx in self.accumulators():
                 T.buffer_store(self.c, self.c[tuple(idx)] + self.c_lo[tuple(idx)], idx)
-
-
-def a_registers(depth: int, mt: int, a_dtype: str):
-    """A's staging registers: `depth` chunks of mt m-tiles, each lane's 8 k of rows g and g + 8."""
-    return T.alloc_buffer((depth, mt, 2, 8), a_dtype, scope="local")
 
 
 def shared_element(tiles: WarpTiles, sm, base, row, v0, v, swizzle: bool):
