@@ -222,11 +222,11 @@ def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaC
 
 
 def a_in_registers_by_default(spec, batch: int | None, cfg: MmaConfig) -> MmaConfig:
-    """The default keeps A in registers (r_regs) in fp16 up to POLLED_MID_BATCH where one round of chunks covers R, in
-    blocks of up to 8 units: it ran LSTM H1024 fp16 at batch 1-16 6-12% faster than A from shared memory, H512-H768
-    even (h200-a-in-registers.md), all polled points. Unmeasured: the grid barrier's points that also take it (ONNX's
-    GRU and RNN to H512, two chunks a round) and blocks of 16 units (bidirectional H768-H1024, twice the fragments)."""
-    wanted = (spec.dtype == "float16" and batch is not None and batch <= POLLED_MID_BATCH and cfg.units <= 8
+    """The default keeps A in registers (r_regs) in fp16 up to POLLED_MID_BATCH where one round of chunks covers R: it
+    ran LSTM H1024 fp16 at batch 1-16 6-12% faster than A from shared memory, H512-H768 even, and bidirectional layers'
+    blocks of 16 units (H768-H1024, twice the fragments) 15-19% faster (h200-a-in-registers.md), all polled points.
+    Unmeasured: the grid barrier's points that also take it (ONNX's GRU and RNN to H512, two chunks a round)."""
+    wanted = (spec.dtype == "float16" and batch is not None and batch <= POLLED_MID_BATCH
               and r_regs_apply(spec, cfg))
     return replace(cfg, r_regs=1) if wanted else cfg
 

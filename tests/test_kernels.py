@@ -533,8 +533,9 @@ def test_a_in_registers_only_where_one_round_covers_r():
 
 def test_fp16_defaults_keep_a_in_registers_up_to_batch_16():
     """persistent_mma's default keeps A in registers in fp16 up to batch 16 where one round of chunks covers R (the
-    polled points' four chunks a round by 8 k-warps cover H1024) in blocks of 8 units, not in fp32 nor at the barrier's
-    two chunks a round; the batch-16 point (two tiles, A in 64 registers a lane) spills nothing."""
+    polled points' four chunks a round by 8 k-warps cover H1024), bidirectional layers' blocks of 16 units too, not in
+    fp32 nor at the barrier's two chunks a round; the batch-16 points (two tiles, A in 64 or 128 registers a lane)
+    spill nothing."""
     from schedules.ptxas import ptxas
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
@@ -546,11 +547,12 @@ def test_fp16_defaults_keep_a_in_registers_up_to_batch_16():
     assert [point("LSTM", "float16", b)[1]["r_regs"] for b in (1, 8, 16, 17, 64)] == [1, 1, 1, 0, 0]
     assert [point("GRU", "float16", b, linear_before_reset=1)[1]["r_regs"] for b in (1, 16)] == [1, 1]
     assert point("GRU", "float16", 1)[1]["r_regs"] == 0  # two phases meet at the barrier, two chunks a round
-    assert point("LSTM", "float16", 1, direction="bidirectional")[1]["r_regs"] == 0  # 16 units a block: unmeasured
+    assert [point("LSTM", "float16", b, direction="bidirectional")[1]["r_regs"] for b in (1, 16, 17)] == [1, 1, 0]  # 16 units
     assert [point("LSTM", "float32", b)[1]["r_regs"] for b in (1, 16)] == [0, 0]
-    spec, config = point("LSTM", "float16", 16)
-    report = ptxas(_source(target, spec, config), "sm_90a")
-    assert report.spill_stores == 0 and report.spill_loads == 0, report.describe()
+    for options in ({}, {"direction": "bidirectional"}):  # 8 and 16 units a block
+        spec, config = point("LSTM", "float16", 16, **options)
+        report = ptxas(_source(target, spec, config), "sm_90a")
+        assert report.spill_stores == 0 and report.spill_loads == 0, report.describe()
 
 
 @pytest.mark.gpu
@@ -852,8 +854,11 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
                                    ("persistent_mma", None)]),
     ("float16", 768, 1, "sm_90", [("persistent_mma", 8), ("persistent_mma", 16), ("persistent_mma", 24), ("persistent_mma", 32),
                                   ("mma", None)]),
-    ("float16", 256, 1, "sm_90", [("cluster", 1), ("cluster", 4), ("cluster", 8), ("persistent_mma", 24), ("persistent_mma", 32),
+    ("float16", 256, 1, "sm_90", [("persistent_mma", 8), ("persistent_mma", 16), ("persistent_mma", 24), ("persistent_mma", 32),
                                   ("mma", None)]),
+    # below POLLED_MIN_HIDDEN (unmeasured polled), cluster's grids to batch 8
+    ("float16", 96, 1, "sm_90", [("cluster", 1), ("cluster", 4), ("cluster", 8), ("persistent_mma", 24), ("persistent_mma", 32),
+                                 ("mma", None)]),
     ("float32", 800, 2, "sm_90", [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", None)]),
     # exact fp32 at H <= EXACT_MMA_MAX_HIDDEN: the per-step mma above the resident tiles (persistent_mma's blocks are few)
     # and up to batch 8 as clusters side by side, one row each
@@ -866,8 +871,8 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
     ("float16", 1024, 1, "sm_75", [("persistent", 4), ("stepwise", 32), ("tiled", None)]),  # no m16n8k16 / TF32 mma before sm_80
 ])
 def test_default_kernel_per_batch(dtype, hidden, directions, arch, plan):
-    """The untuned rule on the H100 and H200: persistent_mma's polled point to batch 8 in fp16 LSTM from H512, else cluster at
-    batch 1 (to batch 8 at H256), persistent up to batch 4; persistent_mma where R fits in shared memory across
+    """The untuned rule on the H100 and H200: persistent_mma's polled points to batch 16 in fp16 LSTM from H128, else cluster
+    at batch 1 (to batch 8 at H256 and below), persistent up to batch 4; persistent_mma where R fits in shared memory across
     one wave (above batch 32 in 64-row passes, or handing over to mma: choice.EXACT_MMA_MAX_HIDDEN,
     ROUNDED_PASSES_MIN_HIDDEN), else the per-step kinds, with persistent_mma
     streaming part of R from L2 at batch 33-64 where R is larger than a wave's shared memory."""
@@ -945,8 +950,8 @@ def test_small_batches_poll_h_where_they_may():
     half, exact = (Case(op="LSTM", hidden=1024, input_size=8, dtype=dtype).spec() for dtype in ("float16", "float32"))
     assert knob_space("persistent_mma", half, cell_for(half), target)["depth"] == (1, 2, 4)
     assert knob_space("persistent_mma", exact, cell_for(exact), target)["depth"] == (1, 2)
-    # auto runs the polled points from H512 at batch 1-16 for PyTorch's GRU too, ahead of the cluster kernel
-    gru = Case(op="GRU", hidden=512, input_size=8, dtype="float16", linear_before_reset=1).spec()
+    # auto runs the polled points from H128 at batch 1-16 for PyTorch's GRU too, ahead of the cluster kernel
+    gru = Case(op="GRU", hidden=128, input_size=8, dtype="float16", linear_before_reset=1).spec()
     first, second = plan_kernel(gru, cell_for(gru), target).branches[:2]
     assert [(b.config.kind, b.up_to, dict(b.config.knobs).get("sync")) for b in (first, second)] == [("persistent_mma", 8, 1), ("persistent_mma", 16, 1)]
 
