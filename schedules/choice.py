@@ -40,10 +40,10 @@ CLUSTER_BATCHES = ((4, 512), (8, 256))
 # ... but from this hidden size, where persistent_mma's points poll h (Fit.polled: fp16 LSTM and PyTorch's GRU), they
 # run batch 1-8 ahead of cluster and persistent, and batch 9-16 in two 8-row tiles (POLLED_MID_BATCH): LSTM H1024 batch
 # 1 1.48 us a step against cluster's 1.74, batch 4 2.10 against persistent's 7.02, batch 16 3.20 against the barrier's
-# 3.89; from H128 too: H128-H448 batch 1 0.74-1.07 us against cluster's 0.86-1.52, H256 batch 8-16 1.01-1.67 against
-# 1.14-2.49, LSTM H256 batch 1 and 4 within 4% (h200-polled-small-hidden.md); below H128 unmeasured (docs/decisions.md,
-# Which kernel runs which batch)
-POLLED_MIN_HIDDEN = 128
+# 3.89; from H64 too (H200): H64-H448 batch 1 0.67-1.07 us against cluster's 0.77-1.52, H96-H256 batch 8-16 0.94-1.67
+# against 1.03-2.49; LSTM H96 batch 1 and H256 batch 1 and 4 within 4% (benchmarks/results/h200-polled-small-hidden.md);
+# below H64 unmeasured (docs/decisions.md, Which kernel runs which batch)
+POLLED_MIN_HIDDEN = 64
 STREAMED_MAX_BATCH = 64  # persistent_mma streaming part of R runs STEPWISE_MAX_BATCH+1 .. here (its 64 rows per pass)
 # above RESIDENT_MAX_BATCH (persistent_mma's last 32-row passes) with R resident, in exact fp32: the per-step mma
 # (3xTF32) up to this hidden size, where persistent_mma's blocks of 8 units fill a quarter of the H100's SMs (blog-b,

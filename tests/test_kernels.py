@@ -856,8 +856,8 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
                                   ("mma", None)]),
     ("float16", 256, 1, "sm_90", [("persistent_mma", 8), ("persistent_mma", 16), ("persistent_mma", 24), ("persistent_mma", 32),
                                   ("mma", None)]),
-    # below POLLED_MIN_HIDDEN (unmeasured polled), cluster's grids to batch 8
-    ("float16", 96, 1, "sm_90", [("cluster", 1), ("cluster", 4), ("cluster", 8), ("persistent_mma", 24), ("persistent_mma", 32),
+    # below POLLED_MIN_HIDDEN (polled unmeasured) and CLUSTER_MIN_HIDDEN: persistent to batch 4, the barrier's tiles above
+    ("float16", 48, 1, "sm_90", [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 32),
                                  ("mma", None)]),
     ("float32", 800, 2, "sm_90", [("persistent", 4), ("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", None)]),
     # exact fp32 at H <= EXACT_MMA_MAX_HIDDEN: the per-step mma above the resident tiles (persistent_mma's blocks are few)
@@ -871,7 +871,7 @@ def test_every_persistent_mma_point_fits_one_wave(op, hidden, directions, dtype)
     ("float16", 1024, 1, "sm_75", [("persistent", 4), ("stepwise", 32), ("tiled", None)]),  # no m16n8k16 / TF32 mma before sm_80
 ])
 def test_default_kernel_per_batch(dtype, hidden, directions, arch, plan):
-    """The untuned rule on the H100 and H200: persistent_mma's polled points to batch 16 in fp16 LSTM from H128, else cluster
+    """The untuned rule on the H100 and H200: persistent_mma's polled points to batch 16 in fp16 LSTM from H64, else cluster
     at batch 1 (to batch 8 at H256 and below), persistent up to batch 4; persistent_mma where R fits in shared memory across
     one wave (above batch 32 in 64-row passes, or handing over to mma: choice.EXACT_MMA_MAX_HIDDEN,
     ROUNDED_PASSES_MIN_HIDDEN), else the per-step kinds, with persistent_mma
@@ -950,7 +950,7 @@ def test_small_batches_poll_h_where_they_may():
     half, exact = (Case(op="LSTM", hidden=1024, input_size=8, dtype=dtype).spec() for dtype in ("float16", "float32"))
     assert knob_space("persistent_mma", half, cell_for(half), target)["depth"] == (1, 2, 4)
     assert knob_space("persistent_mma", exact, cell_for(exact), target)["depth"] == (1, 2)
-    # auto runs the polled points from H128 at batch 1-16 for PyTorch's GRU too, ahead of the cluster kernel
+    # auto runs the polled points from H64 at batch 1-16 for PyTorch's GRU too, ahead of the cluster kernel
     gru = Case(op="GRU", hidden=128, input_size=8, dtype="float16", linear_before_reset=1).spec()
     first, second = plan_kernel(gru, cell_for(gru), target).branches[:2]
     assert [(b.config.kind, b.up_to, dict(b.config.knobs).get("sync")) for b in (first, second)] == [("persistent_mma", 8, 1), ("persistent_mma", 16, 1)]
@@ -997,12 +997,13 @@ def test_small_persistent_layers_run_one_block_per_direction():
 def test_dynamic_shared_arrays_of_one_name_have_one_type():
     """A module's kernels share one translation unit, where extern shared arrays of one name but other types do not
     compile (NVRTC of CUDA 13: "declaration is incompatible"): an fp32 model in half storage at batch 1-16 builds
-    cluster kernels (fp32 rows) beside persistent_mma ones (half weights) and f16 projections; each name has one type."""
+    cluster kernels (fp32 rows) beside persistent_mma ones (half weights) and f16 projections (H240: not whole
+    32-column chunks, so no polled points); each name has one type."""
     import re
 
     import tvmrnn
 
-    model = Case(op="LSTM", hidden=256, input_size=16).model()
+    model = Case(op="LSTM", hidden=240, input_size=16).model()
     module = tvmrnn.compile(model, target="cuda", dtype="float16", max_dims={"seq": 8, "batch": 16}, logs=False)
     kinds = {b["config"]["kind"] for b in module.metadata["layers"][0]["schedule"]}
     assert {"cluster", "persistent_mma"} <= kinds, kinds
