@@ -32,3 +32,46 @@ def test_markdown_keeps_the_columns_some_row_has():
     table = bench.markdown(rows, bench.GPU_COLUMNS, {"date": "today"}, "tvmrnn bench").splitlines()[-4:]
     assert table[0] == "| row | dtype | auto ms | TF32 ms |" and table[1] == "|---|---|---|---|"
     assert table[2:] == ["| a | float32 | 1.5 | 1 |", "| a | float16 | 0.25 |  |"]
+
+
+def _ab_default():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "ab_default.py"
+    spec = importlib.util.spec_from_file_location("ab_default", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ab_default_changes_the_rule_inside_its_block_only():
+    """benchmarks/ab_default.py's change (a constant of schedules/, or knobs on a kind's default points) reaches auto's
+    plan inside the block and is undone after it; a change or shape it cannot take is one line naming it."""
+    import pytest
+    import tvm
+
+    from onnx_cases import Case
+    from schedules import plan_kernel
+    from schedules.cells import cell_for
+    from schedules.space import default_config
+
+    ab = _ab_default()
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    spec = Case(op="LSTM", hidden=256, input_size=8, dtype="float16").spec()
+    first_kind = lambda: plan_kernel(spec, cell_for(spec), target).branches[0].config.kind  # noqa: E731
+    k_warps = lambda: default_config("persistent_mma", spec, cell_for(spec), target, 1)["k_warps"]  # noqa: E731
+    before = (first_kind(), k_warps())
+    with ab.changed("choice.POLLED_MIN_HIDDEN=512"):
+        assert first_kind() == "cluster"
+    with ab.changed("persistent_mma:k_warps=4"):
+        assert k_warps() == 4 != before[1]
+    assert (first_kind(), k_warps()) == before == ("persistent_mma", 8)
+    row, dtype = ab.parse_shape("gru-h1024-b16-bi-fp32")
+    assert (row.cell, row.H, row.N, row.D, dtype) == ("GRU", 1024, 16, 2, "float32")
+    for bad, says in (("choice.NO_SUCH=1", "MODULE.NAME=VALUE"), ("tiled:units=2", "KIND:KNOB=V takes a kind of"),
+                      ("persistent_mma:k_warps=four", "whole-number values")):
+        with pytest.raises(SystemExit, match=says), ab.changed(bad):
+            pass
+    with pytest.raises(SystemExit, match="expected CELL-hH-bB"):
+        ab.parse_shape("lstm-384")

@@ -1,0 +1,136 @@
+"""auto as committed beside auto with one change to its rule, on one-layer shapes, each beside cuDNN's best.
+
+    python3 benchmarks/ab_default.py CHANGE SHAPE [SHAPE ...]
+
+CHANGE: `MODULE.NAME=VALUE`, a constant of schedules/ (`choice.POLLED_MIN_HIDDEN=64`), or `KIND:KNOB=V[,KNOB=V]`,
+the kind's default points with those knobs set (`persistent_mma:r_regs=1`).
+SHAPE: `CELL-hH-bB[-bi][-fp32]`: one layer of LSTM, GRU (PyTorch's: linear_before_reset) or RNN, input size H,
+T = 1000, fp16 unless `-fp32` (`lstm-h384-b1`, `gru-h1024-b16-bi`).
+
+A shape times auto, auto with the change, then auto again, in one process: the spread of the two as-committed runs is
+what a difference must beat. Each goes through `tvmrnn.bench.bench_gpu_row` (a CUDA graph replay of the layer, the
+input projection included), cuDNN timed once in every setting (eager, CUDA graph, cudnnRNNForward's algorithms).
+Prints a markdown table of µs per step and the kernels each ran; writes ab_default.json to $OUT.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import importlib
+import json
+import os
+import re
+import sys
+
+SHAPE = re.compile(r"(lstm|gru|rnn)-h(\d+)-b(\d+)((?:-bi|-fp32)*)")
+KIND_MODULES = {"persistent_mma": "recurrent_persistent_mma", "persistent": "recurrent_persistent", "cluster": "recurrent_cluster"}
+
+
+class UsageError(SystemExit):
+    """A change or shape this tool does not take: one line that says what it takes."""
+
+
+def parse_shape(text: str):
+    """A shape's bench row and dtype."""
+    from tvmrnn.bench import Row
+
+    match = SHAPE.fullmatch(text)
+    if match is None:
+        raise UsageError(f"shape {text!r}: expected CELL-hH-bB[-bi][-fp32] with CELL one of lstm, gru, rnn")
+    cell, hidden, batch, flags = match.groups()
+    row = Row(text, cell.upper(), 1000, int(batch), int(hidden), int(hidden), bidirectional="-bi" in flags)
+    return row, "float32" if "-fp32" in flags else "float16"
+
+
+@contextlib.contextmanager
+def changed(change: str):
+    """The rule with `change` applied inside the block, as committed after it."""
+    module, name, value = _knob_change(change) if ":" in change else _constant_change(change)
+    original = getattr(module, name)
+    setattr(module, name, value(original))
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+def _constant_change(change: str):
+    target, _, text = change.partition("=")
+    module_name, _, name = target.rpartition(".")
+    try:
+        module = importlib.import_module(f"schedules.{module_name}")
+        getattr(module, name)
+        value = ast.literal_eval(text)
+    except (ImportError, AttributeError, ValueError, SyntaxError):
+        raise UsageError(f"change {change!r}: expected MODULE.NAME=VALUE naming a constant of schedules/ "
+                         "(choice.POLLED_MIN_HIDDEN=64)") from None
+    return module, name, lambda original: value
+
+
+def _knob_change(change: str):
+    kind, _, pairs = change.partition(":")
+    if kind not in KIND_MODULES:
+        raise UsageError(f"change {change!r}: KIND:KNOB=V takes a kind of {', '.join(KIND_MODULES)}")
+    try:
+        knobs = {k: int(v) for k, v in (pair.split("=") for pair in pairs.split(","))}
+    except ValueError:
+        raise UsageError(f"change {change!r}: expected KIND:KNOB=V[,KNOB=V] with whole-number values") from None
+    module = importlib.import_module(f"schedules.{KIND_MODULES[kind]}")
+
+    def default_config(original):
+        def with_knobs(spec, *args, **kwargs):
+            point = dataclasses.replace(original(spec, *args, **kwargs), **knobs)
+            return point.with_registers(spec) if hasattr(point, "with_registers") else point  # cluster: R's registers
+
+        return with_knobs
+
+    return module, "default_config", default_config
+
+
+def time_shape(text: str, change: str) -> dict:
+    """auto, auto changed, auto again on one shape: µs per step, relative error against cuDNN and the kernels."""
+    from tvmrnn.bench import bench_gpu_row
+
+    row, dtype = parse_shape(text)
+    runs, cudnn = [], None
+    for label in ("as committed", change, "as committed"):
+        with changed(change) if label == change else contextlib.nullcontext():
+            result = bench_gpu_row(row, kernels=("auto",), dtype=dtype, cudnn=cudnn)
+        cudnn = cudnn or result
+        runs.append({"label": label, "us": result["auto_ms"] * 1e3 / row.T, "rel_err": result["auto_rel_err"],
+                     "kernel": result["auto_kernel"]})
+    return {"shape": text, "dtype": dtype, "best_cudnn_us": cudnn["best_cudnn_ms"] * 1e3 / row.T,
+            "best_cudnn": cudnn["best_cudnn"], "runs": runs}
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 2:
+        raise UsageError(__doc__.strip().splitlines()[2])
+    change, shapes = argv[0], argv[1:]
+    with changed(change):  # a change or shape it cannot take stops it here, before the first timing
+        pass
+    for shape in shapes:
+        parse_shape(shape)
+    from tvmrnn.bench import environment
+
+    print(f"| shape | best cuDNN | as committed | {change} | as committed |\n|---|---|---|---|---|", flush=True)
+    results = []
+    for shape in shapes:
+        case = time_shape(shape, change)
+        results.append(case)
+        cells = " | ".join(f"{r['us']:.3f} ({r['rel_err']:.0e})" for r in case["runs"])
+        print(f"| {shape} | {case['best_cudnn_us']:.3f} ({case['best_cudnn']}) | {cells} |", flush=True)
+    for case in results:
+        for run in case["runs"][:2]:
+            print(f"{case['shape']} {run['label']}: {run['kernel']}")
+    out = os.environ.get("OUT", ".")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "ab_default.json"), "w") as f:
+        json.dump({"command": "python3 benchmarks/ab_default.py " + " ".join(argv), "environment": environment(gpu=True),
+                   "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
