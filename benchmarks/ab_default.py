@@ -3,7 +3,8 @@
     python3 benchmarks/ab_default.py CHANGE SHAPE [SHAPE ...]
 
 CHANGE: `MODULE.NAME=VALUE`, a constant of schedules/ (`choice.POLLED_MIN_HIDDEN=64`), or `KIND:KNOB=V[,KNOB=V]`,
-the kind's default points with those knobs set (`persistent_mma:r_regs=1`).
+the kind's default points with those knobs set (`persistent_mma:r_regs=1`), or several joined by `+`
+(`choice.POLLED_MIN_HIDDEN=128+cluster:ctas=4`: the cluster kernel of 4 CTAs where auto runs it again).
 SHAPE: `CELL-hH-bB[-bi][-fp32]`: one layer of LSTM, GRU (PyTorch's: linear_before_reset) or RNN, input size H,
 T = 1000, fp16 unless `-fp32` (`lstm-h384-b1`, `gru-h1024-b16-bi`).
 
@@ -46,7 +47,15 @@ def parse_shape(text: str):
 
 @contextlib.contextmanager
 def changed(change: str):
-    """The rule with `change` applied inside the block, as committed after it."""
+    """The rule with `change` (each of its `+`-joined parts) applied inside the block, as committed after it."""
+    with contextlib.ExitStack() as stack:
+        for part in change.split("+"):
+            stack.enter_context(_changed(part))
+        yield
+
+
+@contextlib.contextmanager
+def _changed(change: str):
     module, name, value = _knob_change(change) if ":" in change else _constant_change(change)
     original = getattr(module, name)
     setattr(module, name, value(original))

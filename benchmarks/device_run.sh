@@ -16,8 +16,13 @@
 #   tune [ROW,ROW]                  MetaSchedule over the rows (default every row and the zoo) into $OUT/tuning_logs
 #   load-test [ARGS]                tvmrnn serve under load against direct calls (load_test.py; CPU)
 #   kernel-hashes [FILE]            hashes of every row's generated recurrent kernels (kernel_hashes.py; no GPU needed)
+#   (device_stage.sh stages TVM, the wheels and the zoo's ONNX files for a machine without a package index)
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# the zoo's ONNX files carried in parts (.tvmdev/zoo1, zoo2: device_stage.sh), gathered where the zoo looks for them
+carried_zoo=/tmp/tvmrnn-carried-zoo
+for part in .tvmdev/zoo*; do [ -d "$part" ] && mkdir -p $carried_zoo/onnx && cp "$part"/* $carried_zoo/onnx/; done
+[ -d $carried_zoo/onnx ] && export TVMRNN_ZOO_CACHE=${TVMRNN_ZOO_CACHE:-$carried_zoo}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 quiet() { grep -v "Warning"; }  # TVM's scope warnings, one per kernel built
@@ -99,5 +104,5 @@ case "$verb" in
   tune) tune "$@" ;;
   load-test) timeout 560 python3 benchmarks/load_test.py --out "$OUT" "$@" 2>&1 | tee "$OUT/load_test_log.txt" | tail -20 ;;
   kernel-hashes) timeout 560 python3 benchmarks/kernel_hashes.py "${1:-$OUT/kernel_hashes.json}" 2>&1 | quiet | tail -20 ;;
-  *) sed -n '2,15p' "$0"; exit 2 ;;
+  *) sed -n '2,19p' "$0"; exit 2 ;;
 esac

@@ -46,8 +46,8 @@ def _ab_default():
 
 
 def test_ab_default_changes_the_rule_inside_its_block_only():
-    """benchmarks/ab_default.py's change (a constant of schedules/, or knobs on a kind's default points) reaches auto's
-    plan inside the block and is undone after it; a change or shape it cannot take is one line naming it."""
+    """benchmarks/ab_default.py's change (a constant of schedules/, knobs on a kind's default points, or both) reaches
+    auto's plan inside the block and is undone after it; a change or shape it cannot take is one line naming it."""
     import pytest
     import tvm
 
@@ -66,6 +66,8 @@ def test_ab_default_changes_the_rule_inside_its_block_only():
         assert first_kind() == "cluster"
     with ab.changed("persistent_mma:k_warps=4"):
         assert k_warps() == 4 != before[1]
+    with ab.changed("choice.POLLED_MIN_HIDDEN=512+persistent_mma:k_warps=4"):
+        assert (first_kind(), k_warps()) == ("cluster", 4)
     assert (first_kind(), k_warps()) == before == ("persistent_mma", 8)
     row, dtype = ab.parse_shape("gru-h1024-b16-bi-fp32")
     assert (row.cell, row.H, row.N, row.D, dtype) == ("GRU", 1024, 16, 2, "float32")
