@@ -59,8 +59,14 @@ ROWS = [
     Row("b64-h1024-l2", "LSTM", 100, 64, 1024, 1024, 2),
 ]
 # one layer, input size = H, 1000 steps: the per-step cost at small batch, where cuDNN's persistent algorithms are fastest
+# (issue #32's table (b), and the small layers of its 0.8 us mark at batch 1, where cuDNN's graph replay is fastest)
 STEP_ROWS = [
+    Row("step-lstm-h64-b1", "LSTM", 1000, 1, 64, 64),
+    Row("step-gru-h64-b1", "GRU", 1000, 1, 64, 64),
+    Row("step-lstm-h128-b1", "LSTM", 1000, 1, 128, 128),
+    Row("step-gru-h128-b1", "GRU", 1000, 1, 128, 128),
     Row("step-lstm-h256-b1", "LSTM", 1000, 1, 256, 256),
+    Row("step-gru-h512-b1", "GRU", 1000, 1, 512, 512),
     Row("step-lstm-h512-b1", "LSTM", 1000, 1, 512, 512),
     Row("step-lstm-h1024-b1", "LSTM", 1000, 1, 1024, 1024),
     Row("step-gru-h1024-b1", "GRU", 1000, 1, 1024, 1024),

@@ -22,7 +22,8 @@ PRECISIONS = ("exact", "tf32")  # schedules.layer.PRECISIONS, likewise
 # tvmrnn.bench.ROWS and CPU_ROWS by name, likewise (so `bench --help` lists them without importing the suite)
 BENCH_ROWS = ("ds2-lstm", "ds2-gru", "ds2-5l-bi", "blog-a", "blog-b", "lat-b1-h512-l2", "lat-b1-h1024", "b8-h1024-l2",
               "b64-h1024-l2")
-BENCH_STEP_ROWS = ("step-lstm-h256-b1", "step-lstm-h512-b1", "step-lstm-h1024-b1", "step-gru-h1024-b1", "step-lstm-h1024-b8",
+BENCH_STEP_ROWS = ("step-lstm-h64-b1", "step-gru-h64-b1", "step-lstm-h128-b1", "step-gru-h128-b1", "step-lstm-h256-b1",
+                   "step-gru-h512-b1", "step-lstm-h512-b1", "step-lstm-h1024-b1", "step-gru-h1024-b1", "step-lstm-h1024-b8",
                    "step-lstm-h1024-b16", "step-gru-h1024-b16", "step-lstm-h1024-b64")
 BENCH_CPU_ROWS = ("ds2-lstm", "ds2-gru", "lat-b1-h512-l2")
 
