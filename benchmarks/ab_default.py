@@ -24,6 +24,7 @@ import json
 import os
 import re
 import sys
+from unittest import mock
 
 SHAPE = re.compile(r"(lstm|gru|rnn)-h(\d+)-b(\d+)((?:-bi|-fp32)*)")
 KIND_MODULES = {"persistent_mma": "recurrent_persistent_mma", "persistent": "recurrent_persistent", "cluster": "recurrent_cluster"}
@@ -50,19 +51,22 @@ def changed(change: str):
     """The rule with `change` (each of its `+`-joined parts) applied inside the block, as committed after it."""
     with contextlib.ExitStack() as stack:
         for part in change.split("+"):
-            stack.enter_context(_changed(part))
+            stack.enter_context(default_with_knobs(*_knob_change(part)) if ":" in part else _constant_change(part))
         yield
 
 
-@contextlib.contextmanager
-def _changed(change: str):
-    module, name, value = _knob_change(change) if ":" in change else _constant_change(change)
-    original = getattr(module, name)
-    setattr(module, name, value(original))
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
+def default_with_knobs(kind: str, knobs: dict):
+    """`kind`'s default points with `knobs` set, inside the block: what auto and tvmrnn.compile(kernel=kind) build."""
+    if not knobs:
+        return contextlib.nullcontext()
+    module = importlib.import_module(f"schedules.{KIND_MODULES[kind]}")
+    original = module.default_config
+
+    def with_knobs(spec, *args, **kwargs):
+        point = dataclasses.replace(original(spec, *args, **kwargs), **knobs)
+        return point.with_registers(spec) if hasattr(point, "with_registers") else point  # cluster: R's registers
+
+    return mock.patch.object(module, "default_config", with_knobs)
 
 
 def _constant_change(change: str):
@@ -75,7 +79,7 @@ def _constant_change(change: str):
     except (ImportError, AttributeError, ValueError, SyntaxError):
         raise UsageError(f"change {change!r}: expected MODULE.NAME=VALUE naming a constant of schedules/ "
                          "(choice.POLLED_MIN_HIDDEN=64)") from None
-    return module, name, lambda original: value
+    return mock.patch.object(module, name, value)
 
 
 def _knob_change(change: str):
@@ -86,16 +90,7 @@ def _knob_change(change: str):
         knobs = {k: int(v) for k, v in (pair.split("=") for pair in pairs.split(","))}
     except ValueError:
         raise UsageError(f"change {change!r}: expected KIND:KNOB=V[,KNOB=V] with whole-number values") from None
-    module = importlib.import_module(f"schedules.{KIND_MODULES[kind]}")
-
-    def default_config(original):
-        def with_knobs(spec, *args, **kwargs):
-            point = dataclasses.replace(original(spec, *args, **kwargs), **knobs)
-            return point.with_registers(spec) if hasattr(point, "with_registers") else point  # cluster: R's registers
-
-        return with_knobs
-
-    return module, "default_config", default_config
+    return kind, knobs
 
 
 def time_shape(text: str, change: str) -> dict:

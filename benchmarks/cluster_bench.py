@@ -32,49 +32,34 @@ CUDNN = {"cuDNN eager": ("cudnn_fp32_ms", "cudnn_tf32_ms"), "cuDNN graph": ("cud
 
 
 def row_of(name):
-    """A step row of tvmrnn.bench, or its GRU twin (step-gru-hH-b1: the same shape)."""
-    from tvmrnn.bench import STEP_ROWS, Row
-
-    known = {r.name: r for r in STEP_ROWS}
-    if name in known:
-        return known[name]
-    cell, h, b = name.split("-")[1:]
-    return Row(name, cell.upper(), 1000, int(b[1:]), int(h[1:]), int(h[1:]))
-
-
-def with_knobs(kind, knobs):
-    """The kind's default point, with `knobs` set (what tvmrnn.compile(kernel=kind) then builds)."""
+    """A step row of tvmrnn.bench, or any step-CELL-hH-bB of the same form."""
     import dataclasses
 
-    from schedules import recurrent_cluster, recurrent_persistent
+    from ab_default import parse_shape
+    from tvmrnn.bench import STEP_ROWS
 
-    module = recurrent_cluster if kind == "cluster" else recurrent_persistent
-    original = getattr(module, "_bench_default", module.default_config)
-    module._bench_default = original
-    if kind == "cluster":  # as many of R's columns in registers as the point's warps take
-        module.default_config = lambda spec, *a: dataclasses.replace(original(spec, *a), **knobs).with_registers(spec)
-    else:
-        module.default_config = lambda *a, **k: dataclasses.replace(original(*a, **k), **knobs)
+    known = {r.name: r for r in STEP_ROWS}
+    return known[name] if name in known else dataclasses.replace(parse_shape(name.removeprefix("step-"))[0], name=name)
 
 
 def one_case(name, dtype, variants):
     """Time one row at one dtype: a JSON line of each variant's µs per step, error against cuDNN, kernel or failure."""
     import traceback
 
+    from ab_default import default_with_knobs
     from tvmrnn.bench import bench_gpu_row
 
     row, out, cudnn = row_of(name), {"row": name, "dtype": dtype, "variants": {}}, None
     for label, (kind, knobs) in variants.items():
         try:
-            with_knobs(kind, knobs)
-            r = bench_gpu_row(row, kernels=(kind,), dtype=dtype, cudnn=cudnn)
+            with default_with_knobs(kind, knobs):
+                r = bench_gpu_row(row, kernels=(kind,), dtype=dtype, cudnn=cudnn)
             cudnn = cudnn or r
             out["variants"][label] = {"us": r[f"{kind}_ms"] * 1e3 / row.T if f"{kind}_ms" in r else None,
                                       "rel_err": r.get(f"{kind}_rel_err"), "kernel": r.get(f"{kind}_kernel")}
         except Exception as err:  # noqa: BLE001 - a case reports every failure and goes on
             out["variants"][label] = {"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]}
             print(traceback.format_exc(), file=sys.stderr, flush=True)
-        with_knobs(kind, {})
     if cudnn is not None:
         out["cudnn"] = {label: min((cudnn[k] * 1e3 / row.T for k in keys if k in cudnn), default=None) for label, keys in CUDNN.items()}
         out["cudnn"]["best"] = f"{cudnn['best_cudnn_ms'] * 1e3 / row.T:.2f} ({cudnn['best_cudnn']})"

@@ -11,23 +11,17 @@ model, input projection included, replayed as one CUDA graph; cuDNN timed once p
 graph and with its own algorithms, persistent ones included). One after the other in one process, not interleaved.
 """
 
-import dataclasses
 import sys
 
-from schedules import recurrent_persistent
+from ab_default import default_with_knobs
 from tvmrnn.bench import STEP_ROWS, bench_gpu_row
 
 rows = sys.argv[1].split(",") if len(sys.argv) > 1 else [r.name for r in STEP_ROWS if r.name.endswith("-b1")]
 dtypes = sys.argv[2].split(",") if len(sys.argv) > 2 else ["float32"]
-default = recurrent_persistent.default_config
 
 
 VARIANTS = {"sync 0": {}, "sync 1": {"sync": 1}, "sync 1 staged": {"sync": 1, "stage_h": True},
             "sync 1 staged, XW prefetched": {"sync": 1, "stage_h": True, "prefetch": 1}}
-
-
-def with_knobs(knobs):
-    recurrent_persistent.default_config = lambda *a, **k: dataclasses.replace(default(*a, **k), **knobs)
 
 
 def us(ms, row):
@@ -42,10 +36,9 @@ for name in rows:
     for dtype in dtypes:
         results = []
         for knobs in VARIANTS.values():
-            with_knobs(knobs)
-            results.append(bench_gpu_row(row, kernels=("persistent",), dtype=dtype, cudnn=results[0] if results else None))
+            with default_with_knobs("persistent", knobs):
+                results.append(bench_gpu_row(row, kernels=("persistent",), dtype=dtype, cudnn=results[0] if results else None))
             print("  ", name, dtype, knobs, results[-1].get("persistent_kernel"), file=sys.stderr, flush=True)
-        with_knobs({})
         r0 = results[0]
         suffix = "tensor" if dtype == "float16" else "default"
         graph = min(v for k, v in r0.items() if k.startswith("cudnn_graph_") and k.endswith("_ms"))

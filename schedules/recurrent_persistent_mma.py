@@ -226,8 +226,7 @@ def a_in_registers_by_default(spec, batch: int | None, cfg: MmaConfig) -> MmaCon
     ran LSTM H1024 fp16 at batch 1-16 6-12% faster than A from shared memory, H512-H768 even, and bidirectional layers'
     blocks of 16 units (H768-H1024, twice the fragments) 15-19% faster (h200-a-in-registers.md), all polled points.
     Unmeasured: the grid barrier's points that also take it (ONNX's GRU and RNN to H512, two chunks a round)."""
-    wanted = (spec.dtype == "float16" and batch is not None and batch <= POLLED_MID_BATCH
-              and r_regs_apply(spec, cfg))
+    wanted = spec.dtype == "float16" and batch is not None and batch <= POLLED_MID_BATCH and r_regs_apply(spec, cfg)
     return replace(cfg, r_regs=1) if wanted else cfg
 
 
