@@ -217,8 +217,30 @@ def default_config(spec, cell, device: Device, batch: int | None = None) -> MmaC
             tree = MmaConfig(units=units, depth=2, halves=halves, **point)
             for cfg in ([replace(tree, flat_sums=1)] if tree.rows <= WIDE_BATCH else []) + [tree]:
                 if fits(spec, cell, device, cfg):
-                    return a_in_registers_by_default(spec, batch, replace(cfg, sync=1, depth=POLLED_DEPTH) if polled else cfg)
+                    return a_in_registers_by_default(spec, batch, polled_point(spec, cell, device, cfg) if polled else cfg)
     return streaming_config(spec, cell, device)
+
+
+def polled_point(spec, cell, device: Device, cfg: MmaConfig) -> MmaConfig:
+    """The polled point of a tile that fits: sync 1, POLLED_DEPTH chunks a round, polled_k_warps (the tile's 8 where
+    fewer would not fit)."""
+    polled = replace(cfg, sync=1, depth=POLLED_DEPTH)
+    fewer = replace(polled, k_warps=polled_k_warps(spec, cfg.k_warps))
+    return fewer if fits(spec, cell, device, fewer) else polled
+
+
+# at most this many of R's 32-column chunks a k-warp in the polled points: four each (H512 at 4 k-warps) ran 11% slower
+# than two each at 8, three each (H384 at 4) 14-20% faster than 8 k-warps of one or two (h200-polled-k-warps.md)
+POLLED_CHUNKS_PER_K_WARP = 3
+
+
+def polled_k_warps(spec, k_warps: int) -> int:
+    """The most k-warps, up to `k_warps`, that share R's chunks evenly, each taking at most POLLED_CHUNKS_PER_K_WARP:
+    a step waits for its slowest warp, so k-warps left one chunk short (or idle) are time lost to the reduction's
+    barrier. `k_warps` where no split is even (H320: ten chunks): there four would take 2-3 and eight 1-2, within 4%."""
+    chunks = spec.hidden_size // KC
+    even = [k for k in (k_warps, k_warps // 2, k_warps // 4) if k >= 2 and chunks % k == 0 and chunks // k <= POLLED_CHUNKS_PER_K_WARP]
+    return even[0] if even else k_warps
 
 
 def a_in_registers_by_default(spec, batch: int | None, cfg: MmaConfig) -> MmaConfig:

@@ -956,6 +956,50 @@ def test_small_batches_poll_h_where_they_may():
     assert [(b.config.kind, b.up_to, dict(b.config.knobs).get("sync")) for b in (first, second)] == [("persistent_mma", 8, 1), ("persistent_mma", 16, 1)]
 
 
+def test_polled_points_split_chunks_evenly_over_k_warps():
+    """The polled points take the most k-warps (up to the tile's 8) that share R's 32-column chunks evenly at three
+    chunks each at most (H384: 4 k-warps of 3, not 8 of 1-2; H1024: 8 of 4, no split even within 3); the barrier's
+    points keep theirs. Every such point at batch 16 (two tiles, A in registers) spills nothing."""
+    from schedules.ptxas import ptxas
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+
+    def point(hidden, batch, op="LSTM", dtype="float16", **options):
+        spec = Case(op=op, hidden=hidden, input_size=8, dtype=dtype, **options).spec()
+        return spec, default_config("persistent_mma", spec, cell_for(spec), target, batch)
+
+    hiddens = (64, 128, 192, 256, 320, 384, 448, 512, 768, 1024)
+    assert {h: point(h, 1)[1]["k_warps"] for h in hiddens} == {64: 2, 128: 4, 192: 2, 256: 8, 320: 8, 384: 4, 448: 8, 512: 8,
+                                                             768: 8, 1024: 8}
+    assert [point(384, b)[1]["k_warps"] for b in (1, 16, 17)] == [4, 4, 8]  # batch 17: three tiles at the barrier
+    assert point(384, 1, op="GRU", linear_before_reset=1)[1]["k_warps"] == 4 and point(384, 1, dtype="float32")[1]["k_warps"] == 16
+    for hidden in (64, 192, 384):
+        spec, config = point(hidden, 16)
+        assert config["r_regs"] == 1 and config["sync"] == 1, config.describe()
+        report = ptxas(_source(target, spec, config), "sm_90a")
+        assert report.spill_stores == 0 and report.spill_loads == 0, (hidden, report.describe())
+
+
+# the polled points whose chunks split over fewer than 8 k-warps (test above), at batch 1 and 16 (two tiles)
+K_WARP_CASES = [Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h", "initial_c"), hidden=384, input_size=7),
+                Case(op="GRU", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=192, input_size=5, linear_before_reset=1),
+                Case(op="LSTM", direction="forward", optional=("initial_h", "initial_c"), hidden=128, input_size=5)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 16])
+@pytest.mark.parametrize("case", K_WARP_CASES, ids=lambda c: f"{c.op}-h{c.hidden}")
+def test_polled_k_warp_splits_match_float64(case, batch):
+    """The default polled point at `batch` against float64 in fp16: batches of one pass and of several (rows of several
+    lengths where sequence_lens), each k-warp's chunks summed once."""
+    spec = dataclasses.replace(case.spec(), dtype="float16")
+    target = target_of("cuda")
+    config = default_config("persistent_mma", spec, cell_for(spec), target, batch)
+    assert config["k_warps"] < 8 and config["sync"] == 1, config.describe()
+    _check_kernel("cuda", dataclasses.replace(case, dtype="float16"), spec, point_kernel(spec, cell_for(spec), target, config),
+                  "rows", batches=(batch, 37), note=config.describe())
+
+
 @pytest.mark.parametrize("kind, batch", [("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 64), ("persistent", 4)])
 def test_grid_barrier_kernels_are_bounded_to_one_block_an_sm(kind, batch):
     """A kernel that waits at a grid barrier is launched one block an SM, so its bound says so: __launch_bounds__(threads,
