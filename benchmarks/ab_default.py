@@ -34,6 +34,11 @@ class UsageError(SystemExit):
     """A change or shape this tool does not take: one line that says what it takes."""
 
 
+class DoesNotFit(Exception):
+    """A change whose point does not fit a shape (persistent_mma:k_warps=2 at H320, whose ten chunks A in registers
+    cannot hold): that shape's row says so, the others still run."""
+
+
 def parse_shape(text: str):
     """A shape's bench row and dtype."""
     from tvmrnn.bench import Row
@@ -62,8 +67,10 @@ def default_with_knobs(kind: str, knobs: dict):
     module = importlib.import_module(f"schedules.{KIND_MODULES[kind]}")
     original = module.default_config
 
-    def with_knobs(spec, *args, **kwargs):
-        point = dataclasses.replace(original(spec, *args, **kwargs), **knobs)
+    def with_knobs(spec, cell, device, *args, **kwargs):
+        point = dataclasses.replace(original(spec, cell, device, *args, **kwargs), **knobs)
+        if kind == "persistent_mma" and not module.fits(spec, cell, device, point):
+            raise DoesNotFit(f"{spec.op} H{spec.hidden_size}: {kind} with {knobs} does not fit ({point})")
         return point.with_registers(spec) if hasattr(point, "with_registers") else point  # cluster: R's registers
 
     return mock.patch.object(module, "default_config", with_knobs)
@@ -122,7 +129,11 @@ def main(argv: list[str]) -> None:
     print(f"| shape | best cuDNN | as committed | {change} | as committed |\n|---|---|---|---|---|", flush=True)
     results = []
     for shape in shapes:
-        case = time_shape(shape, change)
+        try:
+            case = time_shape(shape, change)
+        except DoesNotFit as e:
+            print(f"| {shape} | | | {e} | |", flush=True)
+            continue
         results.append(case)
         cells = " | ".join(f"{r['us']:.3f} ({r['rel_err']:.0e})" for r in case["runs"])
         print(f"| {shape} | {case['best_cudnn_us']:.3f} ({case['best_cudnn']}) | {cells} |", flush=True)

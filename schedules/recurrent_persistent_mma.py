@@ -230,7 +230,7 @@ def polled_point(spec, cell, device: Device, cfg: MmaConfig) -> MmaConfig:
 
 
 # at most this many of R's 32-column chunks a k-warp in the polled points: four each (H512 at 4 k-warps) ran 11% slower
-# than two each at 8, three each (H384 at 4) 14-20% faster than 8 k-warps of one or two (h200-polled-k-warps.md)
+# than two each at 8, three each (H384 at 4) 14-21% faster than 8 k-warps of one or two (h200-polled-k-warps.md)
 POLLED_CHUNKS_PER_K_WARP = 3
 
 

@@ -77,3 +77,6 @@ def test_ab_default_changes_the_rule_inside_its_block_only():
             pass
     with pytest.raises(SystemExit, match="expected CELL-hH-bB"):
         ab.parse_shape("lstm-384")
+    wide = Case(op="LSTM", hidden=320, input_size=8, dtype="float16").spec()  # ten chunks: 2 k-warps x 4 cannot hold A
+    with pytest.raises(ab.DoesNotFit, match="LSTM H320: persistent_mma with {'k_warps': 2} does not fit"), ab.changed("persistent_mma:k_warps=2"):
+        plan_kernel(wide, cell_for(wide), target)
