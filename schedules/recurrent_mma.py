@@ -218,7 +218,7 @@ def block_phase(a: KernelArgs, phase, last, operand, hbuf, scratch, s, cur, nxt,
     UB, NT, NW, KW = cfg.units, cfg.n_tiles, cfg.n_warps, cfg.k_warps
     # gate-aligned m-tiles where A is read from R by fragment (r_row); from shared memory (persistent_mma, rows placed
     # by r_row_of one by one) whole 8-row groups per phase suffice; the partial-sum tree halves k_warps
-    assert (UB % 8 == 0 or shared_a) and len(phase.gates) * UB % 8 == 0 and KW & (KW - 1) == 0, cfg
+    assert (UB % 8 == 0 or shared_a) and len(phase.gates) * UB % 8 == 0 and (KW & (KW - 1) == 0 or cfg.flat_sums), cfg
     MT, NB = m_tiles(len(phase.gates), UB), cfg.rows
     chunks = -(-H // KC)
     stride = NB + 1  # shared row stride: the epilogue's threads read down a column without bank conflicts

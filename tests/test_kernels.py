@@ -1000,6 +1000,46 @@ def test_polled_k_warp_splits_match_float64(case, batch):
                   "rows", batches=(batch, 37), note=config.describe())
 
 
+
+# k-warps that are not a power of two, which only flat sums take (the tree halves k_warps): one or two chunks each where
+# no power of two splits R's chunks evenly (H96: 3, H320: 10, H448: 14)
+ODD_K_WARPS = [(Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h", "initial_c"), hidden=96, input_size=7), 3),
+               (Case(op="GRU", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=320, input_size=5, linear_before_reset=1), 5),
+               (Case(op="LSTM", direction="forward", optional=("initial_h", "initial_c"), hidden=448, input_size=5), 7)]
+
+
+def _odd_k_point(case, k_warps, target, batch=16):
+    spec = dataclasses.replace(case.spec(), dtype="float16")
+    base = default_config("persistent_mma", spec, cell_for(spec), target, batch)
+    return spec, KernelConfig.of("persistent_mma", **{**dict(base.knobs), "k_warps": k_warps})
+
+
+def test_flat_sums_take_k_warps_that_are_not_a_power_of_two():
+    """persistent_mma's polled point with 3, 5 or 7 k-warps and flat sums builds for sm_90a and spills nothing (A in
+    registers, two tiles); the tree of partial sums still refuses them."""
+    from schedules.ptxas import ptxas
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    for case, k_warps in ODD_K_WARPS:
+        spec, config = _odd_k_point(case, k_warps, target)
+        assert config["flat_sums"] == 1 and config["r_regs"] == 1, config.describe()
+        report = ptxas(_source(target, spec, config), "sm_90a")
+        assert report.spill_stores == 0 and report.spill_loads == 0, (case.hidden, report.describe())
+    spec, config = _odd_k_point(*ODD_K_WARPS[0], target)
+    with pytest.raises(AssertionError):
+        _source(target, spec, KernelConfig.of("persistent_mma", **{**dict(config.knobs), "flat_sums": 0}))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 16])
+@pytest.mark.parametrize("case, k_warps", ODD_K_WARPS, ids=lambda v: f"{v.op}-h{v.hidden}" if isinstance(v, Case) else str(v))
+def test_odd_k_warps_match_float64(case, k_warps, batch):
+    """The polled point with 3, 5 or 7 k-warps (flat sums) against float64 in fp16, batches of one pass and of 37 rows."""
+    target = target_of("cuda")
+    spec, config = _odd_k_point(case, k_warps, target, batch)
+    _check_kernel("cuda", dataclasses.replace(case, dtype="float16"), spec, point_kernel(spec, cell_for(spec), target, config),
+                  "rows", batches=(batch, 37), note=config.describe())
+
 @pytest.mark.parametrize("kind, batch", [("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 64), ("persistent", 4)])
 def test_grid_barrier_kernels_are_bounded_to_one_block_an_sm(kind, batch):
     """A kernel that waits at a grid barrier is launched one block an SM, so its bound says so: __launch_bounds__(threads,
