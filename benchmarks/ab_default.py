@@ -1,6 +1,6 @@
-"""auto as committed beside auto with one change to its rule, on one-layer shapes, each beside cuDNN's best.
+"""auto as committed beside auto with changes to its rule, on one-layer shapes, each beside cuDNN's best.
 
-    python3 benchmarks/ab_default.py CHANGE SHAPE [SHAPE ...]
+    python3 benchmarks/ab_default.py CHANGE [CHANGE ...] SHAPE [SHAPE ...]
 
 CHANGE: `MODULE.NAME=VALUE`, a constant of schedules/ (`choice.POLLED_MIN_HIDDEN=64`), or `KIND:KNOB=V[,KNOB=V]`,
 the kind's default points with those knobs set (`persistent_mma:r_regs=1`), or several joined by `+`
@@ -8,8 +8,8 @@ the kind's default points with those knobs set (`persistent_mma:r_regs=1`), or s
 SHAPE: `CELL-hH-bB[-bi][-fp32]`: one layer of LSTM, GRU (PyTorch's: linear_before_reset) or RNN, input size H,
 T = 1000, fp16 unless `-fp32` (`lstm-h384-b1`, `gru-h1024-b16-bi`).
 
-A shape times auto, auto with the change, then auto again, in one process: the spread of the two as-committed runs is
-what a difference must beat. Each goes through `tvmrnn.bench.bench_gpu_row` (a CUDA graph replay of the layer, the
+A shape times auto, auto with each change in turn, then auto again, in one process: the spread of the two
+as-committed runs is what a difference must beat. The arguments that are shapes are the shapes, the others changes. Each goes through `tvmrnn.bench.bench_gpu_row` (a CUDA graph replay of the layer, the
 input projection included), cuDNN timed once in every setting (eager, CUDA graph, cudnnRNNForward's algorithms).
 Prints a markdown table of µs per step and the kernels each ran; writes ab_default.json to $OUT.
 """
@@ -100,15 +100,29 @@ def _knob_change(change: str):
     return kind, knobs
 
 
-def time_shape(text: str, change: str) -> dict:
-    """auto, auto changed, auto again on one shape: µs per step, relative error against cuDNN and the kernels."""
+def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The changes and the shapes among the arguments (a word that starts like a shape must be one)."""
+    shapes = [a for a in argv if re.match(r"(lstm|gru|rnn)-", a) and parse_shape(a)]
+    changes = [a for a in argv if a not in shapes]
+    if not shapes or not changes:
+        raise UsageError(__doc__.strip().splitlines()[2].strip())
+    return changes, shapes
+
+
+def time_shape(text: str, changes: list[str]) -> dict:
+    """auto, auto with each change, auto again on one shape: µs per step, relative error against cuDNN and the kernels
+    (a change whose point does not fit the shape: its run says so)."""
     from tvmrnn.bench import bench_gpu_row
 
     row, dtype = parse_shape(text)
     runs, cudnn = [], None
-    for label in ("as committed", change, "as committed"):
-        with changed(change) if label == change else contextlib.nullcontext():
-            result = bench_gpu_row(row, kernels=("auto",), dtype=dtype, cudnn=cudnn)
+    for label in ("as committed", *changes, "as committed"):
+        try:
+            with changed(label) if label != "as committed" else contextlib.nullcontext():
+                result = bench_gpu_row(row, kernels=("auto",), dtype=dtype, cudnn=cudnn)
+        except DoesNotFit as e:
+            runs.append({"label": label, "does_not_fit": str(e)})
+            continue
         cudnn = cudnn or result
         runs.append({"label": label, "us": result["auto_ms"] * 1e3 / row.T, "rel_err": result["auto_rel_err"],
                      "kernel": result["auto_kernel"]})
@@ -117,29 +131,23 @@ def time_shape(text: str, change: str) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) < 2:
-        raise UsageError(__doc__.strip().splitlines()[2])
-    change, shapes = argv[0], argv[1:]
-    with changed(change):  # a change or shape it cannot take stops it here, before the first timing
-        pass
-    for shape in shapes:
-        parse_shape(shape)
+    changes, shapes = split_args(argv)
+    for change in changes:
+        with changed(change):  # a change it cannot take stops it here, before the first timing
+            pass
     from tvmrnn.bench import environment
 
-    print(f"| shape | best cuDNN | as committed | {change} | as committed |\n|---|---|---|---|---|", flush=True)
+    labels = ["as committed", *changes, "as committed"]
+    print(f"| shape | best cuDNN | {' | '.join(labels)} |\n|{'---|' * (len(labels) + 2)}", flush=True)
     results = []
     for shape in shapes:
-        try:
-            case = time_shape(shape, change)
-        except DoesNotFit as e:
-            print(f"| {shape} | | | {e} | |", flush=True)
-            continue
+        case = time_shape(shape, changes)
         results.append(case)
-        cells = " | ".join(f"{r['us']:.3f} ({r['rel_err']:.0e})" for r in case["runs"])
+        cells = " | ".join(f"{r['us']:.3f} ({r['rel_err']:.0e})" if "us" in r else "does not fit" for r in case["runs"])
         print(f"| {shape} | {case['best_cudnn_us']:.3f} ({case['best_cudnn']}) | {cells} |", flush=True)
     for case in results:
-        for run in case["runs"][:2]:
-            print(f"{case['shape']} {run['label']}: {run['kernel']}")
+        for run in case["runs"][:-1]:
+            print(f"{case['shape']} {run['label']}: {run.get('kernel', run.get('does_not_fit'))}")
     out = os.environ.get("OUT", ".")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "ab_default.json"), "w") as f:

@@ -77,6 +77,11 @@ def test_ab_default_changes_the_rule_inside_its_block_only():
             pass
     with pytest.raises(SystemExit, match="expected CELL-hH-bB"):
         ab.parse_shape("lstm-384")
+    assert ab.split_args(["persistent_mma:k_warps=4", "lstm-h384-b1", "persistent_mma:k_warps=2", "gru-h64-b16-bi"]) == (
+        ["persistent_mma:k_warps=4", "persistent_mma:k_warps=2"], ["lstm-h384-b1", "gru-h64-b16-bi"])
+    for bad, says in ((["persistent_mma:k_warps=4", "lstm-384"], "expected CELL-hH-bB"), (["lstm-h384-b1"], "CHANGE .CHANGE")):
+        with pytest.raises(SystemExit, match=says):
+            ab.split_args(bad)
     wide = Case(op="LSTM", hidden=320, input_size=8, dtype="float16").spec()  # ten chunks: 2 k-warps x 4 cannot hold A
     with pytest.raises(ab.DoesNotFit, match="LSTM H320: persistent_mma with {'k_warps': 2} does not fit"), ab.changed("persistent_mma:k_warps=2"):
         plan_kernel(wide, cell_for(wide), target)
