@@ -8,10 +8,10 @@ the kind's default points with those knobs set (`persistent_mma:r_regs=1`), or s
 SHAPE: `CELL-hH-bB[-bi][-fp32]`: one layer of LSTM, GRU (PyTorch's: linear_before_reset) or RNN, input size H,
 T = 1000, fp16 unless `-fp32` (`lstm-h384-b1`, `gru-h1024-b16-bi`).
 
-A shape times auto, auto with each change in turn, then auto again, in one process: the spread of the two
-as-committed runs is what a difference must beat. The arguments that are shapes are the shapes, the others changes. Each goes through `tvmrnn.bench.bench_gpu_row` (a CUDA graph replay of the layer, the
-input projection included), cuDNN timed once in every setting (eager, CUDA graph, cudnnRNNForward's algorithms).
-Prints a markdown table of µs per step and the kernels each ran; writes ab_default.json to $OUT.
+The arguments that are shapes are the shapes, the others changes. A shape times auto, auto with each change in turn,
+then auto again, in one process: the spread of the two as-committed runs is what a difference must beat. Each goes
+through `tvmrnn.bench.bench_gpu_row` (a CUDA graph replay of the layer, the input projection included), cuDNN timed
+once in every setting (eager, CUDA graph, cudnnRNNForward's algorithms). Prints a markdown table of µs per step and the kernels each ran; writes ab_default.json to $OUT.
 """
 
 from __future__ import annotations

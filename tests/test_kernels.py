@@ -980,38 +980,22 @@ def test_polled_points_split_chunks_evenly_over_k_warps():
         assert report.spill_stores == 0 and report.spill_loads == 0, (hidden, report.describe())
 
 
-# the polled points whose chunks split over fewer than 8 k-warps (test above), at batch 1 and 16 (two tiles)
-K_WARP_CASES = [Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h", "initial_c"), hidden=384, input_size=7),
-                Case(op="GRU", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=192, input_size=5, linear_before_reset=1),
-                Case(op="LSTM", direction="forward", optional=("initial_h", "initial_c"), hidden=128, input_size=5)]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("batch", [1, 16])
-@pytest.mark.parametrize("case", K_WARP_CASES, ids=lambda c: f"{c.op}-h{c.hidden}")
-def test_polled_k_warp_splits_match_float64(case, batch):
-    """The default polled point at `batch` against float64 in fp16: batches of one pass and of several (rows of several
-    lengths where sequence_lens), each k-warp's chunks summed once."""
-    spec = dataclasses.replace(case.spec(), dtype="float16")
-    target = target_of("cuda")
-    config = default_config("persistent_mma", spec, cell_for(spec), target, batch)
-    assert config["k_warps"] < 8 and config["sync"] == 1, config.describe()
-    _check_kernel("cuda", dataclasses.replace(case, dtype="float16"), spec, point_kernel(spec, cell_for(spec), target, config),
-                  "rows", batches=(batch, 37), note=config.describe())
-
-
-
-# k-warps that are not a power of two, which only flat sums take (the tree halves k_warps): one or two chunks each where
-# no power of two splits R's chunks evenly (H96: 3, H320: 10, H448: 14)
+# the polled points whose chunks split over fewer than 8 k-warps: the default's (None; test above) and k-warps that are
+# not a power of two, which only flat sums take (the tree halves k_warps), one or two chunks each where no power of two
+# splits R's chunks evenly (H96: 3, H320: 10, H448: 14)
+K_WARP_CASES = [(Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h", "initial_c"), hidden=384, input_size=7), None),
+                (Case(op="GRU", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=192, input_size=5, linear_before_reset=1), None),
+                (Case(op="LSTM", direction="forward", optional=("initial_h", "initial_c"), hidden=128, input_size=5), None)]
 ODD_K_WARPS = [(Case(op="LSTM", direction="bidirectional", optional=("sequence_lens", "initial_h", "initial_c"), hidden=96, input_size=7), 3),
                (Case(op="GRU", direction="reverse", optional=("sequence_lens", "initial_h"), hidden=320, input_size=5, linear_before_reset=1), 5),
                (Case(op="LSTM", direction="forward", optional=("initial_h", "initial_c"), hidden=448, input_size=5), 7)]
 
 
-def _odd_k_point(case, k_warps, target, batch=16):
+def _k_warp_point(case, k_warps, target, batch=16):
+    """The fp16 default point at `batch`, with `k_warps` where given."""
     spec = dataclasses.replace(case.spec(), dtype="float16")
     base = default_config("persistent_mma", spec, cell_for(spec), target, batch)
-    return spec, KernelConfig.of("persistent_mma", **{**dict(base.knobs), "k_warps": k_warps})
+    return spec, base if k_warps is None else KernelConfig.of("persistent_mma", **{**dict(base.knobs), "k_warps": k_warps})
 
 
 def test_flat_sums_take_k_warps_that_are_not_a_power_of_two():
@@ -1021,24 +1005,28 @@ def test_flat_sums_take_k_warps_that_are_not_a_power_of_two():
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     for case, k_warps in ODD_K_WARPS:
-        spec, config = _odd_k_point(case, k_warps, target)
+        spec, config = _k_warp_point(case, k_warps, target)
         assert config["flat_sums"] == 1 and config["r_regs"] == 1, config.describe()
         report = ptxas(_source(target, spec, config), "sm_90a")
         assert report.spill_stores == 0 and report.spill_loads == 0, (case.hidden, report.describe())
-    spec, config = _odd_k_point(*ODD_K_WARPS[0], target)
+    spec, config = _k_warp_point(*ODD_K_WARPS[0], target)
     with pytest.raises(AssertionError):
         _source(target, spec, KernelConfig.of("persistent_mma", **{**dict(config.knobs), "flat_sums": 0}))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 16])
-@pytest.mark.parametrize("case, k_warps", ODD_K_WARPS, ids=lambda v: f"{v.op}-h{v.hidden}" if isinstance(v, Case) else str(v))
-def test_odd_k_warps_match_float64(case, k_warps, batch):
-    """The polled point with 3, 5 or 7 k-warps (flat sums) against float64 in fp16, batches of one pass and of 37 rows."""
+@pytest.mark.parametrize("case, k_warps", K_WARP_CASES + ODD_K_WARPS,
+                         ids=lambda v: f"{v.op}-h{v.hidden}" if isinstance(v, Case) else f"k{v or 'default'}")
+def test_polled_k_warp_splits_match_float64(case, k_warps, batch):
+    """The polled point at `batch` (the default's fewer k-warps, or 3, 5 or 7 with flat sums) against float64 in fp16:
+    batches of one pass and of 37 rows (rows of several lengths where sequence_lens), each k-warp's chunks summed once."""
     target = target_of("cuda")
-    spec, config = _odd_k_point(case, k_warps, target, batch)
+    spec, config = _k_warp_point(case, k_warps, target, batch)
+    assert config["k_warps"] < 8 and config["sync"] == 1, config.describe()
     _check_kernel("cuda", dataclasses.replace(case, dtype="float16"), spec, point_kernel(spec, cell_for(spec), target, config),
                   "rows", batches=(batch, 37), note=config.describe())
+
 
 @pytest.mark.parametrize("kind, batch", [("persistent_mma", 8), ("persistent_mma", 24), ("persistent_mma", 64), ("persistent", 4)])
 def test_grid_barrier_kernels_are_bounded_to_one_block_an_sm(kind, batch):
